@@ -1,0 +1,7 @@
+"""`python -m kerascale ...` is the `kerascale` console script."""
+
+import sys
+
+from kerascale.cli import main
+
+sys.exit(main())

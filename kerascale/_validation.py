@@ -1,0 +1,41 @@
+"""Argument checks shared by every public entry point.
+
+Messages follow Keras's rule: what was wrong, what is accepted, and the value
+received, e.g. ``batch_size must be a positive int or "auto". Received:
+batch_size=0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kerascale.errors import ConfigurationError
+
+
+def fail(name: str, value: Any, accepted: str) -> ConfigurationError:
+    """Builds the error for argument ``name`` that received ``value``."""
+    return ConfigurationError(f"{name} must be {accepted}. Received: {name}={value!r}")
+
+
+def positive_int(name: str, value: Any, *, accepted: str | None = None) -> int:
+    """Returns ``value`` if it is an int >= 1; ``bool`` is rejected."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise fail(name, value, accepted or "a positive int")
+    return value
+
+
+def one_of(name: str, value: Any, choices: Iterable[str]) -> str:
+    """Returns ``value`` if it is one of the string ``choices``."""
+    choices = tuple(choices)
+    if not isinstance(value, str) or value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise fail(name, value, f"one of {listed}")
+    return value
+
+
+def boolean(name: str, value: Any) -> bool:
+    """Returns ``value`` if it is a real bool (not 0/1, not a string)."""
+    if not isinstance(value, bool):
+        raise fail(name, value, "True or False")
+    return value

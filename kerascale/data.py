@@ -1,0 +1,228 @@
+"""Training data: what it is, and shaping it to the plan.
+
+`inspect` learns the facts planning needs (a dataset or arrays, batched or
+not, the user's own batch size) and rejects data that cannot train with a
+clear error. `prepare` batches or re-batches a dataset to the plan's batch and
+applies the safe input-pipeline optimisations. Arrays are left to Keras, whose
+own adapter already batches, shuffles and prefetches them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from kerascale.errors import DataError
+from kerascale.planning import DataFacts, Plan
+
+logger = logging.getLogger("kerascale")
+
+# tf.data transformations that batch, and the attribute that holds their size.
+_BATCH_ATTRS = ("_batch_size",)
+
+
+def is_dataset(x: Any) -> bool:
+    return isinstance(x, tf.data.Dataset)
+
+
+def _leading_dims(structure: Any) -> list[int]:
+    dims = []
+    for a in tf.nest.flatten(structure):
+        shape = getattr(a, "shape", None)
+        if shape is None:
+            a = np.asarray(a)
+            shape = a.shape
+        if len(shape) == 0:
+            raise DataError(
+                "x and y must hold one row per sample, but an entry is a scalar "
+                f"(shape ()). Received: {type(a).__name__} with shape ()"
+            )
+        dims.append(int(shape[0]))
+    return dims
+
+
+def _array_like(x: Any) -> bool:
+    return all(
+        isinstance(a, np.ndarray | tf.Tensor | list | tuple)
+        or hasattr(a, "__array__")
+        for a in tf.nest.flatten(x)
+    )
+
+
+def inspect(
+    x: Any,
+    y: Any = None,
+    *,
+    steps_per_epoch: Any = None,
+    name: str = "x",
+) -> DataFacts:
+    """Learns what planning needs to know about `x`/`y`, validating them.
+
+    Args:
+        x: A `tf.data.Dataset` (batched or not, yielding `(x, y)` or
+            `(x, y, sample_weight)`), or arrays (NumPy, tensors, or a dict or
+            list of them).
+        y: Targets when `x` is arrays; must be None for a dataset.
+        steps_per_epoch: Needed when the dataset is infinite.
+        name: How to name `x` in errors (e.g. "validation_data").
+
+    Raises:
+        DataError: For empty data, an infinite dataset without
+            `steps_per_epoch`, mismatched lengths or an unsupported type.
+    """
+    if x is None:
+        raise DataError(f"{name} is required. Received: {name}=None")
+    if is_dataset(x):
+        if y is not None:
+            raise DataError(
+                "y must be None when x is a tf.data.Dataset: the dataset yields "
+                f"(inputs, targets). Received: y of type {type(y).__name__}"
+            )
+        return _inspect_dataset(x, steps_per_epoch=steps_per_epoch, name=name)
+    if isinstance(x, Mapping) or _array_like(x):
+        return _inspect_arrays(x, y, name=name)
+    raise DataError(
+        f"{name} must be a tf.data.Dataset or arrays (NumPy, tensors, or a dict "
+        f"or list of them). Received: {name} of type {type(x).__name__}. Wrap a "
+        "generator or PyDataset with tf.data.Dataset.from_generator."
+    )
+
+
+def _inspect_arrays(x: Any, y: Any, *, name: str) -> DataFacts:
+    x_dims = _leading_dims(x)
+    if not x_dims:
+        raise DataError(f"{name} holds no arrays. Received: {name}={x!r}")
+    lengths = {f"{name}": set(x_dims)}
+    if y is not None:
+        lengths["y"] = set(_leading_dims(y))
+    if len(set(x_dims)) > 1:
+        raise DataError(
+            f"All arrays in {name} must have the same number of samples. "
+            f"Received lengths: {sorted(set(x_dims))}"
+        )
+    n = x_dims[0]
+    if y is not None and lengths["y"] != {n}:
+        raise DataError(
+            f"{name} and y must have the same number of samples. Received: "
+            f"{name} has {n}, y has {sorted(lengths['y'])}"
+        )
+    if n == 0:
+        raise DataError(f"{name} is empty (0 samples): there is nothing to train on.")
+    return DataFacts(kind="arrays", batched=False, batch_size=None, num_samples=n)
+
+
+def _inspect_dataset(ds: tf.data.Dataset, *, steps_per_epoch: Any, name: str):
+    cardinality = int(ds.cardinality())
+    if cardinality == 0:
+        raise DataError(f"{name} is an empty dataset (0 elements).")
+    if cardinality == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
+        raise DataError(
+            f"{name} is an infinite dataset (it repeats forever), so an epoch "
+            "never ends. Pass steps_per_epoch=N, or remove .repeat(). "
+            "Received: steps_per_epoch=None"
+        )
+    batch = dataset_batch_size(ds)
+    return DataFacts(kind="dataset", batched=batch is not None, batch_size=batch)
+
+
+def dataset_batch_size(ds: tf.data.Dataset) -> int | None:
+    """The batch size of an already-batched dataset, or None if unbatched.
+
+    Walks back through the transformations to the nearest batch or unbatch.
+    Where the chain cannot be followed (zip, interleave...), an element whose
+    leading dimensions are all unknown is taken as batched and its size read
+    from the first element.
+    """
+    d = ds
+    while d is not None:
+        cls = type(d).__name__
+        if cls in ("_UnbatchDataset", "_RebatchDataset"):
+            break
+        for attr in _BATCH_ATTRS:
+            size = getattr(d, attr, None)
+            if size is not None:
+                value = tf.get_static_value(size)
+                if value is not None and int(value) > 0:
+                    return int(value)
+        d = getattr(d, "_input_dataset", None)
+    specs = tf.nest.flatten(ds.element_spec)
+    shapes = [s.shape for s in specs if hasattr(s, "shape")]
+    if not shapes or any(len(s) == 0 or s[0] is not None for s in shapes):
+        return None
+    try:
+        first = next(iter(ds.take(1)))
+    except StopIteration:
+        return None
+    return int(tf.nest.flatten(first)[0].shape[0])
+
+
+def prepare(ds: tf.data.Dataset, facts: DataFacts, plan: Plan, *, optimize: bool):
+    """Batches a dataset to the plan's per-step batch and optimises it.
+
+    The per-step batch is `plan.step_batch_size` (micro-batch x replicas): the
+    strategy splits it across replicas.
+    """
+    batch = plan.step_batch_size
+    if not facts.batched:
+        ds = ds.batch(batch)
+    elif facts.batch_size != batch:
+        ds = ds.rebatch(batch)
+    if optimize:
+        prefetched = type(ds).__name__ == "_PrefetchDataset"
+        options = tf.data.Options()
+        options.experimental_optimization.map_parallelization = True
+        ds = ds.with_options(options)
+        if not prefetched:
+            ds = ds.prefetch(tf.data.AUTOTUNE)
+    return ds
+
+
+def prepare_validation(validation_data: Any, plan: Plan, *, optimize: bool) -> Any:
+    """Validates `validation_data` and batches a dataset like the training data.
+
+    Arrays given as `(x, y)` or `(x, y, sample_weight)` are returned as they are:
+    Keras batches them with the training batch size.
+    """
+    if validation_data is None:
+        return None
+    if is_dataset(validation_data):
+        facts = inspect(validation_data, name="validation_data")
+        return prepare(validation_data, facts, plan, optimize=optimize)
+    if isinstance(validation_data, tuple | list) and len(validation_data) in (2, 3):
+        vx, vy = validation_data[0], validation_data[1]
+        inspect(vx, vy, name="validation_data")
+        if len(validation_data) == 3 and validation_data[2] is not None:
+            (n,) = set(_leading_dims(vx))
+            if set(_leading_dims(validation_data[2])) != {n}:
+                raise DataError(
+                    "validation_data's sample_weight must have one entry per "
+                    f"sample ({n})."
+                )
+        return validation_data
+    raise DataError(
+        "validation_data must be a tf.data.Dataset or a tuple (x, y) or "
+        "(x, y, sample_weight). Received: validation_data of type "
+        f"{type(validation_data).__name__}"
+    )
+
+
+def sample_inputs(x: Any, facts: DataFacts) -> Any:
+    """A one-sample batch of inputs, to build an unbuilt model."""
+    if facts.kind == "arrays":
+        return tf.nest.map_structure(lambda a: np.asarray(a)[:1], x)
+    spec = x.element_spec
+    inputs = spec[0] if isinstance(spec, tuple) else spec
+
+    def zeros(s):
+        shape = [1 if d is None else d for d in s.shape]
+        if facts.batched:
+            shape[0] = 1
+        else:
+            shape = [1, *shape]
+        return tf.zeros(shape, dtype=s.dtype)
+
+    return tf.nest.map_structure(zeros, inputs)

@@ -1,0 +1,31 @@
+"""Errors raised by kerascale.
+
+Each error also inherits the builtin it refines, so ``except ValueError`` keeps
+working for users who do not know about kerascale (keras-tuner does the same).
+"""
+
+from __future__ import annotations
+
+
+class KerascaleError(Exception):
+    """Base class of every error kerascale raises on purpose."""
+
+
+class ConfigurationError(KerascaleError, ValueError):
+    """A user argument is invalid: the message names it, the value and the fix."""
+
+
+class DataError(KerascaleError, ValueError):
+    """The training or validation data cannot be used as given."""
+
+
+class ClusterConfigError(KerascaleError, ValueError):
+    """A cluster description (TF_CONFIG, SLURM, CLUSTER_SPEC) is malformed."""
+
+
+class UnsupportedError(KerascaleError, NotImplementedError):
+    """The request is valid but kerascale cannot carry it out on this setup."""
+
+
+class ModelError(KerascaleError, ValueError):
+    """The model cannot be trained as given (not compiled, not buildable...)."""

@@ -1,0 +1,239 @@
+"""The front door: `kerascale.fit` and `kerascale.plan`.
+
+This module only wires the capabilities together: detect the hardware, make the
+plan, build the strategy, re-create the model where the plan says so, shape the
+data, and hand over to Keras's own `model.fit`. No decision is made here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from kerascale import data as data_lib
+from kerascale import precision as precision_lib
+from kerascale import strategy as strategy_lib
+from kerascale.errors import ModelError
+from kerascale.hardware import Hardware, detect_hardware
+from kerascale.planning import DataFacts, ModelFacts, Options, Plan, make_plan
+
+logger = logging.getLogger("kerascale")
+
+ModelOrBuilder = keras.Model | Callable[[], keras.Model]
+
+
+def fit(
+    model: ModelOrBuilder,
+    x: Any = None,
+    y: Any = None,
+    *,
+    batch_size: int | str = "auto",
+    strategy: Any = "auto",
+    precision: str = "auto",
+    optimize_data: bool = True,
+    verbose: int | str = "auto",
+    **fit_kwargs: Any,
+) -> keras.callbacks.History:
+    """Trains `model` at the scale of the hardware here; `model.fit`'s drop-in.
+
+    kerascale detects the hardware, picks the distribution strategy and the
+    fastest safe precision, re-creates the model under them where needed
+    (weights, optimizer state and compile settings kept), batches or re-batches
+    the data, and calls Keras's own `fit`. Afterwards your `model` holds the
+    trained weights, so `model.predict` and `model.save` work as usual. Every
+    decision is printed (unless `verbose=0`) and available as `history.plan`.
+
+    Args:
+        model: A compiled Keras model, or a zero-argument function that builds
+            and compiles one (for subclassed models that cannot be cloned).
+        x: A `tf.data.Dataset` (batched or not) yielding `(inputs, targets)`,
+            or input arrays.
+        y: Target arrays when `x` is arrays; None for a dataset.
+        batch_size: Samples per optimizer update (Keras's meaning). "auto":
+            your batched dataset's batch size, else 32 per replica. Defaults to
+            "auto".
+        strategy: "auto", "default", "one_device", "mirrored", "tpu", or a
+            `tf.distribute.Strategy`. Defaults to "auto".
+        precision: "auto", "float32", "mixed_float16" or "mixed_bfloat16".
+            Defaults to "auto".
+        optimize_data: Add prefetching and map parallelisation to a dataset.
+            Defaults to `True`.
+        verbose: As in `model.fit`; 0 also silences kerascale. Defaults to
+            "auto".
+        **fit_kwargs: Passed to `model.fit` (epochs, callbacks,
+            validation_data, steps_per_epoch, ...).
+
+    Returns:
+        Keras's `History`, with `history.plan` the `Plan` that was applied.
+
+    Raises:
+        ConfigurationError: For an invalid argument (the message names it).
+        DataError: For data that cannot train (empty, infinite, mismatched).
+        ModelError: For a model that is not compiled or cannot be built.
+
+    Example:
+
+    >>> history = kerascale.fit(model, ds, epochs=2)
+    >>> print(history.plan)
+    """
+    options = Options.validate(
+        batch_size=batch_size,
+        strategy=strategy,
+        precision=precision,
+        optimize_data=optimize_data,
+        verbose=verbose,
+    )
+    decided = _decide(model, x, y, options, fit_kwargs)
+    plan = decided.plan
+    dist = strategy_lib.build(plan, decided.instance)
+    if dist.num_replicas_in_sync != plan.replicas:
+        # Only a TPU's core count is unknown before its system is initialised.
+        decided = _decide(model, x, y, dataclasses.replace(options, strategy=dist),
+                          fit_kwargs, hardware=decided.hardware)
+        plan = decided.plan
+
+    train_model = model
+    if plan.rebuild:
+        try:
+            train_model = precision_lib.rebuild(model, plan.precision, dist)
+        except ModelError:
+            raise
+        except Exception as e:
+            if precision_lib.is_builder(model):
+                raise
+            why = f"re-creating it failed: {type(e).__name__}: {e}"
+            decided = _decide(model, x, y, options, fit_kwargs,
+                              hardware=decided.hardware, not_rebuildable=why)
+            plan = decided.plan
+            dist = strategy_lib.build(plan, decided.instance)
+    if not isinstance(train_model, keras.Model) or not train_model.compiled:
+        raise ModelError(
+            "The model builder must return a compiled model: call "
+            "model.compile(optimizer=..., loss=...) inside it."
+        )
+
+    if decided.data.kind == "dataset":
+        # Keras ignores shuffle for a dataset and warns when it is left True.
+        fit_kwargs.setdefault("shuffle", False)
+        x = data_lib.prepare(x, decided.data, plan, optimize=options.optimize_data)
+    else:
+        fit_kwargs["batch_size"] = plan.step_batch_size
+    if "validation_data" in fit_kwargs:
+        fit_kwargs["validation_data"] = data_lib.prepare_validation(
+            fit_kwargs["validation_data"], plan, optimize=options.optimize_data
+        )
+
+    if options.verbose != 0:
+        print(plan, flush=True)
+    for w in plan.warnings:
+        logger.warning(w)
+
+    try:
+        history = train_model.fit(x, y, verbose=options.verbose, **fit_kwargs)
+    finally:
+        # Also after an interrupt: like model.fit, keep what was trained so far.
+        if train_model is not model and not precision_lib.is_builder(model):
+            precision_lib.copy_back(train_model, model)
+    if not precision_lib.is_builder(model):
+        history.set_model(model)
+    history.plan = plan
+    return history
+
+
+def plan(
+    model: ModelOrBuilder,
+    x: Any = None,
+    y: Any = None,
+    *,
+    batch_size: int | str = "auto",
+    strategy: Any = "auto",
+    precision: str = "auto",
+    optimize_data: bool = True,
+    verbose: int | str = "auto",
+    **fit_kwargs: Any,
+) -> Plan:
+    """Returns the `Plan` that `fit` would apply, without training.
+
+    Takes the same arguments as `kerascale.fit`. Nothing is trained and the
+    model is not changed (an unbuilt model is built from the data's shape).
+
+    Example:
+
+    >>> p = kerascale.plan(model, ds)
+    >>> p.precision, p.global_batch_size
+    """
+    options = Options.validate(
+        batch_size=batch_size,
+        strategy=strategy,
+        precision=precision,
+        optimize_data=optimize_data,
+        verbose=verbose,
+    )
+    return _decide(model, x, y, options, fit_kwargs).plan
+
+
+@dataclasses.dataclass(frozen=True)
+class _Decided:
+    hardware: Hardware
+    model: ModelFacts
+    data: DataFacts
+    plan: Plan
+    instance: Any
+
+
+def _decide(
+    model: Any,
+    x: Any,
+    y: Any,
+    options: Options,
+    fit_kwargs: dict[str, Any],
+    *,
+    hardware: Hardware | None = None,
+    not_rebuildable: str = "",
+) -> _Decided:
+    data_facts = data_lib.inspect(x, y, steps_per_epoch=fit_kwargs.get("steps_per_epoch"))
+    model_facts = _model_facts(model, x, data_facts, options.strategy)
+    if not_rebuildable:
+        model_facts = dataclasses.replace(
+            model_facts, rebuildable=False, why_not_rebuildable=not_rebuildable
+        )
+    hw = hardware or detect_hardware()
+    the_plan = make_plan(hw, options, model_facts, data_facts)
+    instance = options.strategy if not isinstance(options.strategy, str) else None
+    return _Decided(hw, model_facts, data_facts, the_plan, instance)
+
+
+def _model_facts(model: Any, x: Any, data_facts: DataFacts, strategy: Any) -> ModelFacts:
+    if precision_lib.is_builder(model):
+        return ModelFacts(policy=keras.config.dtype_policy().name, builder=True)
+    if not isinstance(model, keras.Model):
+        raise ModelError(
+            "model must be a keras.Model or a zero-argument function that builds "
+            f"and compiles one. Received: model of type {type(model).__name__}"
+        )
+    if not model.compiled:
+        raise ModelError(
+            "model must be compiled before training: call "
+            "model.compile(optimizer=..., loss=...) first, as for model.fit."
+        )
+    if not model.built:
+        try:
+            model(data_lib.sample_inputs(x, data_facts))
+        except Exception as e:
+            raise ModelError(
+                f"The model is not built and could not be built from the data's "
+                f"shape ({type(e).__name__}: {e}). Give it an Input layer, or "
+                "call model.build(input_shape) first."
+            ) from e
+    why = precision_lib.cloneability(model)
+    in_scope = not isinstance(strategy, str) and model.distribute_strategy is strategy
+    return ModelFacts(
+        policy=model.dtype_policy.name,
+        rebuildable=not why,
+        why_not_rebuildable=why,
+        in_strategy_scope=in_scope,
+    )

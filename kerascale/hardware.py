@@ -1,0 +1,527 @@
+"""What hardware is here: CPU, GPUs, TPU and the cluster around this process.
+
+`detect_hardware()` is the only place kerascale asks the machine about itself.
+Everything downstream (strategy, precision, batch search) reads the frozen
+`Hardware` it returns, which makes this module the one seam that tests replace
+with a fake GPU box, TPU host or cluster.
+
+Detection never raises because a driver, NVML or a TPU runtime is missing; what
+could not be learnt is recorded in `Hardware.notes`. It also never initialises
+the TensorFlow runtime (it only lists *physical* devices and reads logical
+device *configuration*), so a user may still configure devices afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import logging
+import os
+import platform
+from collections.abc import Mapping
+from typing import Any
+
+from kerascale import _validation
+
+logger = logging.getLogger("kerascale")
+
+# CPU flags (as /proc/cpuinfo spells them) that give native bfloat16 math, which
+# is what makes `mixed_bfloat16` faster than float32 on a CPU.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+# Environment variables that only exist where a Cloud TPU is attached. Reading
+# them is instant; a TPUClusterResolver would query the GCE metadata server.
+_TPU_ENV_VARS = (
+    "TPU_NAME",
+    "COLAB_TPU_ADDR",
+    "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS",
+    "TPU_ACCELERATOR_TYPE",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CPUInfo:
+    """The host CPU.
+
+    Attributes:
+        cores: CPU cores this process may run on (affinity-aware).
+        model: The CPU model name, or "" where it cannot be read.
+        bf16: Whether the CPU has native bfloat16 instructions.
+        bf16_flags: Which of `BF16_CPU_FLAGS` were found.
+        logical_devices: TensorFlow logical CPU devices configured for the first
+            physical CPU (more than one only when the user split it, as tests do
+            to stand in for several GPUs).
+    """
+
+    cores: int
+    model: str = ""
+    bf16: bool = False
+    bf16_flags: tuple[str, ...] = ()
+    logical_devices: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class GPUInfo:
+    """One GPU that TensorFlow can use.
+
+    Attributes:
+        index: TensorFlow's index (`/GPU:index`).
+        name: The product name, e.g. "NVIDIA A100-SXM4-40GB".
+        memory_total: Device memory in bytes, from NVML; None if unknown.
+        compute_capability: (major, minor), e.g. (8, 0); None if unknown.
+    """
+
+    index: int
+    name: str = "GPU"
+    memory_total: int | None = None
+    compute_capability: tuple[int, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TPUInfo:
+    """A Cloud TPU that this process appears to be attached to.
+
+    Attributes:
+        name: What to pass to `TPUClusterResolver(tpu=...)`: a TPU name, an
+            address, or "local" on a TPU VM.
+        source: What revealed it (an environment variable or a device file).
+    """
+
+    name: str
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """A multi-process cluster described by the environment.
+
+    Attributes:
+        source: "TF_CONFIG", "CLUSTER_SPEC" (Vertex AI) or "SLURM".
+        num_workers: Processes that train (chief and workers).
+        task_type: This process's role, e.g. "worker" or "chief".
+        task_index: This process's index within its role.
+        error: Why the description could not be parsed, or None.
+    """
+
+    source: str
+    num_workers: int = 0
+    task_type: str | None = None
+    task_index: int | None = None
+    error: str | None = None
+
+    @property
+    def is_multi_worker(self) -> bool:
+        """True when more than one process would train together."""
+        return self.error is None and self.num_workers > 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """Everything kerascale knows about where it runs.
+
+    Build a fake one in tests: `Hardware(cpu=CPUInfo(cores=8), gpus=(GPUInfo(0,
+    "A100", 40 << 30, (8, 0)),))`.
+    """
+
+    cpu: CPUInfo
+    gpus: tuple[GPUInfo, ...] = ()
+    tpu: TPUInfo | None = None
+    cluster: ClusterInfo | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def gpus_homogeneous(self) -> bool:
+        """True when every GPU is the same product (vacuously with 0 or 1)."""
+        return len({(g.name, g.compute_capability) for g in self.gpus}) <= 1
+
+    @property
+    def min_compute_capability(self) -> tuple[int, int] | None:
+        """The lowest compute capability across GPUs; None if any is unknown."""
+        caps = [g.compute_capability for g in self.gpus]
+        if not caps or any(c is None for c in caps):
+            return None
+        return min(caps)
+
+    @property
+    def accelerator(self) -> str:
+        """"tpu", "gpu" or "cpu": what would run the model."""
+        if self.tpu is not None:
+            return "tpu"
+        return "gpu" if self.gpus else "cpu"
+
+    def summary(self) -> str:
+        """One line for the plan table, e.g. "2x NVIDIA A100 (40.0 GiB, cc 8.0)"."""
+        if self.tpu is not None:
+            return f"TPU {self.tpu.name!r} (from {self.tpu.source})"
+        if self.gpus:
+            parts = []
+            for name in dict.fromkeys(g.name for g in self.gpus):
+                same = [g for g in self.gpus if g.name == name]
+                g = same[0]
+                extra = []
+                if g.memory_total:
+                    extra.append(f"{g.memory_total / 2**30:.1f} GiB")
+                if g.compute_capability:
+                    extra.append("cc {}.{}".format(*g.compute_capability))
+                detail = f" ({', '.join(extra)})" if extra else ""
+                parts.append(f"{len(same)}x {name}{detail}")
+            return " + ".join(parts)
+        bf16 = "bf16" if self.cpu.bf16 else "no bf16"
+        model = f"{self.cpu.model}, " if self.cpu.model else ""
+        return f"CPU ({model}{self.cpu.cores} cores, {bf16})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Hardware:
+        """Inverse of `to_dict`."""
+        cpu = CPUInfo(**{**d["cpu"], "bf16_flags": tuple(d["cpu"]["bf16_flags"])})
+        gpus = tuple(
+            GPUInfo(
+                **{
+                    **g,
+                    "compute_capability": tuple(g["compute_capability"])
+                    if g.get("compute_capability")
+                    else None,
+                }
+            )
+            for g in d.get("gpus", ())
+        )
+        tpu = TPUInfo(**d["tpu"]) if d.get("tpu") else None
+        cluster = ClusterInfo(**d["cluster"]) if d.get("cluster") else None
+        return cls(
+            cpu=cpu, gpus=gpus, tpu=tpu, cluster=cluster, notes=tuple(d["notes"])
+        )
+
+
+def detect_hardware(*, nvml: bool = True) -> Hardware:
+    """Detects the CPU, GPUs, TPU and cluster environment of this process.
+
+    Never raises for missing drivers or libraries; what could not be learnt is
+    said in `Hardware.notes`. Does not initialise the TensorFlow runtime.
+
+    Args:
+        nvml: Whether to ask NVML (the `nvidia-ml-py` package) for each GPU's
+            memory size. Without it, memory is unknown. Defaults to `True`.
+
+    Returns:
+        A frozen `Hardware`.
+
+    Raises:
+        ConfigurationError: If `nvml` is not a bool.
+
+    Example:
+
+    >>> hw = kerascale.detect_hardware()
+    >>> hw.accelerator in ("cpu", "gpu", "tpu")
+    True
+    """
+    _validation.boolean("nvml", nvml)
+    notes: list[str] = []
+    cpu = _detect_cpu(notes)
+    gpus = _detect_gpus(notes, use_nvml=nvml)
+    tpu = _detect_tpu(os.environ)
+    cluster = detect_cluster(os.environ)
+    return Hardware(cpu=cpu, gpus=gpus, tpu=tpu, cluster=cluster, notes=tuple(notes))
+
+
+# --- CPU --------------------------------------------------------------------
+
+
+def _read_cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def parse_cpuinfo(text: str) -> tuple[str, frozenset[str]]:
+    """Returns (model name, flags) from the text of /proc/cpuinfo."""
+    model, flags = "", frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = frozenset(value.split())
+    return model, flags
+
+
+def _cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _detect_cpu(notes: list[str]) -> CPUInfo:
+    model, flags = parse_cpuinfo(_read_cpuinfo())
+    if not flags:
+        notes.append(
+            f"CPU flags are not readable on {platform.system() or 'this OS'}: "
+            "bf16 support is assumed absent."
+        )
+    found = tuple(f for f in BF16_CPU_FLAGS if f in flags)
+    return CPUInfo(
+        cores=_cpu_cores(),
+        model=model or platform.processor(),
+        bf16=bool(found),
+        bf16_flags=found,
+        logical_devices=_logical_device_count("CPU"),
+    )
+
+
+def _logical_device_count(kind: str) -> int:
+    """Logical devices configured on the first physical `kind` device.
+
+    Reads the configuration only, which, unlike `list_logical_devices`, does
+    not initialise the runtime.
+    """
+    import tensorflow as tf
+
+    physical = tf.config.list_physical_devices(kind)
+    if not physical:
+        return 0
+    try:
+        configured = tf.config.get_logical_device_configuration(physical[0])
+    except (RuntimeError, ValueError):
+        configured = None
+    return len(configured) if configured else 1
+
+
+# --- GPUs -------------------------------------------------------------------
+
+
+def _detect_gpus(notes: list[str], *, use_nvml: bool) -> tuple[GPUInfo, ...]:
+    import tensorflow as tf
+
+    try:
+        physical = tf.config.list_physical_devices("GPU")
+    except Exception as e:  # A broken CUDA install must not stop training on CPU.
+        notes.append(f"TensorFlow could not list GPUs ({e}).")
+        physical = []
+    gpus = []
+    for i, device in enumerate(physical):
+        try:
+            details = tf.config.experimental.get_device_details(device)
+        except Exception:
+            details = {}
+        cc = details.get("compute_capability")
+        gpus.append(
+            GPUInfo(
+                index=i,
+                name=details.get("device_name") or "GPU",
+                compute_capability=tuple(cc) if cc else None,
+            )
+        )
+    nvml_notes: list[str] = []
+    nvml_gpus = _nvml_gpus(nvml_notes) if use_nvml else None
+    if nvml_gpus is None:
+        if gpus:
+            why = nvml_notes[0] if nvml_notes else (
+                "install nvidia-ml-py (kerascale[gpu])" if use_nvml else "nvml=False"
+            )
+            notes.append(f"GPU memory size unknown: NVML not used ({why}).")
+        return tuple(gpus)
+    notes += nvml_notes
+    if not gpus and nvml_gpus:
+        notes.append(
+            f"NVML sees {len(nvml_gpus)} GPU(s) but TensorFlow cannot use them "
+            "(a CPU-only TensorFlow build, or CUDA libraries missing): training "
+            "runs on CPU. `pip install tensorflow[and-cuda]` gives TensorFlow "
+            "its CUDA libraries."
+        )
+        return ()
+    return tuple(_enrich(g, nvml_gpus, notes) for g in gpus)
+
+
+def _visible_nvml_indices(count: int) -> list[int | str]:
+    """Maps TensorFlow's GPU order to NVML indices (or UUIDs) via
+    CUDA_VISIBLE_DEVICES, which TensorFlow honours and NVML ignores."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return list(range(count))
+    out: list[int | str] = []
+    for item in visible.split(","):
+        item = item.strip()
+        out.append(int(item) if item.isdigit() else item)
+    return out
+
+
+def _nvml_gpus(notes: list[str]) -> list[dict[str, Any]] | None:
+    """Every GPU NVML sees as {index, uuid, name, memory_total, cc}; None
+    when NVML cannot be used."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        notes.append(f"NVML unavailable: {e}")
+        return None
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            out.append(
+                {
+                    "index": i,
+                    "uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "memory_total": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                    "cc": tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
+                }
+            )
+        return out
+    except Exception as e:
+        notes.append(f"NVML query failed: {e}")
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _enrich(gpu: GPUInfo, nvml_gpus: list[dict[str, Any]], notes: list[str]) -> GPUInfo:
+    order = _visible_nvml_indices(len(nvml_gpus))
+    if gpu.index >= len(order):
+        return gpu
+    key = order[gpu.index]
+    match = next(
+        (
+            g
+            for g in nvml_gpus
+            if (g["index"] == key if isinstance(key, int) else g["uuid"].startswith(key))
+        ),
+        None,
+    )
+    if match is None:
+        notes.append(f"GPU {gpu.index}: no NVML device matches {key!r}.")
+        return gpu
+    return dataclasses.replace(
+        gpu,
+        name=match["name"] if gpu.name == "GPU" else gpu.name,
+        memory_total=match["memory_total"],
+        compute_capability=gpu.compute_capability or match["cc"],
+    )
+
+
+# --- TPU --------------------------------------------------------------------
+
+
+def _detect_tpu(env: Mapping[str, str]) -> TPUInfo | None:
+    for var in _TPU_ENV_VARS:
+        value = env.get(var, "").strip()
+        if value:
+            name = value if var in ("TPU_NAME", "COLAB_TPU_ADDR") else "local"
+            if var == "COLAB_TPU_ADDR":
+                name = f"grpc://{value}"
+            return TPUInfo(name=name, source=var)
+    devices = glob.glob("/dev/accel[0-9]*")
+    if devices:
+        return TPUInfo(name="local", source=devices[0])
+    return None
+
+
+# --- Cluster ----------------------------------------------------------------
+
+
+def detect_cluster(env: Mapping[str, str]) -> ClusterInfo | None:
+    """Reads the cluster description from `env`, or None when there is none.
+
+    TF_CONFIG comes first (Vertex AI, Kubernetes TFJob and Ray set it), then
+    Vertex AI's CLUSTER_SPEC, then SLURM. A malformed description is returned
+    with `error` set rather than raised: detection never fails, planning does.
+    """
+    if env.get("TF_CONFIG", "").strip():
+        return _parse_tf_config(env["TF_CONFIG"])
+    if env.get("CLUSTER_SPEC", "").strip():
+        return _parse_cluster_spec(env["CLUSTER_SPEC"])
+    if env.get("SLURM_JOB_ID"):
+        return _parse_slurm(env)
+    return None
+
+
+def _load_json(source: str, text: str) -> tuple[dict | None, str | None]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        return None, f"{source} is not valid JSON ({e})."
+    if not isinstance(value, dict):
+        return None, f"{source} must be a JSON object, got {type(value).__name__}."
+    return value, None
+
+
+def _parse_tf_config(text: str) -> ClusterInfo:
+    config, error = _load_json("TF_CONFIG", text)
+    if error:
+        return ClusterInfo(source="TF_CONFIG", error=error)
+    cluster = config.get("cluster") or {}
+    if not isinstance(cluster, dict):
+        return ClusterInfo(
+            source="TF_CONFIG", error='TF_CONFIG["cluster"] must be an object.'
+        )
+    task = config.get("task") or {}
+    workers = sum(
+        len(v) for k, v in cluster.items() if k in ("chief", "worker", "master")
+    )
+    index = task.get("index") if isinstance(task, dict) else None
+    return ClusterInfo(
+        source="TF_CONFIG",
+        num_workers=workers,
+        task_type=task.get("type") if isinstance(task, dict) else None,
+        task_index=index if isinstance(index, int) else None,
+    )
+
+
+def _parse_cluster_spec(text: str) -> ClusterInfo:
+    # Vertex AI: {"cluster": {"workerpool0": [...], ...}, "task": {...}}.
+    # workerpool0 is the chief, workerpool1 the workers; 2 and 3 are parameter
+    # servers and the evaluator, which do not train synchronously.
+    config, error = _load_json("CLUSTER_SPEC", text)
+    if error:
+        return ClusterInfo(source="CLUSTER_SPEC", error=error)
+    cluster = config.get("cluster") or {}
+    if not isinstance(cluster, dict):
+        return ClusterInfo(
+            source="CLUSTER_SPEC", error='CLUSTER_SPEC["cluster"] must be an object.'
+        )
+    task = config.get("task") if isinstance(config.get("task"), dict) else {}
+    workers = sum(len(cluster.get(p) or ()) for p in ("workerpool0", "workerpool1"))
+    index = task.get("index")
+    return ClusterInfo(
+        source="CLUSTER_SPEC",
+        num_workers=workers,
+        task_type=task.get("type"),
+        task_index=index if isinstance(index, int) else None,
+    )
+
+
+def _parse_slurm(env: Mapping[str, str]) -> ClusterInfo:
+    raw = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1"
+    rank = env.get("SLURM_PROCID")
+    try:
+        tasks = int(raw)
+    except ValueError:
+        return ClusterInfo(
+            source="SLURM", error=f"SLURM task count is not a number: {raw!r}."
+        )
+    return ClusterInfo(
+        source="SLURM",
+        num_workers=tasks,
+        task_type="worker",
+        task_index=int(rank) if rank and rank.isdigit() else None,
+    )
