@@ -181,6 +181,14 @@ def prepare(ds: tf.data.Dataset, facts: DataFacts, plan: Plan, *, optimize: bool
     return ds
 
 
+def lost_cardinality(original: tf.data.Dataset, prepared: tf.data.Dataset) -> bool:
+    """True when re-batching made a dataset of known length unknown: Keras then
+    warns at the end of the first epoch that the input "ran out of data",
+    which here is the normal end of an epoch."""
+    unknown = tf.data.UNKNOWN_CARDINALITY
+    return int(original.cardinality()) >= 0 and int(prepared.cardinality()) == unknown
+
+
 def prepare_validation(validation_data: Any, plan: Plan, *, optimize: bool) -> Any:
     """Validates `validation_data` and batches a dataset like the training data.
 

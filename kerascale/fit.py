@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -116,10 +117,15 @@ def fit(
             "model.compile(optimizer=..., loss=...) inside it."
         )
 
+    quiet_end_of_data = False
     if decided.data.kind == "dataset":
         # Keras ignores shuffle for a dataset and warns when it is left True.
         fit_kwargs.setdefault("shuffle", False)
+        original = x
         x = data_lib.prepare(x, decided.data, plan, optimize=options.optimize_data)
+        quiet_end_of_data = "steps_per_epoch" not in fit_kwargs and (
+            data_lib.lost_cardinality(original, x)
+        )
     else:
         fit_kwargs["batch_size"] = plan.step_batch_size
     if "validation_data" in fit_kwargs:
@@ -133,7 +139,10 @@ def fit(
         logger.warning(w)
 
     try:
-        history = train_model.fit(x, y, verbose=options.verbose, **fit_kwargs)
+        with warnings.catch_warnings():
+            if quiet_end_of_data:
+                warnings.filterwarnings("ignore", "Your input ran out of data")
+            history = train_model.fit(x, y, verbose=options.verbose, **fit_kwargs)
     finally:
         # Also after an interrupt: like model.fit, keep what was trained so far.
         if train_model is not model and not precision_lib.is_builder(model):

@@ -177,11 +177,17 @@ def _clone(model: keras.Model, policy: str) -> keras.Model:
             config["dtype"] = policy
         return layer.__class__.from_config(config)
 
-    if isinstance(model, keras.Sequential) or _is_functional(model):
-        return keras.models.clone_model(
-            model, clone_function=clone_layer, recursive=True
-        )
-    return keras.models.clone_model(model)
+    # clone_model also compiles the clone through a serialised compile config,
+    # which fails on unregistered custom losses; `compile_like` does it better.
+    compiled, model.compiled = model.compiled, False
+    try:
+        if isinstance(model, keras.Sequential) or _is_functional(model):
+            return keras.models.clone_model(
+                model, clone_function=clone_layer, recursive=True
+            )
+        return keras.models.clone_model(model)
+    finally:
+        model.compiled = compiled
 
 
 def rebuild(

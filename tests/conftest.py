@@ -1,0 +1,47 @@
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from kerascale.hardware import CPUInfo, GPUInfo, Hardware  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras():
+    """A clean Keras session, a fixed seed and the float32 policy per test."""
+    keras.backend.clear_session()
+    keras.config.set_dtype_policy("float32")
+    keras.utils.set_random_seed(1234)
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def dense_model(inputs=4, outputs=2, optimizer="sgd", **compile_kwargs):
+    """A tiny functional model, compiled, float32, outside any scope."""
+    x_in = keras.Input((inputs,))
+    h = keras.layers.Dense(8, activation="relu", name="hidden")(x_in)
+    out = keras.layers.Dense(outputs, activation="softmax", name="out")(h)
+    model = keras.Model(x_in, out)
+    compile_kwargs.setdefault("loss", "sparse_categorical_crossentropy")
+    model.compile(optimizer=optimizer, **compile_kwargs)
+    return model
+
+
+def toy_data(n=64, inputs=4, classes=2, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, inputs)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64") % classes
+    return x, y
+
+
+CPU = CPUInfo(cores=8, model="Test CPU", bf16=False)
+CPU_BF16 = CPUInfo(cores=8, model="Test CPU", bf16=True, bf16_flags=("amx_bf16",))
+
+
+def gpu_box(n=1, name="NVIDIA A100", cc=(8, 0), memory=40 << 30):
+    return Hardware(
+        cpu=CPU, gpus=tuple(GPUInfo(i, name, memory, cc) for i in range(n))
+    )

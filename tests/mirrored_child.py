@@ -1,0 +1,77 @@
+"""Run by test_strategy.py in a child process: TensorFlow's logical devices must
+be configured before the runtime starts, which a pytest process has done.
+
+Two logical CPUs stand in for two GPUs. Trains one model with MirroredStrategy
+over both, a copy on one device, and prints both results as JSON.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import kerascale  # noqa: E402
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+
+
+def model_and_twin():
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(16, activation="tanh")(inputs)
+    outputs = keras.layers.Dense(3, activation="softmax")(h)
+    model = keras.Model(inputs, outputs)
+    twin = keras.models.clone_model(model)
+    twin.set_weights(model.get_weights())
+    for m in (model, twin):
+        m.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+        )
+    return model, twin
+
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(96, 6)).astype("float32")
+y = rng.integers(0, 3, size=96)
+model, twin = model_and_twin()
+mode = sys.argv[1] if len(sys.argv) > 1 else "arrays"
+if mode == "dataset":
+    data = {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(8)}
+else:
+    data = {"x": x, "y": y}
+common = dict(batch_size=16, precision="float32", epochs=1, shuffle=False, verbose=0)
+mirrored = kerascale.fit(model, strategy="mirrored", **data, **common)
+single = kerascale.fit(twin, strategy="default", **data, **common)
+diff = max(
+    float(np.max(np.abs(a - b)))
+    for a, b in zip(model.get_weights(), twin.get_weights(), strict=True)
+)
+print(
+    json.dumps(
+        {
+            "replicas": mirrored.plan.replicas,
+            "devices": list(mirrored.plan.devices),
+            "strategy": mirrored.plan.strategy,
+            "single_replicas": single.plan.replicas,
+            "max_weight_diff": diff,
+            "loss": [mirrored.history["loss"][0], single.history["loss"][0]],
+            "accuracy": [mirrored.history["accuracy"][0], single.history["accuracy"][0]],
+            "changed": bool(
+                any(
+                    not np.allclose(a, b)
+                    for a, b in zip(model.get_weights(), model_and_twin()[0].get_weights(), strict=True)
+                )
+            ),
+        }
+    )
+)

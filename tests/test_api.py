@@ -1,0 +1,35 @@
+import kerascale
+from kerascale import errors
+
+
+def test_public_names_are_pinned():
+    assert sorted(kerascale.__all__) == sorted(
+        [
+            "CPUInfo",
+            "ClusterConfigError",
+            "ConfigurationError",
+            "DataError",
+            "GPUInfo",
+            "Hardware",
+            "KerascaleError",
+            "ModelError",
+            "Plan",
+            "TPUInfo",
+            "UnsupportedError",
+            "__version__",
+            "detect_hardware",
+            "fit",
+            "plan",
+        ]
+    )
+    for name in kerascale.__all__:
+        assert hasattr(kerascale, name), name
+
+
+def test_errors_also_inherit_the_builtin():
+    assert issubclass(errors.ConfigurationError, ValueError)
+    assert issubclass(errors.DataError, ValueError)
+    assert issubclass(errors.ClusterConfigError, ValueError)
+    assert issubclass(errors.UnsupportedError, NotImplementedError)
+    for cls in (errors.ConfigurationError, errors.DataError, errors.ModelError):
+        assert issubclass(cls, errors.KerascaleError)

@@ -1,0 +1,52 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kerascale import cli
+
+
+def test_doctor_prints_hardware_and_decisions(capsys, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kerascale ")
+    assert "hardware   CPU (" in out
+    assert "strategy   default" in out
+    assert "precision  " in out
+
+
+def test_doctor_json(capsys, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert cli.main(["doctor", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["hardware"]["cpu"]["cores"] >= 1
+    assert report["decisions"]["strategy"]["value"] == "default"
+    expected = "mixed_bfloat16" if report["hardware"]["cpu"]["bf16"] else "float32"
+    assert report["decisions"]["precision"]["value"] == expected
+
+
+def test_doctor_reports_a_malformed_cluster_instead_of_crashing(capsys, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", "{bad")
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "cluster    TF_CONFIG: error: TF_CONFIG is not valid JSON" in out
+
+
+def test_unknown_command_exits_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["frobnicate"])
+    assert e.value.code == 2
+
+
+def test_python_dash_m_and_console_script_entry():
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("TF_CONFIG", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kerascale", "doctor", "--json"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["decisions"]["strategy"]["value"] == "default"

@@ -1,0 +1,96 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerascale
+from kerascale import data
+from kerascale.planning import DataFacts, Plan
+
+
+def plan_with(batch, replicas=1):
+    return Plan("default", ("/cpu:0",) * replicas, replicas, "float32",
+                batch // replicas, 1, batch)
+
+
+def slices(n=10):
+    return tf.data.Dataset.from_tensor_slices((np.arange(n, dtype="float32")[:, None], np.arange(n)))
+
+
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda: slices(), None),
+        (lambda: slices().batch(4), 4),
+        (lambda: slices().batch(4, drop_remainder=True), 4),
+        (lambda: slices().batch(4).map(lambda x, y: (x * 2, y)).prefetch(2), 4),
+        (lambda: slices().padded_batch(3), 3),
+        (lambda: slices().batch(4).unbatch(), None),
+        (lambda: slices().batch(4).unbatch().batch(5), 5),
+        (lambda: slices().shuffle(10).batch(6).repeat(2), 6),
+        # zip hides the chain: the first element's leading dimension tells.
+        (lambda: tf.data.Dataset.zip(slices().batch(4), slices().batch(4)), 4),
+    ],
+)
+def test_dataset_batch_size_detection(make, expected):
+    assert data.dataset_batch_size(make()) == expected
+
+
+def test_unbatched_dataset_is_batched_to_the_plan():
+    ds = data.prepare(slices(10), DataFacts("dataset"), plan_with(4), optimize=False)
+    assert [int(x.shape[0]) for x, _ in ds] == [4, 4, 2]
+
+
+def test_batched_dataset_is_rebatched_keeping_every_sample_in_order():
+    src = slices(12).batch(3)
+    ds = data.prepare(src, DataFacts("dataset", True, 3), plan_with(6), optimize=False)
+    batches = [y.numpy().tolist() for _, y in ds]
+    assert batches == [list(range(6)), list(range(6, 12))]
+
+
+def test_same_batch_is_left_alone_and_optimisation_is_applied():
+    src = slices(8).batch(4)
+    untouched = data.prepare(src, DataFacts("dataset", True, 4), plan_with(4), optimize=False)
+    assert untouched is src
+    ds = data.prepare(src, DataFacts("dataset", True, 4), plan_with(4), optimize=True)
+    assert type(ds).__name__ == "_PrefetchDataset"
+    assert ds.options().experimental_optimization.map_parallelization is True
+    assert [y.numpy().tolist() for _, y in ds] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_inspect_errors():
+    with pytest.raises(kerascale.DataError, match="empty dataset"):
+        data.inspect(slices(0))
+    with pytest.raises(kerascale.DataError, match="infinite dataset.*steps_per_epoch"):
+        data.inspect(slices().repeat())
+    assert data.inspect(slices().repeat(), steps_per_epoch=5).kind == "dataset"
+    with pytest.raises(kerascale.DataError, match="x and y must have the same number.*x has 10, y has \\[9\\]"):
+        data.inspect(np.zeros((10, 2)), np.zeros(9))
+    with pytest.raises(kerascale.DataError, match="same number of samples.*\\[3, 4\\]"):
+        data.inspect({"a": np.zeros((3, 1)), "b": np.zeros((4, 1))}, np.zeros(3))
+    with pytest.raises(kerascale.DataError, match="0 samples"):
+        data.inspect(np.zeros((0, 2)), np.zeros(0))
+    with pytest.raises(kerascale.DataError, match="y must be None"):
+        data.inspect(slices(), np.zeros(3))
+    with pytest.raises(kerascale.DataError, match="x is required"):
+        data.inspect(None)
+    with pytest.raises(kerascale.DataError, match="from_generator"):
+        data.inspect(x for x in range(3))
+
+
+def test_arrays_facts():
+    facts = data.inspect({"a": np.zeros((7, 2)), "b": np.zeros((7,))}, np.zeros(7))
+    assert facts == DataFacts(kind="arrays", num_samples=7)
+
+
+def test_validation_data():
+    plan = plan_with(4)
+    ds = data.prepare_validation(slices(10), plan, optimize=False)
+    assert [int(x.shape[0]) for x, _ in ds] == [4, 4, 2]
+    arrays = (np.zeros((5, 1)), np.zeros(5))
+    assert data.prepare_validation(arrays, plan, optimize=False) is arrays
+    with pytest.raises(kerascale.DataError, match="validation_data and y must have the same"):
+        data.prepare_validation((np.zeros((5, 1)), np.zeros(4)), plan, optimize=False)
+    with pytest.raises(kerascale.DataError, match="validation_data must be"):
+        data.prepare_validation("val.csv", plan, optimize=False)
+    with pytest.raises(kerascale.DataError, match="empty dataset"):
+        data.prepare_validation(slices(0), plan, optimize=False)

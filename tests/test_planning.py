@@ -1,0 +1,226 @@
+import dataclasses
+
+import pytest
+
+import kerascale
+from conftest import CPU, CPU_BF16, gpu_box
+from kerascale.hardware import ClusterInfo, CPUInfo, GPUInfo, Hardware, TPUInfo
+from kerascale.planning import DataFacts, ModelFacts, Options, Plan, make_plan
+
+ARRAYS = DataFacts(kind="arrays", num_samples=1000)
+FLOAT32 = ModelFacts(policy="float32")
+
+
+def plan_for(hw, model=FLOAT32, data=ARRAYS, **options):
+    return make_plan(hw, Options.validate(**options), model, data)
+
+
+CPU_ONLY = Hardware(cpu=CPU)
+TPU_HOST = Hardware(cpu=CPU, tpu=TPUInfo("my-tpu", "TPU_NAME"))
+MIXED_GPUS = Hardware(
+    cpu=CPU,
+    gpus=(GPUInfo(0, "NVIDIA A100", 40 << 30, (8, 0)), GPUInfo(1, "Tesla T4", 16 << 30, (7, 5))),
+)
+
+
+@pytest.mark.parametrize(
+    "hw, strategy, replicas, devices",
+    [
+        (TPU_HOST, "tpu", 8, ("my-tpu",)),
+        (gpu_box(4), "mirrored", 4, ("/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3")),
+        (MIXED_GPUS, "mirrored", 2, ("/gpu:0", "/gpu:1")),
+        (gpu_box(1), "one_device", 1, ("/gpu:0",)),
+        (CPU_ONLY, "default", 1, ("/cpu:0",)),
+    ],
+)
+def test_auto_strategy_table(hw, strategy, replicas, devices):
+    p = plan_for(hw)
+    assert (p.strategy, p.replicas, p.devices) == (strategy, replicas, devices)
+    assert p.reasons["strategy"]
+
+
+def test_mixed_gpus_warn_that_the_slowest_sets_the_pace():
+    p = plan_for(MIXED_GPUS)
+    assert any("slowest card sets the pace" in w for w in p.warnings)
+    assert not any("slowest" in w for w in plan_for(gpu_box(2)).warnings)
+
+
+@pytest.mark.parametrize(
+    "requested, strategy, replicas",
+    [("one_device", "one_device", 1), ("default", "default", 1), ("mirrored", "mirrored", 4)],
+)
+def test_explicit_strategy_overrides(requested, strategy, replicas):
+    p = plan_for(gpu_box(4), strategy=requested)
+    assert (p.strategy, p.replicas) == (strategy, replicas)
+    assert p.reasons["strategy"] == "you asked for it"
+
+
+def test_strategy_instance_overrides():
+    import tensorflow as tf
+
+    s = tf.distribute.OneDeviceStrategy("/cpu:0")
+    p = plan_for(gpu_box(4), strategy=s)
+    assert (p.strategy, p.replicas) == ("OneDeviceStrategy", 1)
+
+
+def test_mirrored_on_logical_cpus_uses_them_all():
+    hw = Hardware(cpu=dataclasses.replace(CPU, logical_devices=2))
+    p = plan_for(hw, strategy="mirrored", batch_size=64)
+    assert p.devices == ("/cpu:0", "/cpu:1") and p.replicas == 2
+    assert p.micro_batch_size == 32
+
+
+def test_tpu_requested_without_tpu_is_an_error():
+    with pytest.raises(kerascale.ConfigurationError, match="strategy=\"tpu\" needs a TPU"):
+        plan_for(CPU_ONLY, strategy="tpu")
+
+
+@pytest.mark.parametrize(
+    "hw, policy",
+    [
+        (TPU_HOST, "mixed_bfloat16"),
+        (gpu_box(1, cc=(9, 0)), "mixed_bfloat16"),
+        (gpu_box(1, cc=(8, 0)), "mixed_bfloat16"),
+        (gpu_box(1, cc=(7, 5)), "mixed_float16"),
+        (gpu_box(1, cc=(7, 0)), "mixed_float16"),
+        (gpu_box(1, cc=(6, 1)), "float32"),
+        (gpu_box(1, cc=None), "float32"),
+        (MIXED_GPUS, "mixed_float16"),  # the lowest capability decides
+        (Hardware(cpu=CPU_BF16), "mixed_bfloat16"),
+        (CPU_ONLY, "float32"),
+    ],
+)
+def test_auto_precision_table(hw, policy):
+    p = plan_for(hw)
+    assert p.precision == policy
+    assert p.reasons["precision"]
+
+
+def test_auto_precision_never_picks_float16_on_cpu():
+    for cpu in (CPU, CPU_BF16):
+        assert plan_for(Hardware(cpu=cpu)).precision != "mixed_float16"
+
+
+def test_explicit_precision_overrides_with_a_warning_when_slow():
+    p = plan_for(CPU_ONLY, precision="mixed_float16")
+    assert p.precision == "mixed_float16"
+    assert any("12x slower" in w for w in p.warnings)
+    p = plan_for(gpu_box(1, cc=(7, 0)), precision="mixed_bfloat16")
+    assert any("compute capability >= 8.0" in w for w in p.warnings)
+    assert plan_for(gpu_box(1), precision="float32").precision == "float32"
+
+
+def test_auto_keeps_a_mixed_policy_the_user_chose():
+    p = plan_for(CPU_ONLY, model=ModelFacts(policy="mixed_float16"))
+    assert p.precision == "mixed_float16" and not p.rebuild
+
+
+def test_rebuild_only_when_needed():
+    assert not plan_for(CPU_ONLY).rebuild  # float32 on the default strategy
+    assert plan_for(Hardware(cpu=CPU_BF16)).rebuild  # policy changes
+    assert plan_for(gpu_box(1, cc=(6, 0))).rebuild  # new strategy scope
+    assert plan_for(gpu_box(1), model=ModelFacts(builder=True), precision="float32").rebuild
+
+
+def test_unrebuildable_model_falls_back_and_says_why():
+    facts = ModelFacts(rebuildable=False, why_not_rebuildable="subclassed model Net")
+    p = plan_for(gpu_box(2), model=facts)
+    assert (p.strategy, p.replicas, p.precision) == ("default", 1, "float32")
+    assert not p.rebuild
+    (w,) = [w for w in p.warnings if w.startswith("Not applied")]
+    assert "precision mixed_bfloat16" in w and "strategy mirrored" in w
+    assert "subclassed model Net" in w and "zero-argument function" in w
+
+
+def test_clusters_fail_clearly_until_supported():
+    two = Hardware(cpu=CPU, cluster=ClusterInfo("TF_CONFIG", 2, "worker", 0))
+    with pytest.raises(kerascale.UnsupportedError, match="TF_CONFIG describes a cluster of 2"):
+        plan_for(two)
+    bad = Hardware(cpu=CPU, cluster=ClusterInfo("TF_CONFIG", error="TF_CONFIG is not valid JSON"))
+    with pytest.raises(kerascale.ClusterConfigError, match="not valid JSON"):
+        plan_for(bad)
+    with pytest.raises(kerascale.UnsupportedError, match="multi_worker"):
+        plan_for(CPU_ONLY, strategy="multi_worker")
+    # A one-worker description is not a cluster: training goes ahead.
+    one = Hardware(cpu=CPU, cluster=ClusterInfo("SLURM", 1, "worker", 0))
+    assert plan_for(one).strategy == "default"
+    # And an explicit single-machine strategy goes ahead on a cluster too.
+    assert plan_for(two, strategy="one_device").strategy == "one_device"
+
+
+@pytest.mark.parametrize(
+    "data, batch_size, replicas_hw, global_batch, changes",
+    [
+        (ARRAYS, "auto", CPU_ONLY, 32, ()),
+        (ARRAYS, "auto", gpu_box(4), 128, ()),
+        (ARRAYS, 100, CPU_ONLY, 100, ()),
+        (DataFacts("dataset"), "auto", CPU_ONLY, 32, ("batch(32)",)),
+        (DataFacts("dataset", True, 16), "auto", CPU_ONLY, 16, ()),
+        (DataFacts("dataset", True, 16), 64, CPU_ONLY, 64, ("rebatch(16 -> 64)",)),
+    ],
+)
+def test_batch_decisions(data, batch_size, replicas_hw, global_batch, changes):
+    p = plan_for(replicas_hw, data=data, batch_size=batch_size, optimize_data=False)
+    assert p.global_batch_size == global_batch
+    assert p.micro_batch_size * p.replicas * p.accumulation_steps == global_batch
+    assert p.data_changes == changes
+
+
+def test_batch_must_divide_across_replicas():
+    with pytest.raises(kerascale.ConfigurationError, match=r"divisible by the number of replicas \(4\).*batch_size=30"):
+        plan_for(gpu_box(4), batch_size=30)
+
+
+def test_optimize_data_changes_are_recorded():
+    p = plan_for(CPU_ONLY, data=DataFacts("dataset", True, 32))
+    assert p.data_changes == ("map parallelization", "prefetch(AUTOTUNE)")
+
+
+def test_plan_round_trips_through_json_and_is_frozen():
+    p = plan_for(MIXED_GPUS, batch_size=64)
+    again = Plan.from_json(p.to_json())
+    assert again == p
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.replicas = 3
+    with pytest.raises(TypeError):
+        p.reasons["strategy"] = "edited"
+    with pytest.raises(kerascale.ConfigurationError, match="Unknown Plan field"):
+        Plan.from_dict({**p.to_dict(), "bogus": 1})
+
+
+def test_plan_checks_its_own_arithmetic():
+    with pytest.raises(kerascale.ConfigurationError, match="global_batch_size must equal"):
+        Plan("default", ("/cpu:0",), 2, "float32", 16, 1, 64)
+
+
+def test_plan_prints_as_a_table_with_reasons():
+    text = str(plan_for(MIXED_GPUS, batch_size=64))
+    assert "strategy   mirrored (2 replicas)" in text
+    assert "batch      32 x 2 x 1 = 64" in text
+    assert "lowest across GPUs" in text
+    assert "warning: GPUs of different types" in text
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"batch_size": 0}, "batch_size=0"),
+        ({"batch_size": -1}, "batch_size=-1"),
+        ({"batch_size": True}, "batch_size=True"),
+        ({"batch_size": 2.5}, "batch_size=2.5"),
+        ({"batch_size": "32"}, "batch_size='32'"),
+        ({"strategy": "horovod"}, "strategy='horovod'"),
+        ({"strategy": 3}, "strategy=3"),
+        ({"precision": "float16"}, "precision='float16'"),
+        ({"precision": None}, "precision=None"),
+        ({"optimize_data": "yes"}, "optimize_data='yes'"),
+        ({"verbose": 3}, "verbose=3"),
+        ({"verbose": True}, "verbose=True"),
+    ],
+)
+def test_options_are_validated_at_the_door(kwargs, message):
+    name = next(iter(kwargs))
+    with pytest.raises(kerascale.ConfigurationError, match=rf"{name} must be .*Received: {message}"):
+        Options.validate(**kwargs)
+    with pytest.raises(ValueError):  # catchable as the builtin too
+        Options.validate(**kwargs)

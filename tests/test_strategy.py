@@ -1,0 +1,32 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def run_child(*args):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("TF_CONFIG", None)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "mirrored_child.py"), *args],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["arrays", "dataset"])
+def test_mirrored_over_two_logical_cpus_matches_single_device(mode):
+    r = run_child(mode)
+    assert r["strategy"] == "mirrored"
+    assert r["replicas"] == 2 and len(r["devices"]) == 2
+    assert r["single_replicas"] == 1
+    assert r["changed"], "training did not move the weights"
+    assert r["max_weight_diff"] < 1e-5
+    assert r["loss"][0] == pytest.approx(r["loss"][1], abs=1e-5)
+    assert r["accuracy"][0] == pytest.approx(r["accuracy"][1], abs=1e-6)
