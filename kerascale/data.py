@@ -47,8 +47,7 @@ def _leading_dims(structure: Any) -> list[int]:
 
 def _array_like(x: Any) -> bool:
     return all(
-        isinstance(a, np.ndarray | tf.Tensor | list | tuple)
-        or hasattr(a, "__array__")
+        isinstance(a, np.ndarray | tf.Tensor | list | tuple) or hasattr(a, "__array__")
         for a in tf.nest.flatten(x)
     )
 

@@ -93,8 +93,14 @@ def fit(
     dist = strategy_lib.build(plan, decided.instance)
     if dist.num_replicas_in_sync != plan.replicas:
         # Only a TPU's core count is unknown before its system is initialised.
-        decided = _decide(model, x, y, dataclasses.replace(options, strategy=dist),
-                          fit_kwargs, hardware=decided.hardware)
+        decided = _decide(
+            model,
+            x,
+            y,
+            dataclasses.replace(options, strategy=dist),
+            fit_kwargs,
+            hardware=decided.hardware,
+        )
         plan = decided.plan
 
     train_model = model
@@ -107,8 +113,15 @@ def fit(
             if precision_lib.is_builder(model):
                 raise
             why = f"re-creating it failed: {type(e).__name__}: {e}"
-            decided = _decide(model, x, y, options, fit_kwargs,
-                              hardware=decided.hardware, not_rebuildable=why)
+            decided = _decide(
+                model,
+                x,
+                y,
+                options,
+                fit_kwargs,
+                hardware=decided.hardware,
+                not_rebuildable=why,
+            )
             plan = decided.plan
             dist = strategy_lib.build(plan, decided.instance)
     if not isinstance(train_model, keras.Model) or not train_model.compiled:
@@ -204,7 +217,9 @@ def _decide(
     hardware: Hardware | None = None,
     not_rebuildable: str = "",
 ) -> _Decided:
-    data_facts = data_lib.inspect(x, y, steps_per_epoch=fit_kwargs.get("steps_per_epoch"))
+    data_facts = data_lib.inspect(
+        x, y, steps_per_epoch=fit_kwargs.get("steps_per_epoch")
+    )
     model_facts = _model_facts(model, x, data_facts, options.strategy)
     if not_rebuildable:
         model_facts = dataclasses.replace(
@@ -216,7 +231,9 @@ def _decide(
     return _Decided(hw, model_facts, data_facts, the_plan, instance)
 
 
-def _model_facts(model: Any, x: Any, data_facts: DataFacts, strategy: Any) -> ModelFacts:
+def _model_facts(
+    model: Any, x: Any, data_facts: DataFacts, strategy: Any
+) -> ModelFacts:
     if precision_lib.is_builder(model):
         return ModelFacts(policy=keras.config.dtype_policy().name, builder=True)
     if not isinstance(model, keras.Model):

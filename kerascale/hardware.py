@@ -13,6 +13,7 @@ device *configuration*), so a user may still configure devices afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -149,7 +150,7 @@ class Hardware:
 
     @property
     def accelerator(self) -> str:
-        """"tpu", "gpu" or "cpu": what would run the model."""
+        """ "tpu", "gpu" or "cpu": what would run the model."""
         if self.tpu is not None:
             return "tpu"
         return "gpu" if self.gpus else "cpu"
@@ -327,8 +328,14 @@ def _detect_gpus(notes: list[str], *, use_nvml: bool) -> tuple[GPUInfo, ...]:
     nvml_gpus = _nvml_gpus(nvml_notes) if use_nvml else None
     if nvml_gpus is None:
         if gpus:
-            why = nvml_notes[0] if nvml_notes else (
-                "install nvidia-ml-py (kerascale[gpu])" if use_nvml else "nvml=False"
+            why = (
+                nvml_notes[0]
+                if nvml_notes
+                else (
+                    "install nvidia-ml-py (kerascale[gpu])"
+                    if use_nvml
+                    else "nvml=False"
+                )
             )
             notes.append(f"GPU memory size unknown: NVML not used ({why}).")
         return tuple(gpus)
@@ -389,10 +396,8 @@ def _nvml_gpus(notes: list[str]) -> list[dict[str, Any]] | None:
         notes.append(f"NVML query failed: {e}")
         return None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def _enrich(gpu: GPUInfo, nvml_gpus: list[dict[str, Any]], notes: list[str]) -> GPUInfo:
@@ -404,7 +409,9 @@ def _enrich(gpu: GPUInfo, nvml_gpus: list[dict[str, Any]], notes: list[str]) -> 
         (
             g
             for g in nvml_gpus
-            if (g["index"] == key if isinstance(key, int) else g["uuid"].startswith(key))
+            if (
+                g["index"] == key if isinstance(key, int) else g["uuid"].startswith(key)
+            )
         ),
         None,
     )

@@ -209,7 +209,9 @@ class Plan:
             ),
         ]
         if self.lr_factor != 1.0:
-            rows.append(("lr factor", f"{self.lr_factor:g}", self.reasons.get("lr_factor", "")))
+            rows.append(
+                ("lr factor", f"{self.lr_factor:g}", self.reasons.get("lr_factor", ""))
+            )
         rows.append(
             (
                 "model",
@@ -276,8 +278,9 @@ def make_plan(
         dropped = []
         if policy != model.policy:
             dropped.append(f"precision {policy}")
-            policy, why_policy = model.policy, (
-                f"kept the model's {model.policy}: {model.why_not_rebuildable}"
+            policy, why_policy = (
+                model.policy,
+                (f"kept the model's {model.policy}: {model.why_not_rebuildable}"),
             )
         if needs_new_scope:
             dropped.append(f"strategy {strategy_name}")

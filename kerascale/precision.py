@@ -121,7 +121,7 @@ def is_builder(model: Any) -> bool:
 
 
 def cloneability(model: keras.Model) -> str:
-    """"" when the model can be re-created, else why not."""
+    """ "" when the model can be re-created, else why not."""
     if isinstance(model, keras.Sequential) or _is_functional(model):
         return ""
     try:

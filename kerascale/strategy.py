@@ -89,7 +89,7 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
     if requested == "multi_worker":
         raise UnsupportedError(
             'strategy="multi_worker" is not supported by this version of '
-            "kerascale yet. Use \"mirrored\" to train on this machine's devices."
+            'kerascale yet. Use "mirrored" to train on this machine\'s devices.'
         )
 
     if requested == "auto":
@@ -98,7 +98,7 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
         if hw.tpu is None:
             raise ConfigurationError(
                 'strategy="tpu" needs a TPU, and none was found (no TPU_NAME, '
-                "COLAB_TPU_ADDR or /dev/accel*). Use \"auto\" to pick what is "
+                'COLAB_TPU_ADDR or /dev/accel*). Use "auto" to pick what is '
                 "here. Received: strategy='tpu'"
             )
         return _tpu_choice(hw, "you asked for it")
@@ -145,7 +145,9 @@ def _choose_auto(hw: Hardware) -> StrategyChoice:
         return _tpu_choice(hw, f"TPU found ({hw.tpu.source})")
     if len(hw.gpus) > 1:
         same = hw.gpus_homogeneous
-        reason = f"{len(hw.gpus)} GPUs" + (" of one type" if same else " of mixed types")
+        reason = f"{len(hw.gpus)} GPUs" + (
+            " of one type" if same else " of mixed types"
+        )
         devices = _accelerator_devices(hw)
         return StrategyChoice(
             "mirrored", devices, len(devices), reason, _mixed_gpu_warning(hw)

@@ -2,11 +2,11 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import keras
+import numpy as np
+import pytest
 
-from kerascale.hardware import CPUInfo, GPUInfo, Hardware  # noqa: E402
+from kerascale.hardware import CPUInfo, GPUInfo, Hardware
 
 
 @pytest.fixture(autouse=True)
@@ -42,6 +42,4 @@ CPU_BF16 = CPUInfo(cores=8, model="Test CPU", bf16=True, bf16_flags=("amx_bf16",
 
 
 def gpu_box(n=1, name="NVIDIA A100", cc=(8, 0), memory=40 << 30):
-    return Hardware(
-        cpu=CPU, gpus=tuple(GPUInfo(i, name, memory, cc) for i in range(n))
-    )
+    return Hardware(cpu=CPU, gpus=tuple(GPUInfo(i, name, memory, cc) for i in range(n)))

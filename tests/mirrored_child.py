@@ -11,11 +11,11 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
-import kerascale  # noqa: E402
+import kerascale
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
@@ -65,11 +65,18 @@ print(
             "single_replicas": single.plan.replicas,
             "max_weight_diff": diff,
             "loss": [mirrored.history["loss"][0], single.history["loss"][0]],
-            "accuracy": [mirrored.history["accuracy"][0], single.history["accuracy"][0]],
+            "accuracy": [
+                mirrored.history["accuracy"][0],
+                single.history["accuracy"][0],
+            ],
             "changed": bool(
                 any(
                     not np.allclose(a, b)
-                    for a, b in zip(model.get_weights(), model_and_twin()[0].get_weights(), strict=True)
+                    for a, b in zip(
+                        model.get_weights(),
+                        model_and_twin()[0].get_weights(),
+                        strict=True,
+                    )
                 )
             ),
         }

@@ -46,7 +46,10 @@ def test_python_dash_m_and_console_script_entry():
     env.pop("TF_CONFIG", None)
     proc = subprocess.run(
         [sys.executable, "-m", "kerascale", "doctor", "--json"],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["decisions"]["strategy"]["value"] == "default"

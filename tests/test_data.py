@@ -8,12 +8,21 @@ from kerascale.planning import DataFacts, Plan
 
 
 def plan_with(batch, replicas=1):
-    return Plan("default", ("/cpu:0",) * replicas, replicas, "float32",
-                batch // replicas, 1, batch)
+    return Plan(
+        "default",
+        ("/cpu:0",) * replicas,
+        replicas,
+        "float32",
+        batch // replicas,
+        1,
+        batch,
+    )
 
 
 def slices(n=10):
-    return tf.data.Dataset.from_tensor_slices((np.arange(n, dtype="float32")[:, None], np.arange(n)))
+    return tf.data.Dataset.from_tensor_slices(
+        (np.arange(n, dtype="float32")[:, None], np.arange(n))
+    )
 
 
 @pytest.mark.parametrize(
@@ -49,7 +58,9 @@ def test_batched_dataset_is_rebatched_keeping_every_sample_in_order():
 
 def test_same_batch_is_left_alone_and_optimisation_is_applied():
     src = slices(8).batch(4)
-    untouched = data.prepare(src, DataFacts("dataset", True, 4), plan_with(4), optimize=False)
+    untouched = data.prepare(
+        src, DataFacts("dataset", True, 4), plan_with(4), optimize=False
+    )
     assert untouched is src
     ds = data.prepare(src, DataFacts("dataset", True, 4), plan_with(4), optimize=True)
     assert type(ds).__name__ == "_PrefetchDataset"
@@ -60,12 +71,15 @@ def test_same_batch_is_left_alone_and_optimisation_is_applied():
 def test_inspect_errors():
     with pytest.raises(kerascale.DataError, match="empty dataset"):
         data.inspect(slices(0))
-    with pytest.raises(kerascale.DataError, match="infinite dataset.*steps_per_epoch"):
+    with pytest.raises(kerascale.DataError, match=r"infinite dataset.*steps_per_epoch"):
         data.inspect(slices().repeat())
     assert data.inspect(slices().repeat(), steps_per_epoch=5).kind == "dataset"
-    with pytest.raises(kerascale.DataError, match="x and y must have the same number.*x has 10, y has \\[9\\]"):
+    with pytest.raises(
+        kerascale.DataError,
+        match=r"x and y must have the same number.*x has 10, y has \[9\]",
+    ):
         data.inspect(np.zeros((10, 2)), np.zeros(9))
-    with pytest.raises(kerascale.DataError, match="same number of samples.*\\[3, 4\\]"):
+    with pytest.raises(kerascale.DataError, match=r"same number of samples.*\[3, 4\]"):
         data.inspect({"a": np.zeros((3, 1)), "b": np.zeros((4, 1))}, np.zeros(3))
     with pytest.raises(kerascale.DataError, match="0 samples"):
         data.inspect(np.zeros((0, 2)), np.zeros(0))
@@ -88,7 +102,9 @@ def test_validation_data():
     assert [int(x.shape[0]) for x, _ in ds] == [4, 4, 2]
     arrays = (np.zeros((5, 1)), np.zeros(5))
     assert data.prepare_validation(arrays, plan, optimize=False) is arrays
-    with pytest.raises(kerascale.DataError, match="validation_data and y must have the same"):
+    with pytest.raises(
+        kerascale.DataError, match="validation_data and y must have the same"
+    ):
         data.prepare_validation((np.zeros((5, 1)), np.zeros(4)), plan, optimize=False)
     with pytest.raises(kerascale.DataError, match="validation_data must be"):
         data.prepare_validation("val.csv", plan, optimize=False)

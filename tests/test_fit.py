@@ -1,10 +1,12 @@
+import json
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import dense_model, toy_data
 
 import kerascale
-from conftest import dense_model, toy_data
 
 
 def copy_of(model):
@@ -18,8 +20,17 @@ def test_pinned_plan_trains_exactly_like_model_fit():
     x, y = toy_data()
     model = dense_model()
     twin = copy_of(model)
-    history = kerascale.fit(model, x, y, batch_size=16, precision="float32",
-                            strategy="default", epochs=2, shuffle=False, verbose=0)
+    history = kerascale.fit(
+        model,
+        x,
+        y,
+        batch_size=16,
+        precision="float32",
+        strategy="default",
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+    )
     twin.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
     assert not history.plan.rebuild
     for a, b in zip(model.get_weights(), twin.get_weights(), strict=True):
@@ -32,10 +43,15 @@ def test_user_model_holds_trained_weights_after_a_rebuild(tmp_path):
     x, y = toy_data(256)
     model = dense_model(optimizer=keras.optimizers.Adam(1e-2))
     before = [w.copy() for w in model.get_weights()]
-    history = kerascale.fit(model, x, y, precision="mixed_bfloat16", epochs=3, verbose=0)
+    history = kerascale.fit(
+        model, x, y, precision="mixed_bfloat16", epochs=3, verbose=0
+    )
     assert history.plan.rebuild and history.plan.precision == "mixed_bfloat16"
     assert history.history["loss"][-1] < history.history["loss"][0]
-    assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+    assert any(
+        not np.array_equal(a, b)
+        for a, b in zip(before, model.get_weights(), strict=True)
+    )
     # The user's model is still float32 and is what was trained.
     assert model.layers[1].dtype_policy.name == "float32"
     final_loss = model.evaluate(x, y, verbose=0)
@@ -44,7 +60,9 @@ def test_user_model_holds_trained_weights_after_a_rebuild(tmp_path):
     path = tmp_path / "m.keras"
     model.save(path)
     reloaded = keras.models.load_model(path)
-    np.testing.assert_allclose(reloaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+    np.testing.assert_allclose(
+        reloaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6
+    )
     assert keras.config.dtype_policy().name == "float32"
 
 
@@ -57,20 +75,31 @@ def test_batched_dataset_is_rebatched_to_the_requested_batch():
         def on_train_batch_end(self, batch, logs=None):
             seen.append(batch)
 
-    history = kerascale.fit(dense_model(), ds, batch_size=32, precision="float32",
-                            epochs=1, verbose=0, callbacks=[Count()])
+    history = kerascale.fit(
+        dense_model(),
+        ds,
+        batch_size=32,
+        precision="float32",
+        epochs=1,
+        verbose=0,
+        callbacks=[Count()],
+    )
     assert seen == [0, 1]
     assert history.plan.data_changes[0] == "rebatch(8 -> 32)"
     auto = kerascale.plan(dense_model(), ds, precision="float32")
-    assert auto.global_batch_size == 8 and "batched dataset" in auto.reasons["global_batch_size"]
+    assert (
+        auto.global_batch_size == 8
+        and "batched dataset" in auto.reasons["global_batch_size"]
+    )
 
 
 def test_validation_dataset_and_metrics():
     x, y = toy_data(64)
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     model = dense_model(metrics=["accuracy"])
-    history = kerascale.fit(model, ds, validation_data=ds, epochs=1, verbose=0,
-                            precision="float32")
+    history = kerascale.fit(
+        model, ds, validation_data=ds, epochs=1, verbose=0, precision="float32"
+    )
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(history.history)
 
 
@@ -106,9 +135,13 @@ def test_uncloneable_model_falls_back_and_says_what_was_not_applied():
     x, y = toy_data(64)
     model = Opaque(keras.layers.Dense(8))
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    history = kerascale.fit(model, x, y, precision="mixed_bfloat16", epochs=1, verbose=0)
+    history = kerascale.fit(
+        model, x, y, precision="mixed_bfloat16", epochs=1, verbose=0
+    )
     assert history.plan.precision == "float32" and not history.plan.rebuild
-    assert any("Not applied: precision mixed_bfloat16" in w for w in history.plan.warnings)
+    assert any(
+        "Not applied: precision mixed_bfloat16" in w for w in history.plan.warnings
+    )
     assert model.built and int(model.optimizer.iterations) == 2
 
 
@@ -120,7 +153,9 @@ def test_builder_function_is_called_under_the_policy():
         model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
         return model
 
-    history = kerascale.fit(build, x, y, precision="mixed_bfloat16", epochs=1, verbose=0)
+    history = kerascale.fit(
+        build, x, y, precision="mixed_bfloat16", epochs=1, verbose=0
+    )
     assert history.plan.precision == "mixed_bfloat16"
     assert history.model.body.dtype_policy.name == "mixed_bfloat16"
     assert int(history.model.optimizer.iterations) == 2
@@ -130,12 +165,16 @@ def test_builder_function_is_called_under_the_policy():
 def test_builder_must_return_a_compiled_model():
     x, y = toy_data(16)
     with pytest.raises(kerascale.ModelError, match="compiled model"):
-        kerascale.fit(lambda: keras.Sequential([keras.layers.Dense(1)]), x, y, verbose=0)
+        kerascale.fit(
+            lambda: keras.Sequential([keras.layers.Dense(1)]), x, y, verbose=0
+        )
 
 
 def test_unbuilt_sequential_is_built_from_the_data():
     x, y = toy_data(32)
-    model = keras.Sequential([keras.layers.Dense(4), keras.layers.Dense(2, activation="softmax")])
+    model = keras.Sequential(
+        [keras.layers.Dense(4), keras.layers.Dense(2, activation="softmax")]
+    )
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     kerascale.fit(model, x, y, precision="mixed_bfloat16", epochs=1, verbose=0)
     assert model.built and model.predict(x, verbose=0).shape == (32, 2)
@@ -152,9 +191,19 @@ def test_interrupt_keeps_what_was_trained():
                 raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        kerascale.fit(model, x, y, precision="mixed_bfloat16", epochs=5, verbose=0,
-                      callbacks=[Stop()])
-    assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+        kerascale.fit(
+            model,
+            x,
+            y,
+            precision="mixed_bfloat16",
+            epochs=5,
+            verbose=0,
+            callbacks=[Stop()],
+        )
+    assert any(
+        not np.array_equal(a, b)
+        for a, b in zip(before, model.get_weights(), strict=True)
+    )
 
 
 def test_plan_trains_nothing():
@@ -203,16 +252,31 @@ def test_data_errors_reach_the_user():
     inf = tf.data.Dataset.from_tensor_slices(toy_data(8)).repeat()
     with pytest.raises(kerascale.DataError, match="infinite"):
         kerascale.fit(model, inf, verbose=0)
-    history = kerascale.fit(model, inf, steps_per_epoch=2, epochs=1, verbose=0,
-                            batch_size=4, precision="float32")
+    history = kerascale.fit(
+        model,
+        inf,
+        steps_per_epoch=2,
+        epochs=1,
+        verbose=0,
+        batch_size=4,
+        precision="float32",
+    )
     assert len(history.history["loss"]) == 1
 
 
 def test_cluster_environment_fails_clearly(monkeypatch):
     x, y = toy_data(16)
-    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}')
-    with pytest.raises(kerascale.UnsupportedError, match="not supported by this version"):
+    tf_config = {
+        "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+        "task": {"type": "worker", "index": 0},
+    }
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    with pytest.raises(
+        kerascale.UnsupportedError, match="not supported by this version"
+    ):
         kerascale.fit(dense_model(), x, y, verbose=0)
     monkeypatch.setenv("TF_CONFIG", "{oops")
-    with pytest.raises(kerascale.ClusterConfigError, match="TF_CONFIG is not valid JSON"):
+    with pytest.raises(
+        kerascale.ClusterConfigError, match="TF_CONFIG is not valid JSON"
+    ):
         kerascale.fit(dense_model(), x, y, verbose=0)

@@ -100,7 +100,9 @@ def fake_gpus(monkeypatch):
     def install(specs):
         real_list = tf.config.list_physical_devices
         devices = [
-            tf.config.PhysicalDevice(name=f"/physical_device:GPU:{i}", device_type="GPU")
+            tf.config.PhysicalDevice(
+                name=f"/physical_device:GPU:{i}", device_type="GPU"
+            )
             for i in range(len(specs))
         ]
         details = {d.name: s for d, s in zip(devices, specs, strict=True)}

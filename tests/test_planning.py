@@ -1,10 +1,10 @@
 import dataclasses
 
 import pytest
+from conftest import CPU, CPU_BF16, gpu_box
 
 import kerascale
-from conftest import CPU, CPU_BF16, gpu_box
-from kerascale.hardware import ClusterInfo, CPUInfo, GPUInfo, Hardware, TPUInfo
+from kerascale.hardware import ClusterInfo, GPUInfo, Hardware, TPUInfo
 from kerascale.planning import DataFacts, ModelFacts, Options, Plan, make_plan
 
 ARRAYS = DataFacts(kind="arrays", num_samples=1000)
@@ -19,7 +19,10 @@ CPU_ONLY = Hardware(cpu=CPU)
 TPU_HOST = Hardware(cpu=CPU, tpu=TPUInfo("my-tpu", "TPU_NAME"))
 MIXED_GPUS = Hardware(
     cpu=CPU,
-    gpus=(GPUInfo(0, "NVIDIA A100", 40 << 30, (8, 0)), GPUInfo(1, "Tesla T4", 16 << 30, (7, 5))),
+    gpus=(
+        GPUInfo(0, "NVIDIA A100", 40 << 30, (8, 0)),
+        GPUInfo(1, "Tesla T4", 16 << 30, (7, 5)),
+    ),
 )
 
 
@@ -47,7 +50,11 @@ def test_mixed_gpus_warn_that_the_slowest_sets_the_pace():
 
 @pytest.mark.parametrize(
     "requested, strategy, replicas",
-    [("one_device", "one_device", 1), ("default", "default", 1), ("mirrored", "mirrored", 4)],
+    [
+        ("one_device", "one_device", 1),
+        ("default", "default", 1),
+        ("mirrored", "mirrored", 4),
+    ],
 )
 def test_explicit_strategy_overrides(requested, strategy, replicas):
     p = plan_for(gpu_box(4), strategy=requested)
@@ -71,7 +78,9 @@ def test_mirrored_on_logical_cpus_uses_them_all():
 
 
 def test_tpu_requested_without_tpu_is_an_error():
-    with pytest.raises(kerascale.ConfigurationError, match="strategy=\"tpu\" needs a TPU"):
+    with pytest.raises(
+        kerascale.ConfigurationError, match='strategy="tpu" needs a TPU'
+    ):
         plan_for(CPU_ONLY, strategy="tpu")
 
 
@@ -119,7 +128,9 @@ def test_rebuild_only_when_needed():
     assert not plan_for(CPU_ONLY).rebuild  # float32 on the default strategy
     assert plan_for(Hardware(cpu=CPU_BF16)).rebuild  # policy changes
     assert plan_for(gpu_box(1, cc=(6, 0))).rebuild  # new strategy scope
-    assert plan_for(gpu_box(1), model=ModelFacts(builder=True), precision="float32").rebuild
+    assert plan_for(
+        gpu_box(1), model=ModelFacts(builder=True), precision="float32"
+    ).rebuild
 
 
 def test_unrebuildable_model_falls_back_and_says_why():
@@ -134,9 +145,13 @@ def test_unrebuildable_model_falls_back_and_says_why():
 
 def test_clusters_fail_clearly_until_supported():
     two = Hardware(cpu=CPU, cluster=ClusterInfo("TF_CONFIG", 2, "worker", 0))
-    with pytest.raises(kerascale.UnsupportedError, match="TF_CONFIG describes a cluster of 2"):
+    with pytest.raises(
+        kerascale.UnsupportedError, match="TF_CONFIG describes a cluster of 2"
+    ):
         plan_for(two)
-    bad = Hardware(cpu=CPU, cluster=ClusterInfo("TF_CONFIG", error="TF_CONFIG is not valid JSON"))
+    bad = Hardware(
+        cpu=CPU, cluster=ClusterInfo("TF_CONFIG", error="TF_CONFIG is not valid JSON")
+    )
     with pytest.raises(kerascale.ClusterConfigError, match="not valid JSON"):
         plan_for(bad)
     with pytest.raises(kerascale.UnsupportedError, match="multi_worker"):
@@ -167,7 +182,10 @@ def test_batch_decisions(data, batch_size, replicas_hw, global_batch, changes):
 
 
 def test_batch_must_divide_across_replicas():
-    with pytest.raises(kerascale.ConfigurationError, match=r"divisible by the number of replicas \(4\).*batch_size=30"):
+    with pytest.raises(
+        kerascale.ConfigurationError,
+        match=r"divisible by the number of replicas \(4\).*batch_size=30",
+    ):
         plan_for(gpu_box(4), batch_size=30)
 
 
@@ -189,7 +207,9 @@ def test_plan_round_trips_through_json_and_is_frozen():
 
 
 def test_plan_checks_its_own_arithmetic():
-    with pytest.raises(kerascale.ConfigurationError, match="global_batch_size must equal"):
+    with pytest.raises(
+        kerascale.ConfigurationError, match="global_batch_size must equal"
+    ):
         Plan("default", ("/cpu:0",), 2, "float32", 16, 1, 64)
 
 
@@ -220,7 +240,9 @@ def test_plan_prints_as_a_table_with_reasons():
 )
 def test_options_are_validated_at_the_door(kwargs, message):
     name = next(iter(kwargs))
-    with pytest.raises(kerascale.ConfigurationError, match=rf"{name} must be .*Received: {message}"):
+    with pytest.raises(
+        kerascale.ConfigurationError, match=rf"{name} must be .*Received: {message}"
+    ):
         Options.validate(**kwargs)
     with pytest.raises(ValueError):  # catchable as the builtin too
         Options.validate(**kwargs)

@@ -2,8 +2,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import dense_model, toy_data
+
 from kerascale import precision
 
 
@@ -82,7 +82,10 @@ def test_optimizer_state_is_carried_over_both_ways():
 
 def test_nested_model_output_stays_float32():
     inner_in = keras.Input((4,))
-    inner = keras.Model(inner_in, keras.layers.Dense(2, activation="softmax")(keras.layers.Dense(8)(inner_in)))
+    inner = keras.Model(
+        inner_in,
+        keras.layers.Dense(2, activation="softmax")(keras.layers.Dense(8)(inner_in)),
+    )
     outer_in = keras.Input((4,))
     model = keras.Model(outer_in, inner(keras.layers.Dense(4)(outer_in)))
     model.compile(optimizer="sgd", loss="mse")
@@ -92,10 +95,15 @@ def test_nested_model_output_stays_float32():
 
 
 def test_sequential_model():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(2)])
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(2)]
+    )
     model.compile(optimizer="sgd", loss="mse")
     new = precision.rebuild(model, "mixed_bfloat16", default_strategy())
-    assert [layer.dtype_policy.name for layer in new.layers] == ["mixed_bfloat16", "float32"]
+    assert [layer.dtype_policy.name for layer in new.layers] == [
+        "mixed_bfloat16",
+        "float32",
+    ]
 
 
 def test_custom_unregistered_loss_and_metric_objects_survive():

@@ -14,7 +14,10 @@ def run_child(*args):
     env.pop("TF_CONFIG", None)
     proc = subprocess.run(
         [sys.executable, str(HERE / "mirrored_child.py"), *args],
-        capture_output=True, text=True, timeout=300, env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
