@@ -3,6 +3,8 @@
 Change one line: ``model.fit(ds)`` becomes ``kerascale.fit(model, ds)``.
 """
 
+import logging
+
 from kerascale.errors import (
     ClusterConfigError,
     ConfigurationError,
@@ -16,6 +18,11 @@ from kerascale.hardware import CPUInfo, GPUInfo, Hardware, TPUInfo, detect_hardw
 from kerascale.planning import Plan
 
 __version__ = "0.1.0"
+
+# A library logs; the application decides where logs go. Without this, Python's
+# last-resort handler would print kerascale's warnings to stderr even with
+# verbose=0 (the plan table shows them when verbose is on).
+logging.getLogger("kerascale").addHandler(logging.NullHandler())
 
 __all__ = [
     "CPUInfo",

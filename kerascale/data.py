@@ -58,6 +58,7 @@ def inspect(
     *,
     steps_per_epoch: Any = None,
     name: str = "x",
+    steps_name: str = "steps_per_epoch",
 ) -> DataFacts:
     """Learns what planning needs to know about `x`/`y`, validating them.
 
@@ -68,6 +69,7 @@ def inspect(
         y: Targets when `x` is arrays; must be None for a dataset.
         steps_per_epoch: Needed when the dataset is infinite.
         name: How to name `x` in errors (e.g. "validation_data").
+        steps_name: How to name `steps_per_epoch` in errors.
 
     Raises:
         DataError: For empty data, an infinite dataset without
@@ -81,7 +83,9 @@ def inspect(
                 "y must be None when x is a tf.data.Dataset: the dataset yields "
                 f"(inputs, targets). Received: y of type {type(y).__name__}"
             )
-        return _inspect_dataset(x, steps_per_epoch=steps_per_epoch, name=name)
+        return _inspect_dataset(
+            x, steps_per_epoch=steps_per_epoch, name=name, steps_name=steps_name
+        )
     if isinstance(x, Mapping) or _array_like(x):
         return _inspect_arrays(x, y, name=name)
     raise DataError(
@@ -114,15 +118,17 @@ def _inspect_arrays(x: Any, y: Any, *, name: str) -> DataFacts:
     return DataFacts(kind="arrays", batched=False, batch_size=None, num_samples=n)
 
 
-def _inspect_dataset(ds: tf.data.Dataset, *, steps_per_epoch: Any, name: str):
+def _inspect_dataset(
+    ds: tf.data.Dataset, *, steps_per_epoch: Any, name: str, steps_name: str
+) -> DataFacts:
     cardinality = int(ds.cardinality())
     if cardinality == 0:
         raise DataError(f"{name} is an empty dataset (0 elements).")
     if cardinality == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
         raise DataError(
-            f"{name} is an infinite dataset (it repeats forever), so an epoch "
-            "never ends. Pass steps_per_epoch=N, or remove .repeat(). "
-            "Received: steps_per_epoch=None"
+            f"{name} is an infinite dataset (it repeats forever), so it never "
+            f"ends. Pass {steps_name}=N, or remove .repeat(). "
+            f"Received: {steps_name}=None"
         )
     batch = dataset_batch_size(ds)
     return DataFacts(kind="dataset", batched=batch is not None, batch_size=batch)
@@ -188,7 +194,13 @@ def lost_cardinality(original: tf.data.Dataset, prepared: tf.data.Dataset) -> bo
     return int(original.cardinality()) >= 0 and int(prepared.cardinality()) == unknown
 
 
-def prepare_validation(validation_data: Any, plan: Plan, *, optimize: bool) -> Any:
+def prepare_validation(
+    validation_data: Any,
+    plan: Plan,
+    *,
+    optimize: bool,
+    validation_steps: Any = None,
+) -> Any:
     """Validates `validation_data` and batches a dataset like the training data.
 
     Arrays given as `(x, y)` or `(x, y, sample_weight)` are returned as they are:
@@ -197,7 +209,12 @@ def prepare_validation(validation_data: Any, plan: Plan, *, optimize: bool) -> A
     if validation_data is None:
         return None
     if is_dataset(validation_data):
-        facts = inspect(validation_data, name="validation_data")
+        facts = inspect(
+            validation_data,
+            name="validation_data",
+            steps_per_epoch=validation_steps,
+            steps_name="validation_steps",
+        )
         return prepare(validation_data, facts, plan, optimize=optimize)
     if isinstance(validation_data, tuple | list) and len(validation_data) in (2, 3):
         vx, vy = validation_data[0], validation_data[1]

@@ -143,7 +143,10 @@ def fit(
         fit_kwargs["batch_size"] = plan.step_batch_size
     if "validation_data" in fit_kwargs:
         fit_kwargs["validation_data"] = data_lib.prepare_validation(
-            fit_kwargs["validation_data"], plan, optimize=options.optimize_data
+            fit_kwargs["validation_data"],
+            plan,
+            optimize=options.optimize_data,
+            validation_steps=fit_kwargs.get("validation_steps"),
         )
 
     if options.verbose != 0:
@@ -220,7 +223,9 @@ def _decide(
     data_facts = data_lib.inspect(
         x, y, steps_per_epoch=fit_kwargs.get("steps_per_epoch")
     )
-    model_facts = _model_facts(model, x, data_facts, options.strategy)
+    model_facts = precision_lib.model_facts(
+        model, options.strategy, sample=lambda: data_lib.sample_inputs(x, data_facts)
+    )
     if not_rebuildable:
         model_facts = dataclasses.replace(
             model_facts, rebuildable=False, why_not_rebuildable=not_rebuildable
@@ -229,37 +234,3 @@ def _decide(
     the_plan = make_plan(hw, options, model_facts, data_facts)
     instance = options.strategy if not isinstance(options.strategy, str) else None
     return _Decided(hw, model_facts, data_facts, the_plan, instance)
-
-
-def _model_facts(
-    model: Any, x: Any, data_facts: DataFacts, strategy: Any
-) -> ModelFacts:
-    if precision_lib.is_builder(model):
-        return ModelFacts(policy=keras.config.dtype_policy().name, builder=True)
-    if not isinstance(model, keras.Model):
-        raise ModelError(
-            "model must be a keras.Model or a zero-argument function that builds "
-            f"and compiles one. Received: model of type {type(model).__name__}"
-        )
-    if not model.compiled:
-        raise ModelError(
-            "model must be compiled before training: call "
-            "model.compile(optimizer=..., loss=...) first, as for model.fit."
-        )
-    if not model.built:
-        try:
-            model(data_lib.sample_inputs(x, data_facts))
-        except Exception as e:
-            raise ModelError(
-                f"The model is not built and could not be built from the data's "
-                f"shape ({type(e).__name__}: {e}). Give it an Input layer, or "
-                "call model.build(input_shape) first."
-            ) from e
-    why = precision_lib.cloneability(model)
-    in_scope = not isinstance(strategy, str) and model.distribute_strategy is strategy
-    return ModelFacts(
-        policy=model.dtype_policy.name,
-        rebuildable=not why,
-        why_not_rebuildable=why,
-        in_strategy_scope=in_scope,
-    )

@@ -237,11 +237,7 @@ def detect_hardware(*, nvml: bool = True) -> Hardware:
 
 
 def _read_cpuinfo() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
+    return _read_text("/proc/cpuinfo")
 
 
 def parse_cpuinfo(text: str) -> tuple[str, frozenset[str]]:
@@ -258,10 +254,35 @@ def parse_cpuinfo(text: str) -> tuple[str, frozenset[str]]:
 
 
 def _cpu_cores() -> int:
+    """Cores this process may use: CPU affinity, capped by a cgroup v2 quota
+    (a container started with --cpus=2 on a 64-core host has 2)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota(_read_text("/sys/fs/cgroup/cpu.max"))
+    return max(1, min(cores, quota)) if quota else cores
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _cgroup_cpu_quota(text: str) -> int | None:
+    """Whole CPUs from cgroup v2 `cpu.max` ("200000 100000" -> 2); None when
+    unlimited ("max 100000") or unreadable."""
+    parts = text.split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    return max(1, -(-quota // period)) if quota > 0 and period > 0 else None
 
 
 def _detect_cpu(notes: list[str]) -> CPUInfo:

@@ -20,6 +20,7 @@ from kerascale import precision as precision_lib
 from kerascale import strategy as strategy_lib
 from kerascale.errors import ConfigurationError
 from kerascale.hardware import Hardware
+from kerascale.precision import ModelFacts
 
 # Keras's own default when `fit` gets arrays and no batch size.
 DEFAULT_BATCH_PER_REPLICA = 32
@@ -64,28 +65,6 @@ class Options:
             optimize_data=optimize_data,
             verbose=verbose,
         )
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelFacts:
-    """What planning needs to know about the model.
-
-    Attributes:
-        policy: The model's dtype policy name (e.g. "float32").
-        rebuildable: Whether kerascale can re-create the model under another
-            policy or strategy scope (a builder function, or a model that can
-            be cloned).
-        why_not_rebuildable: The reason, when it cannot.
-        in_strategy_scope: Whether its variables already live in the scope of
-            the strategy instance the user passed.
-        builder: Whether the user passed a function that builds the model.
-    """
-
-    policy: str = "float32"
-    rebuildable: bool = True
-    why_not_rebuildable: str = ""
-    in_strategy_scope: bool = False
-    builder: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

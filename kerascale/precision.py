@@ -12,17 +12,41 @@ it was found.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
 
+from kerascale.errors import ModelError
 from kerascale.hardware import Hardware
 
 logger = logging.getLogger("kerascale")
 
 CHOICES = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """What planning needs to know about the model.
+
+    Attributes:
+        policy: The model's dtype policy name (e.g. "float32").
+        rebuildable: Whether kerascale can re-create the model under another
+            policy or strategy scope (a builder function, or a model that can
+            be cloned).
+        why_not_rebuildable: The reason, when it cannot.
+        in_strategy_scope: Whether its variables already live in the scope of
+            the strategy instance the user passed.
+        builder: Whether the user passed a function that builds the model.
+    """
+
+    policy: str = "float32"
+    rebuildable: bool = True
+    why_not_rebuildable: str = ""
+    in_strategy_scope: bool = False
+    builder: bool = False
 
 
 def choose(
@@ -120,6 +144,48 @@ def is_builder(model: Any) -> bool:
     return callable(model) and not isinstance(model, keras.Model)
 
 
+def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> ModelFacts:
+    """What planning needs to know about `model`; builds an unbuilt model.
+
+    Args:
+        model: A compiled `keras.Model` or a zero-argument builder function.
+        strategy: The user's `strategy` option (a name or an instance).
+        sample: Returns a one-sample input batch, to build an unbuilt model.
+
+    Raises:
+        ModelError: If `model` is neither, is not compiled, or cannot be built.
+    """
+    if is_builder(model):
+        return ModelFacts(policy=keras.config.dtype_policy().name, builder=True)
+    if not isinstance(model, keras.Model):
+        raise ModelError(
+            "model must be a keras.Model or a zero-argument function that builds "
+            f"and compiles one. Received: model of type {type(model).__name__}"
+        )
+    if not model.compiled:
+        raise ModelError(
+            "model must be compiled before training: call "
+            "model.compile(optimizer=..., loss=...) first, as for model.fit."
+        )
+    if not model.built:
+        try:
+            model(sample())
+        except Exception as e:
+            raise ModelError(
+                "The model is not built and could not be built from the data's "
+                f"shape ({type(e).__name__}: {e}). Give it an Input layer, or "
+                "call model.build(input_shape) first."
+            ) from e
+    why = cloneability(model)
+    in_scope = not isinstance(strategy, str) and model.distribute_strategy is strategy
+    return ModelFacts(
+        policy=model.dtype_policy.name,
+        rebuildable=not why,
+        why_not_rebuildable=why,
+        in_strategy_scope=in_scope,
+    )
+
+
 def cloneability(model: keras.Model) -> str:
     """ "" when the model can be re-created, else why not."""
     if isinstance(model, keras.Sequential) or _is_functional(model):
@@ -211,8 +277,6 @@ def rebuild(
         if is_builder(model):
             new = model()
             if not isinstance(new, keras.Model):
-                from kerascale.errors import ModelError
-
                 raise ModelError(
                     "The model builder must return a keras.Model. Received: "
                     f"{type(new).__name__}"

@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -280,3 +283,46 @@ def test_cluster_environment_fails_clearly(monkeypatch):
         kerascale.ClusterConfigError, match="TF_CONFIG is not valid JSON"
     ):
         kerascale.fit(dense_model(), x, y, verbose=0)
+
+
+QUIET_SCRIPT = """
+import numpy as np, keras, tensorflow as tf, kerascale
+keras.utils.set_random_seed(0)
+x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+y = (x[:, 0] > 0).astype("int64")
+m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+# A rebatch, a re-creation and a warning (float16 on CPU), all silently.
+kerascale.fit(m, ds, batch_size=16, precision="mixed_float16", epochs=2, verbose=0,
+              validation_data=ds)
+"""
+
+
+def _python_lines(stderr):
+    # TensorFlow's C++ runtime logs through absl before Python can intervene;
+    # those lines are TensorFlow's own, printed for model.fit alike.
+    cxx = ("I0000", "W0000", "E0000", "WARNING: All log messages before absl")
+    return [line for line in stderr.splitlines() if line and not line.startswith(cxx)]
+
+
+def test_verbose_0_prints_nothing_in_a_real_process():
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("TF_CONFIG", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", QUIET_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == ""
+    assert _python_lines(proc.stderr) == []
+
+
+def test_infinite_validation_dataset_names_validation_steps():
+    x, y = toy_data(16)
+    inf = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+    with pytest.raises(kerascale.DataError, match="validation_steps=None"):
+        kerascale.fit(dense_model(), x, y, validation_data=inf, verbose=0)

@@ -272,3 +272,28 @@ def test_hardware_round_trips_through_dict():
         notes=("x",),
     )
     assert Hardware.from_dict(json.loads(json.dumps(hw.to_dict()))) == hw
+
+
+@pytest.mark.parametrize(
+    "text, cores",
+    [
+        ("200000 100000", 2),
+        ("150000 100000", 2),
+        ("max 100000", None),
+        ("", None),
+        ("50000 100000", 1),
+        ("junk", None),
+    ],
+)
+def test_cgroup_cpu_quota(text, cores):
+    assert hardware._cgroup_cpu_quota(text) == cores
+
+
+def test_cores_capped_by_cgroup_quota(monkeypatch):
+    real = hardware._read_text
+    monkeypatch.setattr(
+        hardware,
+        "_read_text",
+        lambda path: "100000 100000" if path.endswith("cpu.max") else real(path),
+    )
+    assert kerascale.detect_hardware(nvml=False).cpu.cores == 1
