@@ -62,71 +62,128 @@ def cnn():
     return model
 
 
-def overhead(rounds: int) -> dict:
+def _data():
     rng = np.random.default_rng(0)
     x = rng.uniform(size=(2048, 32, 32, 3)).astype("float32")
     y = rng.integers(0, 10, size=2048)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(64).prefetch(2)
-    keras.utils.set_random_seed(0)
-    plain, scaled = cnn(), cnn()
-    scaled.set_weights(plain.get_weights())
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(64).prefetch(2)
 
-    def run_keras():
-        t = StepTimer()
-        start = time.perf_counter()
-        plain.fit(ds, epochs=1, verbose=0, shuffle=False, callbacks=[t])
-        return t, start
 
-    def run_kerascale():
-        t = StepTimer()
-        start = time.perf_counter()
-        kerascale.fit(
-            scaled,
-            ds,
-            batch_size=64,
-            precision="float32",
-            strategy="default",
-            optimize_data=False,
-            epochs=1,
-            verbose=0,
-            callbacks=[t],
-        )
-        return t, start
-
-    steps = {"keras": [], "kerascale": []}
-    setup = {"keras": [], "kerascale": []}
+def side_by_side(contestants: dict, rounds: int) -> dict:
+    """Runs each contestant (a function of a StepTimer) once to warm up, then
+    `rounds` times, alternating who goes first. Ratios are second / first."""
+    (a, _), (b, _) = contestants.items()
+    steps = {k: [] for k in contestants}
+    setup = {k: [] for k in contestants}
     ratios = []
-    run_keras(), run_kerascale()  # warm-up: tracing, caches
+    for fn in contestants.values():
+        fn(StepTimer())  # warm-up: tracing, caches
     for r in range(rounds):
         per_round = {}
-        order = [("keras", run_keras), ("kerascale", run_kerascale)]
+        order = list(contestants.items())
         for name, fn in order if r % 2 == 0 else order[::-1]:
-            timer, start = fn()
+            timer = StepTimer()
+            start = time.perf_counter()
+            fn(timer)
             steps[name] += timer.times
             # Everything before the first step: planning, data, Keras's setup.
             setup[name].append(timer.first_batch_at - start)
             per_round[name] = statistics.median(timer.times)
-        ratios.append(per_round["kerascale"] / per_round["keras"])
+        ratios.append(per_round[b] / per_round[a])
     med = {k: statistics.median(v) for k, v in steps.items()}
     return {
-        "workload": "CNN 32x32x3 -> 10, 2048 samples, batch 64, Adam, float32",
         "rounds": rounds,
         "steps_measured": {k: len(v) for k, v in steps.items()},
         "median_step_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
         # The median of the per-round ratios: each round's pair ran back to
         # back, so slow patches of the machine cancel out.
         "step_time_ratio": round(statistics.median(ratios), 4),
-        "ratio_of_medians": round(med["kerascale"] / med["keras"], 4),
+        "ratio_of_medians": round(med[b] / med[a], 4),
         "round_ratios_min_max": [round(min(ratios), 4), round(max(ratios), 4)],
-        "goal": "<= 1.03",
         "per_call_setup_s": {
             k: round(statistics.median(v), 4) for k, v in setup.items()
         },
     }
 
 
+def overhead(rounds: int) -> dict:
+    """kerascale.fit pinned to model.fit's choices, against model.fit."""
+    ds = _data()
+    keras.utils.set_random_seed(0)
+    plain, scaled = cnn(), cnn()
+    scaled.set_weights(plain.get_weights())
+    result = side_by_side(
+        {
+            "keras": lambda t: plain.fit(
+                ds, epochs=1, verbose=0, shuffle=False, callbacks=[t]
+            ),
+            "kerascale": lambda t: kerascale.fit(
+                scaled,
+                ds,
+                batch_size=64,
+                precision="float32",
+                strategy="default",
+                optimize_data=False,
+                epochs=1,
+                verbose=0,
+                callbacks=[t],
+            ),
+        },
+        rounds,
+    )
+    result["workload"] = "CNN 32x32x3 -> 10, 2048 samples, batch 64, Adam, float32"
+    result["goal"] = "<= 1.03"
+    return result
+
+
+def precision(rounds: int) -> dict:
+    """kerascale.fit's automatic precision against float32, all else equal."""
+    ds = _data()
+    keras.utils.set_random_seed(0)
+    model = cnn()
+    auto_plan = kerascale.plan(model, ds, optimize_data=False)
+    common = dict(batch_size=64, optimize_data=False, epochs=1, verbose=0)
+    result = side_by_side(
+        {
+            "float32": lambda t: kerascale.fit(
+                model, ds, precision="float32", callbacks=[t], **common
+            ),
+            "auto": lambda t: kerascale.fit(
+                model, ds, precision="auto", callbacks=[t], **common
+            ),
+        },
+        rounds,
+    )
+    result["workload"] = "CNN 32x32x3 -> 10, 2048 samples, batch 64, Adam"
+    result["auto_policy"] = auto_plan.precision
+    result["auto_reason"] = auto_plan.reasons["precision"]
+    result["goal"] = "< 1.0 when auto picks a mixed policy"
+    return result
+
+
+def _table(result: dict, names: tuple[str, str]) -> list[str]:
+    lines = [
+        "| | median step (ms) | steps | setup per call (s) |",
+        "|---|---|---|---|",
+    ]
+    for k in names:
+        lines.append(
+            f"| {k} | {result['median_step_ms'][k]} | "
+            f"{result['steps_measured'][k]} | {result['per_call_setup_s'][k]} |"
+        )
+    lo, hi = result["round_ratios_min_max"]
+    lines += [
+        "",
+        f"**Step-time ratio {names[1]} / {names[0]}: {result['step_time_ratio']}** "
+        f"(goal {result['goal']}; median of per-round ratios, which ranged "
+        f"{lo}-{hi}; ratio of overall medians {result['ratio_of_medians']})",
+        "",
+    ]
+    return lines
+
+
 def markdown(results: dict) -> str:
-    o = results["overhead"]
+    o, p = results["overhead"], results["precision"]
     lines = [
         "# kerascale benchmarks",
         "",
@@ -137,21 +194,13 @@ def markdown(results: dict) -> str:
         "",
         f"Workload: {o['workload']}; {o['rounds']} alternating rounds.",
         "",
-        "| | median step (ms) | steps | setup per call (s) |",
-        "|---|---|---|---|",
-    ]
-    for k in ("keras", "kerascale"):
-        lines.append(
-            f"| {k} | {o['median_step_ms'][k]} | {o['steps_measured'][k]} | "
-            f"{o['per_call_setup_s'][k]} |"
-        )
-    lines += [
+        *_table(o, ("keras", "kerascale")),
+        "## Precision (kerascale.fit, auto against float32)",
         "",
-        f"**Step-time ratio kerascale / keras: {o['step_time_ratio']}** (goal "
-        f"{o['goal']}; median of per-round ratios, which ranged "
-        f"{o['round_ratios_min_max'][0]}-{o['round_ratios_min_max'][1]}; ratio "
-        f"of overall medians {o['ratio_of_medians']})",
+        f"Workload: {p['workload']}; {p['rounds']} alternating rounds. Auto picked "
+        f"{p['auto_policy']}: {p['auto_reason']}.",
         "",
+        *_table(p, ("float32", "auto")),
     ]
     return "\n".join(lines)
 
@@ -170,6 +219,7 @@ def main(argv=None) -> int:
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
         "overhead": overhead(args.rounds),
+        "precision": precision(args.rounds),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -97,8 +97,8 @@ def choose(
     if hw.cpu.bf16:
         return (
             "mixed_bfloat16",
-            f"CPU has native bf16 ({', '.join(hw.cpu.bf16_flags)}): measured 2.1x "
-            "faster than float32 on a small CNN",
+            f"CPU has native bf16 ({', '.join(hw.cpu.bf16_flags)}): bf16 math "
+            "steps faster than float32",
             (),
         )
     return "float32", "CPU without native bf16: mixed precision would be slower", ()
@@ -108,7 +108,7 @@ def _explicit_warnings(hw: Hardware, policy: str) -> tuple[str, ...]:
     on = hw.accelerator
     if policy == "mixed_float16" and on == "cpu":
         return (
-            "mixed_float16 on CPU is emulated: measured 12x slower than float32. "
+            "mixed_float16 on CPU is emulated: several times slower than float32. "
             'Use precision="auto".',
         )
     if policy == "mixed_float16" and on == "tpu":

@@ -113,7 +113,7 @@ def test_auto_precision_never_picks_float16_on_cpu():
 def test_explicit_precision_overrides_with_a_warning_when_slow():
     p = plan_for(CPU_ONLY, precision="mixed_float16")
     assert p.precision == "mixed_float16"
-    assert any("12x slower" in w for w in p.warnings)
+    assert any("several times slower" in w for w in p.warnings)
     p = plan_for(gpu_box(1, cc=(7, 0)), precision="mixed_bfloat16")
     assert any("compute capability >= 8.0" in w for w in p.warnings)
     assert plan_for(gpu_box(1), precision="float32").precision == "float32"
