@@ -131,7 +131,41 @@ def _inspect_dataset(
             f"Received: {steps_name}=None"
         )
     batch = dataset_batch_size(ds)
-    return DataFacts(kind="dataset", batched=batch is not None, batch_size=batch)
+    return DataFacts(
+        kind="dataset",
+        batched=batch is not None,
+        batch_size=batch,
+        from_files=reads_files(ds),
+    )
+
+
+# Datasets that read records from files, by class name (public constructors
+# return these private classes: tf.data.TFRecordDataset() -> TFRecordDatasetV2).
+_FILE_READERS = (
+    "TFRecordDatasetV2",
+    "_TFRecordDataset",
+    "TextLineDatasetV2",
+    "_TextLineDataset",
+    "FixedLengthRecordDatasetV2",
+    "_FixedLengthRecordDataset",
+)
+
+
+def reads_files(ds: tf.data.Dataset) -> bool:
+    """True when the pipeline reads files, so it can be sharded by file: a
+    file reader in the chain, or an interleave over a dataset of file names."""
+    d = ds
+    while d is not None:
+        cls = type(d).__name__
+        if cls in _FILE_READERS:
+            return True
+        if "Interleave" in cls or cls == "_FlatMapDataset":
+            source = d._input_dataset
+            spec = source.element_spec
+            if isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string:
+                return True
+        d = getattr(d, "_input_dataset", None)
+    return False
 
 
 def dataset_batch_size(ds: tf.data.Dataset) -> int | None:
@@ -180,6 +214,11 @@ def prepare(ds: tf.data.Dataset, facts: DataFacts, plan: Plan, *, optimize: bool
         prefetched = type(ds).__name__ == "_PrefetchDataset"
         options = tf.data.Options()
         options.experimental_optimization.map_parallelization = True
+        if plan.replicas > 1:
+            policy = tf.data.experimental.AutoShardPolicy
+            options.experimental_distribute.auto_shard_policy = (
+                policy.FILE if facts.from_files else policy.DATA
+            )
         ds = ds.with_options(options)
         if not prefetched:
             ds = ds.prefetch(tf.data.AUTOTUNE)

@@ -16,10 +16,11 @@ from typing import Any
 import keras
 
 from kerascale import data as data_lib
+from kerascale import hardware as hardware_lib
 from kerascale import precision as precision_lib
 from kerascale import strategy as strategy_lib
 from kerascale.errors import ModelError
-from kerascale.hardware import Hardware, detect_hardware
+from kerascale.hardware import Hardware
 from kerascale.planning import DataFacts, ModelFacts, Options, Plan, make_plan
 
 logger = logging.getLogger("kerascale")
@@ -230,7 +231,8 @@ def _decide(
         model_facts = dataclasses.replace(
             model_facts, rebuildable=False, why_not_rebuildable=not_rebuildable
         )
-    hw = hardware or detect_hardware()
+    # Through the module, so that tests can replace the hardware seam.
+    hw = hardware or hardware_lib.detect_hardware()
     the_plan = make_plan(hw, options, model_facts, data_facts)
     instance = options.strategy if not isinstance(options.strategy, str) else None
     return _Decided(hw, model_facts, data_facts, the_plan, instance)

@@ -110,3 +110,25 @@ def test_validation_data():
         data.prepare_validation("val.csv", plan, optimize=False)
     with pytest.raises(kerascale.DataError, match="empty dataset"):
         data.prepare_validation(slices(0), plan, optimize=False)
+
+
+def test_reads_files(tmp_path):
+    path = str(tmp_path / "a.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        w.write(b"x")
+    assert data.reads_files(tf.data.TFRecordDataset([path]).map(lambda r: r).batch(2))
+    files = tf.data.Dataset.list_files(str(tmp_path / "*.tfrecord"))
+    assert data.reads_files(files.interleave(tf.data.TFRecordDataset).batch(2))
+    assert not data.reads_files(slices().batch(2))
+    assert data.inspect(tf.data.TFRecordDataset([path])).from_files
+
+
+def test_shard_policy_set_for_several_replicas():
+    policy = tf.data.experimental.AutoShardPolicy
+    facts = DataFacts("dataset", True, 4)
+    ds = data.prepare(
+        slices(8).batch(4), facts, plan_with(4, replicas=2), optimize=True
+    )
+    assert ds.options().experimental_distribute.auto_shard_policy == policy.DATA
+    ds = data.prepare(slices(8).batch(4), facts, plan_with(4), optimize=True)
+    assert ds.options().experimental_distribute.auto_shard_policy == policy.AUTO

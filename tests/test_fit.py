@@ -326,3 +326,40 @@ def test_infinite_validation_dataset_names_validation_steps():
     inf = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
     with pytest.raises(kerascale.DataError, match="validation_steps=None"):
         kerascale.fit(dense_model(), x, y, validation_data=inf, verbose=0)
+
+
+def test_one_device_strategy_for_real():
+    x, y = toy_data(64)
+    model = dense_model()
+    history = kerascale.fit(
+        model, x, y, strategy="one_device", precision="float32", epochs=1, verbose=0
+    )
+    assert history.plan.strategy == "one_device" and history.plan.rebuild
+    assert "one_device scope" in history.plan.reasons["rebuild"]
+    assert int(model.optimizer.iterations) == 2
+
+
+def test_strategy_instance_whose_scope_holds_the_model_is_used_as_is():
+    x, y = toy_data(64)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = dense_model()
+    history = kerascale.fit(
+        model, x, y, strategy=strategy, precision="float32", epochs=1, verbose=0
+    )
+    assert history.plan.strategy == "OneDeviceStrategy"
+    assert not history.plan.rebuild
+    assert int(model.optimizer.iterations) == 2
+
+
+def test_plan_on_a_fake_gpu_box_through_the_hardware_seam(monkeypatch):
+    from conftest import gpu_box
+
+    from kerascale import hardware
+
+    monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: gpu_box(4))
+    x, y = toy_data(64)
+    p = kerascale.plan(dense_model(), x, y, batch_size=256)
+    assert (p.strategy, p.replicas, p.precision) == ("mirrored", 4, "mixed_bfloat16")
+    assert p.micro_batch_size == 64 and p.rebuild
+    assert p.hardware == "4x NVIDIA A100 (40.0 GiB, cc 8.0)"
