@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -86,13 +87,33 @@ def inspect(
         return _inspect_dataset(
             x, steps_per_epoch=steps_per_epoch, name=name, steps_name=steps_name
         )
+    if isinstance(x, keras.utils.PyDataset):
+        return _inspect_pydataset(x, y, name=name)
     if isinstance(x, Mapping) or _array_like(x):
         return _inspect_arrays(x, y, name=name)
     raise DataError(
-        f"{name} must be a tf.data.Dataset or arrays (NumPy, tensors, or a dict "
-        f"or list of them). Received: {name} of type {type(x).__name__}. Wrap a "
-        "generator or PyDataset with tf.data.Dataset.from_generator."
+        f"{name} must be a tf.data.Dataset, a keras.utils.PyDataset or arrays "
+        "(NumPy, tensors, or a dict or list of them). Received: "
+        f"{name} of type {type(x).__name__}. Wrap a Python generator with "
+        "tf.data.Dataset.from_generator(gen, output_signature=...) so that "
+        "kerascale can batch it and every epoch can read it again."
     )
+
+
+def _inspect_pydataset(x: Any, y: Any, *, name: str) -> DataFacts:
+    # A PyDataset makes its own batches: read the size of the first one.
+    if y is not None:
+        raise DataError(
+            f"y must be None when {name} is a PyDataset: it yields (inputs, "
+            f"targets). Received: y of type {type(y).__name__}"
+        )
+    n = x.num_batches
+    if n == 0:
+        raise DataError(f"{name} is an empty PyDataset (0 batches).")
+    first = x[0]
+    inputs = first[0] if isinstance(first, tuple) else first
+    (batch, *_) = _leading_dims(inputs)
+    return DataFacts(kind="pydataset", batched=True, batch_size=batch)
 
 
 def _inspect_arrays(x: Any, y: Any, *, name: str) -> DataFacts:
@@ -255,6 +276,9 @@ def prepare_validation(
             steps_name="validation_steps",
         )
         return prepare(validation_data, facts, plan, optimize=optimize)
+    if isinstance(validation_data, keras.utils.PyDataset):
+        inspect(validation_data, name="validation_data")
+        return validation_data
     if isinstance(validation_data, tuple | list) and len(validation_data) in (2, 3):
         vx, vy = validation_data[0], validation_data[1]
         inspect(vx, vy, name="validation_data")
@@ -267,8 +291,9 @@ def prepare_validation(
                 )
         return validation_data
     raise DataError(
-        "validation_data must be a tf.data.Dataset or a tuple (x, y) or "
-        "(x, y, sample_weight). Received: validation_data of type "
+        "validation_data must be a tf.data.Dataset, a keras.utils.PyDataset, or "
+        "a tuple (x, y) or (x, y, sample_weight). Received: validation_data of "
+        "type "
         f"{type(validation_data).__name__}"
     )
 
@@ -277,6 +302,10 @@ def sample_inputs(x: Any, facts: DataFacts) -> Any:
     """A one-sample batch of inputs, to build an unbuilt model."""
     if facts.kind == "arrays":
         return tf.nest.map_structure(lambda a: np.asarray(a)[:1], x)
+    if facts.kind == "pydataset":
+        first = x[0]
+        inputs = first[0] if isinstance(first, tuple) else first
+        return tf.nest.map_structure(lambda a: np.asarray(a)[:1], inputs)
     spec = x.element_spec
     inputs = spec[0] if isinstance(spec, tuple) else spec
 

@@ -140,7 +140,7 @@ def fit(
         quiet_end_of_data = "steps_per_epoch" not in fit_kwargs and (
             data_lib.lost_cardinality(original, x)
         )
-    else:
+    elif decided.data.kind == "arrays":
         fit_kwargs["batch_size"] = plan.step_batch_size
     if "validation_data" in fit_kwargs:
         fit_kwargs["validation_data"] = data_lib.prepare_validation(

@@ -72,7 +72,7 @@ class DataFacts:
     """What planning needs to know about the training data.
 
     Attributes:
-        kind: "dataset" or "arrays".
+        kind: "dataset", "pydataset" or "arrays".
         batched: Whether a dataset arrives already batched.
         batch_size: The batch of an already-batched dataset, else None.
         num_samples: Samples per epoch where known (arrays), else None.
@@ -317,6 +317,12 @@ def make_plan(
 
 
 def _choose_batch(options: Options, data: DataFacts, replicas: int) -> tuple[int, str]:
+    if data.kind == "pydataset" and options.batch_size not in ("auto", data.batch_size):
+        raise ConfigurationError(
+            f"batch_size cannot re-batch a keras.utils.PyDataset: it makes its own "
+            f"batches of {data.batch_size}. Change the PyDataset's batch size, or "
+            f'pass batch_size="auto". Received: batch_size={options.batch_size}'
+        )
     if options.batch_size != "auto":
         batch, why = options.batch_size, "batch_size you passed"
     elif data.batched and data.batch_size:
@@ -340,8 +346,10 @@ def _choose_batch(options: Options, data: DataFacts, replicas: int) -> tuple[int
 def _data_changes(
     options: Options, data: DataFacts, global_batch: int, replicas: int
 ) -> tuple[list[str], str]:
-    if data.kind != "dataset":
+    if data.kind == "arrays":
         return [], "arrays are batched and prefetched by Keras itself"
+    if data.kind == "pydataset":
+        return [], "a PyDataset makes its own batches; Keras reads it"
     changes = []
     if not data.batched:
         changes.append(f"batch({global_batch})")

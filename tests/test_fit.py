@@ -363,3 +363,71 @@ def test_plan_on_a_fake_gpu_box_through_the_hardware_seam(monkeypatch):
     assert (p.strategy, p.replicas, p.precision) == ("mirrored", 4, "mixed_bfloat16")
     assert p.micro_batch_size == 64 and p.rebuild
     assert p.hardware == "4x NVIDIA A100 (40.0 GiB, cc 8.0)"
+
+
+class Batches(keras.utils.PyDataset):
+    def __init__(self, x, y, batch):
+        super().__init__()
+        self.x, self.y, self.batch = x, y, batch
+
+    def __len__(self):
+        return len(self.x) // self.batch
+
+    def __getitem__(self, i):
+        s = slice(i * self.batch, (i + 1) * self.batch)
+        return self.x[s], self.y[s]
+
+
+def test_pydataset_trains_with_its_own_batches():
+    x, y = toy_data(64)
+    model = dense_model()
+    data = Batches(x, y, 16)
+    history = kerascale.fit(
+        model,
+        data,
+        validation_data=data,
+        precision="mixed_bfloat16",
+        epochs=1,
+        verbose=0,
+    )
+    assert history.plan.global_batch_size == 16
+    assert int(model.optimizer.iterations) == 4
+    assert "val_loss" in history.history
+    with pytest.raises(kerascale.ConfigurationError, match="cannot re-batch a"):
+        kerascale.fit(model, data, batch_size=32, verbose=0)
+
+
+def test_python_generator_gets_a_clear_error():
+    x, y = toy_data(16)
+    gen = ((x[i : i + 4], y[i : i + 4]) for i in range(0, 16, 4))
+    with pytest.raises(kerascale.DataError, match="from_generator"):
+        kerascale.fit(dense_model(), gen, verbose=0)
+
+
+class Apply(keras.layers.Layer):
+    """A custom layer holding a function: Keras cannot make its config, so the
+    model looks cloneable (it is Functional) and cloning fails late."""
+
+    def __init__(self, fn, **kwargs):
+        super().__init__(**kwargs)
+        self.fn = fn
+
+    def call(self, x):
+        return self.fn(x)
+
+
+def test_model_whose_clone_fails_late_still_trains():
+    x, y = toy_data(64)
+    inputs = keras.Input((4,))
+    outputs = keras.layers.Dense(2, activation="softmax")(
+        Apply(lambda t: t * 2)(inputs)
+    )
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    history = kerascale.fit(
+        model, x, y, precision="mixed_bfloat16", epochs=1, verbose=0
+    )
+    assert not history.plan.rebuild and history.plan.precision == "float32"
+    (w,) = [w for w in history.plan.warnings if w.startswith("Not applied")]
+    assert "re-creating it failed: NotImplementedError" in w
+    assert int(model.optimizer.iterations) == 2
