@@ -15,41 +15,40 @@ from kerascale import __version__
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from kerascale import precision, strategy
     from kerascale.errors import KerascaleError
     from kerascale.hardware import detect_hardware
+    from kerascale.planning import DataFacts, ModelFacts, Options, make_plan
 
     hw = detect_hardware()
-    decisions: dict[str, dict[str, object]] = {}
+    # The plan for a typical float32 model trained on arrays, all options "auto".
     try:
-        choice = strategy.choose(hw, "auto")
-        decisions["strategy"] = {
-            "value": choice.name,
-            "replicas": choice.replicas,
-            "devices": list(choice.devices),
-            "why": choice.reason,
-            "warnings": list(choice.warnings),
-        }
+        plan = make_plan(hw, Options.validate(), ModelFacts(), DataFacts("arrays"))
+        error = None
     except KerascaleError as e:
-        decisions["strategy"] = {"value": None, "why": str(e)}
-    policy, why, warnings = precision.choose(hw, "auto")
-    decisions["precision"] = {"value": policy, "why": why, "warnings": list(warnings)}
+        plan, error = None, f"{type(e).__name__}: {e}"
     if args.json:
-        print(json.dumps({"hardware": hw.to_dict(), "decisions": decisions}, indent=2))
+        report = {
+            "version": __version__,
+            "hardware": hw.to_dict(),
+            "default_plan": plan.to_dict() if plan else None,
+            "error": error,
+        }
+        print(json.dumps(report, indent=2))
         return 0
     print(f"kerascale {__version__}")
-    print(f"hardware   {hw.summary()}")
+    print(f"hardware: {hw.summary()}")
     if hw.cluster is not None:
         c = hw.cluster
         state = f"error: {c.error}" if c.error else f"{c.num_workers} worker(s)"
-        print(f"cluster    {c.source}: {state}")
-    for name, d in decisions.items():
-        extra = f" x{d['replicas']}" if d.get("replicas", 1) != 1 else ""
-        print(f"{name:<10} {d['value']}{extra}  ({d['why']})")
-        for w in d.get("warnings", ()):
-            print(f"           warning: {w}")
+        print(f"cluster:  {c.source}: {state}")
     for note in hw.notes:
-        print(f"note       {note}")
+        print(f"note:     {note}")
+    print()
+    if plan is not None:
+        print("Default plan for a float32 model, all options auto:")
+        print(plan)
+    else:
+        print(f"No default plan: {error}")
     return 0
 
 

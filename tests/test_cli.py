@@ -13,8 +13,9 @@ def test_doctor_prints_hardware_and_decisions(capsys, monkeypatch):
     assert cli.main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("kerascale ")
-    assert "hardware   CPU (" in out
-    assert "strategy   default" in out
+    assert "hardware: CPU (" in out
+    assert "strategy   default (1 replica)" in out
+    assert "batch      32 x 1 x 1 = 32" in out
     assert "precision  " in out
 
 
@@ -23,16 +24,20 @@ def test_doctor_json(capsys, monkeypatch):
     assert cli.main(["doctor", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["hardware"]["cpu"]["cores"] >= 1
-    assert report["decisions"]["strategy"]["value"] == "default"
+    assert report["error"] is None
+    plan = report["default_plan"]
+    assert plan["strategy"] == "default"
     expected = "mixed_bfloat16" if report["hardware"]["cpu"]["bf16"] else "float32"
-    assert report["decisions"]["precision"]["value"] == expected
+    assert plan["precision"] == expected
+    assert plan["reasons"]["precision"]
 
 
 def test_doctor_reports_a_malformed_cluster_instead_of_crashing(capsys, monkeypatch):
     monkeypatch.setenv("TF_CONFIG", "{bad")
     assert cli.main(["doctor"]) == 0
     out = capsys.readouterr().out
-    assert "cluster    TF_CONFIG: error: TF_CONFIG is not valid JSON" in out
+    assert "cluster:  TF_CONFIG: error: TF_CONFIG is not valid JSON" in out
+    assert "No default plan: ClusterConfigError" in out
 
 
 def test_unknown_command_exits_2(capsys):
@@ -52,4 +57,4 @@ def test_python_dash_m_and_console_script_entry():
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout)["decisions"]["strategy"]["value"] == "default"
+    assert json.loads(proc.stdout)["default_plan"]["strategy"] == "default"
