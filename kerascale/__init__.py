@@ -5,7 +5,9 @@ Change one line: ``model.fit(ds)`` becomes ``kerascale.fit(model, ds)``.
 
 import logging
 
+from kerascale.batch_search import BatchSearchResult, find_batch_size
 from kerascale.errors import (
+    BatchSizeSearchError,
     ClusterConfigError,
     ConfigurationError,
     DataError,
@@ -25,6 +27,8 @@ __version__ = "0.1.0"
 logging.getLogger("kerascale").addHandler(logging.NullHandler())
 
 __all__ = [
+    "BatchSearchResult",
+    "BatchSizeSearchError",
     "CPUInfo",
     "ClusterConfigError",
     "ConfigurationError",
@@ -38,6 +42,7 @@ __all__ = [
     "UnsupportedError",
     "__version__",
     "detect_hardware",
+    "find_batch_size",
     "fit",
     "plan",
 ]

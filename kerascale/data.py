@@ -318,3 +318,45 @@ def sample_inputs(x: Any, facts: DataFacts) -> Any:
         return tf.zeros(shape, dtype=s.dtype)
 
     return tf.nest.map_structure(zeros, inputs)
+
+
+def element_structure(x: Any, y: Any, facts: DataFacts, *, scan: int = 64) -> Any:
+    """The per-sample structure of the training data as `tf.TensorSpec`s with
+    every dimension known: what a batch-size probe synthesises.
+
+    Where a dimension varies (variable-length sequences), the largest value
+    among the first `scan` elements is used, so that the probe is not easier
+    than training.
+    """
+    if facts.kind == "arrays":
+
+        def spec(a):
+            a = np.asarray(a) if not hasattr(a, "dtype") else a
+            return tf.TensorSpec(a.shape[1:], tf.as_dtype(a.dtype))
+
+        inputs = tf.nest.map_structure(spec, x)
+        return inputs if y is None else (inputs, tf.nest.map_structure(spec, y))
+    if facts.kind == "pydataset":
+        first = x[0]
+        return tf.nest.map_structure(
+            lambda a: tf.TensorSpec(np.shape(a)[1:], tf.as_dtype(np.asarray(a).dtype)),
+            tuple(first) if isinstance(first, list) else first,
+        )
+    ds = x.unbatch() if facts.batched else x
+    element = ds.element_spec
+    flat = tf.nest.flatten(element)
+    if all(s.shape.is_fully_defined() for s in flat):
+        return element
+    largest = [list(s.shape) for s in flat]
+    for item in ds.take(scan):
+        for i, t in enumerate(tf.nest.flatten(item)):
+            largest[i] = [
+                max(d or 0, n) for d, n in zip(largest[i], t.shape, strict=True)
+            ]
+    return tf.nest.pack_sequence_as(
+        element,
+        [
+            tf.TensorSpec([max(1, d or 1) for d in dims], s.dtype)
+            for dims, s in zip(largest, flat, strict=True)
+        ],
+    )

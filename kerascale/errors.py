@@ -29,3 +29,8 @@ class UnsupportedError(KerascaleError, NotImplementedError):
 
 class ModelError(KerascaleError, ValueError):
     """The model cannot be trained as given (not compiled, not buildable...)."""
+
+
+class BatchSizeSearchError(KerascaleError, RuntimeError):
+    """The batch-size search could not find a batch that fits, or a probe
+    failed for a reason other than memory (the message carries it)."""

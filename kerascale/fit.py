@@ -16,12 +16,12 @@ from typing import Any
 import keras
 
 from kerascale import data as data_lib
-from kerascale import hardware as hardware_lib
 from kerascale import precision as precision_lib
 from kerascale import strategy as strategy_lib
+from kerascale.batch_search import SearchOptions
+from kerascale.decide import AUTO_MIN_STEPS, decide
 from kerascale.errors import ModelError
-from kerascale.hardware import Hardware
-from kerascale.planning import DataFacts, ModelFacts, Options, Plan, make_plan
+from kerascale.planning import Options, Plan
 
 logger = logging.getLogger("kerascale")
 
@@ -36,6 +36,8 @@ def fit(
     batch_size: int | str = "auto",
     strategy: Any = "auto",
     precision: str = "auto",
+    max_batch_size: int | None = None,
+    memory_limit: int | str | None = None,
     optimize_data: bool = True,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
@@ -56,12 +58,20 @@ def fit(
             or input arrays.
         y: Target arrays when `x` is arrays; None for a dataset.
         batch_size: Samples per optimizer update (Keras's meaning). "auto":
-            your batched dataset's batch size, else 32 per replica. Defaults to
-            "auto".
+            your batched dataset's batch size; for unbatched data, the batch
+            that the batch-size search finds for this hardware (the largest
+            that fits on accelerators, the fastest on CPU; cached, see
+            `find_batch_size`). Defaults to "auto".
         strategy: "auto", "default", "one_device", "mirrored", "tpu", or a
             `tf.distribute.Strategy`. Defaults to "auto".
         precision: "auto", "float32", "mixed_float16" or "mixed_bfloat16".
             Defaults to "auto".
+        max_batch_size: The largest per-optimizer-update batch the search may
+            pick. Defaults to `None` (the dataset size).
+        memory_limit: Memory the search must keep training within: bytes or
+            "6GiB" (per GPU on GPUs; the process's data memory on CPU).
+            Defaults to `None`: the GPU's memory, or 80% of the memory
+            available on CPU.
         optimize_data: Add prefetching and map parallelisation to a dataset.
             Defaults to `True`.
         verbose: As in `model.fit`; 0 also silences kerascale. Defaults to
@@ -82,24 +92,29 @@ def fit(
     >>> history = kerascale.fit(model, ds, epochs=2)
     >>> print(history.plan)
     """
-    options = Options.validate(
-        batch_size=batch_size,
-        strategy=strategy,
-        precision=precision,
-        optimize_data=optimize_data,
-        verbose=verbose,
+    options, search = _validate(
+        batch_size,
+        strategy,
+        precision,
+        max_batch_size,
+        memory_limit,
+        optimize_data,
+        verbose,
     )
-    decided = _decide(model, x, y, options, fit_kwargs)
+    steps = fit_kwargs.get("steps_per_epoch")
+    decided = decide(model, x, y, options, steps_per_epoch=steps, search=search)
     plan = decided.plan
     dist = strategy_lib.build(plan, decided.instance)
     if dist.num_replicas_in_sync != plan.replicas:
         # Only a TPU's core count is unknown before its system is initialised.
-        decided = _decide(
+        options = dataclasses.replace(options, strategy=dist)
+        decided = decide(
             model,
             x,
             y,
-            dataclasses.replace(options, strategy=dist),
-            fit_kwargs,
+            options,
+            steps_per_epoch=steps,
+            search=search,
             hardware=decided.hardware,
         )
         plan = decided.plan
@@ -114,12 +129,13 @@ def fit(
             if precision_lib.is_builder(model):
                 raise
             why = f"re-creating it failed: {type(e).__name__}: {e}"
-            decided = _decide(
+            decided = decide(
                 model,
                 x,
                 y,
                 options,
-                fit_kwargs,
+                steps_per_epoch=steps,
+                search=search,
                 hardware=decided.hardware,
                 not_rebuildable=why,
             )
@@ -178,6 +194,8 @@ def plan(
     batch_size: int | str = "auto",
     strategy: Any = "auto",
     precision: str = "auto",
+    max_batch_size: int | None = None,
+    memory_limit: int | str | None = None,
     optimize_data: bool = True,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
@@ -185,13 +203,36 @@ def plan(
     """Returns the `Plan` that `fit` would apply, without training.
 
     Takes the same arguments as `kerascale.fit`. Nothing is trained and the
-    model is not changed (an unbuilt model is built from the data's shape).
+    model is not changed (an unbuilt model is built from the data's shape);
+    only the batch-size search runs probes, on copies of the model.
 
     Example:
 
     >>> p = kerascale.plan(model, ds)
     >>> p.precision, p.global_batch_size
     """
+    options, search = _validate(
+        batch_size,
+        strategy,
+        precision,
+        max_batch_size,
+        memory_limit,
+        optimize_data,
+        verbose,
+    )
+    steps = fit_kwargs.get("steps_per_epoch")
+    return decide(model, x, y, options, steps_per_epoch=steps, search=search).plan
+
+
+def _validate(
+    batch_size,
+    strategy,
+    precision,
+    max_batch_size,
+    memory_limit,
+    optimize_data,
+    verbose,
+) -> tuple[Options, SearchOptions]:
     options = Options.validate(
         batch_size=batch_size,
         strategy=strategy,
@@ -199,40 +240,9 @@ def plan(
         optimize_data=optimize_data,
         verbose=verbose,
     )
-    return _decide(model, x, y, options, fit_kwargs).plan
-
-
-@dataclasses.dataclass(frozen=True)
-class _Decided:
-    hardware: Hardware
-    model: ModelFacts
-    data: DataFacts
-    plan: Plan
-    instance: Any
-
-
-def _decide(
-    model: Any,
-    x: Any,
-    y: Any,
-    options: Options,
-    fit_kwargs: dict[str, Any],
-    *,
-    hardware: Hardware | None = None,
-    not_rebuildable: str = "",
-) -> _Decided:
-    data_facts = data_lib.inspect(
-        x, y, steps_per_epoch=fit_kwargs.get("steps_per_epoch")
+    search = SearchOptions.validate(
+        max_batch_size=max_batch_size,
+        memory_limit=memory_limit,
+        min_steps_per_epoch=AUTO_MIN_STEPS,
     )
-    model_facts = precision_lib.model_facts(
-        model, options.strategy, sample=lambda: data_lib.sample_inputs(x, data_facts)
-    )
-    if not_rebuildable:
-        model_facts = dataclasses.replace(
-            model_facts, rebuildable=False, why_not_rebuildable=not_rebuildable
-        )
-    # Through the module, so that tests can replace the hardware seam.
-    hw = hardware or hardware_lib.detect_hardware()
-    the_plan = make_plan(hw, options, model_facts, data_facts)
-    instance = options.strategy if not isinstance(options.strategy, str) else None
-    return _Decided(hw, model_facts, data_facts, the_plan, instance)
+    return options, search

@@ -223,6 +223,8 @@ def make_plan(
     options: Options,
     model: ModelFacts,
     data: DataFacts,
+    *,
+    search: Any = None,
 ) -> Plan:
     """Decides strategy, precision, batch and data handling. Pure.
 
@@ -231,6 +233,8 @@ def make_plan(
         options: The validated user options.
         model: Facts about the model.
         data: Facts about the training data.
+        search: A `BatchSearchResult` for this plan's precision and strategy,
+            which decides an "auto" batch.
 
     Returns:
         The `Plan`.
@@ -294,7 +298,7 @@ def make_plan(
     reasons["precision"] = why_policy
     reasons["rebuild"] = why_rebuild
 
-    global_batch, why_batch = _choose_batch(options, data, replicas)
+    global_batch, why_batch = _choose_batch(options, data, replicas, search)
     reasons["global_batch_size"] = why_batch
     data_changes, why_data = _data_changes(options, data, global_batch, replicas)
     reasons["data_changes"] = why_data
@@ -316,7 +320,9 @@ def make_plan(
     )
 
 
-def _choose_batch(options: Options, data: DataFacts, replicas: int) -> tuple[int, str]:
+def _choose_batch(
+    options: Options, data: DataFacts, replicas: int, search: Any
+) -> tuple[int, str]:
     if data.kind == "pydataset" and options.batch_size not in ("auto", data.batch_size):
         raise ConfigurationError(
             f"batch_size cannot re-batch a keras.utils.PyDataset: it makes its own "
@@ -327,6 +333,10 @@ def _choose_batch(options: Options, data: DataFacts, replicas: int) -> tuple[int
         batch, why = options.batch_size, "batch_size you passed"
     elif data.batched and data.batch_size:
         batch, why = data.batch_size, "the batch size of your batched dataset"
+    elif search is not None:
+        batch = search.batch_size * replicas
+        how = "cached search" if search.cached else search.reasons.get("search", "")
+        why = f"searched ({how}): {search.reasons['batch_size']}"
     else:
         batch = DEFAULT_BATCH_PER_REPLICA * replicas
         why = (

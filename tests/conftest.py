@@ -10,6 +10,12 @@ from kerascale.hardware import CPUInfo, GPUInfo, Hardware
 
 
 @pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """Batch-search results go to a per-test cache, never the user's."""
+    monkeypatch.setenv("KERASCALE_CACHE_DIR", str(tmp_path / "kerascale-cache"))
+
+
+@pytest.fixture(autouse=True)
 def _fresh_keras():
     """A clean Keras session, a fixed seed and the float32 policy per test."""
     keras.backend.clear_session()

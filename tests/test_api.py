@@ -5,6 +5,8 @@ from kerascale import errors
 def test_public_names_are_pinned():
     assert sorted(kerascale.__all__) == sorted(
         [
+            "BatchSearchResult",
+            "BatchSizeSearchError",
             "CPUInfo",
             "ClusterConfigError",
             "ConfigurationError",
@@ -18,6 +20,7 @@ def test_public_names_are_pinned():
             "UnsupportedError",
             "__version__",
             "detect_hardware",
+            "find_batch_size",
             "fit",
             "plan",
         ]

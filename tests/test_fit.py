@@ -47,7 +47,7 @@ def test_user_model_holds_trained_weights_after_a_rebuild(tmp_path):
     model = dense_model(optimizer=keras.optimizers.Adam(1e-2))
     before = [w.copy() for w in model.get_weights()]
     history = kerascale.fit(
-        model, x, y, precision="mixed_bfloat16", epochs=3, verbose=0
+        model, x, y, precision="mixed_bfloat16", epochs=3, verbose=0, batch_size=32
     )
     assert history.plan.rebuild and history.plan.precision == "mixed_bfloat16"
     assert history.history["loss"][-1] < history.history["loss"][0]
@@ -101,14 +101,28 @@ def test_validation_dataset_and_metrics():
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     model = dense_model(metrics=["accuracy"])
     history = kerascale.fit(
-        model, ds, validation_data=ds, epochs=1, verbose=0, precision="float32"
+        model,
+        ds,
+        validation_data=ds,
+        epochs=1,
+        verbose=0,
+        precision="float32",
+        batch_size=32,
     )
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(history.history)
 
 
 def test_verbose_0_prints_nothing(capsys):
     x, y = toy_data(64)
-    kerascale.fit(dense_model(), x, y, precision="mixed_float16", epochs=1, verbose=0)
+    kerascale.fit(
+        dense_model(),
+        x,
+        y,
+        precision="mixed_float16",
+        epochs=1,
+        verbose=0,
+        batch_size=32,
+    )
     out, err = capsys.readouterr()
     assert out == ""
     assert err == ""
@@ -116,7 +130,9 @@ def test_verbose_0_prints_nothing(capsys):
 
 def test_verbose_prints_the_plan(capsys):
     x, y = toy_data(64)
-    kerascale.fit(dense_model(), x, y, epochs=1, verbose=2, precision="float32")
+    kerascale.fit(
+        dense_model(), x, y, epochs=1, verbose=2, precision="float32", batch_size=32
+    )
     out = capsys.readouterr().out
     assert "kerascale plan" in out and "precision  float32" in out
     assert "2/2 - " in out  # Keras's own progress line: 64 samples, batch 32
@@ -139,7 +155,7 @@ def test_uncloneable_model_falls_back_and_says_what_was_not_applied():
     model = Opaque(keras.layers.Dense(8))
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     history = kerascale.fit(
-        model, x, y, precision="mixed_bfloat16", epochs=1, verbose=0
+        model, x, y, precision="mixed_bfloat16", epochs=1, verbose=0, batch_size=32
     )
     assert history.plan.precision == "float32" and not history.plan.rebuild
     assert any(
@@ -157,7 +173,7 @@ def test_builder_function_is_called_under_the_policy():
         return model
 
     history = kerascale.fit(
-        build, x, y, precision="mixed_bfloat16", epochs=1, verbose=0
+        build, x, y, precision="mixed_bfloat16", epochs=1, verbose=0, batch_size=32
     )
     assert history.plan.precision == "mixed_bfloat16"
     assert history.model.body.dtype_policy.name == "mixed_bfloat16"
@@ -169,7 +185,11 @@ def test_builder_must_return_a_compiled_model():
     x, y = toy_data(16)
     with pytest.raises(kerascale.ModelError, match="compiled model"):
         kerascale.fit(
-            lambda: keras.Sequential([keras.layers.Dense(1)]), x, y, verbose=0
+            lambda: keras.Sequential([keras.layers.Dense(1)]),
+            x,
+            y,
+            verbose=0,
+            batch_size=32,
         )
 
 
@@ -179,7 +199,9 @@ def test_unbuilt_sequential_is_built_from_the_data():
         [keras.layers.Dense(4), keras.layers.Dense(2, activation="softmax")]
     )
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    kerascale.fit(model, x, y, precision="mixed_bfloat16", epochs=1, verbose=0)
+    kerascale.fit(
+        model, x, y, precision="mixed_bfloat16", epochs=1, verbose=0, batch_size=32
+    )
     assert model.built and model.predict(x, verbose=0).shape == (32, 2)
 
 
@@ -202,6 +224,7 @@ def test_interrupt_keeps_what_was_trained():
             epochs=5,
             verbose=0,
             callbacks=[Stop()],
+            batch_size=32,
         )
     assert any(
         not np.array_equal(a, b)
@@ -277,12 +300,12 @@ def test_cluster_environment_fails_clearly(monkeypatch):
     with pytest.raises(
         kerascale.UnsupportedError, match="not supported by this version"
     ):
-        kerascale.fit(dense_model(), x, y, verbose=0)
+        kerascale.fit(dense_model(), x, y, verbose=0, batch_size=32)
     monkeypatch.setenv("TF_CONFIG", "{oops")
     with pytest.raises(
         kerascale.ClusterConfigError, match="TF_CONFIG is not valid JSON"
     ):
-        kerascale.fit(dense_model(), x, y, verbose=0)
+        kerascale.fit(dense_model(), x, y, verbose=0, batch_size=32)
 
 
 QUIET_SCRIPT = """
@@ -332,7 +355,14 @@ def test_one_device_strategy_for_real():
     x, y = toy_data(64)
     model = dense_model()
     history = kerascale.fit(
-        model, x, y, strategy="one_device", precision="float32", epochs=1, verbose=0
+        model,
+        x,
+        y,
+        strategy="one_device",
+        precision="float32",
+        epochs=1,
+        verbose=0,
+        batch_size=32,
     )
     assert history.plan.strategy == "one_device" and history.plan.rebuild
     assert "one_device scope" in history.plan.reasons["rebuild"]
@@ -345,7 +375,14 @@ def test_strategy_instance_whose_scope_holds_the_model_is_used_as_is():
     with strategy.scope():
         model = dense_model()
     history = kerascale.fit(
-        model, x, y, strategy=strategy, precision="float32", epochs=1, verbose=0
+        model,
+        x,
+        y,
+        strategy=strategy,
+        precision="float32",
+        epochs=1,
+        verbose=0,
+        batch_size=32,
     )
     assert history.plan.strategy == "OneDeviceStrategy"
     assert not history.plan.rebuild
@@ -425,7 +462,7 @@ def test_model_whose_clone_fails_late_still_trains():
     model = keras.Model(inputs, outputs)
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     history = kerascale.fit(
-        model, x, y, precision="mixed_bfloat16", epochs=1, verbose=0
+        model, x, y, precision="mixed_bfloat16", epochs=1, verbose=0, batch_size=32
     )
     assert not history.plan.rebuild and history.plan.precision == "float32"
     (w,) = [w for w in history.plan.warnings if w.startswith("Not applied")]

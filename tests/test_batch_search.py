@@ -1,0 +1,382 @@
+import glob
+import os
+import random
+import tempfile
+
+import keras
+import numpy as np
+import pytest
+from conftest import dense_model, toy_data
+from probe_helpers import Broken, Sleep, small_convnet
+
+import kerascale
+from kerascale import batch_search, memory, probe
+from kerascale.batch_search import search
+from kerascale.memory import MemoryModel
+from kerascale.probe import ProbeResult
+
+FIXED, PER = 500 << 20, 1 << 20
+
+
+def threshold(T, *, speed=lambda b: 10.0 * min(b, 300)):
+    """A deterministic OOM seam: batches up to T fit, with a linear peak."""
+    calls = []
+
+    def probe_fn(b):
+        calls.append(b)
+        if b <= T:
+            return ProbeResult(
+                b, "ok", peak_bytes=FIXED + PER * b, samples_per_s=speed(b)
+            )
+        return ProbeResult(b, "oom", message="ResourceExhaustedError: OOM")
+
+    return probe_fn, calls
+
+
+# --- The algorithm, through the deterministic seam -------------------------------
+
+
+@pytest.mark.parametrize("T", [1, 7, 100, 999, 1000, 4095])
+def test_finds_exactly_the_threshold_on_cpu_granularity(T):
+    probe_fn, calls = threshold(T)
+    r = search(probe_fn, cap=4096, limit_bytes=FIXED + PER * T, granularity=1)
+    assert (r.largest_fitting, r.smallest_failing, r.batch_size) == (T, T + 1, T)
+    assert len(calls) == len(set(calls))  # no batch probed twice
+
+
+@pytest.mark.parametrize("T, expected", [(777, 776), (64, 64), (1000, 1000), (5, 5)])
+def test_gpu_granularity_rounds_down_to_8(T, expected):
+    probe_fn, _ = threshold(T)
+    r = search(probe_fn, cap=1 << 16, limit_bytes=FIXED + PER * T, granularity=8)
+    assert r.largest_fitting == expected
+    assert r.batch_size == expected
+    if expected >= 8:
+        assert r.batch_size % 8 == 0
+
+
+def test_without_a_limit_it_doubles_then_bisects():
+    probe_fn, calls = threshold(1000)
+    r = search(probe_fn, cap=4096, limit_bytes=None, granularity=1)
+    assert r.largest_fitting == 1000
+    assert calls[:6] == [8, 32, 128, 256, 512, 1024]
+
+
+def test_a_good_memory_model_needs_few_probes():
+    probe_fn, calls = threshold(1000)
+    search(probe_fn, cap=4096, limit_bytes=FIXED + PER * 1000, granularity=1)
+    assert calls == [8, 32, 128, 1000, 1010, 1001]
+
+
+def test_a_misleading_memory_model_still_converges():
+    probe_fn, calls = threshold(1000)  # the limit says 1500 fit; 1000 do
+    r = search(probe_fn, cap=4096, limit_bytes=FIXED + PER * 1500, granularity=1)
+    assert r.largest_fitting == 1000 and len(calls) <= 16
+
+
+def test_probe_sequence_is_deterministic():
+    a, calls_a = threshold(613)
+    b, calls_b = threshold(613)
+    search(a, cap=2048, limit_bytes=FIXED + PER * 700, granularity=1)
+    search(b, cap=2048, limit_bytes=FIXED + PER * 700, granularity=1)
+    assert calls_a == calls_b
+
+
+def test_cap_reached():
+    probe_fn, calls = threshold(10_000)
+    r = search(probe_fn, cap=300, limit_bytes=FIXED + PER * 10_000, granularity=1)
+    assert r.batch_size == 300 and r.smallest_failing is None
+    assert "the cap 300 fits" in r.reasons["batch_size"]
+    assert max(calls) == 300
+
+
+def test_margin_is_applied_and_recorded():
+    probe_fn, _ = threshold(1000)
+    r = search(probe_fn, cap=4096, limit_bytes=FIXED + PER * 1000, margin=0.05)
+    assert r.largest_fitting == 1000 and r.batch_size == 950
+    assert r.reasons["margin"].startswith("5% of 1000 kept free")
+
+
+def test_max_trials_is_respected():
+    probe_fn, calls = threshold(1000)
+    r = search(probe_fn, cap=4096, limit_bytes=None, max_trials=5)
+    assert len(calls) == 5 and len(r.probes) == 5
+    assert "stopped after max_trials=5 probes" in r.reasons["batch_size"]
+    assert r.largest_fitting == max(b for b in calls if b <= 1000)
+
+
+def test_even_batch_1_failing_says_so():
+    probe_fn, calls = threshold(0)
+    with pytest.raises(kerascale.BatchSizeSearchError, match="Even a batch of 1"):
+        search(probe_fn, cap=4096, limit_bytes=1 << 30, granularity=8)
+    assert calls == [64, 32, 16, 8, 4, 2, 1]
+
+
+def test_a_non_oom_exception_passes_through_unchanged():
+    boom = KeyError("not a memory problem")
+
+    def probe_fn(b):
+        raise boom
+
+    with pytest.raises(KeyError) as info:
+        search(probe_fn, cap=100)
+    assert info.value is boom
+
+
+def test_an_error_outcome_stops_the_search_and_never_shrinks():
+    calls = []
+
+    def probe_fn(b):
+        calls.append(b)
+        if b >= 8:
+            return ProbeResult(b, "error", message="ImportError: no module named x")
+        return ProbeResult(b, "ok", peak_bytes=FIXED + PER * b)
+
+    with pytest.raises(kerascale.BatchSizeSearchError, match="ImportError: no module"):
+        search(probe_fn, cap=100, limit_bytes=FIXED + PER * 50)
+    assert calls == [8]
+
+
+def test_throughput_mode_picks_the_smallest_batch_near_the_best():
+    # Speed grows until 256 and is flat after: the smallest within 3% is 256.
+    probe_fn, calls = threshold(5000, speed=lambda b: 1000.0 * min(b, 256))
+    r = search(probe_fn, cap=8192, limit_bytes=FIXED + PER * 5000, mode="throughput")
+    assert r.batch_size == 256
+    assert "within 3% of the best" in r.reasons["batch_size"]
+    assert max(calls) < 5000  # stopped on the plateau, not at the memory bound
+
+
+def test_throughput_mode_still_speeding_up_at_the_memory_bound():
+    probe_fn, _ = threshold(700, speed=lambda b: float(b))
+    r = search(probe_fn, cap=8192, limit_bytes=FIXED + PER * 700, mode="throughput")
+    # Still faster at the bound, so the bound was found exactly; the pick is
+    # the smallest measured batch within 3% of its speed.
+    assert r.largest_fitting == 700 and r.smallest_failing == 701
+    assert 0.97 * 700 <= r.batch_size <= 700
+    assert r.batch_size in {p.batch for p in r.probes}
+
+
+# --- The memory model and sizes --------------------------------------------------
+
+
+def test_memory_model_fit_and_predict():
+    m = MemoryModel.fit([(8, 100 + 8 * 3), (64, 100 + 64 * 3), (256, 100 + 256 * 3)])
+    assert m.fixed_bytes == pytest.approx(100) and m.per_sample_bytes == pytest.approx(
+        3
+    )
+    assert m.max_batch(100 + 3 * 500) == 500
+    assert MemoryModel.fit([(8, 10), (8, 12)]) is None
+    assert MemoryModel(100, 0).max_batch(10**9) is None
+    assert MemoryModel.from_dict(m.to_dict()) == m
+
+
+@pytest.mark.parametrize(
+    "text, n",
+    [
+        ("6GiB", 6 << 30),
+        ("512MB", 512 * 10**6),
+        ("1.5 GiB", 3 << 29),
+        (4096, 4096),
+        ("100", 100),
+        ("2g", 2 * 10**9),
+    ],
+)
+def test_parse_bytes(text, n):
+    assert memory.parse_bytes("memory_limit", text) == n
+
+
+@pytest.mark.parametrize("bad", ["lots", -1, 0, True, "6 parsecs", "", 1.5, None])
+def test_parse_bytes_rejects(bad):
+    with pytest.raises(
+        kerascale.ConfigurationError,
+        match=r"memory_limit must be .*Received: memory_limit=",
+    ):
+        memory.parse_bytes("memory_limit", bad)
+
+
+# --- find_batch_size: validation ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"memory_limit": "lots"}, "memory_limit='lots'"),
+        ({"memory_limit": -1}, "memory_limit=-1"),
+        ({"max_batch_size": 0}, "max_batch_size=0"),
+        ({"max_batch_size": True}, "max_batch_size=True"),
+        ({"mode": "fast"}, "mode='fast'"),
+        ({"isolate": "yes"}, "isolate='yes'"),
+        ({"steps_per_trial": 0}, "steps_per_trial=0"),
+        ({"margin": 0.7}, "margin=0.7"),
+        ({"margin": -0.1}, "margin=-0.1"),
+        ({"max_trials": 2.0}, "max_trials=2.0"),
+        ({"timeout": 0}, "timeout=0"),
+        ({"cache": "no"}, "cache='no'"),
+        ({"precision": "fp8"}, "precision='fp8'"),
+    ],
+)
+def test_find_batch_size_validates_at_the_door(kwargs, match):
+    x, y = toy_data(16)
+    with pytest.raises(kerascale.ConfigurationError, match=match):
+        kerascale.find_batch_size(dense_model(), x, y, **kwargs)
+
+
+# --- Real probes -------------------------------------------------------------------
+
+
+def _probe_dirs():
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "kerascale-probe-*")))
+
+
+def test_in_process_search_has_no_side_effects():
+    x, y = toy_data(256)
+    model = dense_model(optimizer="adam")
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # optimizer state exists
+    weights = [w.copy() for w in model.get_weights()]
+    opt_vars = [v.numpy().copy() for v in model.optimizer.variables]
+    py_state, np_state = random.getstate(), np.random.get_state()
+    before_dirs = _probe_dirs()
+    r = kerascale.find_batch_size(
+        model,
+        x,
+        y,
+        isolate=False,
+        memory_limit="20GiB",
+        max_batch_size=64,
+        precision="mixed_bfloat16",
+        verbose=0,
+    )
+    assert r.batch_size == 64 and r.reasons["isolate"] == "isolate=False"
+    assert all(p.outcome == "ok" for p in r.probes)
+    for a, b in zip(weights, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, v in zip(opt_vars, model.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(a, v.numpy())
+    assert keras.config.dtype_policy().name == "float32"
+    assert random.getstate() == py_state
+    assert np.all(np.random.get_state()[1] == np_state[1])
+    assert model.layers[1].dtype_policy.name == "float32"
+    assert _probe_dirs() == before_dirs
+
+
+def test_in_process_soft_limit_counts_as_oom():
+    x, y = toy_data(64)
+    spec = probe.ProbeSpec(
+        element=probe.encode_structure(
+            kerascale.data.element_structure(x, y, kerascale.data.inspect(x, y))
+        ),
+        memory_limit=1 << 20,  # 1 MiB: far below what any process holds
+    )
+    r = probe.InProcessProber(dense_model(), spec)(8)
+    assert r.outcome == "oom" and "measured in-process" in r.message
+
+
+def test_cache_returns_the_same_result_without_probing():
+    x, y = toy_data(256)
+    model = dense_model()
+    kwargs = dict(isolate=False, memory_limit="20GiB", max_batch_size=32, verbose=0)
+    first = kerascale.find_batch_size(model, x, y, **kwargs)
+    again = kerascale.find_batch_size(model, x, y, **kwargs)
+    assert not first.cached and again.cached
+    assert again.batch_size == first.batch_size
+    assert again.probes == first.probes
+    files = list(batch_search.cache_dir().glob("batch_search/*.json"))
+    assert len(files) == 1
+    forced = kerascale.find_batch_size(model, x, y, force=True, **kwargs)
+    assert not forced.cached
+    other = kerascale.find_batch_size(model, x, y, **{**kwargs, "max_batch_size": 16})
+    assert not other.cached and other.batch_size == 16
+
+
+def test_custom_objects_shippability():
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(Sleep(0.0)(inputs)))
+    entries, problem = probe.custom_objects(model)
+    assert problem == ""
+    assert {"module": "probe_helpers", "qualname": "Sleep", "name": "Sleep"} in entries
+
+    class Local(keras.layers.Layer):
+        def call(self, x):
+            return x
+
+    local = keras.Model(inputs, keras.layers.Dense(2)(Local()(inputs)))
+    _, problem = probe.custom_objects(local)
+    assert "defined inside a function" in problem
+
+
+def test_hung_probe_is_killed_at_the_timeout_and_reaped():
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(Sleep(3600.0)(inputs)))
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    x, y = toy_data(16)
+    spec = probe.ProbeSpec(
+        element=probe.encode_structure(
+            kerascale.data.element_structure(x, y, kerascale.data.inspect(x, y))
+        )
+    )
+    with probe.IsolatedProber(model, spec, timeout=20) as prober:
+        workdir = prober.workdir
+        r = prober(4)
+    assert r.outcome == "error" and "timed out after 20s" in r.message
+    assert not os.path.exists(workdir)
+    # Nothing of the child is left: no process mentions its work dir.
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    assert workdir.encode() not in f.read()
+            except OSError:
+                pass
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # no child of ours waits to be reaped
+
+
+def test_model_bug_is_an_error_not_a_smaller_batch():
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(Broken()(inputs)))
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    x, y = toy_data(64)
+    with pytest.raises(kerascale.BatchSizeSearchError) as info:
+        kerascale.find_batch_size(
+            model, x, y, memory_limit="3GiB", verbose=0, cache=False
+        )
+    assert "a bug in the model, not a memory problem" in str(info.value)
+    assert "batch was not shrunk" in str(info.value)
+
+
+def test_real_memory_limit_in_child_processes():
+    """A small convnet under a real 700 MiB data-memory limit: the found batch
+    trains, and one more sample does not fit."""
+    keras.utils.set_random_seed(0)
+    model = small_convnet()
+    x = np.zeros((1024, 32, 32, 3), "float32")
+    y = np.zeros(1024, "int64")
+    before_dirs = _probe_dirs()
+    r = kerascale.find_batch_size(
+        model,
+        x,
+        y,
+        memory_limit="700MiB",
+        precision="float32",
+        verbose=0,
+        cache=False,
+        margin=0.05,
+    )
+    assert (
+        r.granularity == 1 and r.reasons["isolate"] == "each probe in a child process"
+    )
+    best = r.largest_fitting
+    assert r.smallest_failing == best + 1
+    assert r.batch_size == int(best * 0.95)
+    assert len(r.probes) <= 16
+    # Confirm the boundary with fresh probes, as training would meet it.
+    spec = probe.ProbeSpec(
+        element=probe.encode_structure(
+            kerascale.data.element_structure(x, y, kerascale.data.inspect(x, y))
+        ),
+        memory_limit=700 << 20,
+    )
+    with probe.IsolatedProber(model, spec) as prober:
+        assert prober(r.batch_size).outcome == "ok"
+        assert prober(best).outcome == "ok"
+        assert prober(best + 1).outcome == "oom"
+    assert _probe_dirs() == before_dirs
