@@ -52,7 +52,7 @@ def main():
     ds = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(2048, seed=0)
     model = make_model()
 
-    history = kerascale.fit(model, ds, epochs=3, verbose=2)  # was: model.fit(ds)
+    history = kerascale.fit(model, ds, epochs=10, verbose=2)  # was: model.fit(ds)
 
     test_x, test_y = make_data(512, seed=1)
     _, accuracy = model.evaluate(test_x, test_y, verbose=0)  # the user's own model

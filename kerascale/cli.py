@@ -2,6 +2,8 @@
 
 `kerascale doctor` prints what kerascale sees here and what it would decide for
 a model trained on this machine, with the reason for each decision.
+`kerascale find-batch MODEL.keras --input-shape 64,64,3` finds the largest
+batch a saved model trains at without running out of memory.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 
 from kerascale import __version__
@@ -52,6 +55,111 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _find_batch(args: argparse.Namespace) -> int:
+    import importlib
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from kerascale.batch_search import find_batch_size
+    from kerascale.errors import KerascaleError
+
+    for module in args.imports:
+        importlib.import_module(module)  # registers the model's custom objects
+    try:
+        with warnings.catch_warnings():
+            # A model saved before training has an unbuilt optimizer; Keras
+            # warns that it skips its variables, which is harmless here.
+            warnings.filterwarnings("ignore", "Skipping variable loading")
+            model = keras.saving.load_model(args.model)
+    except Exception as e:
+        print(
+            f"kerascale: cannot load {args.model}: {type(e).__name__}: {e}",
+            file=sys.stderr,
+        )
+        return 2
+    shapes = [_shape(s) for s in args.input_shape]
+    sample = [np.zeros((1, *shape), args.input_dtype) for shape in shapes]
+    inputs = sample[0] if len(sample) == 1 else sample
+    outputs = model(inputs)
+    loss = str(getattr(model, "loss", "")).lower()
+
+    def target(out):
+        if "sparse" in loss:  # class indices, one per sample
+            return tf.zeros(out.shape[1:-1], tf.int64)
+        return tf.zeros(out.shape[1:], tf.float32)
+
+    element = (
+        tuple(tf.constant(a[0]) for a in sample)
+        if len(sample) > 1
+        else tf.constant(sample[0][0]),
+        tf.nest.map_structure(target, outputs),
+    )
+    # One sample repeated: a dataset of the size the search may go up to,
+    # without holding that many samples in memory.
+    data = tf.data.Dataset.from_tensors(element).repeat(args.max_batch_size)
+    try:
+        result = find_batch_size(
+            model,
+            data,
+            mode=args.mode,
+            memory_limit=args.memory_limit,
+            max_batch_size=args.max_batch_size,
+            precision=args.precision,
+            cache=not args.no_cache,
+            force=args.force,
+            verbose=0 if args.json else "auto",
+        )
+    except KerascaleError as e:
+        print(f"kerascale: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(result)
+    return 0
+
+
+def _shape_arg(text: str) -> str:
+    _shape(text)  # validated here, parsed again where it is used
+    return text
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.split(",") if d.strip())
+    except ValueError:
+        dims = ()
+    if not dims or any(d < 1 for d in dims):
+        raise argparse.ArgumentTypeError(
+            f"--input-shape must be positive ints separated by commas, e.g. "
+            f"64,64,3. Received: {text!r}"
+        )
+    return dims
+
+
+def _size(text: str) -> str:
+    from kerascale.errors import ConfigurationError
+    from kerascale.memory import parse_bytes
+
+    try:
+        parse_bytes("--memory-limit", text)
+    except ConfigurationError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int. Received: {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kerascale",
@@ -64,6 +172,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--json", action="store_true", help="print JSON")
     doctor.set_defaults(func=_doctor)
+
+    find = sub.add_parser(
+        "find-batch",
+        help="find the largest batch a saved model trains at without OOM",
+        description="Probes real training steps of MODEL.keras on synthetic "
+        "inputs of --input-shape, in child processes, and reports the "
+        "largest batch that fits (or, with --mode throughput, the fastest).",
+    )
+    find.add_argument("model", help="a model saved with model.save('....keras')")
+    find.add_argument(
+        "--input-shape",
+        action="append",
+        required=True,
+        type=_shape_arg,
+        metavar="D1,D2,...",
+        help="per-sample input shape; repeat for several inputs",
+    )
+    find.add_argument("--input-dtype", default="float32")
+    find.add_argument(
+        "--memory-limit",
+        type=_size,
+        default=None,
+        help='e.g. "4GiB"; per GPU, or the data memory on CPU',
+    )
+    find.add_argument("--max-batch-size", type=_positive, default=4096)
+    find.add_argument("--mode", choices=["max", "throughput"], default="max")
+    find.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "float32", "mixed_float16", "mixed_bfloat16"],
+    )
+    find.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (registers custom objects)",
+    )
+    find.add_argument("--no-cache", action="store_true")
+    find.add_argument("--force", action="store_true", help="ignore a cached result")
+    find.add_argument("--json", action="store_true", help="print JSON")
+    find.set_defaults(func=_find_batch)
     return parser
 
 

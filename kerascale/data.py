@@ -152,10 +152,16 @@ def _inspect_dataset(
             f"Received: {steps_name}=None"
         )
     batch = dataset_batch_size(ds)
+    samples = None
+    if (
+        cardinality >= 0
+    ):  # known: elements, or batches of `batch` (the last may be short)
+        samples = cardinality * batch if batch else cardinality
     return DataFacts(
         kind="dataset",
         batched=batch is not None,
         batch_size=batch,
+        num_samples=samples,
         from_files=reads_files(ds),
     )
 

@@ -75,7 +75,8 @@ class DataFacts:
         kind: "dataset", "pydataset" or "arrays".
         batched: Whether a dataset arrives already batched.
         batch_size: The batch of an already-batched dataset, else None.
-        num_samples: Samples per epoch where known (arrays), else None.
+        num_samples: Samples per epoch where known (arrays; datasets of known
+            length, counting a batched one's last batch as full), else None.
         from_files: Whether a dataset reads files (TFRecord, text lines...),
             which lets a distributed strategy shard it by file.
     """

@@ -58,3 +58,63 @@ def test_python_dash_m_and_console_script_entry():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["default_plan"]["strategy"] == "default"
+
+
+def _save_dense(path):
+    import keras
+
+    inputs = keras.Input((6,))
+    outputs = keras.layers.Dense(3, activation="softmax")(keras.layers.Dense(8)(inputs))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    model.save(path)
+
+
+def test_find_batch_json(tmp_path, capsys):
+    path = tmp_path / "m.keras"
+    _save_dense(path)
+    code = cli.main(
+        [
+            "find-batch",
+            str(path),
+            "--input-shape",
+            "6",
+            "--max-batch-size",
+            "16",
+            "--memory-limit",
+            "8GiB",
+            "--precision",
+            "float32",
+            "--json",
+        ]
+    )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["batch_size"] == 16
+    assert report["smallest_failing"] is None
+    assert {p["outcome"] for p in report["probes"]} == {"ok"}
+    assert report["reasons"]["isolate"] == "each probe in a child process"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--input-shape", "0,3"], "--input-shape must be positive ints"),
+        (["--input-shape", "6", "--memory-limit", "lots"], "--memory-limit='lots'"),
+        (["--input-shape", "6", "--max-batch-size", "0"], "positive int"),
+        (["--input-shape", "6", "--mode", "fast"], "invalid choice"),
+    ],
+)
+def test_find_batch_rejects_bad_arguments(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["find-batch", str(tmp_path / "m.keras"), *argv])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_find_batch_unreadable_model(tmp_path, capsys):
+    assert (
+        cli.main(["find-batch", str(tmp_path / "nope.keras"), "--input-shape", "6"])
+        == 2
+    )
+    assert "cannot load" in capsys.readouterr().err
