@@ -686,7 +686,11 @@ def run_search(
     key = cache_key(
         {
             "model": _model_fingerprint(model),
-            "spec": spec.to_json(),
+            # The limit as asked for: a default limit follows the memory free
+            # at this moment, which must not make every search a cache miss.
+            "spec": dataclasses.replace(
+                spec, memory_limit=options.memory_limit
+            ).to_json(),
             "hardware": hw.to_dict(),
             "mode": mode,
             "cap": cap,

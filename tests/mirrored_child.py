@@ -40,6 +40,35 @@ def model_and_twin():
     return model, twin
 
 
+if len(sys.argv) > 1 and sys.argv[1] == "search":
+    model, _ = model_and_twin()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 6)).astype("float32")
+    y = rng.integers(0, 3, size=512)
+    r = kerascale.find_batch_size(
+        model,
+        x,
+        y,
+        strategy="mirrored",
+        precision="float32",
+        memory_limit="8GiB",
+        max_batch_size=128,
+        verbose=0,
+        cache=False,
+    )
+    print(
+        json.dumps(
+            {
+                "replicas": r.replicas,
+                "batch_size": r.batch_size,
+                "global_batch_size": r.global_batch_size,
+                "outcomes": sorted({p.outcome for p in r.probes}),
+                "largest_probe": max(p.batch for p in r.probes),
+            }
+        )
+    )
+    sys.exit(0)
+
 rng = np.random.default_rng(0)
 x = rng.normal(size=(96, 6)).astype("float32")
 y = rng.integers(0, 3, size=96)

@@ -468,3 +468,16 @@ def test_model_whose_clone_fails_late_still_trains():
     (w,) = [w for w in history.plan.warnings if w.startswith("Not applied")]
     assert "re-creating it failed: NotImplementedError" in w
     assert int(model.optimizer.iterations) == 2
+
+
+def test_auto_batch_of_unbatched_data_is_searched_and_cached(capsys):
+    x, y = toy_data(256)
+    model = dense_model()
+    history = kerascale.fit(model, x, y, epochs=1, verbose=0, precision="float32")
+    p = history.plan
+    assert p.reasons["global_batch_size"].startswith("searched (")
+    assert 1 <= p.global_batch_size <= 256 // 8  # an epoch keeps 8 updates
+    assert capsys.readouterr().out == ""  # verbose=0: no progress lines either
+    again = kerascale.plan(model, x, y, precision="float32", verbose=0)
+    assert again.reasons["global_batch_size"].startswith("searched (cached search)")
+    assert again.global_batch_size == p.global_batch_size

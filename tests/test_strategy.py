@@ -33,3 +33,12 @@ def test_mirrored_over_two_logical_cpus_matches_single_device(mode):
     assert r["max_weight_diff"] < 1e-5
     assert r["loss"][0] == pytest.approx(r["loss"][1], abs=1e-5)
     assert r["accuracy"][0] == pytest.approx(r["accuracy"][1], abs=1e-6)
+
+
+def test_batch_search_under_mirrored_is_per_replica_and_agreed():
+    r = run_child("search")
+    assert r["replicas"] == 2
+    # max_batch_size=128 is global: 64 per replica, probed on both replicas at once.
+    assert r["batch_size"] == 64 and r["global_batch_size"] == 128
+    assert r["largest_probe"] == 64
+    assert r["outcomes"] == ["ok"]
