@@ -1,0 +1,175 @@
+"""Batch-size search benchmark: kerascale's search against Lightning's.
+
+    python benchmarks/batch_search.py [--limit 700MiB] [--out benchmarks/results]
+
+For two models under the same real memory limit (RLIMIT_DATA in child
+processes, as `find_batch_size` enforces it on CPU), it reports:
+
+- the largest batch each search found, against the true largest batch;
+- the number of probes and the seconds each search took.
+
+The baseline is Lightning's `scale_batch_size(mode="binsearch")` algorithm,
+written here as the reference: start at 2, double until a batch runs out of
+memory, then bisect between the last success and the failure until they are 1
+apart. Both searches run on the same probes (same child processes, same
+limit), at granularity 1, without kerascale's safety margin.
+
+The true largest batch L is the boundary both searches report; it is then
+verified with fresh, independent probes at L-1, L, L+1 and L+2 (fits, fits,
+does not, does not) rather than by probing every batch from 1, which would
+take hours and prove nothing more for a memory use that grows with the batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+
+from kerascale import data as data_lib
+from kerascale import probe
+from kerascale.batch_search import search
+from kerascale.memory import parse_bytes
+
+
+def convnet():
+    inputs = keras.Input((32, 32, 3))
+    h = keras.layers.Conv2D(16, 3, activation="relu")(inputs)
+    h = keras.layers.Conv2D(32, 3, activation="relu")(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    outputs = keras.layers.Dense(10, activation="softmax")(h)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model, (32, 32, 3)
+
+
+def mlp():
+    inputs = keras.Input((784,))
+    h = keras.layers.Dense(1024, activation="relu")(inputs)
+    h = keras.layers.Dense(1024, activation="relu")(h)
+    outputs = keras.layers.Dense(10, activation="softmax")(h)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model, (784,)
+
+
+def lightning_binsearch(run, *, init=2, max_trials=25):
+    """Lightning's binsearch scaling, probe for probe."""
+    low, high, size, count = 1, None, init, 0
+    while count < max_trials:
+        count += 1
+        if run(size).outcome == "ok":
+            low = size
+            if high:
+                if high - low <= 1:
+                    break
+                size = (high + low) // 2
+            else:
+                size *= 2
+        else:
+            high = size
+            size = (high + low) // 2
+            if high - low <= 1:
+                break
+    return low
+
+
+def measure(name, build, limit, cap):
+    keras.utils.set_random_seed(0)
+    model, shape = build()
+    x = np.zeros((1, *shape), "float32")
+    y = np.zeros(1, "int64")
+    element = data_lib.element_structure(x, y, data_lib.inspect(x, y))
+    spec = probe.ProbeSpec(
+        element=probe.encode_structure(element), memory_limit=limit, policy="float32"
+    )
+    row = {"model": name, "limit_bytes": limit}
+    with probe.IsolatedProber(model, spec) as prober:
+        start = time.perf_counter()
+        found = search(
+            prober,
+            cap=cap,
+            limit_bytes=limit,
+            granularity=1,
+            margin=0.0,
+            sweep=prober.sweep,
+        )
+        row["kerascale"] = {
+            "found": found.largest_fitting,
+            "probes": len(found.probes),
+            "seconds": round(time.perf_counter() - start, 1),
+            "sequence": [p.batch for p in found.probes],
+        }
+        seen = []
+
+        def run(b):
+            r = prober(b)
+            seen.append(r)
+            return r
+
+        start = time.perf_counter()
+        low = lightning_binsearch(run)
+        row["lightning_binsearch"] = {
+            "found": low,
+            "probes": len(seen),
+            "seconds": round(time.perf_counter() - start, 1),
+            "sequence": [p.batch for p in seen],
+        }
+        truth = found.largest_fitting
+        checks = {
+            b: prober(b).outcome for b in (truth - 1, truth, truth + 1, truth + 2)
+        }
+        row["verification"] = checks
+        row["true_largest"] = (
+            truth if list(checks.values()) == ["ok", "ok", "oom", "oom"] else None
+        )
+    return row
+
+
+def markdown(rows) -> str:
+    lines = [
+        "| model | true largest | kerascale found | probes | s | "
+        "Lightning found | probes | s | probe ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        k, b = r["kerascale"], r["lightning_binsearch"]
+        lines.append(
+            f"| {r['model']} | {r['true_largest']} | {k['found']} | {k['probes']} | "
+            f"{k['seconds']} | {b['found']} | {b['probes']} | {b['seconds']} | "
+            f"{k['probes'] / b['probes']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", default="700MiB")
+    parser.add_argument("--cap", type=int, default=4096)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args(argv)
+    limit = parse_bytes("--limit", args.limit)
+    rows = [
+        measure(n, b, limit, args.cap) for n, b in (("convnet", convnet), ("mlp", mlp))
+    ]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "batch_search.json").write_text(json.dumps(rows, indent=2))
+    table = markdown(rows)
+    (out / "batch_search.md").write_text(
+        f"# Batch-size search, limit {args.limit} (data memory, CPU)\n\n{table}\n"
+    )
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
