@@ -744,17 +744,27 @@ def run_search(
     else:
         prober = InProcessProber(model, spec, strategy=instance)
     with prober:
-        found = search(
-            prober,
-            cap=cap,
-            limit_bytes=limit,
-            granularity=g,
-            margin=options.margin,
-            mode=mode,
-            max_trials=options.max_trials,
-            sweep=prober.sweep,
-            on_probe=progress,
-        )
+        try:
+            found = search(
+                prober,
+                cap=cap,
+                limit_bytes=limit,
+                granularity=g,
+                margin=options.margin,
+                mode=mode,
+                max_trials=options.max_trials,
+                sweep=prober.sweep,
+                on_probe=progress,
+            )
+        except BatchSizeSearchError as e:
+            baseline = prober.baseline_bytes()
+            if baseline and str(e).startswith("Even a batch of 1"):
+                raise BatchSizeSearchError(
+                    f"{e}\nTensorFlow and the model alone took "
+                    f"{format_bytes(baseline)} of data memory before the first "
+                    "batch; memory_limit must leave room above that."
+                ) from None
+            raise
     seconds = sum(p.seconds for p in found.probes)
     reasons = {
         **found.reasons,

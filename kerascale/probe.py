@@ -638,7 +638,7 @@ class IsolatedProber:
                 ERROR,
                 message=f"timed out after {self.timeout:g}s per batch and was killed",
             )
-        detail = " | ".join(stderr.strip().splitlines()[-3:])
+        detail = _stderr_summary(stderr)
         if code is not None and code < 0:
             sig = signal.Signals(-code).name
             if looks_like_oom(stderr):
@@ -655,6 +655,21 @@ class IsolatedProber:
         return ProbeResult(
             batch, ERROR, message=f"crashed with exit code {code}: {detail}"
         )
+
+
+def _stderr_summary(stderr: str) -> str:
+    """The line of a crashed child's stderr that says what happened, not the
+    stack frames and start-up chatter around it."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    telling = ("what():", "bad_alloc", "Check failed", "Error", "error:", "Killed")
+    noise = ("@ ", "*** ", "PC: ")
+    for line in reversed(lines):
+        if any(t in line for t in telling) and not line.startswith(noise) and (
+            "cuInit" not in line and "cuda_platform" not in line
+        ):
+            return line[:300]
+    quiet = [ln for ln in lines if not ln.startswith(noise)]
+    return (quiet[-1] if quiet else "no output")[:300]
 
 
 class ShippingError(Exception):

@@ -313,10 +313,10 @@ def test_hung_probe_is_killed_at_the_timeout_and_reaped():
             kerascale.data.element_structure(x, y, kerascale.data.inspect(x, y))
         )
     )
-    with probe.IsolatedProber(model, spec, timeout=20) as prober:
+    with probe.IsolatedProber(model, spec, timeout=12) as prober:
         workdir = prober.workdir
         r = prober(4)
-    assert r.outcome == "error" and "timed out after 20s" in r.message
+    assert r.outcome == "error" and "timed out after 12s" in r.message
     assert not os.path.exists(workdir)
     # Nothing of the child is left: no process mentions its work dir.
     for pid in os.listdir("/proc"):
@@ -380,3 +380,58 @@ def test_real_memory_limit_in_child_processes():
         assert prober(best).outcome == "ok"
         assert prober(best + 1).outcome == "oom"
     assert _probe_dirs() == before_dirs
+
+
+def test_gpu_peak_is_read_from_the_allocator(monkeypatch):
+    """The GPU path of a probe, through the seam: TensorFlow's per-device memory
+    stats are reset before the steps and their peak read after."""
+    import tensorflow as tf
+
+    calls = []
+    monkeypatch.setattr(
+        tf.config.experimental,
+        "reset_memory_stats",
+        lambda d: calls.append(("reset", d)),
+    )
+    monkeypatch.setattr(
+        tf.config.experimental,
+        "get_memory_info",
+        lambda d: calls.append(("info", d)) or {"current": 1, "peak": 123 << 20},
+    )
+    x, y = toy_data(32)
+    spec = probe.ProbeSpec(
+        element=probe.encode_structure(
+            kerascale.data.element_structure(x, y, kerascale.data.inspect(x, y))
+        ),
+        devices=("/gpu:0",),
+        on_gpu=True,
+    )
+    r = probe.InProcessProber(dense_model(), spec)(8)
+    assert r.outcome == "ok" and r.peak_bytes == 123 << 20
+    assert calls[0] == ("reset", "GPU:0") and ("info", "GPU:0") in calls
+
+
+def test_in_process_catches_resource_exhausted(monkeypatch):
+    import tensorflow as tf
+
+    def exhausted(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+
+    monkeypatch.setattr(probe, "train_probe", exhausted)
+    x, y = toy_data(32)
+    spec = probe.ProbeSpec(
+        element=probe.encode_structure(
+            kerascale.data.element_structure(x, y, kerascale.data.inspect(x, y))
+        )
+    )
+    r = probe.InProcessProber(dense_model(), spec)(8)
+    assert r.outcome == "oom" and "OOM when allocating" in r.message
+    assert keras.config.dtype_policy().name == "float32"
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    probe_fn, _ = threshold(300)
+    r = search(probe_fn, cap=1024, limit_bytes=FIXED + PER * 300)
+    path = r.plot(tmp_path / "batch.png")
+    assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
