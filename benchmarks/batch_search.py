@@ -52,13 +52,13 @@ def convnet():
 
 
 def mlp():
-    inputs = keras.Input((784,))
+    inputs = keras.Input((12288,))  # 64x64x3 images, flattened
     h = keras.layers.Dense(1024, activation="relu")(inputs)
     h = keras.layers.Dense(1024, activation="relu")(h)
     outputs = keras.layers.Dense(10, activation="softmax")(h)
     model = keras.Model(inputs, outputs)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    return model, (784,)
+    return model, (12288,)
 
 
 def lightning_binsearch(run, *, init=2, max_trials=25):
@@ -153,7 +153,7 @@ def markdown(rows) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", default="700MiB")
-    parser.add_argument("--cap", type=int, default=4096)
+    parser.add_argument("--cap", type=int, default=16384)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)
     limit = parse_bytes("--limit", args.limit)

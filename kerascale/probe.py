@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 import traceback
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -278,24 +279,14 @@ def build_probe_model(model: Any, spec: ProbeSpec, instance: Any = None) -> Any:
     what `fit` would train."""
     from kerascale import precision, strategy
 
-    dist = strategy.build(_PlanView(spec), instance)
+    # strategy.build reads only these two fields of a Plan.
+    plan_view = types.SimpleNamespace(strategy=spec.strategy, devices=spec.devices)
+    dist = strategy.build(plan_view, instance)
     new = precision.rebuild(model, spec.policy, dist)
     if spec.accumulation_steps > 1:
         opt = precision.core_optimizer(new.optimizer)
         opt.gradient_accumulation_steps = spec.accumulation_steps
     return new
-
-
-@dataclasses.dataclass(frozen=True)
-class _PlanView:
-    """The two fields of a Plan that `strategy.build` reads."""
-
-    strategy: str
-    devices: tuple[str, ...]
-
-    def __init__(self, spec: ProbeSpec):
-        object.__setattr__(self, "strategy", spec.strategy)
-        object.__setattr__(self, "devices", spec.devices)
 
 
 # --- Child process ---------------------------------------------------------------
@@ -403,8 +394,6 @@ def _import_objects(entries: list[dict[str, str]]) -> dict[str, Any]:
 def custom_objects(model: Any) -> tuple[list[dict[str, str]], str]:
     """The user's own classes and functions that a child must import to load
     `model`, and "" if they can all be shipped, else why not."""
-    import types
-
     import keras
 
     found: dict[int, Any] = {}
