@@ -1,6 +1,6 @@
 """Batch-size search benchmark: kerascale's search against Lightning's.
 
-    python benchmarks/batch_search.py [--limit 700MiB] [--out benchmarks/results]
+    python benchmarks/batch_search.py [--limit 1200MiB] [--out benchmarks/results]
 
 For two models under the same real memory limit (RLIMIT_DATA in child
 processes, as `find_batch_size` enforces it on CPU), it reports:
@@ -152,7 +152,7 @@ def markdown(rows) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", default="700MiB")
+    parser.add_argument("--limit", default="1200MiB")
     parser.add_argument("--cap", type=int, default=16384)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)

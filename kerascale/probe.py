@@ -64,6 +64,7 @@ _OOM_TEXT = (
     "memoryerror",
     "cannot allocate memory",
     "failed to allocate",
+    "unable to allocate",  # NumPy's MemoryError, also when Keras wraps it
 )
 
 
