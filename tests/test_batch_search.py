@@ -435,3 +435,37 @@ def test_plot(tmp_path):
     r = search(probe_fn, cap=1024, limit_bytes=FIXED + PER * 300)
     path = r.plot(tmp_path / "batch.png")
     assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "text, oom",
+    [
+        ("ResourceExhaustedError: OOM when allocating tensor with shape[512,64]", True),
+        ("terminate called after throwing an instance of 'std::bad_alloc'", True),
+        (
+            "ValueError: could not be loaded: Unable to allocate 48.0 MiB for an array",
+            True,
+        ),
+        ("MemoryError", True),
+        ("ValueError: a bug in the model, not a memory problem", False),
+        ("ImportError: No module named 'mylayers'", False),
+    ],
+)
+def test_what_counts_as_out_of_memory(text, oom):
+    assert probe.looks_like_oom(text) is oom
+
+
+def test_crash_summary_picks_the_telling_line():
+    stderr = "\n".join(
+        [
+            "E0000 00:00:1 cuda_platform.cc:52] failed call to cuInit: CUDA error",
+            "[low_level_alloc.cc : 599] RAW: mmap error: 12",
+            "    @     0x7f54fbdd3e1b  pybind11::cpp_function::initialize",
+            "*** SIGABRT received at time=1",
+        ]
+    )
+    assert (
+        probe._stderr_summary(stderr)
+        == "[low_level_alloc.cc : 599] RAW: mmap error: 12"
+    )
+    assert probe._stderr_summary("") == "no output"
