@@ -18,6 +18,12 @@ from kerascale.probe import ProbeResult
 FIXED, PER = 500 << 20, 1 << 20
 
 
+def spec_for(x, y, **kwargs):
+    """A probe spec for arrays x, y."""
+    element = kerascale.data.element_structure(x, y, kerascale.data.inspect(x, y))
+    return probe.ProbeSpec(element=probe.encode_structure(element), **kwargs)
+
+
 def threshold(T, *, speed=lambda b: 10.0 * min(b, 300)):
     """A deterministic OOM seam: batches up to T fit, with a linear peak."""
     calls = []
@@ -260,10 +266,9 @@ def test_in_process_search_has_no_side_effects():
 
 def test_in_process_soft_limit_counts_as_oom():
     x, y = toy_data(64)
-    spec = probe.ProbeSpec(
-        element=probe.encode_structure(
-            kerascale.data.element_structure(x, y, kerascale.data.inspect(x, y))
-        ),
+    spec = spec_for(
+        x,
+        y,
         memory_limit=1 << 20,  # 1 MiB: far below what any process holds
     )
     r = probe.InProcessProber(dense_model(), spec)(8)
@@ -308,11 +313,7 @@ def test_hung_probe_is_killed_at_the_timeout_and_reaped():
     model = keras.Model(inputs, keras.layers.Dense(2)(Sleep(3600.0)(inputs)))
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     x, y = toy_data(16)
-    spec = probe.ProbeSpec(
-        element=probe.encode_structure(
-            kerascale.data.element_structure(x, y, kerascale.data.inspect(x, y))
-        )
-    )
+    spec = spec_for(x, y)
     with probe.IsolatedProber(model, spec, timeout=12) as prober:
         workdir = prober.workdir
         r = prober(4)
@@ -369,10 +370,9 @@ def test_real_memory_limit_in_child_processes():
     assert r.batch_size == int(best * 0.95)
     assert len(r.probes) <= 16
     # Confirm the boundary with fresh probes, as training would meet it.
-    spec = probe.ProbeSpec(
-        element=probe.encode_structure(
-            kerascale.data.element_structure(x, y, kerascale.data.inspect(x, y))
-        ),
+    spec = spec_for(
+        x,
+        y,
         memory_limit=700 << 20,
     )
     with probe.IsolatedProber(model, spec) as prober:
@@ -399,10 +399,9 @@ def test_gpu_peak_is_read_from_the_allocator(monkeypatch):
         lambda d: calls.append(("info", d)) or {"current": 1, "peak": 123 << 20},
     )
     x, y = toy_data(32)
-    spec = probe.ProbeSpec(
-        element=probe.encode_structure(
-            kerascale.data.element_structure(x, y, kerascale.data.inspect(x, y))
-        ),
+    spec = spec_for(
+        x,
+        y,
         devices=("/gpu:0",),
         on_gpu=True,
     )
@@ -419,11 +418,7 @@ def test_in_process_catches_resource_exhausted(monkeypatch):
 
     monkeypatch.setattr(probe, "train_probe", exhausted)
     x, y = toy_data(32)
-    spec = probe.ProbeSpec(
-        element=probe.encode_structure(
-            kerascale.data.element_structure(x, y, kerascale.data.inspect(x, y))
-        )
-    )
+    spec = spec_for(x, y)
     r = probe.InProcessProber(dense_model(), spec)(8)
     assert r.outcome == "oom" and "OOM when allocating" in r.message
     assert keras.config.dtype_policy().name == "float32"
