@@ -93,4 +93,18 @@ def decide(
             verbose=options.verbose,
         )
         plan = make_plan(hw, options, model_facts, data_facts, search=result)
+    elif search is not None and (search.memory_limit or search.max_batch_size):
+        why = (
+            f"batch_size={options.batch_size} was given"
+            if options.batch_size != "auto"
+            else f"your dataset brings its own batch of {data_facts.batch_size}"
+        )
+        plan = dataclasses.replace(
+            plan,
+            warnings=(
+                *plan.warnings,
+                f"memory_limit and max_batch_size bound the batch-size search, "
+                f"which did not run: {why}.",
+            ),
+        )
     return Decided(hw, model_facts, data_facts, plan, instance, result)

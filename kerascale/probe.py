@@ -654,8 +654,10 @@ def _stderr_summary(stderr: str) -> str:
     telling = ("what():", "bad_alloc", "Check failed", "Error", "error:", "Killed")
     noise = ("@ ", "*** ", "PC: ")
     for line in reversed(lines):
-        if any(t in line for t in telling) and not line.startswith(noise) and (
-            "cuInit" not in line and "cuda_platform" not in line
+        if (
+            any(t in line for t in telling)
+            and not line.startswith(noise)
+            and ("cuInit" not in line and "cuda_platform" not in line)
         ):
             return line[:300]
     quiet = [ln for ln in lines if not ln.startswith(noise)]

@@ -481,3 +481,12 @@ def test_auto_batch_of_unbatched_data_is_searched_and_cached(capsys):
     again = kerascale.plan(model, x, y, precision="float32", verbose=0)
     assert again.reasons["global_batch_size"].startswith("searched (cached search)")
     assert again.global_batch_size == p.global_batch_size
+
+
+def test_search_bounds_without_a_search_are_not_silently_ignored():
+    x, y = toy_data(64)
+    p = kerascale.plan(dense_model(), x, y, batch_size=16, memory_limit="4GiB")
+    assert any("did not run: batch_size=16 was given" in w for w in p.warnings)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    p = kerascale.plan(dense_model(), ds, max_batch_size=64)
+    assert any("brings its own batch of 8" in w for w in p.warnings)
