@@ -52,13 +52,13 @@ def convnet():
 
 
 def mlp():
-    inputs = keras.Input((12288,))  # 64x64x3 images, flattened
-    h = keras.layers.Dense(1024, activation="relu")(inputs)
-    h = keras.layers.Dense(1024, activation="relu")(h)
+    inputs = keras.Input((3072,))  # 32x32x3 images, flattened
+    h = keras.layers.Dense(2048, activation="relu")(inputs)
+    h = keras.layers.Dense(2048, activation="relu")(h)
     outputs = keras.layers.Dense(10, activation="softmax")(h)
     model = keras.Model(inputs, outputs)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    return model, (12288,)
+    return model, (3072,)
 
 
 def lightning_binsearch(run, *, init=2, max_trials=25):

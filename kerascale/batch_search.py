@@ -333,26 +333,24 @@ class _Search:
         self._close_in()
 
     def _grow(self) -> None:
-        """Until something does not fit or the cap fits. Jumps to the model's
-        prediction; where it has none (or it was right), steps just past the
-        largest fit, galloping (x4) while batches keep fitting."""
-        step = 0
+        """Until something does not fit or the cap fits. Steps guided by the
+        memory model alternate with doublings, so that a model that
+        underestimates what fits (peaks that do not grow with the batch)
+        costs at most one extra probe per doubling."""
+        guided = self.limit is not None
         while self.hi is None and self.lo < self.cap:
-            guess = self.guess()
-            small = max(self.g, self.down(self.lo * 0.01))
-            if self.limit is None:  # nothing to predict against: double
-                nxt = self.down(2 * self.lo)
-            elif guess is not None and guess >= self.lo + small:
-                nxt = self.down(guess)
+            if guided:
+                guess = self.guess()
+                small = max(self.g, self.down(self.lo * 0.01))
+                # At or below what fits, the model says lo is the edge: check
+                # just above it.
+                nxt = self.down(guess) if guess and guess > self.lo + small else None
+                nxt = nxt or self.lo + small
             else:
-                step = small if not step else step * 4
-                nxt = (
-                    self.down(self.lo + step)
-                    if self.lo + step >= self.g
-                    else self.lo + step
-                )
-            nxt = min(self.cap, max(nxt, self.lo + 1))
+                nxt = 2 * self.lo
+            nxt = min(self.cap, max(self.down(nxt), self.lo + 1))
             self.run(nxt)
+            guided = self.limit is not None and not guided
 
     def _close_in(self) -> None:
         guided = True

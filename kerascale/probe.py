@@ -274,16 +274,28 @@ def train_probe(model: Any, spec: ProbeSpec, batch: int) -> dict[str, Any]:
     }
 
 
-def build_probe_model(model: Any, spec: ProbeSpec, instance: Any = None) -> Any:
+def build_probe_model(
+    model: Any, spec: ProbeSpec, instance: Any = None, *, own_copy: bool = False
+) -> Any:
     """`model` re-created under the spec's policy and strategy (or the user's
     strategy `instance`), compiled, with the spec's gradient accumulation:
-    what `fit` would train."""
+    what `fit` would train.
+
+    With `own_copy` (a child's freshly loaded model), a model that already
+    matches the plan is trained as it is, as `fit` would: a needless clone
+    would double its weights in memory and make the probe pessimistic.
+    """
     from kerascale import precision, strategy
 
     # strategy.build reads only these two fields of a Plan.
     plan_view = types.SimpleNamespace(strategy=spec.strategy, devices=spec.devices)
     dist = strategy.build(plan_view, instance)
-    new = precision.rebuild(model, spec.policy, dist)
+    matches = (
+        spec.policy == model.dtype_policy.name
+        and spec.strategy == "default"
+        and instance is None
+    )
+    new = model if own_copy and matches else precision.rebuild(model, spec.policy, dist)
     if spec.accumulation_steps > 1:
         opt = precision.core_optimizer(new.optimizer)
         opt.gradient_accumulation_steps = spec.accumulation_steps
@@ -349,7 +361,7 @@ def _child_setup(workdir: str, spec: ProbeSpec) -> Any:
         custom_objects=_import_objects(objects),
         safe_mode=False,  # the model comes from the parent process itself
     )
-    model = build_probe_model(model, spec)
+    model = build_probe_model(model, spec, own_copy=True)
     with open(os.path.join(workdir, "baseline.json"), "w") as f:
         json.dump({"data_bytes": memory.data_bytes()}, f)
     return model
