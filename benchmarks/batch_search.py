@@ -137,15 +137,15 @@ def measure(name, build, limit, cap):
 def markdown(rows) -> str:
     lines = [
         "| model | true largest | kerascale found | probes | s | "
-        "Lightning found | probes | s | probe ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "Lightning found | probes | s | probe ratio | time ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         k, b = r["kerascale"], r["lightning_binsearch"]
         lines.append(
             f"| {r['model']} | {r['true_largest']} | {k['found']} | {k['probes']} | "
             f"{k['seconds']} | {b['found']} | {b['probes']} | {b['seconds']} | "
-            f"{k['probes'] / b['probes']:.2f} |"
+            f"{k['probes'] / b['probes']:.2f} | {k['seconds'] / b['seconds']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -322,63 +322,57 @@ class _Search:
 
     # The two modes.
     def largest(self) -> None:
-        """Finds the boundary: lo fits, hi does not, hi - lo <= granule."""
-        # Large enough that per-sample memory shows above the noise of the
-        # runtime's own allocations; bisection goes lower if these do not fit.
-        small = sorted(
-            {min(self.cap, b) for b in (8 * self.g, 32 * self.g, 128 * self.g)}
-        )
+        """Finds the boundary: lo fits, hi does not, hi - lo <= granule.
+
+        Two small batches (one child process) give the memory model; one
+        probe at its prediction p, then the boundary is bracketed around p
+        with steps that double from 3% of p (a good prediction is confirmed
+        in two or three probes, a poor one costs a few doublings), and
+        bisection closes the bracket. Without a limit to predict against,
+        the batch doubles until it does not fit.
+        """
+        small = sorted({min(self.cap, b) for b in (8 * self.g, 64 * self.g)})
         self.run_many(small)
-        self._grow()
+        if self.hi is None and self.lo < self.cap:
+            guess = self.guess()
+            if guess is not None and guess > self.lo:
+                self._bracket(min(self.cap, max(self.down(guess), self.lo + 1)))
+            while self.hi is None and self.lo < self.cap:
+                self.run(min(self.cap, max(self.down(2 * self.lo), self.lo + 1)))
         self._close_in()
 
-    def _grow(self) -> None:
-        """Until something does not fit or the cap fits. Steps guided by the
-        memory model alternate with doublings, so that a model that
-        underestimates what fits (peaks that do not grow with the batch)
-        costs at most one extra probe per doubling."""
-        guided = self.limit is not None
-        while self.hi is None and self.lo < self.cap:
-            if guided:
-                guess = self.guess()
-                small = max(self.g, self.down(self.lo * 0.01))
-                # At or below what fits, the model says lo is the edge: check
-                # just above it.
-                nxt = self.down(guess) if guess and guess > self.lo + small else None
-                nxt = nxt or self.lo + small
-            else:
-                nxt = 2 * self.lo
-            nxt = min(self.cap, max(self.down(nxt), self.lo + 1))
-            self.run(nxt)
-            guided = self.limit is not None and not guided
+    def _bracket(self, p: int) -> None:
+        """Probes the prediction p, then steps away from it, doubling."""
+        fits = self.run(p).outcome == OK
+        if fits and self.lo < self.cap:
+            # The refitted model saying p is the edge: check p + 1 granule.
+            guess = self.guess()
+            if guess is not None and guess <= p:
+                self.run(min(self.cap, p + self.g))
+        step = max(self.g, self.down(0.03 * p))
+        while self.hi is None and self.lo < self.cap:  # growing from p
+            self.run(min(self.cap, self.down(self.lo + step)))
+            step *= 2
+        while self.hi is not None and self.hi - step > self.lo and not fits:
+            # p did not fit: step down from it until something does.
+            if self.run(self.down(self.hi - step)).outcome == OK:
+                break
+            step *= 2
 
     def _close_in(self) -> None:
-        guided = True
+        """Bisection between the largest batch that fits and the smallest
+        that does not, in granules (exactly, below one granule)."""
         while self.hi is not None:
             lo, hi = self.lo, self.hi
-            # Below one granule (a model that barely fits), search exactly.
             step = self.g if lo >= self.g else 1
             if hi - lo <= step:
                 break
             if lo == 0:  # nothing fits yet: halve
                 nxt = self.down(hi / 2) if hi > self.g else hi // 2
             else:
-                mid = self.down((lo + hi) / 2)
-                guess = self.guess() if guided else None
-                # Model-guided steps alternate with midpoints: a good model
-                # ends the search in two or three probes, a bad one costs at
-                # most twice plain bisection. The model is only trusted where
-                # it agrees with what was seen (lo fits, hi does not); when it
-                # says lo is the last that fits, lo + step checks that.
-                if guess is None or not lo <= guess < hi:
-                    nxt = mid
-                elif guess == lo:
-                    nxt = lo + step
-                else:
-                    nxt = self.down(guess)
+                nxt = self.down((lo + hi) / 2)
                 if not lo < nxt < hi:
-                    nxt = mid if lo < mid < hi else lo + step
-                guided = not guided
+                    nxt = lo + step
             if not lo < nxt < hi:
                 break
             self.run(nxt)

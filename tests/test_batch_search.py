@@ -64,13 +64,13 @@ def test_without_a_limit_it_doubles_then_bisects():
     probe_fn, calls = threshold(1000)
     r = search(probe_fn, cap=4096, limit_bytes=None, granularity=1)
     assert r.largest_fitting == 1000
-    assert calls[:6] == [8, 32, 128, 256, 512, 1024]
+    assert calls[:6] == [8, 64, 128, 256, 512, 1024]
 
 
 def test_a_good_memory_model_needs_few_probes():
     probe_fn, calls = threshold(1000)
     search(probe_fn, cap=4096, limit_bytes=FIXED + PER * 1000, granularity=1)
-    assert calls == [8, 32, 128, 1000, 2000, 1001]
+    assert calls == [8, 64, 1000, 1001]
 
 
 def test_a_misleading_memory_model_still_converges():
