@@ -359,13 +359,14 @@ class _Search:
                 break
             step *= 2
 
-    def _close_in(self) -> None:
+    def _close_in(self, tolerance: float = 0.0) -> None:
         """Bisection between the largest batch that fits and the smallest
-        that does not, in granules (exactly, below one granule)."""
+        that does not, in granules (exactly, below one granule), or until
+        they are within `tolerance` (a fraction of lo) of each other."""
         while self.hi is not None:
             lo, hi = self.lo, self.hi
             step = self.g if lo >= self.g else 1
-            if hi - lo <= step:
+            if hi - lo <= max(step, tolerance * lo):
                 break
             if lo == 0:  # nothing fits yet: halve
                 nxt = self.down(hi / 2) if hi > self.g else hi // 2
@@ -393,7 +394,9 @@ class _Search:
         if self.lo < self.cap and self.hi is None and not self._plateaued():
             self.run(self.cap)
         if self.hi is not None and self._best_batch() == self.lo:
-            self._close_in()  # still speeding up when memory ran out
+            # Still speeding up when memory ran out: the bound matters, to
+            # within 10% (speed barely changes closer in).
+            self._close_in(tolerance=0.1)
 
     def _speeds(self) -> dict[int, float]:
         return {

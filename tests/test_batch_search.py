@@ -154,11 +154,11 @@ def test_throughput_mode_picks_the_smallest_batch_near_the_best():
 def test_throughput_mode_still_speeding_up_at_the_memory_bound():
     probe_fn, _ = threshold(700, speed=lambda b: float(b))
     r = search(probe_fn, cap=8192, limit_bytes=FIXED + PER * 700, mode="throughput")
-    # Still faster at the bound, so the bound was found exactly; the pick is
-    # the smallest measured batch within 3% of its speed.
-    assert r.largest_fitting == 700 and r.smallest_failing == 701
-    assert 0.97 * 700 <= r.batch_size <= 700
-    assert r.batch_size in {p.batch for p in r.probes}
+    # Still faster at the bound, so the bound was found to within 10%; the
+    # pick is the fastest measured batch that fits.
+    assert r.smallest_failing - r.largest_fitting <= 0.1 * r.largest_fitting
+    assert 0.9 * 700 <= r.largest_fitting <= 700 < r.smallest_failing
+    assert r.batch_size == r.largest_fitting
 
 
 # --- The memory model and sizes --------------------------------------------------
