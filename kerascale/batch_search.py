@@ -474,10 +474,26 @@ class _Search:
 
 
 def _refit(probes: list[ProbeResult]) -> MemoryModel | None:
-    points = [
-        (p.batch, p.peak_bytes) for p in probes if p.outcome == OK and p.peak_bytes
-    ]
-    return MemoryModel.fit(points)
+    """The memory model from the probes that fitted.
+
+    Where TensorFlow's allocator peak is known (CPU), the line is fitted to it,
+    which is exact and linear in the batch, and lifted by the largest gap seen
+    between the process's peak and the allocator's (the runtime, threads,
+    caches): the sampled process peak alone moves in steps as allocators grow
+    their arenas, and misleads a fit from small batches.
+    """
+    ok = [p for p in probes if p.outcome == OK and p.peak_bytes]
+    if ok and all(p.tensor_peak_bytes for p in ok):
+        tensors = MemoryModel.fit([(p.batch, p.tensor_peak_bytes) for p in ok])
+        if tensors is None:
+            return None
+        overhead = max(p.peak_bytes - p.tensor_peak_bytes for p in ok)
+        return MemoryModel(
+            tensors.fixed_bytes + overhead,
+            tensors.per_sample_bytes,
+            tuple((p.batch, p.peak_bytes) for p in ok),
+        )
+    return MemoryModel.fit([(p.batch, p.peak_bytes) for p in ok])
 
 
 # --- Cache ----------------------------------------------------------------------

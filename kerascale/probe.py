@@ -85,6 +85,9 @@ class ProbeResult:
         seconds: Wall time of the probe, start-up included.
         samples_per_s: Training throughput across replicas, after warm-up.
         message: Why it failed, for "oom" and "error".
+        tensor_peak_bytes: On CPU, the peak of TensorFlow's own allocator
+            (tensors only): exact and linear in the batch, unlike the sampled
+            process peak, so the memory model is fitted to it.
     """
 
     batch: int
@@ -93,6 +96,7 @@ class ProbeResult:
     seconds: float = 0.0
     samples_per_s: float | None = None
     message: str = ""
+    tensor_peak_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -223,6 +227,18 @@ class _PeakSampler:
         self.peak = max(self.peak, self._read() or 0)
 
 
+def _reset_cpu_stats() -> bool:
+    """Resets the CPU allocator's peak; False where TensorFlow keeps none."""
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        tf.config.experimental.get_memory_info("CPU:0")
+    except (ValueError, RuntimeError, tf.errors.OpError):
+        return False
+    return True
+
+
 def _gpu_names(spec: ProbeSpec) -> list[str]:
     return [d.strip("/").upper() for d in spec.devices if "gpu" in d.lower()]
 
@@ -246,6 +262,7 @@ def train_probe(model: Any, spec: ProbeSpec, batch: int) -> dict[str, Any]:
     gpus = _gpu_names(spec) if spec.on_gpu else []
     for g in gpus:
         tf.config.experimental.reset_memory_stats(g)
+    cpu_stats = not gpus and _reset_cpu_stats()
     timed_steps = max(1, spec.steps - 1)
     with _PeakSampler() as sampler:
         fit = dict(epochs=1, verbose=0, shuffle=False)
@@ -268,8 +285,12 @@ def train_probe(model: Any, spec: ProbeSpec, batch: int) -> dict[str, Any]:
         peak = max(tf.config.experimental.get_memory_info(g)["peak"] for g in gpus)
     else:
         peak = sampler.peak
+    tensor_peak = None
+    if cpu_stats:
+        tensor_peak = int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
     return {
         "peak_bytes": int(peak),
+        "tensor_peak_bytes": tensor_peak,
         "samples_per_s": global_batch * timed_steps / elapsed if elapsed > 0 else None,
     }
 
@@ -625,6 +646,7 @@ class IsolatedProber:
                     peak_bytes=r.get("peak_bytes"),
                     samples_per_s=r.get("samples_per_s"),
                     message=message,
+                    tensor_peak_bytes=r.get("tensor_peak_bytes"),
                 )
             )
             if r["outcome"] != OK:
@@ -761,6 +783,7 @@ class InProcessProber:
         return ProbeResult(
             batch,
             OK,
+            tensor_peak_bytes=r["tensor_peak_bytes"],
             peak_bytes=r["peak_bytes"],
             seconds=time.perf_counter() - start,
             samples_per_s=r["samples_per_s"],
