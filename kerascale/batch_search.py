@@ -721,7 +721,8 @@ def run_search(
             return cached
 
     isolate, why_isolate = options.isolate, ""
-    shipped = model() if precision.is_builder(model) else model
+    # A child needs a model instance to save; a builder is called once for it.
+    shipped = model() if isolate is not False and precision.is_builder(model) else model
     if isolate == "auto":
         if instance is not None:
             isolate, why_isolate = False, "your strategy instance lives in this process"

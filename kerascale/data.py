@@ -22,9 +22,6 @@ from kerascale.planning import DataFacts, Plan
 
 logger = logging.getLogger("kerascale")
 
-# tf.data transformations that batch, and the attribute that holds their size.
-_BATCH_ATTRS = ("_batch_size",)
-
 
 def is_dataset(x: Any) -> bool:
     return isinstance(x, tf.data.Dataset)
@@ -208,12 +205,12 @@ def dataset_batch_size(ds: tf.data.Dataset) -> int | None:
         cls = type(d).__name__
         if cls in ("_UnbatchDataset", "_RebatchDataset"):
             break
-        for attr in _BATCH_ATTRS:
-            size = getattr(d, attr, None)
-            if size is not None:
-                value = tf.get_static_value(size)
-                if value is not None and int(value) > 0:
-                    return int(value)
+        # batch, padded_batch and parallel batch keep their size here.
+        size = getattr(d, "_batch_size", None)
+        if size is not None:
+            value = tf.get_static_value(size)
+            if value is not None and int(value) > 0:
+                return int(value)
         d = getattr(d, "_input_dataset", None)
     specs = tf.nest.flatten(ds.element_spec)
     shapes = [s.shape for s in specs if hasattr(s, "shape")]

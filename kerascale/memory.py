@@ -161,11 +161,6 @@ def data_bytes() -> int | None:
     return _status().get("VmData")
 
 
-def peak_rss_bytes() -> int | None:
-    """This process's peak resident memory (VmHWM)."""
-    return _status().get("VmHWM")
-
-
 def available_bytes() -> int | None:
     """Memory this machine (or container) can still give: MemAvailable,
     capped by a cgroup memory limit where one is set."""

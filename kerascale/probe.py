@@ -532,7 +532,13 @@ class IsolatedProber:
         try:
             entries, problem = custom_objects(self.model)
             if problem:
-                raise ShippingError(problem)
+                from kerascale.errors import BatchSizeSearchError
+
+                raise BatchSizeSearchError(
+                    "isolate=True, but the model cannot be loaded in a child "
+                    f"process: {problem}. Move it to an importable module, or "
+                    'pass isolate="auto" or False to probe in this process.'
+                )
             self.model.save(os.path.join(self.workdir, "model.keras"))
             with open(os.path.join(self.workdir, "objects.json"), "w") as f:
                 json.dump(entries, f)
@@ -696,10 +702,6 @@ def _stderr_summary(stderr: str) -> str:
             return line[:300]
     quiet = [ln for ln in lines if not ln.startswith(noise)]
     return (quiet[-1] if quiet else "no output")[:300]
-
-
-class ShippingError(Exception):
-    """The model cannot be loaded in a child process (why is the message)."""
 
 
 # --- In-process ------------------------------------------------------------------

@@ -464,3 +464,20 @@ def test_crash_summary_picks_the_telling_line():
         == "[low_level_alloc.cc : 599] RAW: mmap error: 12"
     )
     assert probe._stderr_summary("") == "no output"
+
+
+def test_isolate_true_with_an_unshippable_model_says_why():
+    class Local(keras.layers.Layer):
+        def call(self, x):
+            return x
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(Local()(inputs)))
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    x, y = toy_data(32)
+    before = _probe_dirs()
+    with pytest.raises(
+        kerascale.BatchSizeSearchError, match="cannot be loaded in a child"
+    ):
+        kerascale.find_batch_size(model, x, y, isolate=True, verbose=0, cache=False)
+    assert _probe_dirs() == before
