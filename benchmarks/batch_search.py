@@ -11,13 +11,15 @@ processes, as `find_batch_size` enforces it on CPU), it reports:
 The baseline is Lightning's `scale_batch_size(mode="binsearch")` algorithm,
 written here as the reference: start at 2, double until a batch runs out of
 memory, then bisect between the last success and the failure until they are 1
-apart. Both searches run on the same probes (same child processes, same
-limit), at granularity 1, without kerascale's safety margin.
+apart. Both run on the same probes (same child processes, same limit), each
+with its own stopping rule: kerascale as `find_batch_size` runs it on a CPU
+(granularity 8 above a cap of 1024, the boundary resolved to 1% because a 3%
+safety margin follows), Lightning to one sample.
 
-The true largest batch L is the boundary both searches report; it is then
-verified with fresh, independent probes at L-1, L, L+1 and L+2 (fits, fits,
-does not, does not) rather than by probing every batch from 1, which would
-take hours and prove nothing more for a memory use that grows with the batch.
+The true largest batch L is the boundary Lightning reports; it is then verified
+with fresh, independent probes at L-1, L, L+1 and L+2 (fits, fits, does not,
+does not) rather than by probing every batch from 1, which would take hours
+and prove nothing more for a memory use that grows with the batch.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import numpy as np
 
 from kerascale import data as data_lib
 from kerascale import probe
-from kerascale.batch_search import search
+from kerascale.batch_search import DEFAULT_MARGIN, granularity_for, search
 from kerascale.memory import parse_bytes
 
 
@@ -98,12 +100,14 @@ def measure(name, build, limit, cap):
             prober,
             cap=cap,
             limit_bytes=limit,
-            granularity=1,
-            margin=0.0,
+            granularity=granularity_for("cpu", cap),
+            margin=DEFAULT_MARGIN,
             sweep=prober.sweep,
         )
         row["kerascale"] = {
             "found": found.largest_fitting,
+            "bracket": [found.largest_fitting, found.smallest_failing],
+            "chosen": found.batch_size,
             "probes": len(found.probes),
             "seconds": round(time.perf_counter() - start, 1),
             "sequence": [p.batch for p in found.probes],
@@ -123,7 +127,7 @@ def measure(name, build, limit, cap):
             "seconds": round(time.perf_counter() - start, 1),
             "sequence": [p.batch for p in seen],
         }
-        truth = found.largest_fitting
+        truth = low
         checks = {
             b: prober(b).outcome for b in (truth - 1, truth, truth + 1, truth + 2)
         }
@@ -136,14 +140,15 @@ def measure(name, build, limit, cap):
 
 def markdown(rows) -> str:
     lines = [
-        "| model | true largest | kerascale found | probes | s | "
-        "Lightning found | probes | s | probe ratio | time ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | true largest | kerascale fits / fails | chosen (3% margin) | "
+        "probes | s | Lightning found | probes | s | probe ratio | time ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         k, b = r["kerascale"], r["lightning_binsearch"]
         lines.append(
-            f"| {r['model']} | {r['true_largest']} | {k['found']} | {k['probes']} | "
+            f"| {r['model']} | {r['true_largest']} | {k['bracket'][0]} / "
+            f"{k['bracket'][1]} | {k['chosen']} | {k['probes']} | "
             f"{k['seconds']} | {b['found']} | {b['probes']} | {b['seconds']} | "
             f"{k['probes'] / b['probes']:.2f} | {k['seconds'] / b['seconds']:.2f} |"
         )

@@ -5,6 +5,7 @@ Change one line: ``model.fit(ds)`` becomes ``kerascale.fit(model, ds)``.
 
 import logging
 
+from kerascale.accumulation import accumulate
 from kerascale.batch_search import BatchSearchResult, find_batch_size
 from kerascale.errors import (
     BatchSizeSearchError,
@@ -41,6 +42,7 @@ __all__ = [
     "TPUInfo",
     "UnsupportedError",
     "__version__",
+    "accumulate",
     "detect_hardware",
     "find_batch_size",
     "fit",

@@ -202,6 +202,7 @@ def search(
     max_trials: int = 20,
     sweep: Callable[[list[int]], list[ProbeResult]] | None = None,
     on_probe: Callable[[ProbeResult], None] | None = None,
+    first: int | None = None,
 ) -> BatchSearchResult:
     """Finds the largest batch `probe` accepts, up to `cap`. Pure but for
     `probe`, so tests drive it with a deterministic out-of-memory threshold.
@@ -214,7 +215,10 @@ def search(
             predictions; None to search by doubling and bisection alone.
         granularity: Batches are multiples of it (smaller ones only when even
             one granule does not fit).
-        margin: Fraction kept free below the largest batch that fits.
+        margin: Fraction kept free below the largest batch that fits. The
+            boundary is resolved to a third of it (1% of the batch by
+            default): finer would change nothing the margin does not hide.
+            With margin 0, to the granule.
         mode: "max", or "throughput": the smallest batch within 3% of the best
             measured speed, under the memory bound.
         max_trials: The most probes to run.
@@ -222,6 +226,8 @@ def search(
             that does not fit (one child process for all). Defaults to calling
             `probe` in turn.
         on_probe: Called after each probe (progress lines).
+        first: A batch to probe before anything else ("max" mode): a batch
+            you want to use; if it fits and is the cap, one probe decides.
 
     Returns:
         A `BatchSearchResult` for one replica (the caller scales it).
@@ -237,7 +243,10 @@ def search(
         if mode == "throughput":
             s.throughput()
         else:
-            s.largest()
+            if first is not None:
+                s.run(min(first, cap))
+            if s.lo < cap:
+                s.largest(resolution=margin / 3)
     except _OutOfTrials:
         s.stopped = f"stopped after max_trials={max_trials} probes"
     return s.result(mode, margin)
@@ -321,52 +330,60 @@ class _Search:
         return m.max_batch(self.limit)
 
     # The two modes.
-    def largest(self) -> None:
-        """Finds the boundary: lo fits, hi does not, hi - lo <= granule.
+    def largest(self, resolution: float = 0.0) -> None:
+        """Finds the boundary: lo fits, hi does not, and hi - lo is at most
+        one granule or `resolution` x lo.
 
-        Two small batches (one child process) give the memory model; one
-        probe at its prediction p, then the boundary is bracketed around p
-        with steps that double from 3% of p (a good prediction is confirmed
-        in two or three probes, a poor one costs a few doublings), and
-        bisection closes the bracket. Without a limit to predict against,
-        the batch doubles until it does not fit.
+        Two small batches (one child process) give the memory model. While
+        nothing has failed, each next probe is the model's prediction from
+        all that fitted so far (a far point corrects the slope that small
+        batches only hint at), or, where the model says lo is already the
+        edge, a step above lo that doubles from 1%. After a failure above a
+        prediction, steps down from it double from 3% (a good prediction is
+        confirmed in two or three probes, a poor one costs a few doublings).
+        Bisection closes the bracket. Without a limit to predict against, the
+        batch doubles until it does not fit.
         """
         small = sorted({min(self.cap, b) for b in (8 * self.g, 64 * self.g)})
-        self.run_many(small)
-        if self.hi is None and self.lo < self.cap:
+        self.run_many([b for b in small if self.hi is None or b < self.hi])
+        walk = max(self.g, self.down(0.01 * self.lo))
+        while self.hi is None and 0 < self.lo < self.cap:
             guess = self.guess()
-            if guess is not None and guess > self.lo:
-                self._bracket(min(self.cap, max(self.down(guess), self.lo + 1)))
-            while self.hi is None and self.lo < self.cap:
-                self.run(min(self.cap, max(self.down(2 * self.lo), self.lo + 1)))
-        self._close_in()
+            if guess is None:
+                nxt = 2 * self.lo
+            elif guess >= self.lo + walk:
+                nxt, walk = min(guess, 16 * self.lo), max(self.g, 0.01 * self.lo)
+            else:  # the model says lo is the edge, but lo fits: walk up
+                nxt, walk = self.lo + walk, 2 * walk
+            self.run(min(self.cap, max(self.down(nxt), self.lo + 1)))
+        last = self.probes[-1]
+        if last.outcome == OK and self.hi is not None and self.lo:
+            # The failure came first (a batch probed before the search): try
+            # the model's prediction inside the bracket.
+            guess = self.guess()
+            if guess is not None and self.lo < self.down(guess) < self.hi:
+                last = self.run(self.down(guess))
+        if last.outcome != OK and self.lo:
+            self._step_down(last.batch)
+        self._close_in(resolution)
 
-    def _bracket(self, p: int) -> None:
-        """Probes the prediction p, then steps away from it, doubling."""
-        fits = self.run(p).outcome == OK
-        if fits and self.lo < self.cap:
-            # The refitted model saying p is the edge: check p + 1 granule.
-            guess = self.guess()
-            if guess is not None and guess <= p:
-                self.run(min(self.cap, p + self.g))
+    def _step_down(self, p: int) -> None:
+        """p did not fit: steps down from it, doubling from 3% of p, until a
+        batch fits or the step would pass the middle of the bracket."""
         step = max(self.g, self.down(0.03 * p))
-        while self.hi is None and self.lo < self.cap:  # growing from p
-            self.run(min(self.cap, self.down(self.lo + step)))
-            step *= 2
-        while self.hi is not None and self.hi - step > self.lo and not fits:
-            # p did not fit: step down from it until something does.
+        while 2 * step < self.hi - self.lo:
             if self.run(self.down(self.hi - step)).outcome == OK:
-                break
+                return
             step *= 2
 
-    def _close_in(self, tolerance: float = 0.0) -> None:
+    def _close_in(self, resolution: float = 0.0) -> None:
         """Bisection between the largest batch that fits and the smallest
-        that does not, in granules (exactly, below one granule), or until
-        they are within `tolerance` (a fraction of lo) of each other."""
+        that does not, in granules (exactly, below one granule), until they
+        are one granule or `resolution` (a fraction of lo) apart."""
         while self.hi is not None:
             lo, hi = self.lo, self.hi
             step = self.g if lo >= self.g else 1
-            if hi - lo <= max(step, tolerance * lo):
+            if hi - lo <= max(step, resolution * lo):
                 break
             if lo == 0:  # nothing fits yet: halve
                 nxt = self.down(hi / 2) if hi > self.g else hi // 2
@@ -396,7 +413,7 @@ class _Search:
         if self.hi is not None and self._best_batch() == self.lo:
             # Still speeding up when memory ran out: the bound matters, to
             # within 10% (speed barely changes closer in).
-            self._close_in(tolerance=0.1)
+            self._close_in(resolution=0.1)
 
     def _speeds(self) -> dict[int, float]:
         return {
@@ -665,9 +682,12 @@ def run_search(
     *,
     instance: Any = None,
     verbose: Any = "auto",
+    first: int | None = None,
+    accumulation_steps: int | None = None,
 ) -> BatchSearchResult:
     """Searches the per-replica batch for `plan` (its precision, strategy and
-    accumulation) on this hardware, with real probes. Uses the cache."""
+    accumulation, or `accumulation_steps`) on this hardware, with real
+    probes, probing `first` before anything else. Uses the cache."""
     import keras
     import tensorflow as tf
 
@@ -690,7 +710,7 @@ def run_search(
         logical_cpus=hw.cpu.logical_devices,
         steps=options.steps_per_trial,
         validate=True,
-        accumulation_steps=plan.accumulation_steps,
+        accumulation_steps=accumulation_steps or plan.accumulation_steps,
         memory_limit=limit,
         on_gpu=hw.accelerator == "gpu",
     )
@@ -705,6 +725,7 @@ def run_search(
             "hardware": hw.to_dict(),
             "mode": mode,
             "cap": cap,
+            "first": first,
             "margin": options.margin,
             "versions": [tf.__version__, keras.__version__, _version()],
         }
@@ -767,6 +788,7 @@ def run_search(
                 max_trials=options.max_trials,
                 sweep=prober.sweep,
                 on_probe=progress,
+                first=first,
             )
         except BatchSizeSearchError as e:
             baseline = prober.baseline_bytes()

@@ -18,7 +18,14 @@ from kerascale import hardware as hardware_lib
 from kerascale import precision as precision_lib
 from kerascale.batch_search import BatchSearchResult, SearchOptions
 from kerascale.hardware import Hardware
-from kerascale.planning import DataFacts, ModelFacts, Options, Plan, make_plan
+from kerascale.planning import (
+    DataFacts,
+    ModelFacts,
+    Options,
+    Plan,
+    make_plan,
+    searched_batch,
+)
 
 # An "auto" batch leaves an epoch at least this many optimizer updates.
 AUTO_MIN_STEPS = 8
@@ -36,7 +43,23 @@ class Decided:
 
 def needs_search(options: Options, data: DataFacts) -> bool:
     """ "auto" batch and data that does not bring its own batch."""
-    return options.batch_size == "auto" and not data.batched
+    return searched_batch(options, data)
+
+
+def needs_check(
+    options: Options, data: DataFacts, hw: Hardware, search: SearchOptions | None
+) -> bool:
+    """Whether a requested batch is checked against memory (and split with
+    gradient accumulation if it does not fit): on GPUs and TPUs, whose memory
+    is small and fixed, or wherever `memory_limit` is given; not when the
+    split is already stated (accumulation_steps, max_batch_size) or the data
+    makes its own batches (a PyDataset)."""
+    if searched_batch(options, data) or data.kind == "pydataset":
+        return False
+    if options.accumulation_steps or options.max_batch_size:
+        return False
+    limit = search is not None and search.memory_limit
+    return hw.accelerator in ("gpu", "tpu") or bool(limit)
 
 
 def decide(
@@ -93,18 +116,44 @@ def decide(
             verbose=options.verbose,
         )
         plan = make_plan(hw, options, model_facts, data_facts, search=result)
-    elif search is not None and (search.memory_limit or search.max_batch_size):
+    elif needs_check(options, data_facts, hw, search):
+        # Does the requested batch fit in one forward pass? One probe if it
+        # does; otherwise the largest micro-batch, for the accumulation split.
+        # Probes carry accumulators (k=2): the split will need them.
+        per_replica = plan.micro_batch_size
+        check = dataclasses.replace(
+            search or SearchOptions(),
+            mode="max",
+            max_batch_size=per_replica * plan.replicas,
+            min_steps_per_epoch=1,
+        )
+        result = batch_search.run_search(
+            model,
+            x,
+            y,
+            data_facts,
+            plan,
+            hw,
+            check,
+            instance=instance,
+            verbose=options.verbose,
+            first=per_replica,
+            accumulation_steps=2,
+        )
+        plan = make_plan(hw, options, model_facts, data_facts, search=result)
+    elif search is not None and search.memory_limit:
         why = (
-            f"batch_size={options.batch_size} was given"
-            if options.batch_size != "auto"
+            "your PyDataset makes its own batches"
+            if data_facts.kind == "pydataset"
+            else "accumulation_steps or max_batch_size already states the split"
+            if options.accumulation_steps or options.max_batch_size
             else f"your dataset brings its own batch of {data_facts.batch_size}"
         )
         plan = dataclasses.replace(
             plan,
             warnings=(
                 *plan.warnings,
-                f"memory_limit and max_batch_size bound the batch-size search, "
-                f"which did not run: {why}.",
+                f"memory_limit was not used (nothing was probed): {why}.",
             ),
         )
     return Decided(hw, model_facts, data_facts, plan, instance, result)

@@ -15,6 +15,7 @@ from typing import Any
 
 import keras
 
+from kerascale import accumulation as accumulation_lib
 from kerascale import data as data_lib
 from kerascale import precision as precision_lib
 from kerascale import strategy as strategy_lib
@@ -38,6 +39,9 @@ def fit(
     precision: str = "auto",
     max_batch_size: int | None = None,
     memory_limit: int | str | None = None,
+    accumulation_steps: int | None = None,
+    lr_scaling: str | None = None,
+    base_batch_size: int | None = None,
     optimize_data: bool = True,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
@@ -66,12 +70,24 @@ def fit(
             `tf.distribute.Strategy`. Defaults to "auto".
         precision: "auto", "float32", "mixed_float16" or "mixed_bfloat16".
             Defaults to "auto".
-        max_batch_size: The largest per-optimizer-update batch the search may
-            pick. Defaults to `None` (the dataset size).
-        memory_limit: Memory the search must keep training within: bytes or
-            "6GiB" (per GPU on GPUs; the process's data memory on CPU).
-            Defaults to `None`: the GPU's memory, or 80% of the memory
-            available on CPU.
+            An int larger than what fits in memory is reached with gradient
+            accumulation: micro x replicas x accumulation_steps = batch_size.
+        max_batch_size: The largest batch (all replicas) to put through the
+            model in one forward pass: it caps the search, and a larger
+            `batch_size` is split into micro-batches of at most this size.
+            Defaults to `None`: measured where memory is tight (GPUs, TPUs,
+            or with `memory_limit`), else no bound.
+        memory_limit: Memory training must fit in: bytes or "6GiB" (per GPU
+            on GPUs; the process's data memory on CPU). Defaults to `None`:
+            the GPU's memory, or 80% of the memory available on CPU.
+        accumulation_steps: Micro-batches per optimizer update, to state the
+            split yourself (`batch_size` must then be divisible by it times
+            the replicas). Defaults to `None`: chosen from what fits.
+        lr_scaling: None, "linear" or "sqrt": scale the learning rate (a
+            float or a schedule) by B/base or sqrt(B/base) when the batch B
+            per update differs from the base batch. Defaults to `None`.
+        base_batch_size: The batch your learning rate was tuned for, for
+            `lr_scaling`. Defaults to `None`: a batched dataset's batch.
         optimize_data: Add prefetching and map parallelisation to a dataset.
             Defaults to `True`.
         verbose: As in `model.fit`; 0 also silences kerascale. Defaults to
@@ -93,13 +109,16 @@ def fit(
     >>> print(history.plan)
     """
     options, search = _validate(
-        batch_size,
-        strategy,
-        precision,
-        max_batch_size,
-        memory_limit,
-        optimize_data,
-        verbose,
+        batch_size=batch_size,
+        strategy=strategy,
+        precision=precision,
+        max_batch_size=max_batch_size,
+        memory_limit=memory_limit,
+        accumulation_steps=accumulation_steps,
+        lr_scaling=lr_scaling,
+        base_batch_size=base_batch_size,
+        optimize_data=optimize_data,
+        verbose=verbose,
     )
     steps = fit_kwargs.get("steps_per_epoch")
     decided = decide(model, x, y, options, steps_per_epoch=steps, search=search)
@@ -171,6 +190,11 @@ def fit(
     for w in plan.warnings:
         logger.warning(w)
 
+    saved = None
+    if plan.accumulation_steps > 1 or plan.lr_factor != 1.0:
+        saved = accumulation_lib.apply(
+            train_model, plan.accumulation_steps, plan.lr_factor
+        )
     try:
         with warnings.catch_warnings():
             if quiet_end_of_data:
@@ -178,6 +202,20 @@ def fit(
             history = train_model.fit(x, y, verbose=options.verbose, **fit_kwargs)
     finally:
         # Also after an interrupt: like model.fit, keep what was trained so far.
+        if saved is not None:
+            dropped = accumulation_lib.discard_partial_window(train_model)
+            accumulation_lib.restore(train_model, saved)
+            if dropped:
+                logger.warning(
+                    "Training ended %d micro-batch(es) into a window of %d: their "
+                    "gradients were not applied (every update saw exactly %d "
+                    "samples). Make the number of steps a multiple of %d to use "
+                    "them.",
+                    dropped,
+                    plan.accumulation_steps,
+                    plan.global_batch_size,
+                    plan.accumulation_steps,
+                )
         if train_model is not model and not precision_lib.is_builder(model):
             precision_lib.copy_back(train_model, model)
     if not precision_lib.is_builder(model):
@@ -196,6 +234,9 @@ def plan(
     precision: str = "auto",
     max_batch_size: int | None = None,
     memory_limit: int | str | None = None,
+    accumulation_steps: int | None = None,
+    lr_scaling: str | None = None,
+    base_batch_size: int | None = None,
     optimize_data: bool = True,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
@@ -212,34 +253,25 @@ def plan(
     >>> p.precision, p.global_batch_size
     """
     options, search = _validate(
-        batch_size,
-        strategy,
-        precision,
-        max_batch_size,
-        memory_limit,
-        optimize_data,
-        verbose,
+        batch_size=batch_size,
+        strategy=strategy,
+        precision=precision,
+        max_batch_size=max_batch_size,
+        memory_limit=memory_limit,
+        accumulation_steps=accumulation_steps,
+        lr_scaling=lr_scaling,
+        base_batch_size=base_batch_size,
+        optimize_data=optimize_data,
+        verbose=verbose,
     )
     steps = fit_kwargs.get("steps_per_epoch")
     return decide(model, x, y, options, steps_per_epoch=steps, search=search).plan
 
 
 def _validate(
-    batch_size,
-    strategy,
-    precision,
-    max_batch_size,
-    memory_limit,
-    optimize_data,
-    verbose,
+    *, max_batch_size, memory_limit, **kwargs
 ) -> tuple[Options, SearchOptions]:
-    options = Options.validate(
-        batch_size=batch_size,
-        strategy=strategy,
-        precision=precision,
-        optimize_data=optimize_data,
-        verbose=verbose,
-    )
+    options = Options.validate(max_batch_size=max_batch_size, **kwargs)
     search = SearchOptions.validate(
         max_batch_size=max_batch_size,
         memory_limit=memory_limit,

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kerascale import _validation
+from kerascale import accumulation as accumulation_lib
 from kerascale import precision as precision_lib
 from kerascale import strategy as strategy_lib
 from kerascale.errors import ConfigurationError
@@ -37,6 +38,10 @@ class Options:
     precision: str = "auto"
     optimize_data: bool = True
     verbose: int | str = "auto"
+    accumulation_steps: int | None = None
+    lr_scaling: str | None = None
+    base_batch_size: int | None = None
+    max_batch_size: int | None = None  # global; the largest batch per forward pass
 
     @classmethod
     def validate(
@@ -47,6 +52,10 @@ class Options:
         precision: Any = "auto",
         optimize_data: Any = True,
         verbose: Any = "auto",
+        accumulation_steps: Any = None,
+        lr_scaling: Any = None,
+        base_batch_size: Any = None,
+        max_batch_size: Any = None,
     ) -> Options:
         """Checks every option at the door; raises `ConfigurationError`."""
         if batch_size != "auto" or isinstance(batch_size, bool):
@@ -58,12 +67,33 @@ class Options:
         _validation.boolean("optimize_data", optimize_data)
         if isinstance(verbose, bool) or verbose not in VERBOSE_CHOICES:
             raise _validation.fail("verbose", verbose, '"auto", 0, 1 or 2')
+        for name, value in (
+            ("accumulation_steps", accumulation_steps),
+            ("base_batch_size", base_batch_size),
+            ("max_batch_size", max_batch_size),
+        ):
+            if value is not None:
+                _validation.positive_int(name, value, accepted="a positive int or None")
+        if lr_scaling is not None:
+            _validation.one_of("lr_scaling", lr_scaling, ("linear", "sqrt"))
+        if accumulation_steps and accumulation_steps > 1 and batch_size == "auto":
+            raise ConfigurationError(
+                "accumulation_steps needs the batch it adds up to: pass "
+                "batch_size=<micro x replicas x accumulation_steps> as well (with "
+                'batch_size="auto" the largest batch that fits needs no '
+                f"accumulation). Received: accumulation_steps={accumulation_steps}, "
+                'batch_size="auto"'
+            )
         return cls(
             batch_size=batch_size,
             strategy=strategy,
             precision=precision,
             optimize_data=optimize_data,
             verbose=verbose,
+            accumulation_steps=accumulation_steps,
+            lr_scaling=lr_scaling,
+            base_batch_size=base_batch_size,
+            max_batch_size=max_batch_size,
         )
 
 
@@ -188,7 +218,15 @@ class Plan:
                 "batch",
                 f"{self.micro_batch_size} x {self.replicas} x "
                 f"{self.accumulation_steps} = {self.global_batch_size}",
-                self.reasons.get("global_batch_size", ""),
+                "; ".join(
+                    r
+                    for r in (
+                        self.reasons.get("global_batch_size", ""),
+                        self.accumulation_steps > 1
+                        and self.reasons.get("accumulation_steps", ""),
+                    )
+                    if r
+                ),
             ),
         ]
         if self.lr_factor != 1.0:
@@ -299,9 +337,16 @@ def make_plan(
     reasons["precision"] = why_policy
     reasons["rebuild"] = why_rebuild
 
-    global_batch, why_batch = _choose_batch(options, data, replicas, search)
+    requested, why_batch = _choose_batch(options, data, replicas, search)
+    sp, batch_warnings = _accumulation(options, data, requested, replicas, search)
+    warnings += batch_warnings
+    global_batch = sp.micro * replicas * sp.steps
     reasons["global_batch_size"] = why_batch
-    data_changes, why_data = _data_changes(options, data, global_batch, replicas)
+    reasons["accumulation_steps"] = sp.why
+    factor, why_lr = _lr_factor(options, data, global_batch)
+    if why_lr:
+        reasons["lr_factor"] = why_lr
+    data_changes, why_data = _data_changes(options, data, sp.micro * replicas, replicas)
     reasons["data_changes"] = why_data
 
     return Plan(
@@ -309,15 +354,92 @@ def make_plan(
         devices=tuple(devices),
         replicas=replicas,
         precision=policy,
-        micro_batch_size=global_batch // replicas,
-        accumulation_steps=1,
+        micro_batch_size=sp.micro,
+        accumulation_steps=sp.steps,
         global_batch_size=global_batch,
-        lr_factor=1.0,
+        lr_factor=factor,
         rebuild=rebuild,
         data_changes=tuple(data_changes),
         hardware=hardware.summary(),
         reasons=reasons,
         warnings=tuple(warnings),
+    )
+
+
+def searched_batch(options: Options, data: DataFacts) -> bool:
+    """Whether the batch itself is the search's answer (an "auto" batch for
+    data that brings none); otherwise a search only bounds the micro-batch."""
+    return options.batch_size == "auto" and not data.batched
+
+
+def _accumulation(
+    options: Options, data: DataFacts, requested: int, replicas: int, search: Any
+) -> tuple[accumulation_lib.Split, list[str]]:
+    """How each replica reaches its share of `requested`: micro x k."""
+    per_replica = requested // replicas
+    k = options.accumulation_steps
+    if k and k > 1 and data.kind == "pydataset":
+        raise ConfigurationError(
+            "accumulation_steps cannot split the batches of a keras.utils.PyDataset "
+            "(it makes its own): make its batches the micro-batch and pass "
+            "kerascale.accumulate(model, steps) with plain model.fit, or use a "
+            f"tf.data.Dataset. Received: accumulation_steps={k}"
+        )
+    if k:
+        if per_replica % k:
+            raise ConfigurationError(
+                f"accumulation_steps must divide the batch per replica "
+                f"({requested} / {replicas} replicas = {per_replica}) into equal "
+                f"micro-batches. Received: accumulation_steps={k}. Use a divisor of "
+                f"{per_replica}, or a batch_size divisible by {k * replicas}."
+            )
+        why = f"accumulation_steps={k} you passed" if k > 1 else "accumulation_steps=1"
+        return accumulation_lib.Split(per_replica // k, k, True, why), []
+    bound, source = None, ""
+    if options.max_batch_size:
+        bound, source = max(1, options.max_batch_size // replicas), "max_batch_size"
+    if search is not None and not searched_batch(options, data):
+        measured = search.batch_size
+        if bound is None or measured < bound:
+            bound, source = measured, "measured"
+    sp = accumulation_lib.split(per_replica, bound)
+    if sp.steps > 1:
+        sp = dataclasses.replace(sp, why=f"{sp.why} ({source} bound)")
+    warnings = []
+    if not sp.exact:
+        below, above = accumulation_lib.nearest_exact(per_replica, bound, replicas)
+        effective = sp.micro * replicas * sp.steps
+        warnings.append(
+            f"batch_size={requested} cannot be reached exactly: at most {bound} "
+            f"samples per replica fit in one forward pass and {per_replica} has no "
+            f"split into equal micro-batches that uses them well. Training with "
+            f"{sp.micro} x {replicas} x {sp.steps} = {effective} samples per update "
+            f"instead ({requested - effective} fewer). For exactly what you ask, "
+            f"pass batch_size={below}"
+            + (f" or {above}" if above != below else "")
+            + f", or accumulation_steps= a divisor of {per_replica}."
+        )
+    return sp, warnings
+
+
+def _lr_factor(options: Options, data: DataFacts, effective: int) -> tuple[float, str]:
+    if options.lr_scaling is None:
+        return 1.0, ""
+    base, where = options.base_batch_size, "base_batch_size"
+    if base is None and data.batched and data.batch_size:
+        base, where = data.batch_size, "your dataset's batch"
+    if base is None:
+        raise ConfigurationError(
+            f"lr_scaling={options.lr_scaling!r} scales the learning rate from a base "
+            "batch, and there is none here: pass base_batch_size= (the batch your "
+            "learning rate was tuned for) or a batched dataset. Received: "
+            "base_batch_size=None"
+        )
+    factor = accumulation_lib.lr_factor(options.lr_scaling, effective, base)
+    rule = "B/base" if options.lr_scaling == "linear" else "sqrt(B/base)"
+    return factor, (
+        f"lr_scaling={options.lr_scaling!r}: {rule} = {effective}/{base} ({where}) "
+        f"-> x{factor:g}"
     )
 
 

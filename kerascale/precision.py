@@ -335,7 +335,9 @@ def copy_optimizer_state(src: keras.Model, dst: keras.Model) -> bool:
         return False
     if not d.built:
         d.build(dst.trainable_variables)
-    sv, dv = s.variables, d.variables
+    # Gradient accumulators are scratch (zero between windows), present on
+    # one side only when accumulation is on for one optimizer.
+    sv, dv = _without_accumulators(s), _without_accumulators(d)
     if len(sv) != len(dv) or any(
         tuple(a.shape) != tuple(b.shape) for a, b in zip(sv, dv, strict=True)
     ):
@@ -350,6 +352,11 @@ def copy_optimizer_state(src: keras.Model, dst: keras.Model) -> bool:
     for a, b in zip(sv, dv, strict=True):
         b.assign(a.numpy())
     return True
+
+
+def _without_accumulators(optimizer: Any) -> list[Any]:
+    acc = {id(v) for v in getattr(optimizer, "_accumulated_gradients", None) or ()}
+    return [v for v in optimizer.variables if id(v) not in acc]
 
 
 def copy_back(trained: keras.Model, user_model: keras.Model) -> None:

@@ -79,7 +79,16 @@ if mode == "dataset":
 else:
     data = {"x": x, "y": y}
 common = dict(batch_size=16, precision="float32", epochs=1, shuffle=False, verbose=0)
-mirrored = kerascale.fit(model, strategy="mirrored", **data, **common)
+extra = {}
+if mode == "accumulate16":
+    # The same under mixed_float16: loss scaling around accumulation.
+    common["precision"] = "mixed_float16"
+if mode.startswith("accumulate"):
+    # 32 per update = 8 per replica x 2 replicas x 2 micro-batches, against
+    # one device taking 32 at once.
+    common["batch_size"] = 32
+    extra = {"accumulation_steps": 2}
+mirrored = kerascale.fit(model, strategy="mirrored", **data, **common, **extra)
 single = kerascale.fit(twin, strategy="default", **data, **common)
 diff = max(
     float(np.max(np.abs(a - b)))
@@ -89,6 +98,11 @@ print(
     json.dumps(
         {
             "replicas": mirrored.plan.replicas,
+            "split": [
+                mirrored.plan.micro_batch_size,
+                mirrored.plan.accumulation_steps,
+                mirrored.plan.global_batch_size,
+            ],
             "devices": list(mirrored.plan.devices),
             "strategy": mirrored.plan.strategy,
             "single_replicas": single.plan.replicas,

@@ -19,6 +19,7 @@ def test_public_names_are_pinned():
             "TPUInfo",
             "UnsupportedError",
             "__version__",
+            "accumulate",
             "detect_hardware",
             "find_batch_size",
             "fit",

@@ -396,9 +396,10 @@ def test_plan_on_a_fake_gpu_box_through_the_hardware_seam(monkeypatch):
 
     monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: gpu_box(4))
     x, y = toy_data(64)
-    p = kerascale.plan(dense_model(), x, y, batch_size=256)
+    # max_batch_size states the memory bound: no probe (they would need the GPUs).
+    p = kerascale.plan(dense_model(), x, y, batch_size=256, max_batch_size=256)
     assert (p.strategy, p.replicas, p.precision) == ("mirrored", 4, "mixed_bfloat16")
-    assert p.micro_batch_size == 64 and p.rebuild
+    assert p.micro_batch_size == 64 and p.accumulation_steps == 1 and p.rebuild
     assert p.hardware == "4x NVIDIA A100 (40.0 GiB, cc 8.0)"
 
 
@@ -483,10 +484,20 @@ def test_auto_batch_of_unbatched_data_is_searched_and_cached(capsys):
     assert again.global_batch_size == p.global_batch_size
 
 
-def test_search_bounds_without_a_search_are_not_silently_ignored():
+def test_memory_limit_that_cannot_be_used_is_not_silently_ignored():
+    x, y = toy_data(64)
+    p = kerascale.plan(
+        dense_model(), x, y, batch_size=16, max_batch_size=8, memory_limit="4GiB"
+    )
+    assert any("memory_limit was not used" in w for w in p.warnings)
+    assert (p.micro_batch_size, p.accumulation_steps) == (8, 2)
+
+
+def test_a_requested_batch_is_checked_against_memory_limit_for_real():
+    """On CPU with memory_limit, the requested batch is probed in a child
+    process under that limit: it fits, so one probe and no accumulation."""
     x, y = toy_data(64)
     p = kerascale.plan(dense_model(), x, y, batch_size=16, memory_limit="4GiB")
-    assert any("did not run: batch_size=16 was given" in w for w in p.warnings)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-    p = kerascale.plan(dense_model(), ds, max_batch_size=64)
-    assert any("brings its own batch of 8" in w for w in p.warnings)
+    assert (p.micro_batch_size, p.accumulation_steps) == (16, 1)
+    assert "fits in one forward pass" in p.reasons["accumulation_steps"]
+    assert not p.warnings

@@ -35,6 +35,20 @@ def test_mirrored_over_two_logical_cpus_matches_single_device(mode):
     assert r["accuracy"][0] == pytest.approx(r["accuracy"][1], abs=1e-6)
 
 
+@pytest.mark.parametrize(
+    "mode, tolerance", [("accumulate", 1e-5), ("accumulate16", 1e-3)]
+)
+def test_accumulation_under_mirrored_matches_one_big_batch(mode, tolerance):
+    """Keras's own accumulation fails under a strategy (keras#20582);
+    kerascale's fix trains 2 replicas x 2 micro-batches of 8 exactly as one
+    device trains batches of 32, also under mixed_float16 loss scaling."""
+    r = run_child(mode)
+    assert r["strategy"] == "mirrored" and r["replicas"] == 2
+    assert r["split"] == [8, 2, 32]
+    assert r["changed"], "training did not move the weights"
+    assert r["max_weight_diff"] < tolerance
+
+
 def test_batch_search_under_mirrored_is_per_replica_and_agreed():
     r = run_child("search")
     assert r["replicas"] == 2

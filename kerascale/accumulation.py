@@ -1,0 +1,373 @@
+"""Gradient accumulation: reaching a batch larger than what fits in memory.
+
+Keras's optimizer does the accumulating (`gradient_accumulation_steps`: it
+averages k micro-batch gradients and applies them once). What it does not do,
+and this module does:
+
+- choose k: `split` finds the smallest k that divides the per-replica batch
+  into micro-batches that fit, and says when no exact split exists;
+- count learning-rate schedules per update: Keras calls a schedule with the
+  raw micro-step counter, so a schedule would decay k times too fast.
+  `PerUpdate` wraps the user's schedule (the user's object is not changed)
+  and also carries the learning-rate scaling factor;
+- switch accumulation on for an optimizer that is already built (Keras makes
+  the accumulators only in `build`), and off again;
+- end a training run on a whole window (`discard_partial_window`).
+
+The BatchNorm caveat: a BatchNormalization layer sees each micro-batch on its
+own. Its batch statistics come from `micro` samples, not from the effective
+batch, and its moving averages move once per micro-step (k times per update).
+Accumulated training therefore equals large-batch training exactly only for
+models without batch-dependent layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from typing import Any
+
+import keras
+
+from kerascale import _validation
+from kerascale.errors import ConfigurationError, ModelError
+
+# An exact split is taken if its micro-batch is at least this share of the
+# largest that fits; below it, fewer, fuller micro-batches are worth a
+# slightly different effective batch (said loudly).
+MIN_FILL = 0.5
+
+LR_SCALINGS = (None, "linear", "sqrt")
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """How one replica's share of the batch is reached.
+
+    Attributes:
+        micro: Samples per forward pass, per replica.
+        steps: Micro-batches per optimizer update (k).
+        exact: Whether micro x steps is the requested per-replica batch.
+        why: One line for the plan.
+    """
+
+    micro: int
+    steps: int
+    exact: bool
+    why: str
+
+
+def split(per_replica: int, max_micro: int | None) -> Split:
+    """The smallest k that splits `per_replica` into k equal micro-batches of
+    at most `max_micro` samples. Pure.
+
+    Candidates run from k = ceil(per_replica / max_micro) upwards while the
+    micro-batch stays at least half of `max_micro` (a micro-batch far below
+    what fits wastes the hardware). If none divides exactly, the smallest k
+    is taken with micro = per_replica // k, and `exact` is False: the caller
+    must tell the user that the effective batch is micro x k, not the request.
+    """
+    if not max_micro or per_replica <= max_micro:
+        why = (
+            "the batch fits in one forward pass"
+            if max_micro
+            else "no memory bound known: one forward pass per update"
+        )
+        return Split(per_replica, 1, True, why)
+    k_min = math.ceil(per_replica / max_micro)
+    k = k_min
+    while per_replica / k >= MIN_FILL * max_micro:
+        if per_replica % k == 0:
+            micro = per_replica // k
+            return Split(
+                micro,
+                k,
+                True,
+                f"{per_replica} per replica does not fit (at most {max_micro}): "
+                f"{k} micro-batches of {micro}, gradients averaged",
+            )
+        k += 1
+    micro = per_replica // k_min
+    least = math.ceil(MIN_FILL * max_micro)
+    return Split(
+        micro,
+        k_min,
+        False,
+        f"{per_replica} per replica does not fit (at most {max_micro}) and has "
+        f"no split into equal micro-batches of at least {least}: "
+        f"{k_min} x {micro} = {micro * k_min} per replica instead",
+    )
+
+
+def nearest_exact(per_replica: int, max_micro: int, replicas: int) -> tuple[int, int]:
+    """Global batches just below and above the request that split exactly
+    into `ceil(per_replica / max_micro)` micro-batches that fit."""
+    k = math.ceil(per_replica / max_micro)
+    below = per_replica // k * k
+    above = below + k if (below + k) // k <= max_micro else below
+    return below * replicas, above * replicas
+
+
+def validate_steps(name: str, value: Any, *, allow_none: bool = True) -> int | None:
+    if value is None and allow_none:
+        return None
+    return _validation.positive_int(name, value)
+
+
+def lr_factor(scaling: str | None, effective: int, base: int | None) -> float:
+    """B/base ("linear") or sqrt(B/base) ("sqrt"); 1 without scaling or base."""
+    if scaling is None or not base or effective == base:
+        return 1.0
+    ratio = effective / base
+    return ratio if scaling == "linear" else math.sqrt(ratio)
+
+
+# --- Learning rate -------------------------------------------------------------
+
+
+@keras.saving.register_keras_serializable(package="kerascale")
+class PerUpdate(keras.optimizers.schedules.LearningRateSchedule):
+    """`factor * schedule(step // steps)`: the user's schedule, advanced once
+    per optimizer update when Keras counts micro-steps, and scaled.
+
+    Keras calls a schedule with the optimizer's raw iteration counter, which
+    under gradient accumulation counts micro-steps; the update at micro-step
+    i (0-based) happens when (i + 1) % steps == 0, so i // steps is the
+    update's own index, as without accumulation.
+    """
+
+    def __init__(self, schedule: Any, steps: int = 1, factor: float = 1.0):
+        self.schedule = schedule
+        self.steps = int(steps)
+        self.factor = float(factor)
+
+    def __call__(self, step):
+        s = keras.ops.floor_divide(step, self.steps) if self.steps > 1 else step
+        lr = self.schedule(s)
+        return lr * self.factor if self.factor != 1.0 else lr
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "schedule": keras.saving.serialize_keras_object(self.schedule),
+            "steps": self.steps,
+            "factor": self.factor,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> PerUpdate:
+        config = dict(config)
+        config["schedule"] = keras.saving.deserialize_keras_object(config["schedule"])
+        return cls(**config)
+
+
+# --- Switching it on and off -------------------------------------------------------
+
+
+def core_optimizer(model: Any) -> Any:
+    from kerascale import precision
+
+    opt = getattr(model, "optimizer", None)
+    if opt is None or not getattr(model, "compiled", False):
+        raise ModelError(
+            "Gradient accumulation needs a compiled model with an optimizer. "
+            "Call model.compile(optimizer=..., loss=...) first. Received: a model "
+            "that is not compiled."
+        )
+    return precision.core_optimizer(opt)
+
+
+@dataclasses.dataclass
+class _Saved:
+    steps: Any
+    learning_rate: Any  # schedule or callable, or a float value
+    lr_is_value: bool
+
+
+def apply(model: Any, steps: int, factor: float = 1.0) -> _Saved:
+    """Sets `steps` micro-batches per update and scales the learning rate by
+    `factor` on `model`'s optimizer (the inner one under loss scaling), in
+    place; returns what `restore` needs to undo it.
+
+    An optimizer that is already built gets its accumulators made now, in the
+    variables' distribution scope, as Keras's `build` would have made them.
+    """
+    opt = core_optimizer(model)
+    saved = _Saved(opt.gradient_accumulation_steps, None, False)
+    lr = opt._learning_rate
+    if isinstance(lr, PerUpdate):  # ours, from an earlier call: replace it
+        lr = lr.schedule
+    is_schedule = isinstance(lr, keras.optimizers.schedules.LearningRateSchedule)
+    if steps > 1 and not opt.gradient_accumulation_steps:
+        if opt.built:
+            _add_accumulators(opt)
+        # The counter counts micro-steps under accumulation: u updates so far
+        # are u * steps micro-steps, so that `iterations` (and Adam's bias
+        # correction) read u, as before.
+        opt._iterations.assign(opt._iterations * steps)
+    opt.gradient_accumulation_steps = steps if steps > 1 else None
+    if steps > 1 and _needs_distributed_fix(opt):
+        opt._backend_apply_gradients = types.MethodType(
+            _distributed_apply_gradients, opt
+        )
+    if is_schedule and (steps > 1 or factor != 1.0):
+        saved.learning_rate = lr
+        opt.learning_rate = PerUpdate(lr, steps, factor)
+    elif callable(lr) and not isinstance(lr, keras.Variable) and factor != 1.0:
+        saved.learning_rate = lr
+        opt.learning_rate = lambda: lr() * factor
+    elif factor != 1.0:
+        value = float(keras.ops.convert_to_numpy(lr))
+        saved.learning_rate, saved.lr_is_value = value, True
+        opt.learning_rate = value * factor
+    model.train_function = None  # traced with the old settings
+    return saved
+
+
+def _distributed_apply_gradients(self: Any, grads: list, trainable_variables: list):
+    """Keras's `_backend_apply_gradients` for accumulation under a
+    tf.distribute strategy: the update-or-accumulate choice made in the
+    cross-replica context.
+
+    Keras decides with `ops.cond` in the replica context, and both branches
+    reach `merge_call` (the gradient all-reduce, the accumulator update),
+    which tf.distribute forbids inside control flow (keras-team/keras#20582:
+    "merge_call called while defining a new graph"). The same fix Keras's
+    own LossScaleOptimizer uses: `merge_call` first, `cond` in the
+    cross-replica context, each branch run per replica with
+    `call_for_each_replica`. The branches are Keras's own steps.
+    """
+    import tensorflow as tf
+    from keras import ops
+
+    k = self.gradient_accumulation_steps
+
+    def update_step(grads, trainable_variables):
+        acc = [
+            self._accumulated_gradients[self._get_variable_index(v)]
+            for v in trainable_variables
+        ]
+        grads = [(g + a) / k for g, a in zip(grads, acc, strict=True)]
+        grads = self._clip_gradients(grads)
+        self._apply_weight_decay(trainable_variables)
+        self._backend_update_step(grads, trainable_variables, self.learning_rate)
+        self._backend_reset_gradient_accumulators()
+
+    def accumulate_step(grads, trainable_variables):
+        acc = [
+            self._accumulated_gradients[self._get_variable_index(v)]
+            for v in trainable_variables
+        ]
+        self._backend_increment_gradient_accumulators(grads, acc)
+
+    def cross_replica(distribution, grads, trainable_variables):
+        is_update_step = (self._iterations + 1) % k == 0
+        ops.cond(
+            is_update_step,
+            lambda: distribution.extended.call_for_each_replica(
+                update_step, args=(grads, trainable_variables)
+            ),
+            lambda: distribution.extended.call_for_each_replica(
+                accumulate_step, args=(grads, trainable_variables)
+            ),
+        )
+
+    tf.distribute.get_replica_context().merge_call(
+        cross_replica, args=(grads, trainable_variables)
+    )
+    if self.use_ema:
+        self._update_model_variables_moving_average(self._trainable_variables)
+
+
+def _needs_distributed_fix(opt: Any) -> bool:
+    """Whether the optimizer was built under a strategy of its own (not
+    TensorFlow's default one, where Keras's path works)."""
+    dist = getattr(opt, "_distribution_strategy", None)
+    return dist is not None and type(dist).__name__ != "_DefaultDistributionStrategy"
+
+
+def restore(model: Any, saved: _Saved) -> None:
+    """Undoes `apply`: the user's schedule object or learning rate, and their
+    accumulation setting (the accumulator variables stay, unused)."""
+    opt = core_optimizer(model)
+    k = opt.gradient_accumulation_steps
+    if k and not saved.steps:
+        opt._iterations.assign(opt._iterations // k)  # back to updates
+    opt.gradient_accumulation_steps = saved.steps
+    opt.__dict__.pop("_backend_apply_gradients", None)
+    if saved.learning_rate is not None:
+        opt.learning_rate = saved.learning_rate
+    model.train_function = None
+
+
+def _add_accumulators(opt: Any) -> None:
+    import tensorflow as tf
+
+    variables = opt._trainable_variables
+    # The TensorFlow backend's optimizer remembers the strategy it was built in.
+    dist = getattr(opt, "_distribution_strategy", None) or tf.distribute.get_strategy()
+    with dist.scope():
+        opt._accumulated_gradients = [
+            opt.add_variable_from_reference(v, name="gradient_accumulator")
+            for v in variables
+        ]
+
+
+def pending_micro_steps(model: Any) -> int:
+    """Micro-steps accumulated since the last update (0 without accumulation)."""
+    opt = core_optimizer(model)
+    k = opt.gradient_accumulation_steps
+    return int(opt._iterations.numpy()) % k if k else 0
+
+
+def discard_partial_window(model: Any) -> int:
+    """Ends training on a whole window: gradients of micro-steps since the
+    last update are dropped (accumulators zeroed) and the step counter goes
+    back to that update, so a later `fit` starts a full window and schedules
+    see the same update count. Returns the number of micro-steps dropped."""
+    opt = core_optimizer(model)
+    pending = pending_micro_steps(model)
+    if pending:
+        opt._backend_reset_gradient_accumulators()
+        opt._iterations.assign(opt._iterations - pending)
+    return pending
+
+
+def accumulate(model: Any, steps: int, *, lr_factor: float = 1.0) -> Any:
+    """Turns on gradient accumulation for an already-compiled model, for use
+    with plain `model.fit`: each optimizer update then averages the gradients
+    of `steps` batches, so `model.fit(ds.batch(b))` trains with an effective
+    batch of `steps * b` in the memory of `b`.
+
+    A learning-rate schedule is wrapped (the object you passed is not changed)
+    so that it advances once per update, not once per batch; `lr_factor`
+    scales the learning rate (a float or a schedule).
+
+    Under plain `model.fit`, a window left partial at the end of an epoch
+    carries over into the next epoch (no gradient is lost between epochs);
+    at the end of training its gradients are not applied. Call
+    `kerascale.accumulation.discard_partial_window(model)` to drop them
+    explicitly before fitting again. BatchNormalization sees each batch on its
+    own (see the module docs).
+
+    Args:
+        model: A compiled Keras model.
+        steps: Batches per optimizer update; an int >= 1 (1 turns it off).
+        lr_factor: Multiplies the learning rate; a positive number.
+
+    Returns:
+        `model`, changed in place.
+    """
+    steps = _validation.positive_int("steps", steps)
+    if (
+        isinstance(lr_factor, bool)
+        or not isinstance(lr_factor, (int, float))
+        or not lr_factor > 0
+        or not math.isfinite(lr_factor)
+    ):
+        raise ConfigurationError(
+            f"lr_factor must be a positive number (1.0 leaves the learning rate "
+            f"as it is). Received: lr_factor={lr_factor!r}"
+        )
+    apply(model, steps, float(lr_factor))
+    return model
