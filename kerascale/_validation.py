@@ -39,3 +39,12 @@ def boolean(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise fail(name, value, "True or False")
     return value
+
+
+def boolean_or_auto(name: str, value: Any) -> bool | str:
+    """Returns ``value`` if it is a real bool or "auto"."""
+    if isinstance(value, str) and value == "auto":
+        return value
+    if not isinstance(value, bool):
+        raise fail(name, value, 'True, False or "auto"')
+    return value

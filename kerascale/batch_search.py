@@ -36,6 +36,8 @@ logger = logging.getLogger("kerascale")
 
 MODES = ("max", "throughput")
 THROUGHPUT_TOLERANCE = 0.03  # "within 3% of the best"
+THROUGHPUT_START = 32  # Keras's default batch
+THROUGHPUT_TIMED_SECONDS = 1.0  # per probe; 0.3 s timings varied by 20% on 2 cores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +222,9 @@ def search(
             default): finer would change nothing the margin does not hide.
             With margin 0, to the granule.
         mode: "max", or "throughput": the smallest batch within 3% of the best
-            measured speed, under the memory bound.
+            measured speed, under the memory bound; or "ladder" (internal):
+            batches doubling from 32 to the memory bound or the cap, the
+            largest that fits chosen.
         max_trials: The most probes to run.
         sweep: Runs several increasing batches at once, stopping at the first
             that does not fit (one child process for all). Defaults to calling
@@ -240,8 +244,8 @@ def search(
         probe, sweep, cap, limit_bytes, max(1, granularity), max_trials, on_probe
     )
     try:
-        if mode == "throughput":
-            s.throughput()
+        if mode in ("throughput", "ladder"):
+            s.throughput(plateau=mode == "throughput")
         else:
             if first is not None:
                 s.run(min(first, cap))
@@ -395,22 +399,30 @@ class _Search:
                 break
             self.run(nxt)
 
-    def throughput(self) -> None:
-        """Doubles the batch, timing each, until the speed stops growing (two
-        doublings gaining less than 3%), memory runs out, or the cap; then
-        finds the memory bound if the speed was still growing there."""
-        b = self.g
+    def throughput(self, *, plateau: bool = True) -> None:
+        """Doubles the batch from 32, timing each, until the speed stops
+        growing (two doublings gaining less than 3%), memory runs out, or the
+        cap; then finds the memory bound if the speed was still growing
+        there. Without `plateau`, the ladder runs on to the memory bound or
+        the cap whatever the speeds (`fit` then times the rungs on the real
+        data)."""
+        # From Keras's default batch (smaller ones are rarely faster, and their
+        # timings are the noisiest), or the cap.
+        b = max(self.g, THROUGHPUT_START // self.g * self.g)
+        if b > self.cap:
+            b = self.cap
+        flat = self._plateaued if plateau else lambda: False
         while b <= self.cap:
             chunk = []
             while b <= self.cap and len(chunk) < 3:
                 chunk.append(b)
                 b *= 2
             self.run_many(chunk)
-            if self.hi is not None or self._plateaued():
+            if self.hi is not None or flat():
                 break
-        if self.lo < self.cap and self.hi is None and not self._plateaued():
+        if self.lo < self.cap and self.hi is None and not flat():
             self.run(self.cap)
-        if self.hi is not None and self._best_batch() == self.lo:
+        if plateau and self.hi is not None and self._best_batch() == self.lo:
             # Still speeding up when memory ran out: the bound matters, to
             # within 10% (speed barely changes closer in).
             self._close_in(resolution=0.1)
@@ -661,14 +673,49 @@ def _model_fingerprint(model: Any) -> str:
         target = f"{model.__module__}.{model.__qualname__}"
         return hashlib.sha256(target.encode()).hexdigest()
     try:
-        arch = model.to_json()
+        arch = json.dumps(_canonical_names(json.loads(model.to_json())), sort_keys=True)
     except Exception:  # subclassed without get_config: its shapes stand in
         arch = type(model).__qualname__ + repr([tuple(w.shape) for w in model.weights])
     try:
-        compiled = json.dumps(model.get_compile_config(), sort_keys=True, default=str)
+        compiled = json.dumps(
+            _canonical_names(model.get_compile_config()), sort_keys=True, default=str
+        )
     except Exception:
         compiled = repr(getattr(model, "optimizer", None))
     return hashlib.sha256((arch + compiled).encode()).hexdigest()
+
+
+def _canonical_names(config: Any) -> Any:
+    """The model's config with layer and model names replaced by their order
+    of appearance: Keras numbers automatic names per session ("dense_3"), and
+    a model rebuilt in a notebook cell must still find its cached search."""
+    names: dict[str, str] = {}
+
+    def collect(node: Any) -> None:
+        if isinstance(node, dict):
+            cls = str(node.get("class_name", ""))
+            inner = node.get("config")
+            if isinstance(inner, dict) and "Policy" not in cls:
+                name = inner.get("name")
+                if isinstance(name, str) and name not in names:
+                    names[name] = f"#{len(names)}"
+            for v in node.values():
+                collect(v)
+        elif isinstance(node, list):
+            for v in node:
+                collect(v)
+
+    def rename(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: rename(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [rename(v) for v in node]
+        if isinstance(node, str):
+            return names.get(node, node)
+        return node
+
+    collect(config)
+    return rename(config)
 
 
 def run_search(
@@ -713,6 +760,10 @@ def run_search(
         accumulation_steps=accumulation_steps or plan.accumulation_steps,
         memory_limit=limit,
         on_gpu=hw.accelerator == "gpu",
+        # Speed decides in throughput mode: time each probe long enough.
+        timed_seconds=THROUGHPUT_TIMED_SECONDS
+        if mode == "throughput"
+        else probe.MIN_TIMED_SECONDS,
     )
     key = cache_key(
         {

@@ -223,6 +223,77 @@ def dataset_batch_size(ds: tf.data.Dataset) -> int | None:
     return int(tf.nest.flatten(first)[0].shape[0])
 
 
+def _chain(ds: tf.data.Dataset) -> list[tf.data.Dataset]:
+    """The dataset and its inputs, as far as a single chain goes."""
+    out, d = [], ds
+    while d is not None:
+        out.append(d)
+        d = getattr(d, "_input_dataset", None)
+    return out
+
+
+def has_map(x: Any) -> bool:
+    """Whether a dataset maps a function over its elements (where a parallel
+    map can matter)."""
+    if not isinstance(x, tf.data.Dataset):
+        return False
+    return any("Map" in type(d).__name__ for d in _chain(x))
+
+
+def signature(x: Any) -> str:
+    """What identifies the training data for caching a measured decision:
+    the element structure and the chain of transformations (not the values)."""
+    if isinstance(x, tf.data.Dataset):
+        names = [type(d).__name__ for d in _chain(x)]
+        return repr((names, x.element_spec))
+    leaves = tf.nest.flatten(x)
+    return repr(
+        [(tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", ""))) for a in leaves]
+    )
+
+
+def parallel_maps(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """`ds` with the sequential maps at the top of its chain run in parallel
+    (`num_parallel_calls=AUTOTUNE`, output order kept).
+
+    TensorFlow's own `map_parallelization` optimisation leaves a map alone
+    when its function is stateful, which every random augmentation
+    (`tf.image.random_flip_left_right`...) is; these are the maps that cost
+    the most. The traced function is re-applied as it is: the same
+    computation, with random draws taken in a different order. Anything
+    unexpected leaves `ds` unchanged.
+    """
+    from tensorflow.python.data.util import structure
+
+    maps, base = [], ds
+    while type(base).__name__ == "_MapDataset":
+        maps.append(base)
+        base = base._input_dataset
+    if not maps:
+        return ds
+    try:
+        out = base
+        for m in reversed(maps):
+            wrapper = m._map_func
+
+            @tf.autograph.experimental.do_not_convert
+            def call(*args, wrapper=wrapper, spec=out.element_spec):
+                element = args[0] if len(args) == 1 else args
+                flat = structure.to_tensor_list(spec, element)
+                result = wrapper.function(*flat)
+                return structure.from_compatible_tensor_list(
+                    wrapper.output_structure, result
+                )
+
+            out = out.map(call, num_parallel_calls=tf.data.AUTOTUNE)
+        if out.element_spec != ds.element_spec:
+            return ds
+        return out
+    except Exception as e:  # a private structure changed: keep the user's
+        logger.debug("Maps not parallelised: %s", e)
+        return ds
+
+
 def prepare(ds: tf.data.Dataset, facts: DataFacts, plan: Plan, *, optimize: bool):
     """Batches a dataset to the plan's per-step batch and optimises it.
 
@@ -230,6 +301,8 @@ def prepare(ds: tf.data.Dataset, facts: DataFacts, plan: Plan, *, optimize: bool
     strategy splits it across replicas.
     """
     batch = plan.step_batch_size
+    if optimize:
+        ds = parallel_maps(ds)
     if not facts.batched:
         ds = ds.batch(batch)
     elif facts.batch_size != batch:

@@ -16,6 +16,7 @@ from kerascale import batch_search
 from kerascale import data as data_lib
 from kerascale import hardware as hardware_lib
 from kerascale import precision as precision_lib
+from kerascale import trials as trials_lib
 from kerascale.batch_search import BatchSearchResult, SearchOptions
 from kerascale.hardware import Hardware
 from kerascale.planning import (
@@ -39,6 +40,8 @@ class Decided:
     plan: Plan
     instance: Any  # the user's tf.distribute.Strategy, or None
     search: BatchSearchResult | None = None
+    optimize_data: bool = True  # the pipeline decision, "auto" resolved
+    trials: Any = None  # a trials.TrialResult, where trials ran
 
 
 def needs_search(options: Options, data: DataFacts) -> bool:
@@ -101,9 +104,18 @@ def decide(
     instance = options.strategy if not isinstance(options.strategy, str) else None
     plan = make_plan(hw, options, model_facts, data_facts)
     result = None
+    unused = ""
+    can_try = trials_lib.possible(options, hw, model_facts)
+    ladder = False
     if force_search or needs_search(options, data_facts):
         if search is None:
             search = SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
+        if not force_search and search.mode == "auto" and can_try:
+            # On a CPU the fastest batch depends on your input pipeline, which
+            # synthetic probes do not run: the children find what fits, on a
+            # ladder of batches, and trials time the rungs on the real data.
+            search = dataclasses.replace(search, mode="ladder")
+            ladder = True
         result = batch_search.run_search(
             model,
             x,
@@ -149,11 +161,53 @@ def decide(
             if options.accumulation_steps or options.max_batch_size
             else f"your dataset brings its own batch of {data_facts.batch_size}"
         )
-        plan = dataclasses.replace(
-            plan,
-            warnings=(
-                *plan.warnings,
-                f"memory_limit was not used (nothing was probed): {why}.",
-            ),
+        unused = f"memory_limit was not used (nothing was probed): {why}."
+    try_pipeline, try_precision = (
+        trials_lib.wanted(options, plan, data_facts, x) if can_try else (False, False)
+    )
+    rungs = ()
+    if ladder:
+        rungs = tuple(
+            p.batch
+            for p in result.probes
+            if p.outcome == "ok" and p.batch <= result.batch_size
         )
-    return Decided(hw, model_facts, data_facts, plan, instance, result)
+    measured = None
+    optimize = options.optimize_data is not False
+    if try_pipeline or try_precision or len(rungs) > 1:
+        measured = trials_lib.run(
+            model,
+            x,
+            y,
+            data_facts,
+            plan,
+            hw,
+            try_pipeline=try_pipeline,
+            try_precision=try_precision,
+            batches=rungs,
+            optimize=optimize,
+            verbose=options.verbose,
+        )
+        optimize = measured.optimize_data
+        if len(rungs) > 1:
+            result = dataclasses.replace(
+                result,
+                batch_size=measured.batch,
+                global_batch_size=measured.batch * plan.replicas,
+                reasons={**result.reasons, "batch_size": measured.why("batch")},
+            )
+        settled = dataclasses.replace(
+            options, precision=measured.precision, optimize_data=optimize
+        )
+        plan = make_plan(hw, settled, model_facts, data_facts, search=result)
+        reasons = dict(plan.reasons)
+        if try_precision:
+            reasons["precision"] = measured.why("precision")
+        if try_pipeline:
+            reasons["data_changes"] = measured.why("data_changes")
+        plan = dataclasses.replace(plan, reasons=reasons)
+    if unused:
+        plan = dataclasses.replace(plan, warnings=(*plan.warnings, unused))
+    return Decided(
+        hw, model_facts, data_facts, plan, instance, result, optimize, measured
+    )

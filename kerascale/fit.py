@@ -42,7 +42,7 @@ def fit(
     accumulation_steps: int | None = None,
     lr_scaling: str | None = None,
     base_batch_size: int | None = None,
-    optimize_data: bool = True,
+    optimize_data: bool | str = "auto",
     verbose: int | str = "auto",
     **fit_kwargs: Any,
 ) -> keras.callbacks.History:
@@ -89,7 +89,8 @@ def fit(
         base_batch_size: The batch your learning rate was tuned for, for
             `lr_scaling`. Defaults to `None`: a batched dataset's batch.
         optimize_data: Add prefetching and map parallelisation to a dataset.
-            Defaults to `True`.
+            "auto": yes, except on a CPU where a one-second trial of each
+            finds the pipeline as given faster (cached). Defaults to "auto".
         verbose: As in `model.fit`; 0 also silences kerascale. Defaults to
             "auto".
         **fit_kwargs: Passed to `model.fit` (epochs, callbacks,
@@ -171,7 +172,7 @@ def fit(
         # Keras ignores shuffle for a dataset and warns when it is left True.
         fit_kwargs.setdefault("shuffle", False)
         original = x
-        x = data_lib.prepare(x, decided.data, plan, optimize=options.optimize_data)
+        x = data_lib.prepare(x, decided.data, plan, optimize=decided.optimize_data)
         quiet_end_of_data = "steps_per_epoch" not in fit_kwargs and (
             data_lib.lost_cardinality(original, x)
         )
@@ -181,7 +182,7 @@ def fit(
         fit_kwargs["validation_data"] = data_lib.prepare_validation(
             fit_kwargs["validation_data"],
             plan,
-            optimize=options.optimize_data,
+            optimize=decided.optimize_data,
             validation_steps=fit_kwargs.get("validation_steps"),
         )
 
@@ -237,15 +238,16 @@ def plan(
     accumulation_steps: int | None = None,
     lr_scaling: str | None = None,
     base_batch_size: int | None = None,
-    optimize_data: bool = True,
+    optimize_data: bool | str = "auto",
     verbose: int | str = "auto",
     **fit_kwargs: Any,
 ) -> Plan:
     """Returns the `Plan` that `fit` would apply, without training.
 
-    Takes the same arguments as `kerascale.fit`. Nothing is trained and the
-    model is not changed (an unbuilt model is built from the data's shape);
-    only the batch-size search runs probes, on copies of the model.
+    Takes the same arguments as `kerascale.fit`. Your model is not trained or
+    changed (an unbuilt model is built from the data's shape); only the
+    batch-size search's probes and, on a CPU, the trials of the choices left
+    to kerascale train copies of it (both cached).
 
     Example:
 

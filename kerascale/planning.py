@@ -36,7 +36,7 @@ class Options:
     batch_size: int | str = "auto"
     strategy: Any = "auto"  # a name, or a tf.distribute.Strategy instance
     precision: str = "auto"
-    optimize_data: bool = True
+    optimize_data: bool | str = "auto"
     verbose: int | str = "auto"
     accumulation_steps: int | None = None
     lr_scaling: str | None = None
@@ -50,7 +50,7 @@ class Options:
         batch_size: Any = "auto",
         strategy: Any = "auto",
         precision: Any = "auto",
-        optimize_data: Any = True,
+        optimize_data: Any = "auto",
         verbose: Any = "auto",
         accumulation_steps: Any = None,
         lr_scaling: Any = None,
@@ -64,7 +64,7 @@ class Options:
             )
         strategy_lib.validate_request(strategy)
         _validation.one_of("precision", precision, precision_lib.CHOICES)
-        _validation.boolean("optimize_data", optimize_data)
+        _validation.boolean_or_auto("optimize_data", optimize_data)
         if isinstance(verbose, bool) or verbose not in VERBOSE_CHOICES:
             raise _validation.fail("verbose", verbose, '"auto", 0, 1 or 2')
         for name, value in (
@@ -494,5 +494,5 @@ def _data_changes(
             # TF's AUTO tries files first and warns when it falls back to data;
             # saying which one applies is quieter and shows in the plan.
             changes.append("shard by file" if data.from_files else "shard by data")
-    why = "optimize_data=True" if options.optimize_data else "optimize_data=False"
+    why = f"optimize_data={options.optimize_data!r}"
     return changes, why

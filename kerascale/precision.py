@@ -281,6 +281,11 @@ def rebuild(
                     "The model builder must return a keras.Model. Received: "
                     f"{type(new).__name__}"
                 )
+            if not new.compiled:
+                raise ModelError(
+                    "The model builder must return a compiled model: call "
+                    "model.compile(optimizer=..., loss=...) inside it."
+                )
             return new
         new = _clone(model, policy)
         if model.built and model.weights:

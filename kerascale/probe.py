@@ -172,6 +172,8 @@ class ProbeSpec:
         memory_limit: Bytes a probe may use (data memory on CPU, per device
             on GPU); None for no limit of kerascale's own.
         on_gpu: Whether the plan trains on GPUs.
+        timed_seconds: The least time the timed steps take (more steps are
+            run when they are quicker), for a steady samples/s.
     """
 
     element: Any
@@ -184,6 +186,7 @@ class ProbeSpec:
     accumulation_steps: int = 1
     memory_limit: int | None = None
     on_gpu: bool = False
+    timed_seconds: float = MIN_TIMED_SECONDS
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -270,10 +273,10 @@ def train_probe(model: Any, spec: ProbeSpec, batch: int) -> dict[str, Any]:
         start = time.perf_counter()
         model.fit(ds, steps_per_epoch=timed_steps, **fit)
         elapsed = time.perf_counter() - start
-        if elapsed < MIN_TIMED_SECONDS:
+        if elapsed < spec.timed_seconds:
             # Too short to time reliably: time enough steps for ~MIN seconds.
             timed_steps = math.ceil(
-                MIN_TIMED_SECONDS / max(elapsed / timed_steps, 1e-4)
+                spec.timed_seconds / max(elapsed / timed_steps, 1e-4)
             )
             timed_steps = min(timed_steps, 1000)
             start = time.perf_counter()

@@ -16,6 +16,18 @@ def _private_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _short_trials(monkeypatch):
+    """Trials time 0.2 s per candidate instead of 2.5 s (and warm up for 0.1 s):
+    the same code, with noisier figures, so that the suite stays short (every
+    fit on a bf16 CPU runs them). Their timing is benchmarked in
+    benchmarks/end_to_end.py."""
+    from kerascale import trials
+
+    monkeypatch.setattr(trials, "TRIAL_SECONDS", 0.2)
+    monkeypatch.setattr(trials, "WARMUP_SECONDS", 0.1)
+
+
+@pytest.fixture(autouse=True)
 def _fresh_keras():
     """A clean Keras session, a fixed seed and the float32 policy per test."""
     keras.backend.clear_session()

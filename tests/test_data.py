@@ -132,3 +132,46 @@ def test_shard_policy_set_for_several_replicas():
     assert ds.options().experimental_distribute.auto_shard_policy == policy.DATA
     ds = data.prepare(slices(8).batch(4), facts, plan_with(4), optimize=True)
     assert ds.options().experimental_distribute.auto_shard_policy == policy.AUTO
+
+
+def _double(a, b):
+    return a * 2.0, b + 1
+
+
+def _as_dict(a, b):
+    return {"f": a}, tf.cast(b, tf.float32)
+
+
+def test_parallel_maps_run_the_same_functions_in_parallel():
+    x = np.arange(40, dtype="float32").reshape(20, 2)
+    ds = tf.data.Dataset.from_tensor_slices((x, np.arange(20))).map(_double)
+    ds = ds.map(_as_dict)
+    fast = data.parallel_maps(ds)
+    assert type(fast).__name__ == "_ParallelMapDataset"
+    assert type(fast._input_dataset).__name__ == "_ParallelMapDataset"
+    assert fast.element_spec == ds.element_spec
+    for (a, a_y), (b, b_y) in zip(ds, fast, strict=True):  # order kept
+        np.testing.assert_array_equal(a["f"], b["f"])
+        assert float(a_y) == float(b_y)
+
+
+def test_parallel_maps_take_stateful_random_augmentation():
+    """TensorFlow's map_parallelization skips stateful functions; these are
+    the augmentations that cost the most."""
+    images = np.zeros((16, 8, 8, 3), "uint8")
+
+    def augment(image):
+        image = tf.cast(image, tf.float32)
+        return tf.image.random_brightness(tf.image.random_flip_left_right(image), 0.2)
+
+    ds = tf.data.Dataset.from_tensor_slices(images).map(augment)
+    fast = data.parallel_maps(ds)
+    assert type(fast).__name__ == "_ParallelMapDataset"
+    assert len(list(fast)) == 16 and fast.element_spec == ds.element_spec
+
+
+def test_parallel_maps_leave_other_pipelines_alone():
+    ds = tf.data.Dataset.range(8).map(lambda v: v * 3).batch(4)  # batch on top
+    assert data.parallel_maps(ds) is ds
+    plain = tf.data.Dataset.range(8)
+    assert data.parallel_maps(plain) is plain

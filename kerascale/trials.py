@@ -1,0 +1,289 @@
+"""Measuring, before committing, the decisions a rule can get wrong on a CPU.
+
+On a CPU with native bf16, `mixed_bfloat16` usually steps faster, and a
+prefetched pipeline with parallel maps usually feeds the model faster. Not
+always: on 2 cores a parallel map competes with the model for the same cores,
+and a BatchNorm-heavy model gains little from bf16 (measured: every
+configuration within 10% of plain Keras, and plain Keras the fastest). So
+where the user left the choice to kerascale and the host is a CPU, the
+candidates train a copy of the model for about three seconds each, on the real data
+at the planned batch, and the fastest wins. The decision is cached, like the
+batch search, so a second `fit` measures nothing.
+
+Trials are coordinate-wise: the input pipeline first (optimised or as given),
+under the rule's precision; then float32 against the rule's mixed policy with
+the better pipeline. At most three short trials. On GPUs and TPUs the rules are
+kept: mixed precision on tensor cores and a prefetching pipeline are reliably
+faster there, and trials would cost device memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from typing import Any
+
+from kerascale import batch_search
+from kerascale import data as data_lib
+from kerascale import precision as precision_lib
+from kerascale import strategy as strategy_lib
+
+logger = logging.getLogger("kerascale")
+
+# Timed per candidate after a warm-up of at least WARMUP_STEPS steps and
+# WARMUP_SECONDS (tracing, then tf.data's autotuning of a fresh pipeline: 1 s
+# trials after 2 steps put batch 64 at half its real speed on 2 cores).
+TRIAL_SECONDS = 2.5
+WARMUP_STEPS = 2
+WARMUP_SECONDS = 0.5
+SPEED_TOLERANCE = 0.03  # a smaller batch within 3% of the fastest is preferred
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    batch: int  # per replica
+    precision: str
+    optimize_data: bool
+    samples_per_s: float
+
+    def describe(self) -> str:
+        pipe = "optimised pipeline" if self.optimize_data else "pipeline as given"
+        return (
+            f"{self.batch}, {self.precision}, {pipe}: {self.samples_per_s:.0f} "
+            "samples/s"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialResult:
+    batch: int
+    precision: str
+    optimize_data: bool
+    trials: tuple[Trial, ...]
+    cached: bool = False
+
+    def why(self, field: str) -> str:
+        """The reason for `field` of the plan, with every trial's figure."""
+        source = "cached trials" if self.cached else "trials"
+        if field == "batch":
+            ran = [t for t in self.trials if t.precision == self.trials[0].precision]
+            ran = [t for t in ran if t.optimize_data == self.trials[0].optimize_data]
+            figures = ", ".join(f"{t.batch}: {t.samples_per_s:.0f}" for t in ran)
+            return (
+                f"measured on your data ({source}, samples/s: {figures}): the "
+                f"smallest within {SPEED_TOLERANCE:.0%} of the fastest"
+            )
+        ran = "; ".join(t.describe() for t in self.trials if t.batch == self.batch)
+        if field == "precision":
+            return f"measured fastest here ({source}: {ran})"
+        return (
+            f"{'optimised' if self.optimize_data else 'left as given'}: measured "
+            f"fastest here ({source}: {ran})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch": self.batch,
+            "precision": self.precision,
+            "optimize_data": self.optimize_data,
+            "trials": [dataclasses.asdict(t) for t in self.trials],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialResult:
+        return cls(
+            d["batch"],
+            d["precision"],
+            d["optimize_data"],
+            tuple(Trial(**t) for t in d["trials"]),
+            cached=True,
+        )
+
+
+def possible(options: Any, hw: Any, model: Any) -> bool:
+    """Trials run on a CPU host, for a model kerascale can copy, under a
+    strategy it builds itself."""
+    return (
+        hw.accelerator == "cpu"
+        and isinstance(options.strategy, str)
+        and model.rebuildable
+    )
+
+
+def wanted(options: Any, plan: Any, data: Any, x: Any) -> tuple[bool, bool]:
+    """(try the pipeline, try the precision): the choices left to kerascale
+    where the alternatives differ."""
+    pipeline = (
+        options.optimize_data == "auto"
+        and data.kind == "dataset"
+        and data_lib.has_map(x)
+    )
+    precision = (
+        options.precision == "auto"
+        and plan.precision != "float32"
+        and data.kind != "pydataset"
+    )
+    return pipeline, precision
+
+
+def run(
+    model: Any,
+    x: Any,
+    y: Any,
+    data: Any,
+    plan: Any,
+    hw: Any,
+    *,
+    try_pipeline: bool,
+    try_precision: bool,
+    batches: tuple[int, ...] = (),
+    optimize: bool = True,
+    verbose: Any = "auto",
+) -> TrialResult:
+    """Measures the candidates and returns the fastest (cached).
+
+    Args:
+        batches: Per-replica batches known to fit (the batch search's rungs),
+            to time on the real data; empty to keep the plan's batch.
+        optimize: The pipeline setting when it is not tried.
+    """
+    import keras
+    import tensorflow as tf
+
+    key = batch_search.cache_key(
+        {
+            "trials": 2,
+            "model": batch_search._model_fingerprint(model),
+            "data": data_lib.signature(x),
+            "plan": [plan.precision, plan.step_batch_size, plan.strategy],
+            "candidates": [try_pipeline, try_precision, list(batches), optimize],
+            "hardware": hw.to_dict(),
+            "versions": [tf.__version__, keras.__version__],
+        }
+    )
+    path = batch_search.cache_dir() / "trials" / f"{key}.json"
+    try:
+        return TrialResult.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if verbose != 0:
+        print(
+            "kerascale: timing the candidates on your data, about 3 s each (cached)...",
+            flush=True,
+        )
+
+    def measure(batch, policy, pipe):
+        t = _measure(model, x, y, data, plan, batch, policy, pipe)
+        if verbose != 0:
+            print(f"kerascale: trial: {t.describe()}", flush=True)
+        trials.append(t)
+        return t
+
+    trials: list[Trial] = []
+    batch, policy, pipe = plan.micro_batch_size, plan.precision, optimize
+    if try_pipeline:
+        pipe = True
+    if len(batches) > 1:
+        speeds = {b: measure(b, policy, pipe).samples_per_s for b in batches}
+        top = max(speeds.values())
+        batch = min(b for b, v in speeds.items() if v >= (1 - SPEED_TOLERANCE) * top)
+    if try_pipeline:
+        here = _find(trials, batch, policy, True) or measure(batch, policy, True)
+        other = measure(batch, policy, False)
+        pipe = here.samples_per_s >= other.samples_per_s
+    if try_precision:
+        here = _find(trials, batch, policy, pipe) or measure(batch, policy, pipe)
+        other = measure(batch, "float32", pipe)
+        if other.samples_per_s > here.samples_per_s:
+            policy = "float32"
+    result = TrialResult(batch, policy, pipe, tuple(trials))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result.to_dict()))
+    except OSError as e:
+        logger.warning("Trial results not cached (%s): %s", path, e)
+    return result
+
+
+def _find(trials: list[Trial], batch: int, policy: str, pipe: bool) -> Trial | None:
+    return next(
+        (
+            t
+            for t in trials
+            if (t.batch, t.precision, t.optimize_data) == (batch, policy, pipe)
+        ),
+        None,
+    )
+
+
+def _measure(
+    model: Any,
+    x: Any,
+    y: Any,
+    data: Any,
+    plan: Any,
+    batch: int,
+    policy: str,
+    optimize: bool,
+) -> Trial:
+    """Trains a copy of `model` under `policy` on the real data for about
+    TRIAL_SECONDS after a warm-up, and returns its samples/s. The user's
+    model, random state and dtype policy are left as they were."""
+    import gc
+
+    import keras
+    import tensorflow as tf
+
+    from kerascale.probe import preserved_state
+
+    marks: list[float] = []
+    start: list[int] = []  # the index of the mark the timing starts from
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            marks.append(time.perf_counter())
+            if not start:
+                warm = marks[-1] - marks[0] >= WARMUP_SECONDS
+                if len(marks) >= WARMUP_STEPS and warm:
+                    start.append(len(marks) - 1)
+            elif marks[-1] - marks[start[0]] >= TRIAL_SECONDS:
+                self.model.stop_training = True
+
+    with preserved_state():
+        dist = strategy_lib.build(plan, None)
+        clone = precision_lib.rebuild(model, policy, dist)
+        try:
+            view = dataclasses.replace(
+                plan,
+                precision=policy,
+                micro_batch_size=batch,
+                accumulation_steps=1,
+                global_batch_size=batch * plan.replicas,
+            )
+            if data.kind == "dataset":
+                ds = data_lib.prepare(x, data, view, optimize=optimize)
+            else:  # arrays: batched as Keras would
+                ds = tf.data.Dataset.from_tensor_slices(x if y is None else (x, y))
+                ds = ds.batch(view.step_batch_size).prefetch(tf.data.AUTOTUNE)
+            # Timed as training runs: whole epochs, each with the start-up
+            # of its input pipeline (which matters when epochs are short and
+            # batches large), unless the data never ends.
+            finite = int(ds.cardinality()) >= 0
+            clone.fit(
+                ds if finite else ds.repeat(),
+                epochs=100_000 if finite else 1,
+                steps_per_epoch=None if finite else 100_000,
+                verbose=0,
+                shuffle=False,  # Keras ignores it for a dataset, with a warning
+                callbacks=[Clock()],
+            )
+        finally:
+            del clone
+            gc.collect()
+    first = start[0] if start else len(marks) - 1
+    steps = len(marks) - 1 - first
+    seconds = marks[-1] - marks[first] if steps > 0 else 0.0
+    speed = steps * batch * plan.replicas / seconds if seconds > 0 else 0.0
+    return Trial(batch, policy, optimize, speed)
