@@ -197,7 +197,9 @@ def decide(
                 reasons={**result.reasons, "batch_size": measured.why("batch")},
             )
         settled = dataclasses.replace(
-            options, precision=measured.precision, optimize_data=optimize
+            options,
+            precision=measured.precision,
+            optimize_data=optimize if try_pipeline else options.optimize_data,
         )
         plan = make_plan(hw, settled, model_facts, data_facts, search=result)
         reasons = dict(plan.reasons)
