@@ -52,6 +52,24 @@ def max_diff(a, b):
     )
 
 
+def accumulated_fit(model, x, y, *, batch_size=32, accumulation_steps=4, **kwargs):
+    """kerascale.fit on arrays, in order, float32, quiet: as the twin trains."""
+    kwargs = {
+        "epochs": 1,
+        "shuffle": False,
+        "verbose": 0,
+        "precision": "float32",
+    } | kwargs
+    return kerascale.fit(
+        model,
+        x,
+        y,
+        batch_size=batch_size,
+        accumulation_steps=accumulation_steps,
+        **kwargs,
+    )
+
+
 # --- The split, pure ---------------------------------------------------------------
 
 
@@ -207,17 +225,7 @@ def test_k_micro_steps_equal_one_step_of_k_times_b(make_opt, as_dataset):
             precision="float32",
         )
     else:
-        h = kerascale.fit(
-            model,
-            x,
-            y,
-            batch_size=32,
-            accumulation_steps=4,
-            epochs=2,
-            shuffle=False,
-            verbose=0,
-            precision="float32",
-        )
+        h = accumulated_fit(model, x, y, epochs=2)
     twin.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
     p = h.plan
     assert (p.micro_batch_size, p.accumulation_steps, p.global_batch_size) == (8, 4, 32)
@@ -231,17 +239,7 @@ def test_k_micro_steps_equal_one_step_of_k_times_b(make_opt, as_dataset):
 def test_mixed_float16_loss_scaling_with_accumulation():
     x, y = data(128)
     model = regression_model(keras.optimizers.SGD(0.1))
-    h = kerascale.fit(
-        model,
-        x,
-        y,
-        batch_size=32,
-        accumulation_steps=4,
-        precision="mixed_float16",
-        epochs=1,
-        shuffle=False,
-        verbose=0,
-    )
+    h = accumulated_fit(model, x, y, precision="mixed_float16")
     assert h.plan.precision == "mixed_float16" and h.plan.rebuild
     keras.config.set_dtype_policy("mixed_float16")
     try:
@@ -266,17 +264,7 @@ def test_schedules_advance_once_per_update_and_stay_the_users():
         model,
         keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.2, 1, 0.5)),
     )
-    kerascale.fit(
-        model,
-        x,
-        y,
-        batch_size=32,
-        accumulation_steps=4,
-        epochs=1,
-        shuffle=False,
-        verbose=0,
-        precision="float32",
-    )
+    accumulated_fit(model, x, y)
     twin.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
     # lr halves per update: counted per micro-step, the 4 updates would have
     # used 0.2 x 0.5^(0, 4, 8, 12) and the weights would differ.
@@ -320,17 +308,7 @@ def test_a_partial_last_window_is_dropped_and_said(caplog):
     model = regression_model(keras.optimizers.SGD(0.1))
     twin = twin_of(model, keras.optimizers.SGD(0.1))
     with caplog.at_level(logging.WARNING, logger="kerascale"):
-        kerascale.fit(
-            model,
-            x,
-            y,
-            batch_size=32,
-            accumulation_steps=4,
-            epochs=1,
-            shuffle=False,
-            verbose=0,
-            precision="float32",
-        )
+        accumulated_fit(model, x, y)
     twin.fit(x[:64], y[:64], batch_size=32, epochs=1, shuffle=False, verbose=0)
     assert max_diff(model, twin) < 1e-5
     assert "2 micro-batch(es) into a window of 4" in caplog.text
@@ -341,17 +319,7 @@ def test_windows_run_across_epoch_boundaries():
     x, y = data(48)  # 6 micro-batches of 8 per epoch; windows of 4
     model = regression_model(keras.optimizers.SGD(0.1))
     twin = twin_of(model, keras.optimizers.SGD(0.1))
-    kerascale.fit(
-        model,
-        x,
-        y,
-        batch_size=32,
-        accumulation_steps=4,
-        epochs=2,
-        shuffle=False,
-        verbose=0,
-        precision="float32",
-    )
+    accumulated_fit(model, x, y, epochs=2)
     # 12 micro-batches = 3 updates: samples 0-31, 32-47 + 0-15, 16-47.
     xx, yy = np.concatenate([x, x]), np.concatenate([y, y])
     twin.fit(xx, yy, batch_size=32, epochs=1, shuffle=False, verbose=0)
@@ -364,17 +332,7 @@ def test_batchnorm_sees_each_micro_batch():
     x, y = data(16)
     model = regression_model(keras.optimizers.SGD(0.0), batchnorm=True)
     twin = twin_of(model, keras.optimizers.SGD(0.0))
-    kerascale.fit(
-        model,
-        x,
-        y,
-        batch_size=16,
-        accumulation_steps=2,
-        epochs=1,
-        shuffle=False,
-        verbose=0,
-        precision="float32",
-    )
+    accumulated_fit(model, x, y, batch_size=16, accumulation_steps=2)
     twin.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
     hidden = keras.Model(twin.input, twin.get_layer("hidden").output)
     a, b = hidden(x[:8]).numpy().mean(0), hidden(x[8:]).numpy().mean(0)

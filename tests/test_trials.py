@@ -60,8 +60,9 @@ def timed(monkeypatch):
     return calls
 
 
-def test_coordinate_trials_pick_batch_then_pipeline_then_precision(timed):
-    r = trials.run(
+def run_all():
+    """Every trial: the four batches, the pipeline, the precision."""
+    return trials.run(
         dense_model(),
         mapped(),
         None,
@@ -73,6 +74,10 @@ def test_coordinate_trials_pick_batch_then_pipeline_then_precision(timed):
         batches=(32, 64, 128, 256),
         verbose=0,
     )
+
+
+def test_coordinate_trials_pick_batch_then_pipeline_then_precision(timed):
+    r = run_all()
     # 128 is within 3% of 256's speed: the smaller batch wins; the pipeline as
     # given beats the parallel one here; bf16 beats float32.
     assert (r.batch, r.optimize_data, r.precision) == (128, False, "mixed_bfloat16")
@@ -90,18 +95,7 @@ def test_coordinate_trials_pick_batch_then_pipeline_then_precision(timed):
     assert "128, float32, pipeline as given: 200 samples/s" in r.why("precision")
     # Cached: nothing is measured again.
     timed.clear()
-    again = trials.run(
-        dense_model(),
-        mapped(),
-        None,
-        DataFacts(kind="dataset"),
-        FakePlan,
-        BF16_HOST,
-        try_pipeline=True,
-        try_precision=True,
-        batches=(32, 64, 128, 256),
-        verbose=0,
-    )
+    again = run_all()
     assert timed == [] and again.cached
     assert (again.batch, again.optimize_data, again.precision) == (
         128,
