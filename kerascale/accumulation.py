@@ -24,6 +24,7 @@ models without batch-dependent layers.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import types
 from typing import Any
@@ -32,6 +33,8 @@ import keras
 
 from kerascale import _validation
 from kerascale.errors import ConfigurationError, ModelError
+
+logger = logging.getLogger("kerascale")
 
 # An exact split is taken if its micro-batch is at least this share of the
 # largest that fits; below it, fewer, fuller micro-batches are worth a
@@ -164,7 +167,7 @@ class PerUpdate(keras.optimizers.schedules.LearningRateSchedule):
 # --- Switching it on and off -------------------------------------------------------
 
 
-def core_optimizer(model: Any) -> Any:
+def _optimizer_of(model: Any) -> Any:
     from kerascale import precision
 
     opt = getattr(model, "optimizer", None)
@@ -192,7 +195,7 @@ def apply(model: Any, steps: int, factor: float = 1.0) -> _Saved:
     An optimizer that is already built gets its accumulators made now, in the
     variables' distribution scope, as Keras's `build` would have made them.
     """
-    opt = core_optimizer(model)
+    opt = _optimizer_of(model)
     saved = _Saved(opt.gradient_accumulation_steps, None, False)
     lr = opt._learning_rate
     if isinstance(lr, PerUpdate):  # ours, from an earlier call: replace it
@@ -289,7 +292,7 @@ def _needs_distributed_fix(opt: Any) -> bool:
 def restore(model: Any, saved: _Saved) -> None:
     """Undoes `apply`: the user's schedule object or learning rate, and their
     accumulation setting (the accumulator variables stay, unused)."""
-    opt = core_optimizer(model)
+    opt = _optimizer_of(model)
     k = opt.gradient_accumulation_steps
     if k and not saved.steps:
         opt._iterations.assign(opt._iterations // k)  # back to updates
@@ -315,7 +318,7 @@ def _add_accumulators(opt: Any) -> None:
 
 def pending_micro_steps(model: Any) -> int:
     """Micro-steps accumulated since the last update (0 without accumulation)."""
-    opt = core_optimizer(model)
+    opt = _optimizer_of(model)
     k = opt.gradient_accumulation_steps
     return int(opt._iterations.numpy()) % k if k else 0
 
@@ -325,12 +328,30 @@ def discard_partial_window(model: Any) -> int:
     last update are dropped (accumulators zeroed) and the step counter goes
     back to that update, so a later `fit` starts a full window and schedules
     see the same update count. Returns the number of micro-steps dropped."""
-    opt = core_optimizer(model)
+    opt = _optimizer_of(model)
     pending = pending_micro_steps(model)
     if pending:
         opt._backend_reset_gradient_accumulators()
         opt._iterations.assign(opt._iterations - pending)
     return pending
+
+
+def finish(model: Any, saved: _Saved, steps: int, batch: int) -> int:
+    """Ends a run that `apply` set up: drops a partial last window (warning
+    how much), then `restore`. Returns the micro-steps dropped."""
+    dropped = discard_partial_window(model)
+    restore(model, saved)
+    if dropped:
+        logger.warning(
+            "Training ended %d micro-batch(es) into a window of %d: their "
+            "gradients were not applied (every update saw exactly %d samples). "
+            "Make the number of steps a multiple of %d to use them.",
+            dropped,
+            steps,
+            batch,
+            steps,
+        )
+    return dropped
 
 
 def accumulate(model: Any, steps: int, *, lr_factor: float = 1.0) -> Any:

@@ -539,29 +539,49 @@ def cache_dir() -> Path:
 
 
 def cache_key(parts: dict[str, Any]) -> str:
-    text = json.dumps(parts, sort_keys=True, default=str)
+    """A key for `parts`, with the TensorFlow, Keras and kerascale versions
+    added: a measured decision does not outlive an upgrade."""
+    import keras
+    import tensorflow as tf
+
+    from kerascale import __version__
+
+    versions = [tf.__version__, keras.__version__, __version__]
+    text = json.dumps({**parts, "versions": versions}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def cache_load(key: str) -> BatchSearchResult | None:
-    path = cache_dir() / "batch_search" / f"{key}.json"
+def cache_read(kind: str, key: str) -> dict[str, Any] | None:
+    """The cached entry `kind/key`, or None if absent or unreadable."""
     try:
-        return dataclasses.replace(
-            BatchSearchResult.from_dict(json.loads(path.read_text())), cached=True
-        )
-    except (OSError, ValueError, KeyError, TypeError):
+        return json.loads((cache_dir() / kind / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def cache_write(kind: str, key: str, payload: dict[str, Any]) -> None:
+    """Stores `payload` as `kind/key`, atomically; a cache that cannot be
+    written is logged, never fatal (a read-only home must not stop training)."""
+    folder = cache_dir() / kind
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, folder / f"{key}.json")
+    except OSError as e:
+        logger.warning("kerascale's %s cache not written (%s).", kind, e)
+
+
+def cache_load(key: str) -> BatchSearchResult | None:
+    d = cache_read("batch_search", key)
+    try:
+        return dataclasses.replace(BatchSearchResult.from_dict(d), cached=True)
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None  # absent or unreadable: search again
 
 
 def cache_store(key: str, result: BatchSearchResult) -> None:
-    folder = cache_dir() / "batch_search"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{key}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(result.to_dict()))
-        os.replace(tmp, folder / f"{key}.json")
-    except OSError as e:  # a read-only home must not stop training
-        logger.warning("Batch-size cache not written (%s).", e)
+    cache_write("batch_search", key, result.to_dict())
 
 
 # --- Options, and running a search for a plan -----------------------------------
@@ -666,7 +686,9 @@ def _cap_for(data: Any, plan: Any, options: SearchOptions) -> tuple[int, str]:
     return min(caps)
 
 
-def _model_fingerprint(model: Any) -> str:
+def model_fingerprint(model: Any) -> str:
+    """What identifies a model for the caches: its architecture and compile
+    config with automatic names canonicalised (a builder: its qualified name)."""
     from kerascale import precision
 
     if precision.is_builder(model):
@@ -735,8 +757,6 @@ def run_search(
     """Searches the per-replica batch for `plan` (its precision, strategy and
     accumulation, or `accumulation_steps`) on this hardware, with real
     probes, probing `first` before anything else. Uses the cache."""
-    import keras
-    import tensorflow as tf
 
     from kerascale import data as data_lib
     from kerascale import precision, probe
@@ -767,7 +787,7 @@ def run_search(
     )
     key = cache_key(
         {
-            "model": _model_fingerprint(model),
+            "model": model_fingerprint(model),
             # The limit as asked for: a default limit follows the memory free
             # at this moment, which must not make every search a cache miss.
             "spec": dataclasses.replace(
@@ -778,7 +798,6 @@ def run_search(
             "cap": cap,
             "first": first,
             "margin": options.margin,
-            "versions": [tf.__version__, keras.__version__, _version()],
         }
     )
     if options.cache and not options.force:
@@ -867,12 +886,6 @@ def run_search(
     if options.cache:
         cache_store(key, result)
     return result
-
-
-def _version() -> str:
-    from kerascale import __version__
-
-    return __version__
 
 
 def find_batch_size(

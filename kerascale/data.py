@@ -192,6 +192,15 @@ def reads_files(ds: tf.data.Dataset) -> bool:
     return False
 
 
+def _chain(ds: tf.data.Dataset) -> list[tf.data.Dataset]:
+    """The dataset and its inputs, as far as a single chain goes."""
+    out, d = [], ds
+    while d is not None:
+        out.append(d)
+        d = getattr(d, "_input_dataset", None)
+    return out
+
+
 def dataset_batch_size(ds: tf.data.Dataset) -> int | None:
     """The batch size of an already-batched dataset, or None if unbatched.
 
@@ -200,10 +209,8 @@ def dataset_batch_size(ds: tf.data.Dataset) -> int | None:
     leading dimensions are all unknown is taken as batched and its size read
     from the first element.
     """
-    d = ds
-    while d is not None:
-        cls = type(d).__name__
-        if cls in ("_UnbatchDataset", "_RebatchDataset"):
+    for d in _chain(ds):
+        if type(d).__name__ in ("_UnbatchDataset", "_RebatchDataset"):
             break
         # batch, padded_batch and parallel batch keep their size here.
         size = getattr(d, "_batch_size", None)
@@ -211,7 +218,6 @@ def dataset_batch_size(ds: tf.data.Dataset) -> int | None:
             value = tf.get_static_value(size)
             if value is not None and int(value) > 0:
                 return int(value)
-        d = getattr(d, "_input_dataset", None)
     specs = tf.nest.flatten(ds.element_spec)
     shapes = [s.shape for s in specs if hasattr(s, "shape")]
     if not shapes or any(len(s) == 0 or s[0] is not None for s in shapes):
@@ -221,15 +227,6 @@ def dataset_batch_size(ds: tf.data.Dataset) -> int | None:
     except StopIteration:
         return None
     return int(tf.nest.flatten(first)[0].shape[0])
-
-
-def _chain(ds: tf.data.Dataset) -> list[tf.data.Dataset]:
-    """The dataset and its inputs, as far as a single chain goes."""
-    out, d = [], ds
-    while d is not None:
-        out.append(d)
-        d = getattr(d, "_input_dataset", None)
-    return out
 
 
 def has_map(x: Any) -> bool:

@@ -204,19 +204,9 @@ def fit(
     finally:
         # Also after an interrupt: like model.fit, keep what was trained so far.
         if saved is not None:
-            dropped = accumulation_lib.discard_partial_window(train_model)
-            accumulation_lib.restore(train_model, saved)
-            if dropped:
-                logger.warning(
-                    "Training ended %d micro-batch(es) into a window of %d: their "
-                    "gradients were not applied (every update saw exactly %d "
-                    "samples). Make the number of steps a multiple of %d to use "
-                    "them.",
-                    dropped,
-                    plan.accumulation_steps,
-                    plan.global_batch_size,
-                    plan.accumulation_steps,
-                )
+            accumulation_lib.finish(
+                train_model, saved, plan.accumulation_steps, plan.global_batch_size
+            )
         if train_model is not model and not precision_lib.is_builder(model):
             precision_lib.copy_back(train_model, model)
     if not precision_lib.is_builder(model):

@@ -20,8 +20,6 @@ faster there, and trials would cost device memory.
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
 import time
 from typing import Any
 
@@ -29,8 +27,6 @@ from kerascale import batch_search
 from kerascale import data as data_lib
 from kerascale import precision as precision_lib
 from kerascale import strategy as strategy_lib
-
-logger = logging.getLogger("kerascale")
 
 # Timed per candidate after a warm-up of at least WARMUP_STEPS steps and
 # WARMUP_SECONDS (tracing, then tf.data's autotuning of a fresh pipeline: 1 s
@@ -159,25 +155,22 @@ def run(
             to time on the real data; empty to keep the plan's batch.
         optimize: The pipeline setting when it is not tried.
     """
-    import keras
-    import tensorflow as tf
-
     key = batch_search.cache_key(
         {
             "trials": 2,
-            "model": batch_search._model_fingerprint(model),
+            "model": batch_search.model_fingerprint(model),
             "data": data_lib.signature(x),
             "plan": [plan.precision, plan.step_batch_size, plan.strategy],
             "candidates": [try_pipeline, try_precision, list(batches), optimize],
             "hardware": hw.to_dict(),
-            "versions": [tf.__version__, keras.__version__],
         }
     )
-    path = batch_search.cache_dir() / "trials" / f"{key}.json"
-    try:
-        return TrialResult.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    cached = batch_search.cache_read("trials", key)
+    if cached is not None:
+        try:
+            return TrialResult.from_dict(cached)
+        except (KeyError, TypeError):
+            pass  # an entry from another version: measure again
     if verbose != 0:
         print(
             "kerascale: timing the candidates on your data, about 3 s each (cached)...",
@@ -216,11 +209,7 @@ def run(
         if other.samples_per_s > here.samples_per_s:
             policy = "float32"
     result = TrialResult(batch, policy, pipe, tuple(trials))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result.to_dict()))
-    except OSError as e:
-        logger.warning("Trial results not cached (%s): %s", path, e)
+    batch_search.cache_write("trials", key, result.to_dict())
     return result
 
 
