@@ -5,10 +5,12 @@ Change one line: ``model.fit(ds)`` becomes ``kerascale.fit(model, ds)``.
 
 import logging
 
+from kerascale import callbacks
 from kerascale.accumulation import accumulate
 from kerascale.batch_search import BatchSearchResult, find_batch_size
 from kerascale.errors import (
     BatchSizeSearchError,
+    CheckpointError,
     ClusterConfigError,
     ConfigurationError,
     DataError,
@@ -31,6 +33,7 @@ __all__ = [
     "BatchSearchResult",
     "BatchSizeSearchError",
     "CPUInfo",
+    "CheckpointError",
     "ClusterConfigError",
     "ConfigurationError",
     "DataError",
@@ -43,6 +46,7 @@ __all__ = [
     "UnsupportedError",
     "__version__",
     "accumulate",
+    "callbacks",
     "detect_hardware",
     "find_batch_size",
     "fit",

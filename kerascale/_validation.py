@@ -7,6 +7,7 @@ batch_size=0``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -48,3 +49,34 @@ def boolean_or_auto(name: str, value: Any) -> bool | str:
     if not isinstance(value, bool):
         raise fail(name, value, 'True, False or "auto"')
     return value
+
+
+_DURATION = re.compile(
+    r"^(?=\d)(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<min>\d+(?:\.\d+)?)min)?"
+    r"(?:(?P<s>\d+(?:\.\d+)?)s)?$"
+)
+
+
+def parse_duration(value: str) -> float | None:
+    """Seconds in "90s", "10min", "18h" or "1h30min"; None if not such a string."""
+    match = _DURATION.match(value.strip()) if isinstance(value, str) else None
+    if not match or not any(match.groupdict().values()):
+        return None
+    parts = {k: float(v) for k, v in match.groupdict().items() if v is not None}
+    return parts.get("h", 0) * 3600 + parts.get("min", 0) * 60 + parts.get("s", 0)
+
+
+def duration(name: str, value: Any, *, accepted: str | None = None) -> float:
+    """Returns seconds > 0 from a number of seconds or a string like "18h"."""
+    accepted = accepted or (
+        'a number of seconds > 0 or a string like "90s", "10min", "18h" or "1h30min"'
+    )
+    if isinstance(value, str):
+        seconds = parse_duration(value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        seconds = None
+    if seconds is None or not seconds > 0 or seconds == float("inf"):
+        raise fail(name, value, accepted)
+    return seconds

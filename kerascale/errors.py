@@ -34,3 +34,9 @@ class ModelError(KerascaleError, ValueError):
 class BatchSizeSearchError(KerascaleError, RuntimeError):
     """The batch-size search could not find a batch that fits, or a probe
     failed for a reason other than memory (the message carries it)."""
+
+
+class CheckpointError(KerascaleError, RuntimeError):
+    """A checkpoint directory cannot be resumed from: nothing valid is left in
+    it, or it was written by a different configuration (the message says
+    what changed and how to start over)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -20,8 +21,9 @@ from kerascale import data as data_lib
 from kerascale import precision as precision_lib
 from kerascale import strategy as strategy_lib
 from kerascale.batch_search import SearchOptions
+from kerascale.callbacks import FaultTolerantBackup
 from kerascale.decide import AUTO_MIN_STEPS, decide
-from kerascale.errors import ModelError
+from kerascale.errors import ConfigurationError, ModelError
 from kerascale.planning import Options, Plan
 
 logger = logging.getLogger("kerascale")
@@ -43,6 +45,8 @@ def fit(
     lr_scaling: str | None = None,
     base_batch_size: int | None = None,
     optimize_data: bool | str = "auto",
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_freq: int | str = "epoch",
     verbose: int | str = "auto",
     **fit_kwargs: Any,
 ) -> keras.callbacks.History:
@@ -91,6 +95,14 @@ def fit(
         optimize_data: Add prefetching and map parallelisation to a dataset.
             "auto": yes, except on a CPU where a one-second trial of each
             finds the pipeline as given faster (cached). Defaults to "auto".
+        checkpoint_dir: Where to keep fault-tolerant checkpoints
+            (`callbacks.FaultTolerantBackup`): rerun the same command after a
+            kill or preemption and training resumes at the exact batch. The
+            "auto" choices are then taken from the checkpoint's plan.
+            Defaults to `None`: `AIP_CHECKPOINT_DIR` on Vertex AI, else no
+            checkpoints. A `FaultTolerantBackup` in `callbacks` is used as is.
+        checkpoint_freq: The backup's `save_freq`: "epoch", every N batches,
+            or a duration like "10min". Defaults to "epoch".
         verbose: As in `model.fit`; 0 also silences kerascale. Defaults to
             "auto".
         **fit_kwargs: Passed to `model.fit` (epochs, callbacks,
@@ -121,6 +133,9 @@ def fit(
         optimize_data=optimize_data,
         verbose=verbose,
     )
+    backup = _backup(checkpoint_dir, checkpoint_freq, fit_kwargs, options.verbose)
+    if backup is not None:
+        options = _pinned(options, backup.saved_plan(), x, y)
     steps = fit_kwargs.get("steps_per_epoch")
     decided = decide(model, x, y, options, steps_per_epoch=steps, search=search)
     plan = decided.plan
@@ -186,6 +201,8 @@ def fit(
             validation_steps=fit_kwargs.get("validation_steps"),
         )
 
+    if backup is not None:
+        backup.plan = plan
     if options.verbose != 0:
         print(plan, flush=True)
     for w in plan.warnings:
@@ -229,6 +246,8 @@ def plan(
     lr_scaling: str | None = None,
     base_batch_size: int | None = None,
     optimize_data: bool | str = "auto",
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_freq: int | str = "epoch",
     verbose: int | str = "auto",
     **fit_kwargs: Any,
 ) -> Plan:
@@ -256,8 +275,71 @@ def plan(
         optimize_data=optimize_data,
         verbose=verbose,
     )
+    fit_kwargs = dict(fit_kwargs)
+    backup = _backup(checkpoint_dir, checkpoint_freq, fit_kwargs, options.verbose)
+    if backup is not None:
+        options = _pinned(options, backup.saved_plan(), x, y)
     steps = fit_kwargs.get("steps_per_epoch")
     return decide(model, x, y, options, steps_per_epoch=steps, search=search).plan
+
+
+def _backup(
+    checkpoint_dir: Any, checkpoint_freq: Any, fit_kwargs: dict[str, Any], verbose: Any
+) -> FaultTolerantBackup | None:
+    """The run's FaultTolerantBackup: the user's own in `callbacks`, or one
+    made from `checkpoint_dir` (added to `callbacks`), or None."""
+    callbacks = list(fit_kwargs.get("callbacks") or [])
+    given = [c for c in callbacks if isinstance(c, FaultTolerantBackup)]
+    if checkpoint_dir is None:
+        checkpoint_dir = os.environ.get("AIP_CHECKPOINT_DIR") or None
+        if checkpoint_dir is not None and not given:
+            logger.info(
+                "checkpoint_dir: AIP_CHECKPOINT_DIR=%s (Vertex AI)", checkpoint_dir
+            )
+    elif given:
+        raise ConfigurationError(
+            "Pass either checkpoint_dir or a FaultTolerantBackup in callbacks, "
+            f"not both. Received: checkpoint_dir={checkpoint_dir!r} and "
+            f"{given[0]!r} in callbacks"
+        )
+    if given:
+        if checkpoint_freq != "epoch":
+            raise ConfigurationError(
+                "checkpoint_freq applies to checkpoint_dir; set save_freq on the "
+                "FaultTolerantBackup you passed. Received: "
+                f"checkpoint_freq={checkpoint_freq!r}"
+            )
+        return given[0]
+    if checkpoint_dir is None:
+        if checkpoint_freq != "epoch":
+            raise ConfigurationError(
+                "checkpoint_freq needs checkpoint_dir. Received: "
+                f"checkpoint_freq={checkpoint_freq!r}, checkpoint_dir=None"
+            )
+        return None
+    backup = FaultTolerantBackup(
+        checkpoint_dir, save_freq=checkpoint_freq, verbose=0 if verbose == 0 else 1
+    )
+    fit_kwargs["callbacks"] = [*callbacks, backup]
+    return backup
+
+
+def _pinned(options: Options, saved: Plan | None, x: Any, y: Any) -> Options:
+    """Options with the "auto" choices a checkpoint was written under, so a
+    rerun resumes with them even if a new search or trial would differ."""
+    if saved is None:
+        return options
+    changes: dict[str, Any] = {}
+    if options.precision == "auto":
+        changes["precision"] = saved.precision
+    if options.optimize_data == "auto":
+        changes["optimize_data"] = "prefetch(AUTOTUNE)" in saved.data_changes
+    if options.batch_size == "auto" and not data_lib.inspect(x, y).batched:
+        changes["batch_size"] = saved.global_batch_size
+    batch = changes.get("batch_size", options.batch_size)
+    if options.accumulation_steps is None and batch == saved.global_batch_size:
+        changes["accumulation_steps"] = saved.accumulation_steps
+    return dataclasses.replace(options, **changes)
 
 
 def _validate(

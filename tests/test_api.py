@@ -8,6 +8,7 @@ def test_public_names_are_pinned():
             "BatchSearchResult",
             "BatchSizeSearchError",
             "CPUInfo",
+            "CheckpointError",
             "ClusterConfigError",
             "ConfigurationError",
             "DataError",
@@ -20,6 +21,7 @@ def test_public_names_are_pinned():
             "UnsupportedError",
             "__version__",
             "accumulate",
+            "callbacks",
             "detect_hardware",
             "find_batch_size",
             "fit",
@@ -35,5 +37,11 @@ def test_errors_also_inherit_the_builtin():
     assert issubclass(errors.DataError, ValueError)
     assert issubclass(errors.ClusterConfigError, ValueError)
     assert issubclass(errors.UnsupportedError, NotImplementedError)
+    assert issubclass(errors.CheckpointError, RuntimeError)
     for cls in (errors.ConfigurationError, errors.DataError, errors.ModelError):
         assert issubclass(cls, errors.KerascaleError)
+
+
+def test_callbacks_are_public():
+    assert kerascale.callbacks.FaultTolerantBackup.__module__ == "kerascale.callbacks"
+    assert kerascale.callbacks.PREEMPTED_EXIT_CODE == 143

@@ -1,0 +1,293 @@
+"""Checkpoint storage for `FaultTolerantBackup`: publish, find, verify, prune.
+
+A checkpoint is one directory, ``ckpt-00000012/``, holding TensorFlow's own
+checkpoint files (written by `tf.train.Checkpoint.write`) and ``meta.json``.
+``meta.json`` is the commit record. It is written last, to a temporary name
+and then renamed, after every other file is flushed. It lists each file with
+its size and SHA-256, and carries a checksum of its own content. So:
+
+- a kill at any byte of a save leaves a directory without ``meta.json``,
+  which is never taken for a checkpoint ("no partial latest is ever visible");
+- damage found later (a truncated, emptied or overwritten file, an edited
+  ``meta.json``) is detected before anything is restored.
+
+A ``.incomplete`` marker is created first in a directory being written, so a
+directory interrupted mid-save (removed on the next start) is told apart from
+a finished checkpoint whose ``meta.json`` was lost (reported, never deleted).
+
+Every file operation goes through `tf.io.gfile`, so the directory may be on
+GCS (``gs://``, as `AIP_CHECKPOINT_DIR` is on Vertex AI): there the rename of
+one object is its atomic publication. Nothing is unpickled or executed on
+load: ``meta.json`` is parsed as JSON and checked against a schema, and the
+state is read by TensorFlow's checkpoint reader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+FORMAT = "kerascale.backup/1"
+META = "meta.json"
+STATE_PREFIX = "state"
+INCOMPLETE = ".incomplete"
+_NAME = re.compile(r"^ckpt-(\d{8})$")
+_MAX_EPOCH = 10**7  # a week of 1-second epochs is 6e5; beyond this is damage
+_DATA_MODES = ("iterator", "advance", "replay", "none")
+
+
+class CorruptCheckpoint(Exception):
+    """Internal: one checkpoint cannot be used; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """A checkpoint directory and what is known about it."""
+
+    number: int
+    path: str
+    state: str  # "complete" (has meta.json), "leftover" (a killed save), "damaged"
+
+
+def name(number: int) -> str:
+    return f"ckpt-{number:08d}"
+
+
+def scan(directory: str) -> list[Found]:
+    """The checkpoint directories under ``directory``, newest first."""
+    if not tf.io.gfile.isdir(directory):
+        return []
+    found = []
+    for entry in tf.io.gfile.listdir(directory):
+        match = _NAME.match(entry.rstrip("/"))
+        if not match:
+            continue
+        path = _join(directory, entry.rstrip("/"))
+        if not tf.io.gfile.isdir(path):
+            continue
+        files = {f.rstrip("/") for f in tf.io.gfile.listdir(path)}
+        if META in files:
+            state = "complete"
+        elif INCOMPLETE in files or not files:
+            state = "leftover"
+        else:
+            state = "damaged"
+        found.append(Found(int(match.group(1)), path, state))
+    return sorted(found, key=lambda f: f.number, reverse=True)
+
+
+def remove_leftovers(directory: str) -> list[str]:
+    """Removes directories of saves that were killed before their commit."""
+    removed = []
+    for f in scan(directory):
+        if f.state == "leftover":
+            tf.io.gfile.rmtree(f.path)
+            removed.append(f.path)
+    return removed
+
+
+def publish(
+    directory: str,
+    number: int,
+    write_state: Callable[[str], None],
+    meta: dict[str, Any],
+) -> str:
+    """Writes checkpoint ``number``: the state, then ``meta.json`` as commit.
+
+    ``write_state(prefix)`` writes TensorFlow's files under ``prefix``.
+    Returns the checkpoint's directory.
+    """
+    path = _join(directory, name(number))
+    tf.io.gfile.makedirs(path)
+    _write_bytes(_join(path, INCOMPLETE), b"")
+    write_state(_join(path, STATE_PREFIX))
+    files = {}
+    for entry in sorted(tf.io.gfile.listdir(path)):
+        entry = entry.rstrip("/")
+        if entry == INCOMPLETE or not entry.startswith(STATE_PREFIX):
+            continue
+        full = _join(path, entry)
+        _fsync(full)
+        files[entry] = {"bytes": tf.io.gfile.stat(full).length, "sha256": _sha256(full)}
+    record = dict(meta, format=FORMAT, number=number, files=files)
+    record["checksum"] = _checksum(record)
+    temp = _join(path, f"{META}.tmp-{uuid.uuid4().hex}")
+    _write_bytes(temp, json.dumps(record, indent=1, sort_keys=True).encode())
+    _fsync(temp)
+    tf.io.gfile.rename(temp, _join(path, META), overwrite=True)
+    _fsync_dir(path)
+    tf.io.gfile.remove(_join(path, INCOMPLETE))
+    return path
+
+
+def verify(found: Found) -> dict[str, Any]:
+    """Returns the checkpoint's metadata, or raises CorruptCheckpoint."""
+    meta_path = _join(found.path, META)
+    if found.state != "complete":
+        raise CorruptCheckpoint(f"{meta_path} is missing")
+    try:
+        with tf.io.gfile.GFile(meta_path, "rb") as f:
+            raw = f.read()
+        record = json.loads(raw.decode("utf-8"))
+    except (OSError, tf.errors.OpError, UnicodeDecodeError, ValueError) as e:
+        raise CorruptCheckpoint(f"{meta_path} is not readable JSON ({e})") from None
+    if not isinstance(record, dict):
+        raise CorruptCheckpoint(f"{meta_path} is not a JSON object")
+    if record.get("checksum") != _checksum(record):
+        raise CorruptCheckpoint(f"{meta_path} fails its checksum (edited or damaged)")
+    _check_schema(record, meta_path)
+    if record["number"] != found.number:
+        raise CorruptCheckpoint(f"{meta_path} belongs to checkpoint {record['number']}")
+    for entry, expected in record["files"].items():
+        full = _join(found.path, entry)
+        if not tf.io.gfile.exists(full):
+            raise CorruptCheckpoint(f"{full} is missing")
+        size = tf.io.gfile.stat(full).length
+        if size != expected["bytes"]:
+            raise CorruptCheckpoint(
+                f"{full} has {size} bytes; {expected['bytes']} were written"
+            )
+        if _sha256(full) != expected["sha256"]:
+            raise CorruptCheckpoint(f"{full} does not match its recorded SHA-256")
+    return record
+
+
+def prune(directory: str, keep: int, spare: frozenset[str] = frozenset()) -> list[str]:
+    """Keeps the newest ``keep`` complete checkpoints; removes older ones.
+
+    Only ever called right after a publish, so the newest checkpoint is
+    known good. Damaged checkpoints (a missing ``meta.json``, or the paths in
+    ``spare``, found damaged when resuming) are never removed and never
+    counted: they stay for the user to inspect.
+    """
+    found = [
+        f for f in scan(directory) if f.state == "complete" and f.path not in spare
+    ]
+    complete = found
+    if len(complete) <= keep:
+        return []
+    oldest_kept = complete[keep - 1].number
+    removed = []
+    for f in found:
+        if f.number < oldest_kept:
+            tf.io.gfile.rmtree(f.path)
+            removed.append(f.path)
+    return removed
+
+
+def state_prefix(found: Found) -> str:
+    return _join(found.path, STATE_PREFIX)
+
+
+def _check_schema(record: dict[str, Any], where: str) -> None:
+    def need(key: str, kind: type | tuple[type, ...], what: str) -> Any:
+        if key not in record:
+            raise CorruptCheckpoint(f"{where} has no {key!r}")
+        value = record[key]
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(
+            value, kind
+        ):
+            raise CorruptCheckpoint(f"{where}: {key!r} must be {what}; found {value!r}")
+        return value
+
+    if need("format", str, "a string") != FORMAT:
+        raise CorruptCheckpoint(f"{where}: unknown format {record['format']!r}")
+    for key in ("number", "epoch", "step", "global_step", "iterations"):
+        value = need(key, int, "an int")
+        if not 0 <= value <= (_MAX_EPOCH if key == "epoch" else 2**62):
+            raise CorruptCheckpoint(f"{where}: {key!r} is out of range: {value!r}")
+    epoch_steps = record.get("epoch_steps")
+    if epoch_steps is not None and (
+        isinstance(epoch_steps, bool)
+        or not isinstance(epoch_steps, int)
+        or epoch_steps < 1
+    ):
+        raise CorruptCheckpoint(f"{where}: 'epoch_steps' must be null or an int >= 1")
+    if epoch_steps is not None and record["step"] > epoch_steps:
+        raise CorruptCheckpoint(f"{where}: step {record['step']} > epoch_steps")
+    need("epochs", int, "an int")
+    need("finished", bool, "true or false")
+    data = need("data", dict, "an object")
+    if data.get("mode") not in _DATA_MODES:
+        raise CorruptCheckpoint(f"{where}: unknown data mode {data.get('mode')!r}")
+    need("fingerprint", dict, "an object")
+    for key in ("plan", "history"):
+        if record.get(key) is not None and not isinstance(record[key], dict):
+            raise CorruptCheckpoint(f"{where}: {key!r} must be an object or null")
+    history = record.get("history") or {"epoch": [], "logs": {}}
+    if not isinstance(history.get("epoch"), list) or not isinstance(
+        history.get("logs"), dict
+    ):
+        raise CorruptCheckpoint(f"{where}: 'history' is malformed")
+    random_state = need("random", dict, "an object")
+    for key in ("python", "numpy"):
+        if key not in random_state:
+            raise CorruptCheckpoint(f"{where}: 'random' has no {key!r}")
+    files = need("files", dict, "an object")
+    if not files:
+        raise CorruptCheckpoint(f"{where} lists no state files")
+    for entry, info in files.items():
+        if (
+            not isinstance(entry, str)
+            or "/" in entry
+            or "\\" in entry
+            or not entry.startswith(STATE_PREFIX)
+            or not isinstance(info, dict)
+            or not isinstance(info.get("bytes"), int)
+            or not isinstance(info.get("sha256"), str)
+        ):
+            raise CorruptCheckpoint(f"{where}: bad file entry {entry!r}")
+
+
+def _checksum(record: dict[str, Any]) -> str:
+    body = {k: v for k, v in record.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with tf.io.gfile.GFile(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(data)
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def _fsync(path: str) -> None:
+    """Flushes a local file to disk, so a power cut cannot reorder the commit
+    before the data (a killed process loses nothing already written)."""
+    if _is_local(path):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    if _is_local(path) and hasattr(os, "O_DIRECTORY"):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _join(*parts: str) -> str:
+    return "/".join([parts[0].rstrip("/"), *parts[1:]])

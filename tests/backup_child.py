@@ -1,0 +1,176 @@
+"""A training script for the checkpointing tests, run in a child process.
+
+    python backup_child.py DIR OUT.npz [--epochs 5] [--save-freq 3]
+        [--step-sleep 0.01] [--die-in-save POINT:N] [--sigterm-handler]
+        [--via-fit] [--lr 0.01]
+
+Trains a small model with Dropout on a seeded, shuffled `tf.data` pipeline,
+with `FaultTolerantBackup(DIR)`, and writes the final weights, optimizer
+variables and History to OUT.npz. Prints "step G" after every batch so the
+parent knows where it is. `--die-in-save POINT:N` SIGKILLs itself at POINT
+inside the N-th checkpoint write (a fault injected into the save).
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import kerascale
+from kerascale import checkpoint as store
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("directory")
+    p.add_argument("out")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--save-freq", default="3")
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--die-in-save", default=None)
+    p.add_argument("--sigterm-handler", action="store_true")
+    p.add_argument("--via-fit", action="store_true")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--units", type=int, default=16)
+    p.add_argument("--no-backup", action="store_true")
+    args = p.parse_args()
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 8)).astype("float32")
+    y = (x @ rng.normal(size=(8, 1)) + 0.1 * rng.normal(size=(512, 1))).astype(
+        "float32"
+    )
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256, seed=1).batch(16)
+
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(args.units, activation="relu"),
+            keras.layers.Dropout(0.3),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(args.lr), loss="mse", metrics=["mae"])
+
+    if args.die_in_save:
+        install_fault(*args.die_in_save.split(":"))
+    if args.sigterm_handler:
+        marker = args.out + ".handler"
+
+        def user_handler(signum, frame):
+            with open(marker, "w") as f:
+                f.write(str(signum))
+
+        signal.signal(signal.SIGTERM, user_handler)
+
+    save_freq = int(args.save_freq) if args.save_freq.isdigit() else args.save_freq
+
+    class Progress(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.done = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.done = int(self.model.optimizer.iterations.numpy())
+            print(f"step {self.done}", flush=True)
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+
+    started = time.perf_counter()
+    if args.no_backup:
+        history = model.fit(ds, epochs=args.epochs, callbacks=[Progress()], verbose=0)
+    elif args.via_fit:
+        history = kerascale.fit(
+            model,
+            ds,
+            epochs=args.epochs,
+            checkpoint_dir=args.directory,
+            checkpoint_freq=save_freq,
+            callbacks=[Progress()],
+            verbose=0,
+        )
+    else:
+        backup = kerascale.callbacks.FaultTolerantBackup(
+            args.directory, save_freq=save_freq
+        )
+        history = model.fit(
+            ds, epochs=args.epochs, callbacks=[backup, Progress()], verbose=0
+        )
+    print(f"train_seconds {time.perf_counter() - started:.3f}", flush=True)
+    if args.sigterm_handler:
+        print(
+            "handler restored:", signal.getsignal(signal.SIGTERM).__name__, flush=True
+        )
+
+    arrays = {f"w{i}": w.numpy() for i, w in enumerate(model.variables)}
+    arrays.update({f"o{i}": w.numpy() for i, w in enumerate(model.optimizer.variables)})
+    arrays["iterations"] = np.array(int(model.optimizer.iterations.numpy()))
+    arrays["history"] = np.array(json.dumps(history.history))
+    np.savez(args.out, **arrays)
+    print("done", flush=True)
+
+
+def install_fault(point, nth):
+    """SIGKILLs this process at `point` inside the `nth` checkpoint write."""
+    nth = int(nth)
+    count = {"publish": 0}
+    die = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
+    real_publish = store.publish
+
+    def publish(directory, number, write_state, meta):
+        count["publish"] += 1
+        if count["publish"] != nth:
+            return real_publish(directory, number, write_state, meta)
+        if point == "before-state":
+            real_write = write_state
+
+            def write_state(prefix):
+                die()
+                real_write(prefix)
+        elif point == "mid-state":
+            real_write = write_state
+
+            def write_state(prefix):
+                real_write(prefix)
+                data = next(iter(tf.io.gfile.glob(prefix + ".data*")))
+                with open(data, "r+b") as f:
+                    f.truncate(os.path.getsize(data) // 2)
+                die()
+        elif point == "meta-temp":
+            real_write_bytes = store._write_bytes
+
+            def write_bytes(path, data):
+                if ".tmp-" in path:
+                    with open(path, "wb") as f:
+                        f.write(data[: len(data) // 2])
+                    die()
+                real_write_bytes(path, data)
+
+            store._write_bytes = write_bytes
+        elif point == "after-commit":
+            real_remove = tf.io.gfile.remove
+
+            def remove(path):
+                if path.endswith(store.INCOMPLETE):
+                    die()
+                real_remove(path)
+
+            tf.io.gfile.remove = remove
+        else:
+            sys.exit(f"unknown fault point {point}")
+        return real_publish(directory, number, write_state, meta)
+
+    store.publish = publish
+
+
+if __name__ == "__main__":
+    main()

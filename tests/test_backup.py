@@ -1,0 +1,446 @@
+"""FaultTolerantBackup: real kills of real training processes, damaged files,
+changed configurations, and argument validation."""
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerascale
+from kerascale import checkpoint as store
+from kerascale.callbacks import FaultTolerantBackup
+from kerascale.errors import CheckpointError, ConfigurationError
+
+CHILD = Path(__file__).with_name("backup_child.py")
+STEPS_PER_EPOCH = 32  # 512 samples, batch 16
+EPOCHS = 5
+
+
+def child_cmd(directory, out, *extra):
+    return [sys.executable, str(CHILD), str(directory), str(out), *extra]
+
+
+def run_child(directory, out, *extra, timeout=240):
+    result = subprocess.run(
+        child_cmd(directory, out, *extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def run_and_kill(directory, out, kill_after_step, *extra, sig=signal.SIGKILL):
+    """Starts the child, waits until it reports `kill_after_step`, sleeps a
+    random fraction of a step, and sends `sig`. Returns (returncode, the last
+    step the child reported)."""
+    proc = subprocess.Popen(
+        child_cmd(directory, out, "--step-sleep", "0.01", *extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    seen, sent = 0, False
+    try:
+        for line in proc.stdout:
+            if line.startswith("step"):
+                seen = int(line.split()[1])
+                if seen >= kill_after_step and not sent:
+                    time.sleep(random.uniform(0, 0.02))
+                    proc.send_signal(sig)
+                    sent = True
+        return proc.wait(timeout=120), seen
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def load(out):
+    with np.load(out) as f:
+        return {k: f[k] for k in f.files}
+
+
+def max_difference(a, b):
+    keys = [k for k in a if k != "history"]
+    assert sorted(keys) == sorted(k for k in b if k != "history")
+    return max(
+        float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64))))
+        for k in keys
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run, checkpointing every 3 steps like the others."""
+    d = tmp_path_factory.mktemp("reference")
+    run_child(d / "ckpt", d / "out.npz")
+    return load(d / "out.npz")
+
+
+# --- real kills --------------------------------------------------------------
+
+
+def test_sigkill_mid_epoch_three_resumes_to_identical_weights(reference, tmp_path):
+    step = random.randint(2 * STEPS_PER_EPOCH + 1, 3 * STEPS_PER_EPOCH - 2)
+    rc, seen = run_and_kill(tmp_path / "ckpt", tmp_path / "out.npz", step)
+    assert rc == -signal.SIGKILL and seen < EPOCHS * STEPS_PER_EPOCH
+    assert not (tmp_path / "out.npz").exists()
+
+    result = run_child(tmp_path / "ckpt", tmp_path / "out.npz")
+    assert "Resuming from" in result.stdout
+    resumed = load(tmp_path / "out.npz")
+    assert int(resumed["iterations"]) == int(reference["iterations"]) == 160
+    assert max_difference(resumed, reference) <= 1e-6
+    # The resumed History covers every epoch, equal to the uninterrupted one.
+    h_ref = json.loads(str(reference["history"]))
+    h_res = json.loads(str(resumed["history"]))
+    assert len(h_res["loss"]) == EPOCHS
+    np.testing.assert_allclose(h_res["loss"], h_ref["loss"], rtol=0, atol=1e-6)
+
+
+def test_five_kills_in_one_run_give_the_same_result(reference, tmp_path):
+    kills = sorted(random.sample(range(5, EPOCHS * STEPS_PER_EPOCH - 5), 5))
+    for step in kills:
+        rc, _ = run_and_kill(tmp_path / "ckpt", tmp_path / "out.npz", step)
+        assert rc == -signal.SIGKILL, f"the run finished before the kill at {step}"
+    run_child(tmp_path / "ckpt", tmp_path / "out.npz")
+    resumed = load(tmp_path / "out.npz")
+    assert int(resumed["iterations"]) == int(reference["iterations"])
+    assert max_difference(resumed, reference) <= 1e-6
+
+
+def test_epoch_checkpoints_resume_at_the_epoch_boundary(tmp_path):
+    run_child(tmp_path / "ref", tmp_path / "ref.npz", "--save-freq", "epoch")
+    rc, _ = run_and_kill(
+        tmp_path / "ckpt", tmp_path / "out.npz", 75, "--save-freq", "epoch"
+    )
+    assert rc == -signal.SIGKILL
+    meta = store.verify(store.scan(str(tmp_path / "ckpt"))[0])
+    assert (meta["epoch"], meta["step"], meta["data"]["mode"]) == (2, 0, "advance")
+    run_child(tmp_path / "ckpt", tmp_path / "out.npz", "--save-freq", "epoch")
+    assert (
+        max_difference(load(tmp_path / "out.npz"), load(tmp_path / "ref.npz")) <= 1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    "point", ["before-state", "mid-state", "meta-temp", "after-commit"]
+)
+def test_kill_inside_a_save_leaves_the_previous_checkpoint(reference, tmp_path, point):
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.run(
+        child_cmd(ckpt, tmp_path / "out.npz", "--die-in-save", f"{point}:4"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    found = store.scan(str(ckpt))
+    assert found[0].number == 4
+    if point == "after-commit":  # committed: the marker is only a leftover file
+        assert found[0].state == "complete"
+        assert store.verify(found[0])["global_step"] == 12
+    else:  # never visible as a checkpoint; the previous one verifies
+        assert found[0].state == "leftover"
+        assert [f.state for f in found[1:]] == ["complete", "complete"]
+        assert store.verify(found[1])["global_step"] == 9
+    if point == "mid-state":  # the full resume, once
+        result = run_child(ckpt, tmp_path / "out.npz")
+        assert "Resuming from" in result.stdout and "ckpt-00000003" in result.stdout
+        assert max_difference(load(tmp_path / "out.npz"), reference) <= 1e-6
+        assert (
+            not (ckpt / store.name(4)).exists() or store.scan(str(ckpt))[0].number > 4
+        )
+
+
+def test_sigterm_saves_exits_143_chains_the_handler_and_resumes(reference, tmp_path):
+    out = tmp_path / "out.npz"
+    rc, seen = run_and_kill(
+        tmp_path / "ckpt", out, 70, "--sigterm-handler", sig=signal.SIGTERM
+    )
+    assert rc == 143
+    assert Path(str(out) + ".handler").read_text() == str(int(signal.SIGTERM))
+    meta = store.verify(store.scan(str(tmp_path / "ckpt"))[0])
+    # Saved at the first step boundary after the signal: nothing trained is
+    # lost (the step whose end saved it was not reported by the child).
+    assert meta["global_step"] in (seen, seen + 1)
+    result = run_child(tmp_path / "ckpt", out, "--sigterm-handler")
+    assert "handler restored: user_handler" in result.stdout
+    assert max_difference(load(out), reference) <= 1e-6
+
+
+def test_kerascale_fit_resumes_with_the_checkpoints_plan(tmp_path):
+    # The first kerascale.fit of a model on a CPU times its choices on the data
+    # (then cached), which draws on the dataset's shuffle seeds: warm up first.
+    run_child(tmp_path / "warm", tmp_path / "warm.npz", "--via-fit", "--epochs", "1")
+    run_child(tmp_path / "ref", tmp_path / "ref.npz", "--via-fit")
+    rc, _ = run_and_kill(tmp_path / "ckpt", tmp_path / "out.npz", 90, "--via-fit")
+    assert rc == -signal.SIGKILL
+    run_child(tmp_path / "ckpt", tmp_path / "out.npz", "--via-fit")
+    assert (
+        max_difference(load(tmp_path / "out.npz"), load(tmp_path / "ref.npz")) <= 1e-6
+    )
+    meta = store.verify(store.scan(str(tmp_path / "ckpt"))[0])
+    assert meta["plan"]["global_batch_size"] == 16 and meta["finished"]
+
+
+def test_changed_configuration_is_a_clear_error(reference, tmp_path):
+    rc, _ = run_and_kill(tmp_path / "ckpt", tmp_path / "out.npz", 40)
+    assert rc == -signal.SIGKILL
+    for extra, named in (
+        (["--lr", "0.02"], "learning_rate"),
+        (["--units", "32"], "architecture"),
+    ):
+        result = subprocess.run(
+            child_cmd(tmp_path / "ckpt", tmp_path / "out.npz", *extra),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert result.returncode != 0
+        assert "CheckpointError" in result.stderr and named in result.stderr
+        assert "start_over=True" in result.stderr
+    assert store.scan(str(tmp_path / "ckpt"))[0].state == "complete"
+
+
+# --- in-process: damage, fallback, validation ---------------------------------
+
+
+def small_model(units=4):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(units),
+            keras.layers.Dropout(0.2),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def small_data():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(64, 3)).astype("float32")
+    return (
+        tf.data.Dataset.from_tensor_slices((x, x[:, :1])).shuffle(64, seed=2).batch(8)
+    )
+
+
+def two_checkpoints(directory):
+    """Trains 2 epochs with epoch checkpoints; returns the two, newest first."""
+    small_model().fit(
+        small_data(),
+        epochs=2,
+        verbose=0,
+        callbacks=[FaultTolerantBackup(directory, verbose=0)],
+    )
+    found = store.scan(str(directory))
+    assert [f.state for f in found] == ["complete", "complete"]
+    return found
+
+
+def resume(directory, epochs=2):
+    model = small_model()
+    backup = FaultTolerantBackup(directory, verbose=0)
+    model.fit(small_data(), epochs=epochs, verbose=0, callbacks=[backup])
+    return backup
+
+
+def damage_truncate(found):
+    data = next(p for p in Path(found.path).iterdir() if ".data-" in p.name)
+    data.write_bytes(data.read_bytes()[:10])
+
+
+def damage_empty(found):
+    (Path(found.path) / "state.index").write_bytes(b"")
+
+
+def damage_random_bytes(found):
+    data = next(p for p in Path(found.path).iterdir() if ".data-" in p.name)
+    data.write_bytes(np.random.default_rng(0).bytes(data.stat().st_size))
+
+
+def damage_meta(**changes):
+    def damage(found, recompute=False):
+        path = Path(found.path) / store.META
+        meta = json.loads(path.read_text())
+        for key, value in changes.items():
+            if value is KeyError:
+                del meta[key]
+            else:
+                meta[key] = value
+        if recompute:
+            meta["checksum"] = store._checksum(meta)
+        path.write_text(json.dumps(meta))
+
+    return damage
+
+
+DAMAGE = {
+    "truncated": damage_truncate,
+    "empty index": damage_empty,
+    "random bytes": damage_random_bytes,
+    "epoch 10**6": damage_meta(epoch=10**6),
+    "epoch -3": damage_meta(epoch=-3),
+    'epoch "2"': damage_meta(epoch="2"),
+    "missing keys": damage_meta(step=KeyError),
+    "meta deleted": lambda found: (Path(found.path) / store.META).unlink(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGE))
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, kind, caplog):
+    newest, previous = two_checkpoints(tmp_path)
+    DAMAGE[kind](newest)
+    with caplog.at_level("WARNING", logger="kerascale"):
+        backup = resume(tmp_path)
+    assert backup.resumed_from["number"] == previous.number
+    assert any(newest.path in r.getMessage() for r in caplog.records)
+    # Never deleted on such input; the new checkpoint rotates nothing out.
+    assert Path(newest.path).exists() and Path(previous.path).exists()
+
+
+@pytest.mark.parametrize(
+    "kind", ["epoch 10**6", "epoch -3", 'epoch "2"', "missing keys"]
+)
+def test_tampered_metadata_with_a_valid_checksum_is_still_caught(tmp_path, kind):
+    newest, previous = two_checkpoints(tmp_path)
+    DAMAGE[kind](newest, recompute=True)
+    backup = resume(tmp_path)
+    assert backup.resumed_from["number"] == previous.number
+
+
+def test_nothing_valid_left_raises_and_deletes_nothing(tmp_path):
+    for found in two_checkpoints(tmp_path):
+        damage_truncate(found)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(CheckpointError, match="none of them can be restored") as info:
+        resume(tmp_path)
+    assert "start_over=True" in str(info.value)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_start_over_trains_from_scratch_and_keeps_old_until_replaced(tmp_path):
+    two_checkpoints(tmp_path)
+    model = small_model(units=6)  # a different model: would be an error otherwise
+    backup = FaultTolerantBackup(tmp_path, start_over=True, keep=2, verbose=0)
+    model.fit(small_data(), epochs=1, verbose=0, callbacks=[backup])
+    assert backup.resumed_from is None
+    numbers = [f.number for f in store.scan(str(tmp_path))]
+    assert numbers == [3, 2]  # the new one, and one older kept
+
+
+def test_finished_run_is_not_trained_again(tmp_path):
+    two_checkpoints(tmp_path)
+    model = small_model()
+    backup = FaultTolerantBackup(tmp_path, verbose=0)
+    history = model.fit(small_data(), epochs=2, verbose=0, callbacks=[backup])
+    assert int(model.optimizer.iterations.numpy()) == 16
+    assert history.epoch == [0, 1]  # the earlier run's epochs, from the checkpoint
+
+
+def test_keep_prunes_and_leftovers_are_removed(tmp_path):
+    leftover = tmp_path / store.name(99)
+    leftover.mkdir(parents=True)
+    (leftover / store.INCOMPLETE).write_text("")
+    small_model().fit(
+        small_data(),
+        epochs=2,
+        verbose=0,
+        callbacks=[FaultTolerantBackup(tmp_path, save_freq=2, keep=3, verbose=0)],
+    )
+    found = store.scan(str(tmp_path))
+    assert not leftover.exists()
+    assert [f.state for f in found] == ["complete"] * 3
+    assert found[0].number == 100 + 7  # numbering continues past what existed
+
+
+def test_time_based_saves_use_the_clock(tmp_path):
+    backup = FaultTolerantBackup(tmp_path, save_freq="10min", verbose=0)
+    now = [0.0]
+    backup._clock = lambda: now[0]
+
+    class Tick(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            now[0] += 61.0  # each step "takes" a minute
+
+    small_model().fit(small_data(), epochs=2, verbose=0, callbacks=[Tick(), backup])
+    steps = sorted(store.verify(f)["global_step"] for f in store.scan(str(tmp_path)))
+    assert steps == [10, 16]  # at 10 minutes, then the end of training
+
+
+def test_aip_checkpoint_dir_is_the_default_on_vertex(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIP_CHECKPOINT_DIR", str(tmp_path / "vertex"))
+    history = kerascale.fit(small_model(), small_data(), epochs=1, verbose=0)
+    assert store.scan(str(tmp_path / "vertex"))[0].state == "complete"
+    assert history.plan is not None
+
+
+@pytest.mark.parametrize(
+    "value", [False, True, 0, -3, 1.5, "sometimes", "10 minutes", "", None]
+)
+def test_save_freq_rejects(tmp_path, value):
+    with pytest.raises(ConfigurationError, match="save_freq"):
+        FaultTolerantBackup(tmp_path, save_freq=value)
+
+
+def test_directory_and_keep_are_validated(tmp_path):
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    for bad in ("", "  ", afile, 3, None):
+        with pytest.raises(ConfigurationError, match="directory"):
+            FaultTolerantBackup(bad)
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ConfigurationError, match="keep"):
+            FaultTolerantBackup(tmp_path, keep=bad)
+    with pytest.raises(ConfigurationError, match="checkpoint_freq"):
+        kerascale.fit(small_model(), small_data(), checkpoint_freq=5)
+
+
+def test_accepted_save_freq(tmp_path):
+    assert FaultTolerantBackup(tmp_path, save_freq=7)._every_steps == 7
+    assert FaultTolerantBackup(tmp_path, save_freq="1h30min")._every_seconds == 5400
+    assert FaultTolerantBackup(tmp_path, save_freq="30s")._every_seconds == 30
+
+
+def augment(a, b):
+    return a + tf.random.uniform(tf.shape(a)), b
+
+
+PIPELINES = {
+    "seeded": (lambda ds: ds.shuffle(64, seed=2), None),
+    "unseeded shuffle": (lambda ds: ds.shuffle(64), "without a seed"),
+    "random map": (
+        lambda ds: ds.shuffle(64, seed=2).map(augment),
+        "stateful operations",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PIPELINES))
+def test_a_non_reproducible_data_order_is_reported_once(tmp_path, caplog, kind):
+    shape, reason = PIPELINES[kind]
+    model = small_model()
+    tf.random.set_seed(None)  # else TF derives an unseeded shuffle's seed from it
+    x = np.random.default_rng(3).normal(size=(64, 3)).astype("float32")
+    ds = shape(tf.data.Dataset.from_tensor_slices((x, x[:, :1]))).batch(8)
+    backup = FaultTolerantBackup(tmp_path, save_freq=3, verbose=0)
+    with caplog.at_level("WARNING", logger="kerascale"):
+        model.fit(ds, epochs=2, verbose=0, callbacks=[backup])
+    warned = [r.getMessage() for r in caplog.records if "data order" in r.getMessage()]
+    if reason is None:
+        assert warned == []
+    else:
+        assert len(warned) == 1 and reason in warned[0]
