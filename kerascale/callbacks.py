@@ -113,9 +113,7 @@ class FaultTolerantBackup(keras.callbacks.Callback):
         # Created now in every run (it draws its seed from Python's random), so
         # an uninterrupted and a resumed run consume random numbers alike.
         seed_generator.global_seed_generator()
-        self._chief = bool(
-            getattr(self.model.distribute_strategy.extended, "should_checkpoint", True)
-        )
+        self._chief = _is_chief(self.model)
         self._spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
         self._epochs = int(self.params.get("epochs") or 0)
         self._epoch_steps = self.params.get("steps")
@@ -148,7 +146,11 @@ class FaultTolerantBackup(keras.callbacks.Callback):
         if self._last_call_skipped:
             return
         self._step = batch + 1
-        if self._preempted:
+        # A used-up iterator's checkpoint loses its shuffle-seed state, and
+        # Keras has yet to create the next epoch's: at an epoch's last batch,
+        # saves (and a preemption's exit) wait for the epoch's end.
+        at_end = self._used_up()
+        if self._preempted and not at_end:
             self._preempt_exit(boundary=False)
         due = (
             self._every_steps is not None
@@ -157,7 +159,9 @@ class FaultTolerantBackup(keras.callbacks.Callback):
             self._every_seconds is not None
             and self._clock() - self._last_save_time >= self._every_seconds
         )
-        if due:
+        if due and at_end:
+            self._save_due = True
+        elif due:
             self._save(boundary=False)
 
     def on_test_batch_end(self, batch, logs=None):
@@ -165,17 +169,19 @@ class FaultTolerantBackup(keras.callbacks.Callback):
             self._preempt_exit()
 
     def on_epoch_end(self, epoch, logs=None):
-        self._history["epoch"].append(epoch)
-        for key, value in (logs or {}).items():
-            with contextlib.suppress(TypeError, ValueError):
-                self._history["logs"].setdefault(key, []).append(float(value))
         if self._epoch_complete():
+            # Only whole epochs go into the saved History: a resumed run
+            # reports the interrupted epoch itself when it completes it.
+            self._history["epoch"].append(epoch)
+            for key, value in (logs or {}).items():
+                with contextlib.suppress(TypeError, ValueError):
+                    self._history["logs"].setdefault(key, []).append(float(value))
             self._completed_epochs = epoch + 1
             if self._epoch_steps is None:
                 self._epoch_steps = self._step  # learnt from a full epoch
         if self._preempted:
             self._preempt_exit()
-        if self.save_freq == "epoch":
+        if self.save_freq == "epoch" or self._save_due:
             self._save()
 
     def on_train_end(self, logs=None):
@@ -517,11 +523,7 @@ class FaultTolerantBackup(keras.callbacks.Callback):
         """
         if self._keras_iterator is None:
             return {"mode": "none"}
-        exhausted = self._exhausted or (
-            self._cardinality is not None
-            and self._cardinality >= 0
-            and self._consumed >= self._cardinality
-        )
+        exhausted = self._used_up()
         savable = self._iterator_savable()
         if boundary and exhausted:
             if not savable or self._dataset is None:
@@ -535,6 +537,14 @@ class FaultTolerantBackup(keras.callbacks.Callback):
                 self._next_epoch_iterator = iter(self._dataset)
             return {"mode": "advance", "consumed": 0}
         return {"mode": "iterator" if savable else "replay", "consumed": self._consumed}
+
+    def _used_up(self) -> bool:
+        """Whether the current iterator has no batch left (when known)."""
+        return self._exhausted or (
+            self._cardinality is not None
+            and self._cardinality >= 0
+            and self._consumed >= self._cardinality
+        )
 
     def _iterator_savable(self) -> bool:
         if self._savable is None:
@@ -550,10 +560,16 @@ class FaultTolerantBackup(keras.callbacks.Callback):
                 self._savable = True
             except Exception as e:
                 self._savable = False
+                what = type(live).__name__
+                why = (
+                    "TensorFlow cannot checkpoint a tf.distribute iterator"
+                    if what == "DistributedIterator"
+                    else f"{type(e).__name__}: {_first_line(e)[:200]}"
+                )
                 reasons.append(
-                    "its iterator cannot be checkpointed "
-                    f"({type(e).__name__}: {_first_line(e)[:200]}), so on resume "
-                    "kerascale replays up to one epoch of input to find its place"
+                    f"its iterator ({what}) cannot be checkpointed ({why}), so on "
+                    "resume kerascale re-reads the interrupted epoch's input up to "
+                    "its place, and later epochs may be shuffled differently"
                 )
             reason = _nondeterminism(self._dataset)
             if reason:
@@ -614,6 +630,7 @@ class FaultTolerantBackup(keras.callbacks.Callback):
         self.last_checkpoint = path
         self._last_save_step = self._global_step
         self._last_save_time = self._clock()
+        self._save_due = False
 
     def _trackables(self) -> dict[str, Any]:
         from keras.src.random import seed_generator
@@ -694,6 +711,7 @@ class FaultTolerantBackup(keras.callbacks.Callback):
         self._consumed = 0
         self._exhausted = False
         self._savable = None
+        self._save_due = False
         self._damaged: set[str] = set()
         self._order_warned = False
         self._preempted = False
@@ -734,6 +752,14 @@ class _Wrapped:
         if not self.owner._active:
             return self.real(iterator)
         return self.owner._step_fn(iterator)
+
+
+def _is_chief(model: keras.Model) -> bool:
+    """Whether this worker publishes checkpoints: under a multi-worker
+    strategy only the chief does; the others write to a temporary directory
+    that is removed (a checkpoint write may be collective)."""
+    extended = model.distribute_strategy.extended
+    return bool(getattr(extended, "should_checkpoint", True))
 
 
 def _validate_directory(directory: Any) -> str:
@@ -781,13 +807,7 @@ def _fingerprint(model: keras.Model, plan: Any) -> dict[str, Any]:
         )
     except Exception:
         arch = type(model).__qualname__
-    config = {
-        k: val
-        for k, val in json.loads(
-            json.dumps(optimizer.get_config(), default=str)
-        ).items()
-        if k != "name"
-    }
+    config = _without_names(json.loads(json.dumps(optimizer.get_config(), default=str)))
     core = precision.core_optimizer(optimizer)
     fp = {
         "architecture": hashlib.sha256(arch.encode()).hexdigest()[:16],
@@ -805,13 +825,29 @@ def _fingerprint(model: keras.Model, plan: Any) -> dict[str, Any]:
     return fp
 
 
+def _without_names(config: Any) -> Any:
+    """An optimizer's config without its (automatic, per-session) names."""
+    if isinstance(config, dict):
+        return {k: _without_names(v) for k, v in config.items() if k != "name"}
+    if isinstance(config, list):
+        return [_without_names(v) for v in config]
+    return config
+
+
 def _optimizer_change(saved: dict[str, Any], now: dict[str, Any]) -> str:
     if saved.get("class") != now.get("class"):
         return f"optimizer: {saved.get('class')} then, {now.get('class')} now"
-    a, b = saved.get("config", {}), now.get("config", {})
-    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    diffs = ", ".join(f"{k} {a.get(k)!r} then, {b.get(k)!r} now" for k in keys[:4])
-    return f"optimizer settings: {diffs}"
+    diffs = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                walk(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+        elif a != b:
+            diffs.append(f"{path} {a!r} then, {b!r} now")
+
+    walk(saved.get("config", {}), now.get("config", {}), "")
+    return "optimizer settings: " + ", ".join(diffs[:4])
 
 
 def _random_state() -> dict[str, Any]:

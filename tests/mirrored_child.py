@@ -72,6 +72,67 @@ if len(sys.argv) > 1 and sys.argv[1] == "search":
 rng = np.random.default_rng(0)
 x = rng.normal(size=(96, 6)).astype("float32")
 y = rng.integers(0, 3, size=96)
+
+if len(sys.argv) > 1 and sys.argv[1] == "backup":
+    # FaultTolerantBackup under MirroredStrategy: stopped mid-epoch, resumed by a
+    # new model object, against an uninterrupted run with the same checkpoints.
+    import tempfile
+
+    from kerascale import checkpoint as store
+
+    class StopAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                self.model.stop_training = True
+
+    def run(directory, stop=False):
+        # A new dataset per run, as in a new process: its shuffle seeds advance
+        # with every iterator created on it.
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(96, seed=3).batch(16)
+        model, _ = model_and_twin()
+        history = kerascale.fit(
+            model,
+            ds,
+            strategy="mirrored",
+            precision="float32",
+            optimize_data=False,
+            epochs=3,
+            checkpoint_dir=directory,
+            checkpoint_freq=2,
+            callbacks=[StopAt()] if stop else [],
+            verbose=0,
+        )
+        return model, history
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # The first run in a process differs slightly from later ones (as it
+        # does without a backup); compare runs that are not the first.
+        run(tmp + "/warm-up")
+        reference, _ = run(tmp + "/ref")
+        run(tmp + "/run", stop=True)
+        stopped = store.verify(store.scan(tmp + "/run")[0])
+        resumed, history = run(tmp + "/run")
+    diff = max(
+        float(np.max(np.abs(a - b)))
+        for a, b in zip(reference.get_weights(), resumed.get_weights(), strict=True)
+    )
+    print(
+        json.dumps(
+            {
+                "replicas": history.plan.replicas,
+                "stopped_at": [
+                    stopped["epoch"],
+                    stopped["step"],
+                    stopped["data"]["mode"],
+                ],
+                "epochs": len(history.history["loss"]),
+                "iterations": int(resumed.optimizer.iterations.numpy()),
+                "max_weight_diff": diff,
+            }
+        )
+    )
+    sys.exit(0)
+
 model, twin = model_and_twin()
 mode = sys.argv[1] if len(sys.argv) > 1 else "arrays"
 if mode == "dataset":

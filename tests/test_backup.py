@@ -6,6 +6,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -119,18 +120,21 @@ def test_five_kills_in_one_run_give_the_same_result(reference, tmp_path):
     assert max_difference(resumed, reference) <= 1e-6
 
 
-def test_epoch_checkpoints_resume_at_the_epoch_boundary(tmp_path):
-    run_child(tmp_path / "ref", tmp_path / "ref.npz", "--save-freq", "epoch")
+@pytest.mark.parametrize("freq", ["epoch", str(STEPS_PER_EPOCH)])
+def test_checkpoints_at_epoch_ends_resume_exactly(tmp_path, freq):
+    """Also every 32 batches, which lands each save on an epoch's last batch:
+    a used-up iterator cannot carry its shuffle seeds, so that save waits for
+    the epoch's end and saves the next epoch's iterator instead."""
+    run_child(tmp_path / "ref", tmp_path / "ref.npz", "--save-freq", freq)
     rc, _ = run_and_kill(
-        tmp_path / "ckpt", tmp_path / "out.npz", 75, "--save-freq", "epoch"
+        tmp_path / "ckpt", tmp_path / "out.npz", 75, "--save-freq", freq
     )
     assert rc == -signal.SIGKILL
     meta = store.verify(store.scan(str(tmp_path / "ckpt"))[0])
     assert (meta["epoch"], meta["step"], meta["data"]["mode"]) == (2, 0, "advance")
-    run_child(tmp_path / "ckpt", tmp_path / "out.npz", "--save-freq", "epoch")
-    assert (
-        max_difference(load(tmp_path / "out.npz"), load(tmp_path / "ref.npz")) <= 1e-6
-    )
+    run_child(tmp_path / "ckpt", tmp_path / "out.npz", "--save-freq", freq)
+    resumed, reference = load(tmp_path / "out.npz"), load(tmp_path / "ref.npz")
+    assert max_difference(resumed, reference) <= 1e-6
 
 
 @pytest.mark.parametrize(
@@ -444,3 +448,62 @@ def test_a_non_reproducible_data_order_is_reported_once(tmp_path, caplog, kind):
         assert warned == []
     else:
         assert len(warned) == 1 and reason in warned[0]
+
+
+def test_resume_inside_an_accumulation_window_with_loss_scaling(tmp_path):
+    """Stopped after 6 batches with 4 per update: the accumulators hold 2
+    micro-batches, and the loss scale has its own state; both come back."""
+
+    def build():
+        keras.utils.set_random_seed(4)
+        model = keras.Sequential(
+            [keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(1)]
+        )
+        inner = keras.optimizers.Adam(0.01)
+        model.compile(
+            optimizer=keras.mixed_precision.LossScaleOptimizer(inner), loss="mse"
+        )
+        kerascale.accumulate(model, 4)
+        return model
+
+    class StopAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 5:
+                self.model.stop_training = True
+
+    def fit(model, directory, *extra):
+        backup = FaultTolerantBackup(directory, save_freq=3, verbose=0)
+        model.fit(small_data(), epochs=3, verbose=0, callbacks=[backup, *extra])
+        return backup
+
+    reference = build()
+    fit(reference, tmp_path / "ref")
+    fit(build(), tmp_path / "run", StopAt())
+    meta = store.verify(store.scan(str(tmp_path / "run"))[0])
+    # One update applied (4 micro-batches), 2 micro-batches in the accumulators.
+    assert (meta["epoch"], meta["step"], meta["iterations"]) == (0, 6, 1)
+    resumed = build()
+    backup = fit(resumed, tmp_path / "run")
+    assert backup.resumed_from["global_step"] == 6
+    pairs = zip(
+        [*reference.variables, *reference.optimizer.variables],
+        [*resumed.variables, *resumed.optimizer.variables],
+        strict=True,
+    )
+    names = [v.path for v in resumed.optimizer.variables]
+    assert any("accumulator" in n for n in names) and any("scale" in n for n in names)
+    for a, b in pairs:
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=1e-6)
+
+
+def test_a_worker_that_is_not_the_chief_writes_nothing_lasting(tmp_path, monkeypatch):
+    from kerascale import callbacks
+
+    monkeypatch.setattr(callbacks, "_is_chief", lambda model: False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
+    backup = FaultTolerantBackup(tmp_path / "ckpt", save_freq=2, verbose=0)
+    small_model().fit(small_data(), epochs=1, verbose=0, callbacks=[backup])
+    assert len(backup.save_seconds) == 4  # it took part in every save
+    assert not (tmp_path / "ckpt").exists()
+    assert list((tmp_path / "temp").iterdir()) == []
