@@ -134,10 +134,12 @@ def fit(
         verbose=verbose,
     )
     backup = _backup(checkpoint_dir, checkpoint_freq, fit_kwargs, options.verbose)
+    pinned: list[str] = []
     if backup is not None:
-        options = _pinned(options, backup.saved_plan(), x, y)
+        options, pinned = _pinned(options, backup.saved_plan(), x, y)
     steps = fit_kwargs.get("steps_per_epoch")
     decided = decide(model, x, y, options, steps_per_epoch=steps, search=search)
+    decided = _say_pinned(decided, pinned)
     plan = decided.plan
     dist = strategy_lib.build(plan, decided.instance)
     if dist.num_replicas_in_sync != plan.replicas:
@@ -174,6 +176,7 @@ def fit(
                 hardware=decided.hardware,
                 not_rebuildable=why,
             )
+            decided = _say_pinned(decided, pinned)
             plan = decided.plan
             dist = strategy_lib.build(plan, decided.instance)
     if not isinstance(train_model, keras.Model) or not train_model.compiled:
@@ -277,10 +280,12 @@ def plan(
     )
     fit_kwargs = dict(fit_kwargs)
     backup = _backup(checkpoint_dir, checkpoint_freq, fit_kwargs, options.verbose)
+    pinned: list[str] = []
     if backup is not None:
-        options = _pinned(options, backup.saved_plan(), x, y)
+        options, pinned = _pinned(options, backup.saved_plan(), x, y)
     steps = fit_kwargs.get("steps_per_epoch")
-    return decide(model, x, y, options, steps_per_epoch=steps, search=search).plan
+    decided = decide(model, x, y, options, steps_per_epoch=steps, search=search)
+    return _say_pinned(decided, pinned).plan
 
 
 def _backup(
@@ -324,11 +329,23 @@ def _backup(
     return backup
 
 
-def _pinned(options: Options, saved: Plan | None, x: Any, y: Any) -> Options:
+# Option -> the Plan reason it decides.
+_PINNED_REASON = {
+    "precision": "precision",
+    "optimize_data": "data_changes",
+    "batch_size": "global_batch_size",
+    "accumulation_steps": "accumulation_steps",
+}
+
+
+def _pinned(
+    options: Options, saved: Plan | None, x: Any, y: Any
+) -> tuple[Options, list[str]]:
     """Options with the "auto" choices a checkpoint was written under, so a
-    rerun resumes with them even if a new search or trial would differ."""
+    rerun resumes with them even if a new search or trial would differ; and
+    the names of the options so set."""
     if saved is None:
-        return options
+        return options, []
     changes: dict[str, Any] = {}
     if options.precision == "auto":
         changes["precision"] = saved.precision
@@ -339,7 +356,21 @@ def _pinned(options: Options, saved: Plan | None, x: Any, y: Any) -> Options:
     batch = changes.get("batch_size", options.batch_size)
     if options.accumulation_steps is None and batch == saved.global_batch_size:
         changes["accumulation_steps"] = saved.accumulation_steps
-    return dataclasses.replace(options, **changes)
+    return dataclasses.replace(options, **changes), sorted(changes)
+
+
+def _say_pinned(decided: Any, pinned: list[str]) -> Any:
+    """The decision with reasons that say which choices came from the
+    checkpoint being resumed (not "you asked for it")."""
+    if not pinned:
+        return decided
+    reasons = dict(decided.plan.reasons)
+    for name in pinned:
+        key = _PINNED_REASON[name]
+        reasons[key] = "as in the checkpoint being resumed"
+    return dataclasses.replace(
+        decided, plan=dataclasses.replace(decided.plan, reasons=reasons)
+    )
 
 
 def _validate(
