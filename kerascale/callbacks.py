@@ -32,8 +32,13 @@ from kerascale.errors import CheckpointError
 logger = logging.getLogger("kerascale")
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers expect
-_CARDINALITY_UNKNOWN = -2
-_CARDINALITY_INFINITE = -1
+# What reading a checkpoint that passed its checks can still raise.
+_RESTORE_ERRORS = (
+    store.CorruptCheckpoint,
+    tf.errors.OpError,
+    ValueError,
+    AssertionError,
+)
 
 
 class FaultTolerantBackup(keras.callbacks.Callback):
@@ -254,12 +259,7 @@ class FaultTolerantBackup(keras.callbacks.Callback):
             self._check_fingerprint(meta, found)
             try:
                 self._restore_state(found, meta)
-            except (
-                store.CorruptCheckpoint,
-                tf.errors.OpError,
-                ValueError,
-                AssertionError,
-            ) as e:
+            except _RESTORE_ERRORS as e:
                 problems.append(f"{found.path}: {e}")
                 self._damaged.add(found.path)
                 logger.warning(
@@ -428,12 +428,7 @@ class FaultTolerantBackup(keras.callbacks.Callback):
             self._check_fingerprint(self.resumed_from, found)
             try:
                 self._restore_state(found, self.resumed_from)
-            except (
-                store.CorruptCheckpoint,
-                tf.errors.OpError,
-                ValueError,
-                AssertionError,
-            ) as e:
+            except _RESTORE_ERRORS as e:
                 raise CheckpointError(
                     f"Checkpoint {found.path} passed its checks but cannot be "
                     f"restored: {_first_line(e)}. Move it aside to resume from "
