@@ -3,6 +3,8 @@
 
 - `FaultTolerantBackup`: resume after a kill or preemption at the exact batch,
   with nothing applied twice and nothing lost.
+- `Throughput`, `GPUMonitor`, `TimeBudget`, `ProfileWindow`: see
+  `kerascale.monitoring`.
 """
 
 from __future__ import annotations
@@ -28,8 +30,18 @@ import tensorflow as tf
 from kerascale import _validation as v
 from kerascale import checkpoint as store
 from kerascale.errors import CheckpointError
+from kerascale.monitoring import GPUMonitor, ProfileWindow, Throughput, TimeBudget
 
 logger = logging.getLogger("kerascale")
+
+__all__ = [
+    "PREEMPTED_EXIT_CODE",
+    "FaultTolerantBackup",
+    "GPUMonitor",
+    "ProfileWindow",
+    "Throughput",
+    "TimeBudget",
+]
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers expect
 # What reading a checkpoint that passed its checks can still raise.

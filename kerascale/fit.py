@@ -18,6 +18,7 @@ import keras
 
 from kerascale import accumulation as accumulation_lib
 from kerascale import data as data_lib
+from kerascale import monitoring
 from kerascale import precision as precision_lib
 from kerascale import strategy as strategy_lib
 from kerascale.batch_search import SearchOptions
@@ -47,6 +48,9 @@ def fit(
     optimize_data: bool | str = "auto",
     checkpoint_dir: str | os.PathLike | None = None,
     checkpoint_freq: int | str = "epoch",
+    log_dir: str | os.PathLike | None = None,
+    profile: bool | tuple[int, int] = False,
+    time_budget: float | str | None = None,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
 ) -> keras.callbacks.History:
@@ -103,6 +107,15 @@ def fit(
             checkpoints. A `FaultTolerantBackup` in `callbacks` is used as is.
         checkpoint_freq: The backup's `save_freq`: "epoch", every N batches,
             or a duration like "10min". Defaults to "epoch".
+        log_dir: Where `callbacks.Throughput` (samples/s, step times, ETA)
+            and, on GPUs, `callbacks.GPUMonitor` write TensorBoard scalars;
+            their figures also go into `History`. Defaults to `None`: neither.
+        profile: True traces steps 10-14 with `tf.profiler`
+            (`callbacks.ProfileWindow`) into `log_dir` (default
+            "kerascale_logs"); (start, stop) picks the steps. Defaults to False.
+        time_budget: Seconds, or "18h", "90min": stop gracefully before
+            then, leaving time for the final checkpoint
+            (`callbacks.TimeBudget`). Defaults to `None`.
         verbose: As in `model.fit`; 0 also silences kerascale. Defaults to
             "auto".
         **fit_kwargs: Passed to `model.fit` (epochs, callbacks,
@@ -133,6 +146,7 @@ def fit(
         optimize_data=optimize_data,
         verbose=verbose,
     )
+    monitor = monitoring.validate_fit_options(log_dir, profile, time_budget)
     backup = _backup(checkpoint_dir, checkpoint_freq, fit_kwargs, options.verbose)
     pinned: list[str] = []
     if backup is not None:
@@ -206,6 +220,15 @@ def fit(
 
     if backup is not None:
         backup.plan = plan
+    fit_kwargs["callbacks"] = [
+        *(fit_kwargs.get("callbacks") or []),
+        *monitoring.for_fit(
+            *monitor,
+            samples_per_step=plan.step_batch_size,
+            gpus=len(decided.hardware.gpus),
+            backup=backup,
+        ),
+    ]
     if options.verbose != 0:
         print(plan, flush=True)
     for w in plan.warnings:
@@ -251,6 +274,9 @@ def plan(
     optimize_data: bool | str = "auto",
     checkpoint_dir: str | os.PathLike | None = None,
     checkpoint_freq: int | str = "epoch",
+    log_dir: str | os.PathLike | None = None,
+    profile: bool | tuple[int, int] = False,
+    time_budget: float | str | None = None,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
 ) -> Plan:
@@ -278,6 +304,7 @@ def plan(
         optimize_data=optimize_data,
         verbose=verbose,
     )
+    monitoring.validate_fit_options(log_dir, profile, time_budget)
     fit_kwargs = dict(fit_kwargs)
     backup = _backup(checkpoint_dir, checkpoint_freq, fit_kwargs, options.verbose)
     pinned: list[str] = []
