@@ -5,9 +5,10 @@ Change one line: ``model.fit(ds)`` becomes ``kerascale.fit(model, ds)``.
 
 import logging
 
-from kerascale import callbacks
+from kerascale import callbacks, data
 from kerascale.accumulation import accumulate
 from kerascale.batch_search import BatchSearchResult, find_batch_size
+from kerascale.diagnosis import Diagnosis, diagnose
 from kerascale.errors import (
     BatchSizeSearchError,
     CheckpointError,
@@ -37,6 +38,7 @@ __all__ = [
     "ClusterConfigError",
     "ConfigurationError",
     "DataError",
+    "Diagnosis",
     "GPUInfo",
     "Hardware",
     "KerascaleError",
@@ -47,7 +49,9 @@ __all__ = [
     "__version__",
     "accumulate",
     "callbacks",
+    "data",
     "detect_hardware",
+    "diagnose",
     "find_batch_size",
     "fit",
     "plan",

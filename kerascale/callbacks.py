@@ -20,7 +20,6 @@ import signal
 import tempfile
 import threading
 import time
-import warnings
 from typing import Any
 
 import keras
@@ -887,19 +886,11 @@ def _nondeterminism(dataset: Any) -> str | None:
                 pass
         inputs = node._inputs() if hasattr(node, "_inputs") else []
         node = inputs[0] if inputs else None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tf.raw_ops.DatasetToGraphV2(
-                input_dataset=dataset._variant_tensor, external_state_policy=2
-            )
-    except tf.errors.OpError as e:
-        reasons.append(
-            "it has stateful operations (random ops or Python code in a map: "
-            f"{_first_line(e)[:160]})"
-        )
-    except Exception:
-        pass
+    from kerascale.data import stateful_reason
+
+    reason = stateful_reason(dataset)
+    if reason:
+        reasons.append(reason)
     return "; ".join(reasons) or None
 
 

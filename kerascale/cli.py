@@ -13,6 +13,7 @@ import json
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from kerascale import __version__
 
@@ -55,15 +56,11 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-def _find_batch(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace) -> Any:
+    """The saved model of `args.model`, or an exit code after a message."""
     import importlib
 
     import keras
-    import numpy as np
-    import tensorflow as tf
-
-    from kerascale.batch_search import find_batch_size
-    from kerascale.errors import KerascaleError
 
     for module in args.imports:
         importlib.import_module(module)  # registers the model's custom objects
@@ -72,13 +69,21 @@ def _find_batch(args: argparse.Namespace) -> int:
             # A model saved before training has an unbuilt optimizer; Keras
             # warns that it skips its variables, which is harmless here.
             warnings.filterwarnings("ignore", "Skipping variable loading")
-            model = keras.saving.load_model(args.model)
+            return keras.saving.load_model(args.model)
     except Exception as e:
         print(
             f"kerascale: cannot load {args.model}: {type(e).__name__}: {e}",
             file=sys.stderr,
         )
         return 2
+
+
+def _synthetic(model: Any, args: argparse.Namespace, count: int) -> Any:
+    """A dataset of `count` synthetic samples shaped like --input-shape, with
+    targets shaped like the model's outputs (class indices for a sparse loss)."""
+    import numpy as np
+    import tensorflow as tf
+
     shapes = [_shape(s) for s in args.input_shape]
     sample = [np.zeros((1, *shape), args.input_dtype) for shape in shapes]
     inputs = sample[0] if len(sample) == 1 else sample
@@ -96,9 +101,19 @@ def _find_batch(args: argparse.Namespace) -> int:
         else tf.constant(sample[0][0]),
         tf.nest.map_structure(target, outputs),
     )
-    # One sample repeated: a dataset of the size the search may go up to,
-    # without holding that many samples in memory.
-    data = tf.data.Dataset.from_tensors(element).repeat(args.max_batch_size)
+    # One sample repeated: a dataset of the size asked for, without holding
+    # that many samples in memory.
+    return tf.data.Dataset.from_tensors(element).repeat(count)
+
+
+def _find_batch(args: argparse.Namespace) -> int:
+    from kerascale.batch_search import find_batch_size
+    from kerascale.errors import KerascaleError
+
+    model = _load(args)
+    if isinstance(model, int):
+        return model
+    data = _synthetic(model, args, args.max_batch_size)
     try:
         result = find_batch_size(
             model,
@@ -116,6 +131,35 @@ def _find_batch(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(result)
+    return 0
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    from kerascale.diagnosis import diagnose
+    from kerascale.errors import KerascaleError
+
+    model = _load(args)
+    if isinstance(model, int):
+        return model
+    batch = args.batch_size or 32
+    data = _synthetic(model, args, batch * (args.steps + 8))
+    try:
+        result = diagnose(
+            model,
+            data,
+            steps=args.steps,
+            batch_size=args.batch_size or "auto",
+            precision=args.precision,
+            memory_limit=args.memory_limit,
+            verbose=0 if args.json else "auto",
+        )
+    except KerascaleError as e:
+        print(f"kerascale: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
         print(result)
     return 0
@@ -181,7 +225,33 @@ def build_parser() -> argparse.ArgumentParser:
         "largest batch that fits (or, with --mode throughput, the fastest).",
     )
     find.add_argument("model", help="a model saved with model.save('....keras')")
-    find.add_argument(
+    _model_arguments(find)
+    find.add_argument("--max-batch-size", type=_positive, default=4096)
+    find.add_argument("--mode", choices=["max", "throughput"], default="max")
+    find.add_argument("--no-cache", action="store_true")
+    find.add_argument("--force", action="store_true", help="ignore a cached result")
+    find.add_argument("--json", action="store_true", help="print JSON")
+    find.set_defaults(func=_find_batch)
+
+    diag = sub.add_parser(
+        "diagnose",
+        help="say whether training a saved model is input-, compute- or memory-bound",
+        description="Times the input pipeline alone, a training step alone and "
+        "both together for MODEL.keras on synthetic inputs of --input-shape "
+        "(plus memory at the batch, with --memory-limit), and says what to change.",
+    )
+    diag.add_argument("model", help="a model saved with model.save('....keras')")
+    _model_arguments(diag)
+    diag.add_argument("--batch-size", type=_positive, default=None)
+    diag.add_argument("--steps", type=_positive, default=20)
+    diag.add_argument("--json", action="store_true", help="print JSON")
+    diag.set_defaults(func=_diagnose)
+    return parser
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments that describe a saved model's inputs and training."""
+    p.add_argument(
         "--input-shape",
         action="append",
         required=True,
@@ -189,21 +259,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="D1,D2,...",
         help="per-sample input shape; repeat for several inputs",
     )
-    find.add_argument("--input-dtype", default="float32")
-    find.add_argument(
+    p.add_argument("--input-dtype", default="float32")
+    p.add_argument(
         "--memory-limit",
         type=_size,
         default=None,
         help='e.g. "4GiB"; per GPU, or the data memory on CPU',
     )
-    find.add_argument("--max-batch-size", type=_positive, default=4096)
-    find.add_argument("--mode", choices=["max", "throughput"], default="max")
-    find.add_argument(
+    p.add_argument(
         "--precision",
         default="auto",
         choices=["auto", "float32", "mixed_float16", "mixed_bfloat16"],
     )
-    find.add_argument(
+    p.add_argument(
         "--import",
         dest="imports",
         action="append",
@@ -211,11 +279,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE",
         help="import MODULE first (registers custom objects)",
     )
-    find.add_argument("--no-cache", action="store_true")
-    find.add_argument("--force", action="store_true", help="ignore a cached result")
-    find.add_argument("--json", action="store_true", help="print JSON")
-    find.set_defaults(func=_find_batch)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,7 +17,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kerascale import _validation
 from kerascale.errors import DataError
+from kerascale.memory import parse_bytes
 from kerascale.planning import DataFacts, Plan
 
 logger = logging.getLogger("kerascale")
@@ -160,6 +162,7 @@ def _inspect_dataset(
         batch_size=batch,
         num_samples=samples,
         from_files=reads_files(ds),
+        cacheable=cacheable(ds)[0],
     )
 
 
@@ -305,18 +308,167 @@ def prepare(ds: tf.data.Dataset, facts: DataFacts, plan: Plan, *, optimize: bool
     elif facts.batch_size != batch:
         ds = ds.rebatch(batch)
     if optimize:
-        prefetched = type(ds).__name__ == "_PrefetchDataset"
-        options = tf.data.Options()
-        options.experimental_optimization.map_parallelization = True
+        ds, _ = _finish(ds, cache=facts.cacheable, deterministic=None)
         if plan.replicas > 1:
+            options = tf.data.Options()
             policy = tf.data.experimental.AutoShardPolicy
             options.experimental_distribute.auto_shard_policy = (
                 policy.FILE if facts.from_files else policy.DATA
             )
-        ds = ds.with_options(options)
-        if not prefetched:
-            ds = ds.prefetch(tf.data.AUTOTUNE)
+            ds = ds.with_options(options)
     return ds
+
+
+def optimize(
+    ds: tf.data.Dataset,
+    *,
+    deterministic: bool = True,
+    cache: bool | str = "auto",
+    memory_budget: int | str | None = None,
+) -> tf.data.Dataset:
+    """Applies the input-pipeline fixes that cannot change what is trained.
+
+    - The maps you applied last run in parallel (`num_parallel_calls=
+      AUTOTUNE`), random augmentations and Python functions included, which
+      TensorFlow's own `map_parallelization` leaves sequential; TensorFlow's
+      map parallelisation for the rest.
+    - `cache()` when every epoch yields the same elements (no shuffle, no
+      random or Python ops), the length is known, and the size, from the
+      element shapes, fits in `memory_budget`.
+    - `prefetch(AUTOTUNE)` at the end.
+    - The order of elements is kept unless `deterministic=False`.
+
+    What it changed is logged, and returned by `optimize_report`.
+
+    Args:
+        ds: A `tf.data.Dataset`.
+        deterministic: Keep the order of elements. Defaults to True.
+        cache: True, False, or "auto" (see above). Defaults to "auto".
+        memory_budget: Bytes or "2GiB" a cache may take. Defaults to `None`:
+            a quarter of the memory available now.
+
+    Returns:
+        The optimised dataset.
+
+    Example:
+
+    >>> ds = kerascale.data.optimize(ds)
+    """
+    ds, changes = _optimize(ds, deterministic, cache, memory_budget)
+    logger.info("data.optimize: %s", ", ".join(changes) or "nothing to change")
+    return ds
+
+
+def optimize_report(
+    ds: tf.data.Dataset,
+    *,
+    deterministic: bool = True,
+    cache: bool | str = "auto",
+    memory_budget: int | str | None = None,
+) -> list[str]:
+    """What `optimize` would change, in words, without changing anything."""
+    return _optimize(ds, deterministic, cache, memory_budget)[1]
+
+
+def _optimize(
+    ds: Any, deterministic: Any, cache: Any, memory_budget: Any
+) -> tuple[tf.data.Dataset, list[str]]:
+    if not is_dataset(ds):
+        raise _validation.fail("ds", type(ds).__name__, "a tf.data.Dataset")
+    _validation.boolean("deterministic", deterministic)
+    _validation.boolean_or_auto("cache", cache)
+    budget = (
+        None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
+    )
+    changes = []
+    parallel = parallel_maps(ds)
+    if parallel is not ds:
+        changes.append("parallel maps")
+    if cache == "auto":
+        cache, why = cacheable(ds, budget)
+        if not cache:
+            changes.append(f"no cache(): {why}")
+    elif cache:
+        changes.append("cache() (as asked)")
+    out, more = _finish(parallel, cache=bool(cache), deterministic=deterministic)
+    return out, changes + more
+
+
+def _finish(
+    ds: tf.data.Dataset, *, cache: bool, deterministic: bool | None
+) -> tuple[tf.data.Dataset, list[str]]:
+    """Caches, sets the options and prefetches the top of a pipeline."""
+    changes = []
+    if cache and not any(
+        type(n).__name__ in ("CacheDataset", "_CacheDataset") for n in _chain(ds)
+    ):
+        ds = ds.cache()
+        changes.append("cache()")
+    options = tf.data.Options()
+    options.experimental_optimization.map_parallelization = True
+    if deterministic is not None:
+        options.deterministic = deterministic
+        if not deterministic:
+            changes.append("order not kept (deterministic=False)")
+    ds = ds.with_options(options)
+    changes.append("map parallelization")
+    if not any(type(n).__name__ == "_PrefetchDataset" for n in _chain(ds)[:2]):
+        ds = ds.prefetch(tf.data.AUTOTUNE)
+        changes.append("prefetch(AUTOTUNE)")
+    return ds, changes
+
+
+def cacheable(ds: tf.data.Dataset, budget: int | None = None) -> tuple[bool, str]:
+    """Whether `cache()` is safe and fits: (answer, why not)."""
+    from kerascale.memory import available_bytes, format_bytes
+
+    if any(type(n).__name__ in ("CacheDataset", "_CacheDataset") for n in _chain(ds)):
+        return False, "it is cached already"
+    cardinality = int(ds.cardinality())
+    if cardinality < 0:
+        return False, "its length is unknown or infinite"
+    if any(type(n).__name__ == "_ShuffleDataset" for n in _chain(ds)):
+        return False, "it shuffles (a cache would freeze one order)"
+    reason = stateful_reason(ds)
+    if reason:
+        return False, f"{reason} (a cache would freeze their results)"
+    size = 0
+    batch = dataset_batch_size(ds)
+    for spec in tf.nest.flatten(ds.element_spec):
+        shape = getattr(spec, "shape", None)
+        dtype = getattr(spec, "dtype", None)
+        if shape is not None and shape.rank and shape[0] is None and batch:
+            shape = tf.TensorShape([batch, *shape[1:]])  # a batch: at most this
+        if shape is None or not shape.is_fully_defined() or dtype == tf.string:
+            return False, "its elements have no fixed size to budget"
+        size += shape.num_elements() * dtype.size
+    total = size * cardinality
+    if budget is None:
+        available = available_bytes()
+        if available is None:
+            return False, "the memory available is unknown"
+        budget = available // 4
+    if total > budget:
+        return False, f"it needs {format_bytes(total)}, over {format_bytes(budget)}"
+    return True, ""
+
+
+def stateful_reason(ds: tf.data.Dataset) -> str | None:
+    """Why the pipeline's output can differ between runs or epochs: random
+    ops or Python code in its functions (TensorFlow's own check), or None."""
+    try:
+        tf.raw_ops.DatasetToGraphV2(
+            input_dataset=ds._variant_tensor,
+            external_state_policy=2,  # FAIL
+        )
+    except tf.errors.OpError as e:
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        # e.g. "EagerPyFunc is stateful."
+        text = text.split("graph: ", 1)[-1].split(" [Op:")[0]
+        return f"it has stateful operations (random ops or Python code: {text[:120]})"
+    except Exception:
+        return "its graph cannot be inspected"
+    return None
 
 
 def lost_cardinality(original: tf.data.Dataset, prepared: tf.data.Dataset) -> bool:

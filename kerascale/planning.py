@@ -109,6 +109,10 @@ class DataFacts:
             length, counting a batched one's last batch as full), else None.
         from_files: Whether a dataset reads files (TFRecord, text lines...),
             which lets a distributed strategy shard it by file.
+        cacheable: Whether a dataset gives the same elements every epoch (no
+            shuffle, no random or Python ops), has a known length, and fits
+            in a quarter of the memory available: `cache()` then spares
+            re-computing it.
     """
 
     kind: str
@@ -116,6 +120,7 @@ class DataFacts:
     batch_size: int | None = None
     num_samples: int | None = None
     from_files: bool = False
+    cacheable: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -490,6 +495,8 @@ def _data_changes(
         changes.append(f"rebatch({data.batch_size} -> {global_batch})")
     if options.optimize_data:
         changes += ["map parallelization", "prefetch(AUTOTUNE)"]
+        if data.cacheable:
+            changes.append("cache()")
         if replicas > 1:
             # TF's AUTO tries files first and warns when it falls back to data;
             # saying which one applies is quieter and shows in the plan.

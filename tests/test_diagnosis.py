@@ -1,0 +1,189 @@
+"""kerascale.diagnose on three workloads built to be input-, compute- and
+memory-bound (real measurements on this CPU; the memory one with a real
+memory limit in child processes), data.optimize, and the CLI."""
+
+import json
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerascale
+from kerascale import data as data_lib
+from kerascale.errors import ConfigurationError
+
+
+def slow_python_map(x, y):
+    def f(v):
+        time.sleep(0.002)  # e.g. decoding in Python
+        return v
+
+    return tf.ensure_shape(tf.py_function(f, [x], tf.float32), x.shape), y
+
+
+def input_bound_data(n=1024):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 16)).astype("float32")
+    y = rng.normal(size=(n, 1)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).map(slow_python_map)
+
+
+def small_model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((16,)), keras.layers.Dense(16), keras.layers.Dense(1)]
+    )
+    model.compile("adam", "mse")
+    return model
+
+
+def test_input_bound_workload():
+    d = kerascale.diagnose(
+        small_model(),
+        input_bound_data().batch(32),
+        optimize_data=False,
+        precision="float32",
+        steps=8,
+        verbose=0,
+    )
+    assert d.bound == "input"
+    assert d.input_batches_per_s < d.step_batches_per_s
+    assert d.training_batches_per_s < 0.85 * d.step_batches_per_s
+    assert any("data.optimize" in r.action for r in d.recommendations)
+    assert d.recommendations[0].expected_gain > 1
+    assert "INPUT-bound" in str(d)
+
+
+def test_compute_bound_workload():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((64, 64, 3))
+    h = inputs
+    for filters in (64, 64, 64):
+        h = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(h)
+    outputs = keras.layers.Dense(1)(keras.layers.GlobalAveragePooling2D()(h))
+    model = keras.Model(inputs, outputs)
+    model.compile("adam", "mse")
+    images = np.random.default_rng(0).random((256, 64, 64, 3), dtype=np.float32)
+    ds = tf.data.Dataset.from_tensor_slices((images, images[:, 0, 0, :1]))
+    ds = ds.batch(32).cache()
+    d = kerascale.diagnose(
+        model, ds, precision="float32", optimize_data=False, steps=5, verbose=0
+    )
+    assert d.bound == "compute"
+    assert d.input_batches_per_s > 5 * d.step_batches_per_s
+    assert d.training_batches_per_s >= 0.85 * d.step_batches_per_s
+    assert any("smaller model" in r.action for r in d.recommendations)
+
+
+def test_memory_bound_workload_with_a_real_memory_limit():
+    """A batch at the limit: the probe in a child process, under a real
+    RLIMIT_DATA, peaks within 10% of it (or does not fit at all)."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((1024,)),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile("adam", "mse")
+    rng = np.random.default_rng(0)
+    x = rng.random((4096, 1024), dtype=np.float32)
+    ds = tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
+    d = kerascale.diagnose(
+        model,
+        ds,
+        batch_size=2048,
+        memory_limit="830MiB",
+        precision="float32",
+        steps=2,
+        verbose=0,
+    )
+    assert d.bound == "memory"
+    assert d.plan.accumulation_steps > 1 or d.memory_headroom < 0.10
+    assert any("accumulation" in r.action for r in d.recommendations)
+    assert d.to_dict()["bound"] == "memory"
+
+
+def test_data_optimize_speeds_up_the_input_bound_pipeline_and_keeps_order():
+    plain = input_bound_data(512)
+    fast = data_lib.optimize(plain)
+
+    def rate(ds):
+        start = time.perf_counter()
+        rows = [float(x[0]) for x, _ in ds]
+        return len(rows) / (time.perf_counter() - start), rows
+
+    plain_rate, plain_rows = rate(plain)
+    fast_rate, fast_rows = rate(fast)
+    assert fast_rows == plain_rows  # determinism kept: the same order
+    assert fast_rate > 1.2 * plain_rate  # benchmarks/ holds the >= 1.5x goal
+    report = data_lib.optimize_report(plain)
+    assert "parallel maps" in report and "prefetch(AUTOTUNE)" in report
+    assert any("stateful" in r for r in report)  # no cache over Python code
+
+
+def test_data_optimize_caches_only_what_cannot_change():
+    ds = tf.data.Dataset.range(100).map(lambda i: i * 2).batch(10)
+    assert "cache()" in data_lib.optimize_report(ds)
+    assert next(iter(data_lib.optimize(ds).as_numpy_iterator())).tolist() == list(
+        range(0, 20, 2)
+    )
+    shuffled = tf.data.Dataset.range(100).shuffle(10, seed=1).batch(10)
+    assert "cache()" not in data_lib.optimize_report(shuffled)
+    assert "cache()" not in data_lib.optimize_report(ds, memory_budget=100)
+    assert "cache() (as asked)" in data_lib.optimize_report(shuffled, cache=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"deterministic": "yes"}, "deterministic"),
+        ({"cache": "sometimes"}, "cache"),
+        ({"memory_budget": "lots"}, "memory_budget"),
+    ],
+)
+def test_data_optimize_validates(kwargs, name):
+    with pytest.raises(ConfigurationError, match=name):
+        data_lib.optimize(tf.data.Dataset.range(3), **kwargs)
+
+
+def test_diagnose_validates_steps():
+    with pytest.raises(ConfigurationError, match="steps"):
+        kerascale.diagnose(small_model(), input_bound_data(), steps=0)
+
+
+def test_cli_diagnose_prints_json(tmp_path):
+    path = tmp_path / "m.keras"
+    small_model().save(path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kerascale",
+            "diagnose",
+            str(path),
+            "--input-shape",
+            "16",
+            "--batch-size",
+            "32",
+            "--precision",
+            "float32",
+            "--steps",
+            "3",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["bound"] in ("input", "compute", "memory")
+    assert out["step_batches_per_s"] > 0 and out["batch_size"] == 32
+    assert out["recommendations"]
