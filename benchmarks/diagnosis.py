@@ -1,0 +1,212 @@
+"""Diagnosis and monitoring: the three verdicts with their numbers, the
+speed-up of `data.optimize` on an input-bound pipeline, and the overhead of
+the Throughput and GPUMonitor callbacks on step time.
+
+    python benchmarks/diagnosis.py [--rounds 7]
+
+1. `kerascale.diagnose` on the workloads of tests/test_diagnosis.py: a slow
+   Python map (input), a convnet on cached data (compute), and a batch near a
+   real 830 MiB memory limit (memory).
+2. Training throughput (`model.fit`, 40 steps after warm-up) on the slow-map
+   pipeline as written and after `kerascale.data.optimize`, alternating.
+3. The quickstart CNN's step time with and without Throughput + GPUMonitor
+   (NVML faked here: a module answering instantly, sampled every 0.1 s, so
+   the figure is the callbacks' own cost), alternating rounds.
+
+Writes benchmarks/results/diagnosis.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import kerascale
+from kerascale.callbacks import GPUMonitor, Throughput
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "examples"))
+
+from quickstart import make_data, make_model  # noqa: E402
+from test_diagnosis import input_bound_data, small_model  # noqa: E402
+
+
+def verdicts() -> dict:
+    out = {}
+    d = kerascale.diagnose(
+        small_model(),
+        input_bound_data().batch(32),
+        optimize_data=False,
+        precision="float32",
+        steps=20,
+        verbose=0,
+    )
+    out["input"] = d
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((64, 64, 3))
+    h = inputs
+    for filters in (64, 64, 64):
+        h = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(h)
+    model = keras.Model(
+        inputs, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling2D()(h))
+    )
+    model.compile("adam", "mse")
+    images = np.random.default_rng(0).random((256, 64, 64, 3), dtype=np.float32)
+    ds = (
+        tf.data.Dataset.from_tensor_slices((images, images[:, 0, 0, :1]))
+        .batch(32)
+        .cache()
+    )
+    out["compute"] = kerascale.diagnose(
+        model, ds, precision="float32", optimize_data=False, steps=10, verbose=0
+    )
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((1024,)),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile("adam", "mse")
+    x = np.random.default_rng(0).random((4096, 1024), dtype=np.float32)
+    out["memory"] = kerascale.diagnose(
+        model,
+        tf.data.Dataset.from_tensor_slices((x, x[:, :1])),
+        batch_size=2048,
+        memory_limit="830MiB",
+        precision="float32",
+        steps=3,
+        verbose=0,
+    )
+    return {k: v.to_dict() for k, v in out.items()}
+
+
+class _Clock(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.ends = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append(time.perf_counter())
+
+
+def train_rate(model, ds, steps=40, warmup=5, callbacks=()):
+    clock = _Clock()
+    model.fit(
+        ds.repeat(),
+        epochs=1,
+        steps_per_epoch=warmup + steps,
+        verbose=0,
+        shuffle=False,
+        callbacks=[clock, *callbacks],
+    )
+    timed = clock.ends[warmup - 1 :]
+    return (len(timed) - 1) / (timed[-1] - timed[0])
+
+
+def optimize_speedup(rounds: int) -> dict:
+    plain = input_bound_data().batch(32)
+    fast = kerascale.data.optimize(input_bound_data()).batch(32)
+    model = small_model()
+    ratios, rates = [], {"plain": [], "optimized": []}
+    for _ in range(rounds):
+        a = train_rate(model, plain)
+        b = train_rate(model, fast)
+        rates["plain"].append(a)
+        rates["optimized"].append(b)
+        ratios.append(b / a)
+    return {
+        "plain_batches_per_s": statistics.median(rates["plain"]),
+        "optimized_batches_per_s": statistics.median(rates["optimized"]),
+        "speedup_median": statistics.median(ratios),
+        "speedups": ratios,
+    }
+
+
+def monitoring_overhead(rounds: int) -> dict:
+    fake = types.ModuleType("pynvml")
+    fake.nvmlInit = fake.nvmlShutdown = lambda: None
+    fake.nvmlDeviceGetCount = lambda: 1
+    fake.nvmlDeviceGetHandleByIndex = lambda i: i
+    fake.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=50)
+    fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=2**30)
+    fake.nvmlDeviceGetPowerUsage = lambda h: 100_000
+    sys.modules["pynvml"] = fake
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    images, labels = make_data()
+    ds = tf.data.Dataset.from_tensor_slices((images, labels)).batch(64).cache()
+    model = make_model()
+    ratios = []
+    with tempfile.TemporaryDirectory() as log_dir:
+        for _ in range(rounds):
+            base = train_rate(model, ds, steps=60)
+            watched = train_rate(
+                model,
+                ds,
+                steps=60,
+                callbacks=[Throughput(64, log_dir), GPUMonitor(log_dir, interval=0.1)],
+            )
+            ratios.append(base / watched)  # step time with / without
+    return {"step_time_ratio_median": statistics.median(ratios), "ratios": ratios}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    result = {
+        "verdicts": verdicts(),
+        "optimize": optimize_speedup(args.rounds),
+        "monitoring": monitoring_overhead(args.rounds),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "diagnosis.json").write_text(json.dumps(result, indent=1, default=str))
+    lines = [
+        "# Diagnosis and monitoring",
+        "",
+        "| workload | verdict | input alone | step alone | together (batches/s) "
+        "| memory free |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, d in result["verdicts"].items():
+        free = d["memory_headroom"]
+        lines.append(
+            f"| {name}-bound workload | {d['bound']} | "
+            f"{d['input_batches_per_s']:.1f} | "
+            f"{d['step_batches_per_s']:.1f} | {d['training_batches_per_s']:.1f} | "
+            f"{'-' if free is None else f'{free:.0%}'} |"
+        )
+    o, m = result["optimize"], result["monitoring"]
+    lines += [
+        "",
+        f"data.optimize on the slow-map pipeline: {o['plain_batches_per_s']:.1f} -> "
+        f"{o['optimized_batches_per_s']:.1f} batches/s, median speed-up "
+        f"{o['speedup_median']:.2f}x over {args.rounds} alternating rounds "
+        f"(range {min(o['speedups']):.2f}-{max(o['speedups']):.2f}).",
+        "",
+        f"Throughput + GPUMonitor: step time ratio with/without "
+        f"{m['step_time_ratio_median']:.3f} (median of {args.rounds}; range "
+        f"{min(m['ratios']):.3f}-{max(m['ratios']):.3f}).",
+    ]
+    (RESULTS / "diagnosis.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
