@@ -32,7 +32,6 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 import kerascale
@@ -44,7 +43,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "examples"))
 
 from quickstart import make_data, make_model  # noqa: E402
-from test_diagnosis import input_bound_data, small_model  # noqa: E402
+from test_diagnosis import (  # noqa: E402
+    MEMORY_BOUND,
+    compute_bound_workload,
+    input_bound_data,
+    memory_bound_workload,
+    small_model,
+)
 
 
 def verdicts() -> dict:
@@ -58,44 +63,12 @@ def verdicts() -> dict:
         verbose=0,
     )
     out["input"] = d
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((64, 64, 3))
-    h = inputs
-    for filters in (64, 64, 64):
-        h = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(h)
-    model = keras.Model(
-        inputs, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling2D()(h))
-    )
-    model.compile("adam", "mse")
-    images = np.random.default_rng(0).random((256, 64, 64, 3), dtype=np.float32)
-    ds = (
-        tf.data.Dataset.from_tensor_slices((images, images[:, 0, 0, :1]))
-        .batch(32)
-        .cache()
-    )
+    model, ds = compute_bound_workload()
     out["compute"] = kerascale.diagnose(
         model, ds, precision="float32", optimize_data=False, steps=10, verbose=0
     )
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((1024,)),
-            keras.layers.Dense(2048, activation="relu"),
-            keras.layers.Dense(2048, activation="relu"),
-            keras.layers.Dense(1),
-        ]
-    )
-    model.compile("adam", "mse")
-    x = np.random.default_rng(0).random((4096, 1024), dtype=np.float32)
-    out["memory"] = kerascale.diagnose(
-        model,
-        tf.data.Dataset.from_tensor_slices((x, x[:, :1])),
-        batch_size=2048,
-        memory_limit="830MiB",
-        precision="float32",
-        steps=3,
-        verbose=0,
-    )
+    model, ds = memory_bound_workload()
+    out["memory"] = kerascale.diagnose(model, ds, steps=3, verbose=0, **MEMORY_BOUND)
     return {k: v.to_dict() for k, v in out.items()}
 
 

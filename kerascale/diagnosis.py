@@ -27,6 +27,10 @@ from kerascale.memory import format_bytes
 WARMUP_STEPS = 3
 MEMORY_BOUND_HEADROOM = 0.10  # less free memory than this at the planned batch
 INPUT_BOUND_SHARE = 0.85  # training slower than this share of the step alone
+# ...and an input pipeline not this much faster than the step: even read in
+# turn with the step (no prefetch), a pipeline 5x faster takes at most 1/6 of
+# the time, so a slower training rate is noise, not input.
+INPUT_BOUND_MAX_RATIO = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,7 +271,10 @@ def _verdict(
         headroom is not None and headroom < MEMORY_BOUND_HEADROOM
     ):
         bound = "memory"
-    elif training_rate < INPUT_BOUND_SHARE * step_rate:
+    elif (
+        training_rate < INPUT_BOUND_SHARE * step_rate
+        and input_rate < INPUT_BOUND_MAX_RATIO * step_rate
+    ):
         bound = "input"
     else:
         bound = "compute"

@@ -60,7 +60,8 @@ def test_input_bound_workload():
     assert "INPUT-bound" in str(d)
 
 
-def test_compute_bound_workload():
+def compute_bound_workload():
+    """A 3-layer convnet on 64x64 images, fed from a cache: the step is slow."""
     keras.utils.set_random_seed(0)
     inputs = keras.Input((64, 64, 3))
     h = inputs
@@ -71,7 +72,30 @@ def test_compute_bound_workload():
     model.compile("adam", "mse")
     images = np.random.default_rng(0).random((256, 64, 64, 3), dtype=np.float32)
     ds = tf.data.Dataset.from_tensor_slices((images, images[:, 0, 0, :1]))
-    ds = ds.batch(32).cache()
+    return model, ds.batch(32).cache()
+
+
+def memory_bound_workload():
+    """An MLP whose batch of 2048 peaks near 830 MiB of data memory on CPU."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((1024,)),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile("adam", "mse")
+    x = np.random.default_rng(0).random((4096, 1024), dtype=np.float32)
+    return model, tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
+
+
+MEMORY_BOUND = {"batch_size": 2048, "memory_limit": "830MiB", "precision": "float32"}
+
+
+def test_compute_bound_workload():
+    model, ds = compute_bound_workload()
     d = kerascale.diagnose(
         model, ds, precision="float32", optimize_data=False, steps=5, verbose=0
     )
@@ -84,28 +108,8 @@ def test_compute_bound_workload():
 def test_memory_bound_workload_with_a_real_memory_limit():
     """A batch at the limit: the probe in a child process, under a real
     RLIMIT_DATA, peaks within 10% of it (or does not fit at all)."""
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((1024,)),
-            keras.layers.Dense(2048, activation="relu"),
-            keras.layers.Dense(2048, activation="relu"),
-            keras.layers.Dense(1),
-        ]
-    )
-    model.compile("adam", "mse")
-    rng = np.random.default_rng(0)
-    x = rng.random((4096, 1024), dtype=np.float32)
-    ds = tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
-    d = kerascale.diagnose(
-        model,
-        ds,
-        batch_size=2048,
-        memory_limit="830MiB",
-        precision="float32",
-        steps=2,
-        verbose=0,
-    )
+    model, ds = memory_bound_workload()
+    d = kerascale.diagnose(model, ds, steps=2, verbose=0, **MEMORY_BOUND)
     assert d.bound == "memory"
     assert d.plan.accumulation_steps > 1 or d.memory_headroom < 0.10
     assert any("accumulation" in r.action for r in d.recommendations)
