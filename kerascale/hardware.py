@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kerascale import _validation
+from kerascale.errors import ClusterConfigError
 
 logger = logging.getLogger("kerascale")
 
@@ -494,47 +495,40 @@ def _load_json(source: str, text: str) -> tuple[dict | None, str | None]:
 
 
 def _parse_tf_config(text: str) -> ClusterInfo:
-    config, error = _load_json("TF_CONFIG", text)
-    if error:
-        return ClusterInfo(source="TF_CONFIG", error=error)
-    cluster = config.get("cluster") or {}
-    if not isinstance(cluster, dict):
-        return ClusterInfo(
-            source="TF_CONFIG", error='TF_CONFIG["cluster"] must be an object.'
-        )
-    task = config.get("task") or {}
-    workers = sum(
-        len(v) for k, v in cluster.items() if k in ("chief", "worker", "master")
-    )
-    index = task.get("index") if isinstance(task, dict) else None
-    return ClusterInfo(
-        source="TF_CONFIG",
-        num_workers=workers,
-        task_type=task.get("type") if isinstance(task, dict) else None,
-        task_index=index if isinstance(index, int) else None,
-    )
+    from kerascale.cluster import validate_tf_config
+
+    try:
+        config = validate_tf_config(text)
+    except ClusterConfigError as e:
+        return ClusterInfo(source="TF_CONFIG", error=str(e))
+    return _cluster_info("TF_CONFIG", config, task_type=config["task"]["type"])
 
 
 def _parse_cluster_spec(text: str) -> ClusterInfo:
     # Vertex AI: {"cluster": {"workerpool0": [...], ...}, "task": {...}}.
     # workerpool0 is the chief, workerpool1 the workers; 2 and 3 are parameter
     # servers and the evaluator, which do not train synchronously.
-    config, error = _load_json("CLUSTER_SPEC", text)
-    if error:
-        return ClusterInfo(source="CLUSTER_SPEC", error=error)
-    cluster = config.get("cluster") or {}
-    if not isinstance(cluster, dict):
-        return ClusterInfo(
-            source="CLUSTER_SPEC", error='CLUSTER_SPEC["cluster"] must be an object.'
-        )
-    task = config.get("task") if isinstance(config.get("task"), dict) else {}
-    workers = sum(len(cluster.get(p) or ()) for p in ("workerpool0", "workerpool1"))
-    index = task.get("index")
+    from kerascale.cluster import cluster_spec_to_tf_config
+
+    try:
+        config = cluster_spec_to_tf_config(text)
+    except ClusterConfigError as e:
+        return ClusterInfo(source="CLUSTER_SPEC", error=str(e))
+    return _cluster_info(
+        "CLUSTER_SPEC", config, task_type=json.loads(text)["task"]["type"]
+    )
+
+
+def _cluster_info(
+    source: str, config: dict[str, Any], *, task_type: str
+) -> ClusterInfo:
+    cluster = config["cluster"]
+    workers = sum(len(cluster.get(k) or ()) for k in ("chief", "master", "worker"))
     return ClusterInfo(
-        source="CLUSTER_SPEC",
+        source=source,
         num_workers=workers,
-        task_type=task.get("type"),
-        task_index=index if isinstance(index, int) else None,
+        task_type=task_type,
+        task_index=config["task"].get("index", 0),
     )
 
 

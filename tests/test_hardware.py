@@ -223,7 +223,7 @@ def test_tf_config_chief_plus_workers_counts_chief():
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "must be a JSON object"),
-        ('{"cluster": [1]}', 'TF_CONFIG["cluster"] must be an object'),
+        ('{"cluster": [1]}', 'TF_CONFIG["cluster"] must be a non-empty object'),
     ],
 )
 def test_malformed_tf_config_is_reported_not_raised(text, message):
