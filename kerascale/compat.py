@@ -1,0 +1,127 @@
+"""Keras 3 + `tf.distribute.MultiWorkerMirroredStrategy`: the smallest fix.
+
+Upstream: keras-team/keras#20585 (open), ray-project/ray#47464. With Keras 3
+(reproduced on 3.15.1 with TensorFlow 2.21), `model.fit` under
+MultiWorkerMirroredStrategy fails twice:
+
+1. `TensorFlowTrainer._maybe_symbolic_build` reduces the first (PerReplica)
+   batch with `strategy.reduce("MEAN", batch, axis=None)` only to learn its
+   shapes; under the multi-worker strategy that fails ("Attempt to convert a
+   value (PerReplica ...)"). One replica's local batch has the shapes needed.
+2. `reduce_per_replica` reduces the step's scalar logs with
+   `strategy.reduce("MEAN", v, axis=0)`, and axis 0 of a scalar does not
+   exist. `axis=None` averages them across replicas.
+
+`apply()` replaces exactly these two functions, only for the Keras versions
+whose source it was written against (checked by hash, so a changed upstream
+is never patched blindly), and only in multi-worker mode; everything else
+still runs Keras's code. `tests/test_compat.py` fails when upstream changes
+them, so this module is revisited; delete it once keras#20585 is fixed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+from typing import Any
+
+logger = logging.getLogger("kerascale")
+
+UPSTREAM_ISSUE = "https://github.com/keras-team/keras/issues/20585"
+# Source hashes (sha256, first 16 hex digits) of the functions this module
+# replaces, as in the Keras versions it was written for.
+PATCHED = {
+    "TensorFlowTrainer._maybe_symbolic_build": {"92a504f5eba9b29f"},
+    "reduce_per_replica": {"2e7d54b1e6edc29a"},
+}
+
+_applied = False
+
+
+def upstream_changed() -> list[str]:
+    """The patched functions whose upstream source is not one we know."""
+    from keras.src.backend.tensorflow import trainer
+
+    trainer_class = trainer.TensorFlowTrainer
+    current = {
+        "TensorFlowTrainer._maybe_symbolic_build": trainer_class._maybe_symbolic_build,
+        "reduce_per_replica": trainer.reduce_per_replica,
+    }
+    return [name for name, fn in current.items() if _digest(fn) not in PATCHED[name]]
+
+
+def apply() -> bool:
+    """Installs the two fixes (idempotent). Returns whether they are active;
+    False (with a warning) when this Keras's code is not the code they fix."""
+    global _applied
+    if _applied:
+        return True
+    changed = upstream_changed()
+    if changed:
+        logger.warning(
+            "kerascale's multi-worker fix for Keras (%s) was written for other "
+            "versions of %s; not applied. If multi-worker fit fails, report it "
+            "with your Keras version.",
+            UPSTREAM_ISSUE,
+            ", ".join(changed),
+        )
+        return False
+    from keras.src.backend.tensorflow import trainer
+
+    original_build = trainer.TensorFlowTrainer._maybe_symbolic_build
+    original_reduce = trainer.reduce_per_replica
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if strategy is None or not trainer._collective_all_reduce_multi_worker(
+            strategy
+        ):
+            return original_build(self, iterator=iterator, data_batch=data_batch)
+        if iterator is not None:
+            for _, _, it in iterator:
+                data_batch = _first_replica(next(it), strategy)
+                break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction in (
+            "auto",
+            "mean",
+        ) and trainer._collective_all_reduce_multi_worker(strategy):
+            return _mean_across_replicas(values, strategy)
+        return original_reduce(values, strategy, reduction)
+
+    trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    trainer.reduce_per_replica = reduce_per_replica
+    _applied = True
+    return True
+
+
+def _first_replica(batch: Any, strategy: Any) -> Any:
+    import tensorflow as tf
+    from keras.src import tree
+
+    def local(v):
+        if isinstance(v, tf.distribute.DistributedValues):
+            return strategy.experimental_local_results(v)[0]
+        return v
+
+    return tree.map_structure(local, batch)
+
+
+def _mean_across_replicas(values: Any, strategy: Any) -> Any:
+    import tensorflow as tf
+    from keras.src import tree
+
+    def mean(v):
+        if isinstance(v, (tf.Tensor, tf.distribute.DistributedValues)):
+            return strategy.reduce("MEAN", v, axis=None)
+        return v
+
+    return tree.map_structure(mean, values)
+
+
+def _digest(fn: Any) -> str:
+    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
