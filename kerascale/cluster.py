@@ -33,12 +33,7 @@ def validate_tf_config(text: str, *, source: str = "TF_CONFIG") -> dict[str, Any
     1..65535 and no address twice; "task" present, with a "type" that the
     cluster lists and an int "index" inside that list.
     """
-    try:
-        config = json.loads(text)
-    except (TypeError, json.JSONDecodeError) as e:
-        raise ClusterConfigError(
-            f"{source} is not valid JSON ({e}). Received: {source}={text!r}"
-        ) from None
+    config = _load_json(source, text)
     if not isinstance(config, dict):
         raise _error(source, "", config, "a JSON object with 'cluster' and 'task'")
     cluster = config.get("cluster")
@@ -91,12 +86,7 @@ def validate_tf_config(text: str, *, source: str = "TF_CONFIG") -> dict[str, Any
 def cluster_spec_to_tf_config(text: str) -> dict[str, Any]:
     """Vertex AI's CLUSTER_SPEC as a TF_CONFIG (checked): worker pools 0-3
     become chief, worker, ps and evaluator."""
-    try:
-        spec = json.loads(text)
-    except (TypeError, json.JSONDecodeError) as e:
-        raise ClusterConfigError(
-            f"CLUSTER_SPEC is not valid JSON ({e}). Received: CLUSTER_SPEC={text!r}"
-        ) from None
+    spec = _load_json("CLUSTER_SPEC", text)
     if not isinstance(spec, dict) or not isinstance(spec.get("cluster"), dict):
         raise _error("CLUSTER_SPEC", '["cluster"]', spec, "an object of worker pools")
     cluster = {}
@@ -122,6 +112,15 @@ def cluster_spec_to_tf_config(text: str) -> dict[str, Any]:
         "task": {"type": VERTEX_POOLS[task["type"]], "index": task.get("index", 0)},
     }
     return validate_tf_config(json.dumps(config), source="CLUSTER_SPEC (as TF_CONFIG)")
+
+
+def _load_json(source: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ClusterConfigError(
+            f"{source} is not valid JSON ({e}). Received: {source}={text!r}"
+        ) from None
 
 
 def _check_address(source: str, where: str, address: Any) -> None:

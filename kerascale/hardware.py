@@ -484,16 +484,6 @@ def detect_cluster(env: Mapping[str, str]) -> ClusterInfo | None:
     return None
 
 
-def _load_json(source: str, text: str) -> tuple[dict | None, str | None]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        return None, f"{source} is not valid JSON ({e})."
-    if not isinstance(value, dict):
-        return None, f"{source} must be a JSON object, got {type(value).__name__}."
-    return value, None
-
-
 def _parse_tf_config(text: str) -> ClusterInfo:
     from kerascale.cluster import validate_tf_config
 
