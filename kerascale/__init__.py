@@ -18,9 +18,11 @@ from kerascale.errors import (
     KerascaleError,
     ModelError,
     UnsupportedError,
+    WorkerLostError,
 )
 from kerascale.fit import fit, plan
 from kerascale.hardware import CPUInfo, GPUInfo, Hardware, TPUInfo, detect_hardware
+from kerascale.multiworker import connect as connect_cluster
 from kerascale.planning import Plan
 
 __version__ = "0.1.0"
@@ -29,6 +31,7 @@ __version__ = "0.1.0"
 # last-resort handler would print kerascale's warnings to stderr even with
 # verbose=0 (the plan table shows them when verbose is on).
 logging.getLogger("kerascale").addHandler(logging.NullHandler())
+
 
 __all__ = [
     "BatchSearchResult",
@@ -46,9 +49,11 @@ __all__ = [
     "Plan",
     "TPUInfo",
     "UnsupportedError",
+    "WorkerLostError",
     "__version__",
     "accumulate",
     "callbacks",
+    "connect_cluster",
     "data",
     "detect_hardware",
     "diagnose",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kerascale import _validation
+from kerascale import strategy as strategy_lib
 from kerascale.errors import BatchSizeSearchError
 from kerascale.memory import MemoryModel, format_bytes
 from kerascale.probe import ERROR, OK, OOM, ProbeResult
@@ -772,7 +773,8 @@ def run_search(
     spec = ProbeSpec(
         element=probe.encode_structure(element),
         policy=plan.precision,
-        strategy=plan.strategy,
+        # A worker of a cluster probes alone, on its own devices.
+        strategy=strategy_lib.local_equivalent(plan.strategy, tuple(plan.devices)),
         devices=tuple(plan.devices),
         logical_cpus=hw.cpu.logical_devices,
         steps=options.steps_per_trial,

@@ -159,9 +159,9 @@ class FaultTolerantBackup(keras.callbacks.Callback):
         self._step = 0
 
     def on_train_batch_end(self, batch, logs=None):
+        self._step = batch + 1  # skipped steps count: they were applied before
         if self._last_call_skipped:
             return
-        self._step = batch + 1
         # A used-up iterator's checkpoint loses its shuffle-seed state, and
         # Keras has yet to create the next epoch's: at an epoch's last batch,
         # saves (and a preemption's exit) wait for the epoch's end.
@@ -202,7 +202,12 @@ class FaultTolerantBackup(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         try:
-            if self._global_step > self._last_save_step:
+            # Also when the newest checkpoint holds an epoch's last batch but
+            # not its end (a step save at the last batch of an input whose
+            # length is unknown), so that a rerun finds the run finished.
+            if self._global_step > self._last_save_step or (
+                not self._saved_at_boundary and self._epoch_complete()
+            ):
                 self._save()
             self._prepend_history()
         finally:
@@ -343,6 +348,7 @@ class FaultTolerantBackup(keras.callbacks.Callback):
             epoch = max(epoch, self._epochs)
         self.model._initial_epoch = epoch
         self._epoch, self._step = epoch, meta["step"]
+        self._saved_at_boundary = meta["step"] == 0
         self._skip_calls = meta["step"] // self._spe
         self._pending_data = meta["data"]
         self._restored_metrics = meta["step"] > 0
@@ -637,6 +643,7 @@ class FaultTolerantBackup(keras.callbacks.Callback):
         self._last_save_step = self._global_step
         self._last_save_time = self._clock()
         self._save_due = False
+        self._saved_at_boundary = step == 0
 
     def _trackables(self) -> dict[str, Any]:
         from keras.src.random import seed_generator
@@ -703,6 +710,7 @@ class FaultTolerantBackup(keras.callbacks.Callback):
         self._completed_epochs = 0
         self._skip_calls = 0
         self._last_call_skipped = False
+        self._saved_at_boundary = True
         self._pending_data = None
         self._restored_metrics = False
         self._restore_pending = False
@@ -875,18 +883,10 @@ def _nondeterminism(dataset: Any) -> str | None:
             reasons.append("its options allow non-deterministic order")
     except Exception:
         pass
-    node, seen = dataset, 0
-    while node is not None and seen < 200:
-        seen += 1
-        if type(node).__name__ == "_ShuffleDataset":
-            try:
-                if int(node._seed) == 0 and int(node._seed2) == 0:
-                    reasons.append("it shuffles without a seed (give shuffle() a seed)")
-            except Exception:
-                pass
-        inputs = node._inputs() if hasattr(node, "_inputs") else []
-        node = inputs[0] if inputs else None
-    from kerascale.data import stateful_reason
+    from kerascale.data import stateful_reason, unseeded_shuffle
+
+    if unseeded_shuffle(dataset):
+        reasons.append("it shuffles without a seed (give shuffle() a seed)")
 
     reason = stateful_reason(dataset)
     if reason:

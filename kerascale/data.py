@@ -178,6 +178,32 @@ _FILE_READERS = (
 )
 
 
+UNSEEDED_SHUFFLE_ON_CLUSTER = (
+    "Your dataset shuffles without a seed. On a cluster every worker reads the "
+    "whole pipeline and keeps its share, so each would shuffle differently and "
+    "an epoch would see some samples twice and miss others: pass "
+    "shuffle(..., seed=N), or call keras.utils.set_random_seed(N) before "
+    "building the dataset."
+)
+
+
+def unseeded_shuffle(ds: Any) -> bool:
+    """True when the pipeline has a `shuffle` with neither an op seed nor a
+    global seed, so its order differs between processes."""
+    node, seen = ds, 0
+    while node is not None and seen < 200:
+        seen += 1
+        if type(node).__name__ == "_ShuffleDataset":
+            try:
+                if int(node._seed) == 0 and int(node._seed2) == 0:
+                    return True
+            except (AttributeError, TypeError, ValueError):
+                pass
+        inputs = node._inputs() if hasattr(node, "_inputs") else []
+        node = inputs[0] if inputs else None
+    return False
+
+
 def reads_files(ds: tf.data.Dataset) -> bool:
     """True when the pipeline reads files, so it can be sharded by file: a
     file reader in the chain, or an interleave over a dataset of file names."""
@@ -312,8 +338,10 @@ def prepare(ds: tf.data.Dataset, facts: DataFacts, plan: Plan, *, optimize: bool
         if plan.replicas > 1:
             options = tf.data.Options()
             policy = tf.data.experimental.AutoShardPolicy
+            # AUTO shards by file and falls back to data when there are
+            # fewer files than workers (FILE alone would fail there).
             options.experimental_distribute.auto_shard_policy = (
-                policy.FILE if facts.from_files else policy.DATA
+                policy.AUTO if facts.from_files else policy.DATA
             )
             ds = ds.with_options(options)
     return ds

@@ -40,3 +40,8 @@ class CheckpointError(KerascaleError, RuntimeError):
     """A checkpoint directory cannot be resumed from: nothing valid is left in
     it, or it was written by a different configuration (the message says
     what changed and how to start over)."""
+
+
+class WorkerLostError(KerascaleError, RuntimeError):
+    """Another worker of the cluster died or stopped responding, so training
+    cannot go on: restart every worker (with checkpoints, it resumes)."""

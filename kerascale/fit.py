@@ -18,11 +18,12 @@ import keras
 
 from kerascale import accumulation as accumulation_lib
 from kerascale import data as data_lib
-from kerascale import monitoring, resume
+from kerascale import hardware as hardware_lib
+from kerascale import monitoring, multiworker, resume
 from kerascale import precision as precision_lib
 from kerascale import strategy as strategy_lib
 from kerascale.batch_search import SearchOptions
-from kerascale.decide import AUTO_MIN_STEPS, decide
+from kerascale.decide import AUTO_MIN_STEPS, agree, decide
 from kerascale.errors import ModelError
 from kerascale.planning import Options, Plan
 
@@ -50,6 +51,7 @@ def fit(
     log_dir: str | os.PathLike | None = None,
     profile: bool | tuple[int, int] = False,
     time_budget: float | str | None = None,
+    worker_timeout: float | str = multiworker.DEFAULT_WORKER_TIMEOUT,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
 ) -> keras.callbacks.History:
@@ -73,8 +75,12 @@ def fit(
             that the batch-size search finds for this hardware (the largest
             that fits on accelerators, the fastest on CPU; cached, see
             `find_batch_size`). Defaults to "auto".
-        strategy: "auto", "default", "one_device", "mirrored", "tpu", or a
-            `tf.distribute.Strategy`. Defaults to "auto".
+        strategy: "auto", "default", "one_device", "mirrored",
+            "multi_worker", "tpu", or a `tf.distribute.Strategy`. "auto"
+            trains across the cluster that TF_CONFIG, Vertex AI's
+            CLUSTER_SPEC or SLURM describes (`MultiWorkerMirroredStrategy`;
+            call `kerascale.connect_cluster()` first in the script), else on
+            this machine's devices. Defaults to "auto".
         precision: "auto", "float32", "mixed_float16" or "mixed_bfloat16".
             Defaults to "auto".
             An int larger than what fits in memory is reached with gradient
@@ -115,6 +121,10 @@ def fit(
         time_budget: Seconds, or "18h", "90min": stop gracefully before
             then, leaving time for the final checkpoint
             (`callbacks.TimeBudget`). Defaults to `None`.
+        worker_timeout: On a cluster, seconds (or "2min") a worker may stay
+            silent before the others stop with `WorkerLostError`; the limits
+            on start-up and on one exchange scale with it (see
+            `kerascale.multiworker`). Defaults to 60.
         verbose: As in `model.fit`; 0 also silences kerascale. Defaults to
             "auto".
         **fit_kwargs: Passed to `model.fit` (epochs, callbacks,
@@ -127,6 +137,8 @@ def fit(
         ConfigurationError: For an invalid argument (the message names it).
         DataError: For data that cannot train (empty, infinite, mismatched).
         ModelError: For a model that is not compiled or cannot be built.
+        ClusterConfigError: For a malformed cluster description.
+        WorkerLostError: When another worker of the cluster dies.
 
     Example:
 
@@ -146,6 +158,12 @@ def fit(
         verbose=verbose,
     )
     monitor = monitoring.validate_fit_options(log_dir, profile, time_budget)
+    multiworker.validate_timeout(worker_timeout)
+    hw = hardware_lib.detect_hardware()
+    clustered = strategy_lib.wants_cluster(hw, options.strategy)
+    if clustered:
+        # Before anything else runs TensorFlow: it joins a cluster only then.
+        multiworker.connect(worker_timeout)
     backup = resume.backup_for(
         checkpoint_dir, checkpoint_freq, fit_kwargs, options.verbose
     )
@@ -153,7 +171,11 @@ def fit(
     if backup is not None:
         options, pinned = resume.pin(options, backup.saved_plan(), x, y)
     steps = fit_kwargs.get("steps_per_epoch")
-    decided = decide(model, x, y, options, steps_per_epoch=steps, search=search)
+    decided = decide(
+        model, x, y, options, steps_per_epoch=steps, search=search, hardware=hw
+    )
+    if clustered:
+        decided = agree(decided, options)
     decided = resume.say_pinned(decided, pinned)
     plan = decided.plan
     dist = strategy_lib.build(plan, decided.instance)
@@ -200,6 +222,19 @@ def fit(
             "model.compile(optimizer=..., loss=...) inside it."
         )
 
+    conn = multiworker.connection()
+    if conn is not None and dist is conn.strategy:
+        # Every worker starts from the chief's weights and shuffles alike.
+        optimizer = precision_lib.core_optimizer(train_model.optimizer)
+        multiworker.broadcast_variables(
+            [*train_model.weights, *getattr(optimizer, "variables", [])], dist
+        )
+        multiworker.share_tf_seed()
+        if decided.data.kind == "dataset" and data_lib.unseeded_shuffle(x):
+            plan = dataclasses.replace(
+                plan, warnings=(*plan.warnings, data_lib.UNSEEDED_SHUFFLE_ON_CLUSTER)
+            )
+
     quiet_end_of_data = False
     if decided.data.kind == "dataset":
         # Keras ignores shuffle for a dataset and warns when it is left True.
@@ -245,6 +280,11 @@ def fit(
             if quiet_end_of_data:
                 warnings.filterwarnings("ignore", "Your input ran out of data")
             history = train_model.fit(x, y, verbose=options.verbose, **fit_kwargs)
+    except Exception as e:
+        lost = multiworker.translate_error(e)
+        if lost is not None:
+            raise lost from e
+        raise
     finally:
         # Also after an interrupt: like model.fit, keep what was trained so far.
         if saved is not None:
@@ -278,6 +318,7 @@ def plan(
     log_dir: str | os.PathLike | None = None,
     profile: bool | tuple[int, int] = False,
     time_budget: float | str | None = None,
+    worker_timeout: float | str = multiworker.DEFAULT_WORKER_TIMEOUT,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
 ) -> Plan:
@@ -306,6 +347,7 @@ def plan(
         verbose=verbose,
     )
     monitoring.validate_fit_options(log_dir, profile, time_budget)
+    multiworker.validate_timeout(worker_timeout)
     fit_kwargs = dict(fit_kwargs)
     backup = resume.backup_for(
         checkpoint_dir, checkpoint_freq, fit_kwargs, options.verbose

@@ -19,7 +19,7 @@ from kerascale import _validation
 from kerascale import accumulation as accumulation_lib
 from kerascale import precision as precision_lib
 from kerascale import strategy as strategy_lib
-from kerascale.errors import ConfigurationError
+from kerascale.errors import ConfigurationError, ModelError
 from kerascale.hardware import Hardware
 from kerascale.precision import ModelFacts
 
@@ -286,7 +286,8 @@ def make_plan(
     Raises:
         ConfigurationError: If the options cannot be met here (e.g. a batch not
             divisible by the number of replicas).
-        UnsupportedError: For a multi-worker cluster, not yet supported.
+        ClusterConfigError: For a malformed cluster description.
+        UnsupportedError: For a cluster task that does not train.
     """
     reasons: dict[str, str] = {}
     warnings: list[str] = []
@@ -311,6 +312,15 @@ def make_plan(
             policy, why_policy = (
                 model.policy,
                 (f"kept the model's {model.policy}: {model.why_not_rebuildable}"),
+            )
+        if needs_new_scope and strategy_name == "multi_worker":
+            # Training alone on each worker would silently diverge.
+            raise ModelError(
+                "Training on the cluster needs the model's variables in "
+                "MultiWorkerMirroredStrategy's scope, and your model cannot be "
+                f"re-created there ({model.why_not_rebuildable}). Pass a "
+                "zero-argument function that builds and compiles it, or build "
+                "it under `with kerascale.connect_cluster().scope():`."
             )
         if needs_new_scope:
             dropped.append(f"strategy {strategy_name}")
@@ -500,6 +510,10 @@ def _data_changes(
         if replicas > 1:
             # TF's AUTO tries files first and warns when it falls back to data;
             # saying which one applies is quieter and shows in the plan.
-            changes.append("shard by file" if data.from_files else "shard by data")
+            changes.append(
+                "shard by file (by data if fewer files than workers)"
+                if data.from_files
+                else "shard by data"
+            )
     why = f"optimize_data={options.optimize_data!r}"
     return changes, why

@@ -617,6 +617,9 @@ class IsolatedProber:
             if name.startswith(("result-", "baseline")):
                 os.remove(os.path.join(workdir, name))
         env = dict(os.environ)
+        # A probe runs alone: it must not read this worker's cluster.
+        for name in ("TF_CONFIG", "CLUSTER_SPEC"):
+            env.pop(name, None)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         rlimit = 0 if self.spec.on_gpu or not limit else limit

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from kerascale import _validation
-from kerascale.errors import ClusterConfigError, ConfigurationError, UnsupportedError
+from kerascale.errors import ConfigurationError
 from kerascale.hardware import Hardware
 
 CHOICES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
@@ -55,7 +55,8 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
 
     Raises:
         ClusterConfigError: If the environment describes a malformed cluster.
-        UnsupportedError: For multi-worker training, which is not supported yet.
+        UnsupportedError: For a cluster task that does not train (a
+            parameter server or an evaluator).
         ConfigurationError: If a named strategy cannot run here (e.g. "tpu"
             without a TPU).
     """
@@ -70,26 +71,14 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
             instance=requested,
         )
 
-    cluster = hw.cluster
-    if requested in ("auto", "multi_worker") and cluster is not None:
-        if cluster.error:
-            raise ClusterConfigError(
-                f"The cluster described by {cluster.source} is malformed: "
-                f"{cluster.error} Fix {cluster.source}, or unset it to train on "
-                "this machine alone."
-            )
-        if cluster.is_multi_worker or requested == "multi_worker":
-            raise UnsupportedError(
-                f"{cluster.source} describes a cluster of {cluster.num_workers} "
-                "workers, and multi-worker training is not supported by this "
-                "version of kerascale yet. To train on this machine alone, pass "
-                'strategy="mirrored" (or "one_device"), or unset '
-                f"{cluster.source}."
-            )
+    if wants_cluster(hw, requested):
+        return _multi_worker_choice(hw, requested)
     if requested == "multi_worker":
-        raise UnsupportedError(
-            'strategy="multi_worker" is not supported by this version of '
-            'kerascale yet. Use "mirrored" to train on this machine\'s devices.'
+        raise ConfigurationError(
+            'strategy="multi_worker" needs a cluster of two or more workers, and '
+            "none is described here: set TF_CONFIG (or run under SLURM's srun or "
+            'Vertex AI), or use "auto" to train on this machine. Received: '
+            "strategy='multi_worker'"
         )
 
     if requested == "auto":
@@ -120,6 +109,57 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
     return StrategyChoice(
         "mirrored", devices, len(devices), "you asked for it", tuple(warnings)
     )
+
+
+def wants_cluster(hw: Hardware, requested: Any) -> bool:
+    """Whether `requested` trains across the cluster the environment
+    describes: "auto" or "multi_worker" with two or more workers (or a
+    malformed description, which must be reported rather than ignored)."""
+    cluster = hw.cluster
+    if requested not in ("auto", "multi_worker") or cluster is None:
+        return False
+    return cluster.error is not None or cluster.is_multi_worker
+
+
+def _multi_worker_choice(hw: Hardware, requested: str) -> StrategyChoice:
+    from kerascale import multiworker
+
+    cluster = hw.cluster
+    multiworker.check_trainable(cluster)
+    local = local_devices(hw)
+    where = f"{cluster.task_type} {cluster.task_index}" if cluster.task_type else ""
+    reason = (
+        f"{cluster.source}: {cluster.num_workers} workers x {len(local)} "
+        f"device{'s' if len(local) != 1 else ''}"
+        + (f", this is {where}" if where else "")
+        + ("" if requested == "auto" else "; you asked for it")
+    )
+    return StrategyChoice(
+        "multi_worker",
+        local,
+        cluster.num_workers * len(local),
+        reason,
+        _mixed_gpu_warning(hw),
+    )
+
+
+def local_devices(hw: Hardware) -> tuple[str, ...]:
+    """The devices one worker of MultiWorkerMirroredStrategy trains on: all
+    its GPUs, else its first CPU."""
+    if hw.gpus:
+        return tuple(f"/gpu:{g.index}" for g in hw.gpus)
+    return ("/cpu:0",)
+
+
+def local_equivalent(name: str, devices: tuple[str, ...]) -> str:
+    """The single-machine strategy that puts one worker's share of a
+    multi-worker plan on the same devices (for probes and trials, which run
+    on each machine alone)."""
+    if name != "multi_worker":
+        return name
+    if len(devices) > 1:
+        return "mirrored"
+    return "one_device" if devices and devices[0].startswith("/gpu") else "default"
 
 
 def _tpu_choice(hw: Hardware, reason: str) -> StrategyChoice:
@@ -172,6 +212,10 @@ def build(plan: Any, instance: Any = None):
     import tensorflow as tf
 
     if instance is not None:
+        if isinstance(instance, tf.distribute.MultiWorkerMirroredStrategy):
+            from kerascale import compat
+
+            compat.apply()  # Keras 3's fit needs it under this strategy
         return instance
     if plan.strategy == "default":
         return tf.distribute.get_strategy()
@@ -179,6 +223,17 @@ def build(plan: Any, instance: Any = None):
         return tf.distribute.OneDeviceStrategy(plan.devices[0])
     if plan.strategy == "mirrored":
         return tf.distribute.MirroredStrategy(list(plan.devices))
+    if plan.strategy == "multi_worker":
+        from kerascale import multiworker
+
+        conn = multiworker.connection()
+        dist = conn.strategy if conn else multiworker.connect()
+        if dist is None:
+            raise ConfigurationError(
+                "The plan trains on a cluster, but the environment no longer "
+                "describes one (TF_CONFIG, CLUSTER_SPEC or SLURM changed)."
+            )
+        return dist
     if plan.strategy == "tpu":
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
             tpu=plan.devices[0]

@@ -110,11 +110,13 @@ class TrialResult:
 
 def possible(options: Any, hw: Any, model: Any) -> bool:
     """Trials run on a CPU host, for a model kerascale can copy, under a
-    strategy it builds itself."""
+    strategy it builds itself; not on a cluster, whose workers would time
+    them differently and could choose differently."""
     return (
         hw.accelerator == "cpu"
         and isinstance(options.strategy, str)
         and model.rebuildable
+        and not strategy_lib.wants_cluster(hw, options.strategy)
     )
 
 

@@ -1,19 +1,30 @@
-"""A worker of a real 2-worker cluster on 127.0.0.1, for tests/test_compat.py.
+"""A worker of a real 2-worker cluster on 127.0.0.1, for tests/test_compat.py
+and tests/test_multiworker.py.
 
-    python multiworker_child.py INDEX PORT0,PORT1 OUT.npz   (one worker)
-    python multiworker_child.py single - OUT.npz            (the reference)
+    python multiworker_child.py MODE INDEX PORT0,PORT1 OUTDIR [WORKER_TIMEOUT]
 
-Trains the same small model on the same data (global batch 16, no shuffle)
-under MultiWorkerMirroredStrategy with kerascale's compat fix, or in one
-process, and saves the weights and History.
+INDEX is 0 or 1 (a worker), or "single" (the one-process reference).
+MODE:
+- compat: plain `model.fit` under MultiWorkerMirroredStrategy with
+  kerascale's compat fix only (global batch 16, no shuffle).
+- fit: `kerascale.fit` of an unbatched dataset with batch_size=16 and
+  validation data; each worker seeds its model differently (so the chief's
+  weights must be broadcast). Then `evaluate` and `predict` of a model built
+  under the strategy's scope. Saves weights, History, metrics, predictions.
+- arrays: `kerascale.fit` of NumPy arrays with Keras's own shuffle, each
+  worker with a different TF seed (so the chief's seed must be shared).
+- long: `kerascale.fit` for many epochs with a checkpoint every 4 batches,
+  printing "epoch N" lines; the test kills one worker, then restarts both.
 """
 
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-index, ports, out = sys.argv[1], sys.argv[2], sys.argv[3]
+mode, index, ports, out = sys.argv[1:5]
+worker_timeout = float(sys.argv[5]) if len(sys.argv) > 5 else 60
 if index != "single":
     os.environ["TF_CONFIG"] = json.dumps(
         {
@@ -23,18 +34,29 @@ if index != "single":
     )
 
 import keras  # noqa: E402 - after TF_CONFIG is set
-import numpy as np  # noqa: E402 - after TF_CONFIG is set
-import tensorflow as tf  # noqa: E402 - after TF_CONFIG is set
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
-from kerascale import compat  # noqa: E402 - after TF_CONFIG is set
+import kerascale  # noqa: E402
+from kerascale import compat  # noqa: E402
 
-if index == "single":
-    strategy = tf.distribute.get_strategy()
+if mode == "compat":
+    strategy = (
+        tf.distribute.get_strategy()
+        if index == "single"
+        else tf.distribute.MultiWorkerMirroredStrategy()
+    )
+    if index != "single":
+        assert compat.apply()
 else:
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    assert compat.apply()
-with strategy.scope():
-    keras.utils.set_random_seed(0)
+    strategy = kerascale.connect_cluster(worker_timeout=worker_timeout)
+    assert (strategy is None) == (index == "single")
+
+seed = 0 if index == "single" else int(index)
+keras.utils.set_random_seed(seed)
+
+
+def build():
     model = keras.Sequential(
         [
             keras.Input((4,)),
@@ -43,11 +65,87 @@ with strategy.scope():
         ]
     )
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
+    return model
+
+
 rng = np.random.default_rng(0)
 x = rng.normal(size=(128, 4)).astype("float32")
 y = rng.normal(size=(128, 2)).astype("float32")
-ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
-history = model.fit(ds, epochs=2, verbose=0)
+results = {}
+
+if mode == "compat":
+    with strategy.scope():
+        model = build()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    history = model.fit(ds, epochs=2, verbose=0)
+elif mode == "fit":
+    model = build()
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    val = tf.data.Dataset.from_tensor_slices((x[:40], y[:40]))
+    history = kerascale.fit(
+        model,
+        ds,
+        batch_size=16,
+        epochs=2,
+        precision="float32",
+        optimize_data=True,
+        validation_data=val,
+        verbose=0,
+    )
+    results["plan"] = history.plan.to_dict()
+    # evaluate and predict, distributed over the workers where there are two.
+    with (strategy or tf.distribute.get_strategy()).scope():
+        twin = build()
+    twin.set_weights(model.get_weights())
+    batched = tf.data.Dataset.from_tensor_slices((x[:100], y[:100])).batch(16)
+    results["evaluate"] = twin.evaluate(batched, verbose=0, return_dict=True)
+    results["predict"] = twin.predict(
+        tf.data.Dataset.from_tensor_slices(x[:100]).batch(16), verbose=0
+    ).tolist()
+elif mode == "arrays":
+    if index != "single":
+        tf.random.set_seed(100 + int(index))
+    else:
+        tf.random.set_seed(100)
+    model = build()
+    history = kerascale.fit(
+        model, x, y, batch_size=16, epochs=2, precision="float32", verbose=0
+    )
+elif mode == "long":
+    model = build()
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+
+    class Say(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            print(f"epoch {epoch} {time.time():.3f}", flush=True)
+
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.02)  # long enough for the test to kill mid-epoch
+
+    history = kerascale.fit(
+        model,
+        ds,
+        batch_size=16,
+        epochs=12,
+        precision="float32",
+        optimize_data=True,
+        checkpoint_dir=os.path.join(
+            out, "ckpt-single" if index == "single" else "ckpt"
+        ),
+        checkpoint_freq=4,
+        callbacks=[Say()],
+        verbose=0,
+        worker_timeout=worker_timeout,
+    )
+else:
+    raise SystemExit(f"unknown mode {mode}")
+
+name = f"w{index}" if index != "single" else "single"
 weights = {f"w{i}": w for i, w in enumerate(model.get_weights())}
-np.savez(out, history=np.array(json.dumps(history.history)), **weights)
+results["history"] = history.history
+np.savez(
+    os.path.join(out, f"{mode}-{name}.npz"),
+    results=np.array(json.dumps(results)),
+    **weights,
+)
 print("done", flush=True)

@@ -20,9 +20,11 @@ def test_public_names_are_pinned():
             "Plan",
             "TPUInfo",
             "UnsupportedError",
+            "WorkerLostError",
             "__version__",
             "accumulate",
             "callbacks",
+            "connect_cluster",
             "data",
             "detect_hardware",
             "diagnose",
@@ -40,6 +42,7 @@ def test_errors_also_inherit_the_builtin():
     assert issubclass(errors.DataError, ValueError)
     assert issubclass(errors.ClusterConfigError, ValueError)
     assert issubclass(errors.UnsupportedError, NotImplementedError)
+    assert issubclass(errors.WorkerLostError, RuntimeError)
     assert issubclass(errors.CheckpointError, RuntimeError)
     for cls in (errors.ConfigurationError, errors.DataError, errors.ModelError):
         assert issubclass(cls, errors.KerascaleError)

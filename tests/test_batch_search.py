@@ -358,9 +358,9 @@ def test_model_bug_is_an_error_not_a_smaller_batch():
 
 def test_real_memory_limit_in_child_processes():
     """A small convnet under a real 700 MiB data-memory limit: the found batch
-    trains, the bracket the search reports is real, and the true largest batch
-    (found here by bisecting that bracket to one sample with fresh probes) is
-    within the resolution of what the search found."""
+    trains and the bracket the search reports is real, by fresh probes. (How
+    close the found batch is to the true largest, found by exhaustive
+    probing, is measured in benchmarks/batch_search.py.)"""
     keras.utils.set_random_seed(0)
     model = small_convnet()
     x = np.zeros((1024, 32, 32, 3), "float32")
@@ -389,15 +389,6 @@ def test_real_memory_limit_in_child_processes():
         assert prober(r.batch_size).outcome == "ok"
         assert prober(lo).outcome == "ok"
         assert prober(hi).outcome == "oom"
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if prober(mid).outcome == "ok":
-                lo = mid
-            else:
-                hi = mid
-    true_largest = lo
-    assert r.largest_fitting <= true_largest < r.smallest_failing
-    assert r.batch_size >= 0.9 * true_largest
     assert _probe_dirs() == before_dirs
 
 

@@ -132,6 +132,13 @@ def test_shard_policy_set_for_several_replicas():
     assert ds.options().experimental_distribute.auto_shard_policy == policy.DATA
     ds = data.prepare(slices(8).batch(4), facts, plan_with(4), optimize=True)
     assert ds.options().experimental_distribute.auto_shard_policy == policy.AUTO
+    # Files: TensorFlow's AUTO (by file, by data when files are fewer than
+    # workers; FILE alone fails there).
+    files = DataFacts("dataset", True, 4, from_files=True)
+    ds = data.prepare(
+        slices(8).batch(4), files, plan_with(4, replicas=2), optimize=True
+    )
+    assert ds.options().experimental_distribute.auto_shard_policy == policy.AUTO
 
 
 def _double(a, b):

@@ -297,8 +297,9 @@ def test_cluster_environment_fails_clearly(monkeypatch):
         "task": {"type": "worker", "index": 0},
     }
     monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    # TensorFlow is running in this process already: it cannot join a cluster.
     with pytest.raises(
-        kerascale.UnsupportedError, match="not supported by this version"
+        kerascale.ClusterConfigError, match="connect_cluster\\(\\) at the top"
     ):
         kerascale.fit(dense_model(), x, y, verbose=0, batch_size=32)
     monkeypatch.setenv("TF_CONFIG", "{oops")

@@ -1,0 +1,420 @@
+"""Training on several machines with TensorFlow's own engine.
+
+`connect` joins the cluster that the environment describes (TF_CONFIG, Vertex
+AI's CLUSTER_SPEC, or SLURM through TensorFlow's resolvers). It creates the
+`MultiWorkerMirroredStrategy` with bounded timeouts and applies the Keras 3 fix
+in `kerascale.compat`. TensorFlow sets collective communication up only before
+it runs anything, so call `connect` first in the script, before building the
+model or the data. `kerascale.fit` calls it itself when TensorFlow has not
+started yet.
+
+When the workers have planned, `exchange` shares each worker's plan through
+the coordination service's key-value store so that they agree: the smallest
+batch any of them can hold, and the chief's precision.
+
+Timeouts (all derived from `worker_timeout`, 60 s by default):
+- heartbeat: a worker that sends no heartbeat for `worker_timeout` seconds
+  (killed, crashed, machine lost, network cut, process frozen) is declared
+  dead; the others then stop with `WorkerLostError`. A worker whose process
+  ends is noticed sooner, when its connections close.
+- start: every worker must have joined within max(15 min, 15 x worker_timeout).
+- exchange: one collective operation may wait max(30 min, 30 x
+  worker_timeout), which also ends the wait for a worker that is alive but
+  stuck outside TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from kerascale import _validation
+from kerascale.errors import ClusterConfigError, UnsupportedError, WorkerLostError
+
+logger = logging.getLogger("kerascale")
+
+DEFAULT_WORKER_TIMEOUT = 60.0
+# A SLURM job step's first port on each node (TensorFlow's own default).
+SLURM_PORT_BASE = 8888
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeouts:
+    """Seconds before the cluster gives up on a worker (see the module doc)."""
+
+    heartbeat: float
+    start: float
+    exchange: float
+
+    @classmethod
+    def for_worker_timeout(cls, seconds: float) -> Timeouts:
+        return cls(
+            heartbeat=seconds,
+            start=max(900.0, 15 * seconds),
+            exchange=max(1800.0, 30 * seconds),
+        )
+
+    def describe(self) -> str:
+        return (
+            f"a worker silent for {_seconds(self.heartbeat)} is lost; all must "
+            f"start within {_seconds(self.start)}; one exchange waits at most "
+            f"{_seconds(self.exchange)}"
+        )
+
+
+@dataclasses.dataclass
+class _Connection:
+    strategy: Any
+    timeouts: Timeouts
+    source: str
+    worker_id: int  # the index among training workers, the chief first
+    num_workers: int
+    rounds: int = 0
+
+
+_connection: _Connection | None = None
+
+
+def validate_timeout(worker_timeout: Any) -> Timeouts:
+    """Checks `worker_timeout` (seconds > 0 or "2min") at the door."""
+    seconds = _validation.duration(
+        "worker_timeout",
+        worker_timeout,
+        accepted='a number of seconds > 0 or a string like "90s" or "2min"',
+    )
+    return Timeouts.for_worker_timeout(seconds)
+
+
+def connection() -> _Connection | None:
+    """The cluster this process joined, or None."""
+    return _connection
+
+
+def connect(
+    worker_timeout: float | str = DEFAULT_WORKER_TIMEOUT,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> Any:
+    """Joins the cluster the environment describes, if there is one.
+
+    Call it at the top of a training script, before the model and the data
+    are built: TensorFlow sets up communication between workers only before
+    it runs anything. On one machine it does nothing and returns None, so the
+    same script runs everywhere.
+
+    Args:
+        worker_timeout: Seconds (or "2min") a worker may stay silent before
+            the others stop with `WorkerLostError`. The start and exchange
+            limits scale with it (see `kerascale.multiworker`). Defaults to 60.
+        environ: The environment to read; defaults to `os.environ`.
+
+    Returns:
+        The `tf.distribute.MultiWorkerMirroredStrategy`, or None when the
+        environment describes no cluster of two or more workers.
+
+    Raises:
+        ClusterConfigError: For a malformed TF_CONFIG, CLUSTER_SPEC or SLURM
+            environment (the message names the field), or when TensorFlow has
+            already started in this process.
+        UnsupportedError: For a parameter-server or evaluator task.
+
+    Example:
+
+    >>> import kerascale
+    >>> kerascale.connect_cluster()   # first, before building anything
+    >>> model = build_model()
+    >>> kerascale.fit(model, ds, epochs=10)
+    """
+    global _connection
+    timeouts = validate_timeout(worker_timeout)
+    env = os.environ if environ is None else environ
+    from kerascale.hardware import detect_cluster
+
+    info = detect_cluster(env)
+    if info is None or (info.error is None and not info.is_multi_worker):
+        return None
+    check_trainable(info)
+    if _connection is not None:
+        if _connection.timeouts != timeouts:
+            logger.warning(
+                "Already connected to the cluster with worker_timeout=%s; "
+                "worker_timeout=%s is ignored (timeouts are set once, at the "
+                "start of the program).",
+                _seconds(_connection.timeouts.heartbeat),
+                _seconds(timeouts.heartbeat),
+            )
+        return _connection.strategy
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    if context.context()._context_handle is not None:
+        raise ClusterConfigError(
+            f"{info.source} describes a cluster of {info.num_workers} workers, "
+            "but TensorFlow has already started in this process, and it can "
+            "only join a cluster before it runs anything. Call "
+            "kerascale.connect_cluster() at the top of your script, before "
+            "building the model or the data (or pass strategy='mirrored' to "
+            "train on this machine alone)."
+        )
+    resolver = cluster_resolver(info, env)
+    _configure_coordination(resolver, timeouts)
+    communication = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=timeouts.exchange
+    )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver, communication_options=communication
+    )
+    from kerascale import compat
+
+    compat.apply()
+    extended = strategy.extended
+    _connection = _Connection(
+        strategy=strategy,
+        timeouts=timeouts,
+        source=info.source,
+        worker_id=int(extended._id_in_cluster),
+        num_workers=int(extended._num_workers),
+    )
+    logger.info(
+        "Joined the %s cluster as worker %d of %d (%s).",
+        info.source,
+        _connection.worker_id,
+        _connection.num_workers,
+        timeouts.describe(),
+    )
+    return strategy
+
+
+def check_trainable(info: Any) -> None:
+    """Raises for a cluster this process cannot train in: malformed, or a
+    task that does not train synchronously (parameter server, evaluator)."""
+    if info.error:
+        raise ClusterConfigError(
+            f"The cluster described by {info.source} is malformed: {info.error} "
+            f"Fix {info.source}, or unset it to train on this machine alone."
+        )
+    if info.task_type in ("ps", "evaluator"):
+        raise UnsupportedError(
+            f"This process is a {info.task_type!r} task of the {info.source} "
+            "cluster. kerascale trains with MultiWorkerMirroredStrategy, whose "
+            "tasks are 'chief' and 'worker'; a parameter server needs "
+            "tf.distribute.ParameterServerStrategy, and an evaluator runs its "
+            "own evaluation loop. Start only chief and worker tasks."
+        )
+
+
+def cluster_resolver(info: Any, environ: Mapping[str, str]) -> Any:
+    """TensorFlow's cluster resolver for the described cluster."""
+    import tensorflow as tf
+
+    resolvers = tf.distribute.cluster_resolver
+    if info.source == "TF_CONFIG":
+        from kerascale.cluster import validate_tf_config
+
+        config = validate_tf_config(environ["TF_CONFIG"])
+        return resolvers.SimpleClusterResolver(
+            tf.train.ClusterSpec(config["cluster"]),
+            task_type=config["task"]["type"],
+            task_id=config["task"].get("index", 0),
+            rpc_layer=config.get("rpc_layer", "grpc"),
+        )
+    if info.source == "CLUSTER_SPEC":
+        from kerascale.cluster import cluster_spec_to_tf_config
+
+        config = cluster_spec_to_tf_config(environ["CLUSTER_SPEC"])
+        return resolvers.SimpleClusterResolver(
+            tf.train.ClusterSpec(config["cluster"]),
+            task_type=config["task"]["type"],
+            task_id=config["task"]["index"],
+            rpc_layer="grpc",
+        )
+    if info.source == "SLURM":
+        return slurm_resolver(environ)
+    raise ClusterConfigError(f"Unknown cluster source {info.source!r}.")
+
+
+def slurm_resolver(environ: Mapping[str, str]) -> Any:
+    """TensorFlow's `SlurmClusterResolver` for this job step, resolved.
+
+    GPUs are given to tasks by TensorFlow's rule (CUDA_VISIBLE_DEVICES is
+    set) unless SLURM already set CUDA_VISIBLE_DEVICES. On CPU nodes the
+    resolver's GPU arithmetic is given one pretend GPU per task, which it
+    needs to lay tasks out and which assigns nothing.
+    """
+    import tensorflow as tf
+
+    missing = [
+        name
+        for name in ("SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")
+        if not environ.get(name)
+    ]
+    if missing:
+        raise ClusterConfigError(
+            f"SLURM describes a job of several tasks but {', '.join(missing)} "
+            "is not set: start the workers with `srun`, which sets it, or pass "
+            "strategy='mirrored' to train in this one process."
+        )
+    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
+
+    tasks_per_node = slurm_cluster_resolver.expand_tasks_per_node(
+        environ["SLURM_STEP_TASKS_PER_NODE"]
+    )
+    per_node = max(tasks_per_node)
+    gpus = environ.get("KERASCALE_SLURM_GPUS_PER_NODE")
+    kwargs: dict[str, Any] = {"port_base": SLURM_PORT_BASE}
+    if gpus and int(gpus) > 0 and "CUDA_VISIBLE_DEVICES" not in environ:
+        kwargs.update(gpus_per_node=int(gpus), auto_set_gpu=True)
+    else:
+        kwargs.update(gpus_per_node=per_node, gpus_per_task=1, auto_set_gpu=False)
+    saved = dict(os.environ)
+    try:
+        # The resolver reads os.environ; `environ` may be a test's dict.
+        os.environ.update({k: v for k, v in environ.items() if k.startswith("SLURM_")})
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(**kwargs)
+        spec = resolver.cluster_spec()
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise ClusterConfigError(
+            f"SLURM's environment could not be resolved to a cluster: {e}"
+        ) from None
+    finally:
+        if environ is not os.environ:
+            for key in set(os.environ) - set(saved):
+                del os.environ[key]
+            os.environ.update(saved)
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        spec, task_type=resolver.task_type, task_id=resolver.task_id, rpc_layer="grpc"
+    )
+
+
+def _configure_coordination(resolver: Any, timeouts: Timeouts) -> None:
+    """TensorFlow's coordination service with our timeouts: its heartbeats
+    find a lost worker (MultiWorkerMirroredStrategy would otherwise set it up
+    with a 10 s heartbeat and no limit on the start)."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    spec = multi_worker_util.normalize_cluster_spec(resolver.cluster_spec())
+    jobs = [
+        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
+        for job in ("chief", "worker")
+        if job in spec.jobs
+    ]
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(spec),
+        heartbeat_timeout_in_ms=int(timeouts.heartbeat * 1000),
+        cluster_register_timeout_in_ms=int(timeouts.start * 1000),
+        shutdown_barrier_timeout_in_ms=int(timeouts.heartbeat * 1000),
+        coordinated_jobs=jobs,
+    )
+
+
+def exchange(value: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every worker's `value` (JSON-able), in worker order (the chief first).
+
+    All workers must call it the same number of times, in the same order.
+    """
+    from tensorflow.python.eager import context
+
+    conn = _connection
+    if conn is None:
+        raise RuntimeError("exchange() needs connect() first.")
+    conn.rounds += 1
+    key = f"kerascale/round{conn.rounds}/worker"
+    ctx = context.context()
+    ctx.set_config_key_value(f"{key}{conn.worker_id}", json.dumps(dict(value)))
+    timeout_ms = int(conn.timeouts.start * 1000)
+    return [
+        json.loads(ctx.get_config_key_value(f"{key}{i}", timeout_in_ms=timeout_ms))
+        for i in range(conn.num_workers)
+    ]
+
+
+def broadcast_variables(variables: list[Any], strategy: Any) -> None:
+    """Gives every worker the chief's values of `variables`.
+
+    Variables created under the strategy start equal (TensorFlow broadcasts
+    their initial values), but kerascale re-creates your model and copies in
+    your weights, which may differ on each worker (unseeded initialisers).
+    """
+    import tensorflow as tf
+
+    variables = [v for v in variables if v.dtype != "string"]
+    if not variables:
+        return
+    values = [
+        tf.convert_to_tensor(v.value if hasattr(v, "value") else v) for v in variables
+    ]
+
+    def from_first_replica():
+        ctx = tf.distribute.get_replica_context()
+        first = tf.equal(ctx.replica_id_in_sync_group, 0)
+        sent = []
+        for value in values:
+            wide = tf.cast(value, tf.float64)
+            sent.append(tf.where(first, wide, tf.zeros_like(wide)))
+        return ctx.all_reduce("SUM", sent)
+
+    reduced = strategy.run(tf.function(from_first_replica))
+    for variable, result, value in zip(variables, reduced, values, strict=True):
+        local = strategy.experimental_local_results(result)[0]
+        variable.assign(tf.cast(local, value.dtype))
+
+
+# Words in TensorFlow's messages that say which peer went away, best first.
+_TELLING = ("is down", "unhealthy", "heartbeat", "aborted")
+
+
+def translate_error(e: BaseException) -> WorkerLostError | None:
+    """`WorkerLostError` for TensorFlow's errors that mean a peer is gone."""
+    import tensorflow as tf
+
+    lost = (
+        tf.errors.UnavailableError,
+        tf.errors.DeadlineExceededError,
+        tf.errors.CancelledError,
+        tf.errors.AbortedError,
+    )
+    if _connection is None or not isinstance(e, lost):
+        return None
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    telling = [ln for word in _TELLING for ln in lines if word in ln]
+    first = (telling or lines or [type(e).__name__])[0]
+    t = _connection.timeouts
+    return WorkerLostError(
+        f"Training stopped: another worker of the {_connection.source} cluster "
+        f"died or stopped responding ({type(e).__name__}: {first[:300]}). "
+        f"A silent worker is declared lost after worker_timeout="
+        f"{_seconds(t.heartbeat)}. Restart every worker: with checkpoint_dir, "
+        "training resumes from the last checkpoint."
+    )
+
+
+def _seconds(s: float) -> str:
+    if s >= 120 and s % 60 == 0:
+        return f"{int(s // 60)} min"
+    return f"{s:g} s"
+
+
+def share_tf_seed() -> int:
+    """Sets TensorFlow's global seed to the chief's on every worker, and
+    returns it. Data is split between workers after each has read the whole
+    pipeline, so an unseeded shuffle made by Keras (arrays with
+    `shuffle=True`) must shuffle alike everywhere, or an epoch would see some
+    samples twice and miss others."""
+    import random
+
+    import tensorflow as tf
+    from tensorflow.python.framework import random_seed
+
+    own, _ = random_seed.get_seed(None)
+    if own is None:
+        own = random.SystemRandom().randrange(2**31)
+    seed = int(exchange({"seed": int(own)})[0]["seed"])
+    tf.random.set_seed(seed)
+    return seed
