@@ -55,8 +55,12 @@ def train(checkpoint_dir: str) -> None:
         checkpoint_dir=checkpoint_dir,
         verbose=2,
     )
-    role = "one process" if strategy is None else f"worker {os.environ['TF_CONFIG']}"
-    print(f"[{role[:60]}] final accuracy {history.history['accuracy'][-1]:.3f}")
+    if strategy is None:
+        role = "one process"
+    else:
+        task = json.loads(os.environ["TF_CONFIG"])["task"]
+        role = f"{task['type']} {task.get('index', 0)}"
+    print(f"[{role}] final accuracy {history.history['accuracy'][-1]:.3f}")
 
 
 def launch(workers: int, checkpoint_dir: str) -> int:
