@@ -33,6 +33,15 @@ __version__ = "0.1.0"
 logging.getLogger("kerascale").addHandler(logging.NullHandler())
 
 
+def __getattr__(name: str):
+    # kerascale.tuner needs the optional keras-tuner: imported on first use.
+    if name == "tuner":
+        import importlib
+
+        return importlib.import_module("kerascale.tuner")
+    raise AttributeError(f"module 'kerascale' has no attribute {name!r}")
+
+
 __all__ = [
     "BatchSearchResult",
     "BatchSizeSearchError",
@@ -60,4 +69,5 @@ __all__ = [
     "find_batch_size",
     "fit",
     "plan",
+    "tuner",
 ]

@@ -31,6 +31,7 @@ def test_public_names_are_pinned():
             "find_batch_size",
             "fit",
             "plan",
+            "tuner",
         ]
     )
     for name in kerascale.__all__:

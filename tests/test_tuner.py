@@ -1,0 +1,284 @@
+"""kerascale.tuner: real keras-tuner searches over batch size on tiny data."""
+
+import json
+
+import keras
+import keras_tuner
+import numpy as np
+import pytest
+import tensorflow as tf
+from probe_helpers import small_convnet
+
+import kerascale
+from kerascale import tuner as kt_lib
+from kerascale.tuner import INFEASIBLE, ScaledHyperModel
+
+X = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+Y = (X[:, :4].sum(axis=1) > 0).astype("float32")
+
+
+def build(hp):
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(hp.Choice("units", [4, 8]), activation="relu"),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+    model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+@keras.saving.register_keras_serializable(package="kerascale_tests")
+class OutOfMemoryAbove(keras.layers.Layer):
+    """The deterministic OOM seam: a batch larger than `limit` asks
+    TensorFlow's CPU allocator for a 25 TB tensor, which fails with a real
+    ResourceExhaustedError, the error a GPU out of memory raises."""
+
+    def __init__(self, limit=64, **kwargs):
+        super().__init__(**kwargs)
+        self.limit = limit
+
+    def call(self, x):
+        side = tf.where(tf.shape(x)[0] > self.limit, 40000, 1)
+        huge = tf.random.uniform(tf.stack([side, side, 4000]))
+        return x + 0.0 * tf.reduce_min(huge)
+
+    def get_config(self):
+        return {**super().get_config(), "limit": self.limit}
+
+
+def build_with_seam(hp):
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            OutOfMemoryAbove(64),
+            keras.layers.Dense(hp.Choice("units", [4, 8]), activation="relu"),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+    model.compile(optimizer="sgd", loss="binary_crossentropy")
+    return model
+
+
+def trials_of(tuner):
+    return list(tuner.oracle.trials.values())
+
+
+def build_convnet(hp):
+    return small_convnet()
+
+
+def test_random_search_stays_within_the_measured_bound(tmp_path):
+    """The bound is measured for real: a convnet under a real 700 MiB memory
+    limit in child processes holds a few hundred images, far below the range's
+    4096. The range is lowered to it, every batch tried is within it, and the
+    search finishes with keras-tuner's files in place."""
+    x = np.zeros((512, 32, 32, 3), "float32")
+    y = np.zeros(512, "int64")
+    hypermodel = ScaledHyperModel(
+        build_convnet,
+        batch_size=(8, 4096),
+        memory_limit="700MiB",
+        precision=("float32",),
+        verbose=0,
+    )
+    tuner = keras_tuner.RandomSearch(
+        hypermodel,
+        objective="loss",
+        max_trials=3,
+        directory=str(tmp_path),
+        project_name="search",
+        seed=1,
+    )
+    tuner.search(x, y, epochs=1, verbose=0)
+    trials = trials_of(tuner)
+    assert len(trials) == 3
+    assert all(t.status == "COMPLETED" for t in trials)
+    (bound,) = hypermodel.bounds.values()
+    assert 8 <= bound < 4096  # memory, not the range, set it
+    space = {hp.name: hp for hp in tuner.oracle.hyperparameters.space}
+    top = space["batch_size"].max_value
+    assert top <= bound < top * 2  # the largest power-of-two step that fits
+    tried = [t.hyperparameters.values["batch_size"] for t in trials]
+    assert all(b <= bound for b in tried), (tried, bound)
+    assert hypermodel.infeasible == {}
+    # keras-tuner's own files, as users know them.
+    project = tmp_path / "search"
+    assert (project / "oracle.json").exists()
+    for t in trials:
+        saved = json.loads((project / f"trial_{t.trial_id}" / "trial.json").read_text())
+        assert saved["status"] == "COMPLETED"
+        assert "loss" in saved["metrics"]["metrics"]
+    assert tuner.get_best_hyperparameters()[0].values["batch_size"] in tried
+
+
+def test_an_oom_trial_is_infeasible_and_the_search_goes_on(tmp_path, monkeypatch):
+    """Batches above 64 run out of memory (the seam) where the bound said
+    1024 fit: those trials are recorded infeasible with the reason, and with
+    max_consecutive_failed_trials=1 the search still runs every trial."""
+    monkeypatch.setattr(ScaledHyperModel, "_bound", lambda self, *a: 1024)
+    hypermodel = ScaledHyperModel(
+        build_with_seam, batch_size=(16, 1024), precision=("float32",), verbose=0
+    )
+    tuner = keras_tuner.RandomSearch(
+        hypermodel,
+        objective="val_loss",
+        max_trials=5,
+        max_consecutive_failed_trials=1,
+        directory=str(tmp_path),
+        project_name="oom",
+        seed=3,
+    )
+    tuner.search(X, Y, epochs=1, validation_split=0.25, verbose=0)
+    trials = trials_of(tuner)
+    assert len(trials) == 5
+    assert all(t.status == "COMPLETED" for t in trials)
+    infeasible = [t for t in trials if t.metrics.exists(INFEASIBLE)]
+    feasible = [t for t in trials if not t.metrics.exists(INFEASIBLE)]
+    assert infeasible and feasible
+    for t in infeasible:
+        assert t.hyperparameters.values["batch_size"] > 64
+        assert "ran out of memory" in t.message
+        assert "ResourceExhaustedError" in t.message
+        saved = json.loads(
+            (tmp_path / "oom" / f"trial_{t.trial_id}" / "trial.json").read_text()
+        )
+        assert "infeasible" in saved["message"]
+        # Scored as the worst the search had seen when it ended.
+        order = tuner.oracle.end_order
+        before = [
+            f.score
+            for f in feasible
+            if order.index(f.trial_id) < order.index(t.trial_id)
+        ]
+        if before:
+            assert t.score == max(before)
+        else:  # nothing seen yet: the untrained model's loss
+            assert np.isfinite(t.score)
+    for t in feasible:
+        assert t.hyperparameters.values["batch_size"] <= 64
+    best = tuner.get_best_hyperparameters()[0].values["batch_size"]
+    assert best <= 64
+    assert set(hypermodel.infeasible) == {t.trial_id for t in infeasible}
+
+
+def test_a_batch_above_a_configurations_bound_is_not_trained(tmp_path, monkeypatch):
+    """The wider model holds less: its trials above its bound are infeasible
+    without training (fit is never called for them)."""
+    bounds = {4: 1024, 8: 32}
+
+    def bound(self, model, x, y, precision):
+        return bounds[model.layers[0].units]
+
+    monkeypatch.setattr(ScaledHyperModel, "_bound", bound)
+    fitted = []
+    real_fit = kerascale.fit
+
+    def spy(model, *args, **kwargs):
+        fitted.append((model.layers[0].units, kwargs["batch_size"]))
+        return real_fit(model, *args, **kwargs)
+
+    monkeypatch.setattr(kerascale, "fit", spy)
+    hypermodel = ScaledHyperModel(build, batch_size=(16, 256), verbose=0)
+    tuner = keras_tuner.RandomSearch(
+        hypermodel,
+        objective="val_accuracy",
+        max_trials=8,
+        directory=str(tmp_path),
+        project_name="bounds",
+        seed=5,
+    )
+    tuner.search(X, Y, epochs=1, validation_split=0.25, verbose=0)
+    for units, batch in fitted:
+        assert batch <= bounds[units]
+    for t in trials_of(tuner):
+        v = t.hyperparameters.values
+        if v["batch_size"] > bounds[v["units"]]:
+            assert t.metrics.exists(INFEASIBLE)
+            assert "larger than the 32 that fits" in t.message
+            # val_accuracy is maximised: an infeasible trial gets the lowest.
+            assert t.score <= min(
+                (s.score for s in trials_of(tuner) if not s.metrics.exists(INFEASIBLE)),
+                default=1.0,
+            )
+
+
+@pytest.mark.parametrize("tuner_class", ["BayesianOptimization", "Hyperband"])
+def test_other_tuners(tmp_path, tuner_class, monkeypatch):
+    monkeypatch.setattr(ScaledHyperModel, "_bound", lambda self, *a: 64)
+    hypermodel = ScaledHyperModel(
+        build,
+        batch_size=(16, 128),
+        precision=("float32", "mixed_bfloat16"),
+        lr_scaling=("none", "linear"),
+        base_batch_size=32,
+        verbose=0,
+    )
+    kwargs = {"max_trials": 4} if tuner_class != "Hyperband" else {"max_epochs": 3}
+    tuner = getattr(keras_tuner, tuner_class)(
+        hypermodel,
+        objective="val_loss",
+        directory=str(tmp_path),
+        project_name=tuner_class,
+        seed=0,
+        **kwargs,
+    )
+    tuner.search(X, Y, epochs=2, validation_split=0.25, verbose=0)
+    trials = trials_of(tuner)
+    assert trials and all(t.status == "COMPLETED" for t in trials)
+    assert all(t.hyperparameters.values["batch_size"] <= 64 for t in trials)
+    assert {"precision", "lr_scaling"} <= set(trials[-1].hyperparameters.values)
+    best = tuner.get_best_models(1)[0]
+    assert best.predict(X[:4], verbose=0).shape == (4, 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"batch_size": (64, 16)}, "min \\(64\\) is larger than its max \\(16\\)"),
+        ({"batch_size": (0, 16)}, "batch_size"),
+        ({"batch_size": 32}, "batch_size"),
+        ({"batch_size": (8.0, 16)}, "batch_size"),
+        ({"batch_step": 1}, "batch_step"),
+        ({"precision": ("float16",)}, "precision"),
+        ({"precision": "float32"}, "precision"),
+        ({"lr_scaling": ("cubic",), "base_batch_size": 32}, "lr_scaling"),
+        ({"lr_scaling": ("linear",)}, "base_batch_size"),
+        ({"epochs": 3}, "unknown option epochs"),
+        ({"accumulate": "yes"}, "accumulate"),
+        ({"build": 3}, "build"),
+    ],
+)
+def test_bad_arguments_name_themselves(kwargs, match):
+    kwargs = {"build": build, **kwargs}
+    with pytest.raises(kerascale.ConfigurationError, match=match):
+        ScaledHyperModel(kwargs.pop("build"), **kwargs)
+
+
+def test_batch_size_in_search_is_refused(tmp_path):
+    hypermodel = ScaledHyperModel(build, batch_size=(16, 32), verbose=0)
+    with pytest.raises(kerascale.ConfigurationError, match="batch_size is the hyper"):
+        hypermodel.fit(
+            keras_tuner.HyperParameters(),
+            build(keras_tuner.HyperParameters()),
+            X,
+            Y,
+            batch_size=8,
+        )
+
+
+def test_declared_range_stops_at_the_bound():
+    hm = ScaledHyperModel(build, batch_size=(16, 1024))
+    assert hm._range_max(1024) == 1024
+    assert hm._range_max(300) == 256
+    assert hm._range_max(8) == 16  # even the min does not fit: trials say so
+    assert ScaledHyperModel(build, batch_size=(24, 100))._range_max(None) == 96
+    assert (
+        ScaledHyperModel(build, batch_size=(16, 1024), accumulate=True)._range_max(100)
+        == 1024
+    )
+
+
+def test_tuner_is_reachable_from_the_package():
+    assert kerascale.tuner is kt_lib
