@@ -127,9 +127,14 @@ def rate(ds):
     rows = [float(x[0]) for x, _ in ds]
     return len(rows) / (time.perf_counter() - start), rows
 
-plain_rate, plain_rows = rate(input_bound_data(512))
-fast_rate, fast_rows = rate(data_lib.optimize(input_bound_data(512)))
-print(json.dumps({"plain": plain_rate, "fast": fast_rate,
+# Best of 3 alternating rounds: on 2 cores a neighbour's burst can stall one.
+plain_rates, fast_rates = [], []
+for _ in range(3):
+    plain_rate, plain_rows = rate(input_bound_data(512))
+    fast_rate, fast_rows = rate(data_lib.optimize(input_bound_data(512)))
+    plain_rates.append(plain_rate)
+    fast_rates.append(fast_rate)
+print(json.dumps({"plain": max(plain_rates), "fast": max(fast_rates),
                   "same_order": fast_rows == plain_rows,
                   "report": data_lib.optimize_report(input_bound_data(8))}))
 """
