@@ -26,13 +26,11 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 import numpy as np  # noqa: E402
 from test_multiworker import (  # noqa: E402
-    Lines,
-    free_ports,
     load,
+    lose_a_worker,
     max_diff,
     run_cluster,
     run_single,
-    start,
 )
 
 
@@ -57,26 +55,12 @@ def agreement() -> dict:
 
 def detection(sig: int, worker_timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        ports = free_ports()
-        workers = [start("long", i, ports, out, str(worker_timeout)) for i in range(2)]
-        try:
-            Lines(workers[0]).wait_for("epoch 1 ", timeout=180)
-            os.kill(workers[1].pid, sig)
-            killed = time.monotonic()
-            workers[0].wait(timeout=600)
-            took = time.monotonic() - killed
-            err = workers[0].stderr.read()
-        finally:
-            for w in workers:
-                if w.poll() is None:
-                    w.kill()
-                w.wait()
-        return {
-            "seconds": round(took, 1),
-            "exit_code": workers[0].returncode,
-            "worker_lost_error": "WorkerLostError" in err,
-        }
+        took, returncode, err = lose_a_worker(Path(tmp), sig, worker_timeout, wait=600)
+    return {
+        "seconds": round(took, 1),
+        "exit_code": returncode,
+        "worker_lost_error": "WorkerLostError" in err,
+    }
 
 
 def main() -> None:

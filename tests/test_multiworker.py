@@ -157,15 +157,17 @@ class Lines:
         raise AssertionError(f"no {prefix!r} line; got {self.lines}")
 
 
-def kill_one_and_time_the_other(tmp_path, sig, worker_timeout):
+def lose_a_worker(out, sig, worker_timeout, wait=120):
+    """Starts the "long" run on 2 workers, sends `sig` to worker 1 after
+    epoch 1, and waits for worker 0: (seconds it took to exit, its exit code,
+    its stderr)."""
     ports = free_ports()
-    workers = [start("long", i, ports, tmp_path, str(worker_timeout)) for i in range(2)]
+    workers = [start("long", i, ports, out, str(worker_timeout)) for i in range(2)]
     try:
-        chief = Lines(workers[0])
-        chief.wait_for("epoch 1 ", timeout=180)
+        Lines(workers[0]).wait_for("epoch 1 ", timeout=180)
         os.kill(workers[1].pid, sig)
         killed = time.monotonic()
-        workers[0].wait(timeout=120)  # the bound the issue sets
+        workers[0].wait(timeout=wait)
         took = time.monotonic() - killed
         err = workers[0].stderr.read()
     finally:
@@ -173,7 +175,13 @@ def kill_one_and_time_the_other(tmp_path, sig, worker_timeout):
             if w.poll() is None:
                 w.kill()
             w.wait()
-    assert workers[0].returncode != 0
+    return took, workers[0].returncode, err
+
+
+def kill_one_and_time_the_other(tmp_path, sig, worker_timeout):
+    # 120 s: the bound the issue sets.
+    took, returncode, err = lose_a_worker(tmp_path, sig, worker_timeout, wait=120)
+    assert returncode != 0
     assert "WorkerLostError" in err, err[-3000:]
     assert "Restart every worker" in err
     return took
