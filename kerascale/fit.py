@@ -51,7 +51,7 @@ def fit(
     log_dir: str | os.PathLike | None = None,
     profile: bool | tuple[int, int] = False,
     time_budget: float | str | None = None,
-    worker_timeout: float | str = multiworker.DEFAULT_WORKER_TIMEOUT,
+    worker_timeout: float | str | None = None,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
 ) -> keras.callbacks.History:
@@ -124,7 +124,8 @@ def fit(
         worker_timeout: On a cluster, seconds (or "2min") a worker may stay
             silent before the others stop with `WorkerLostError`; the limits
             on start-up and on one exchange scale with it (see
-            `kerascale.multiworker`). Defaults to 60.
+            `kerascale.multiworker`). Defaults to `None`: what
+            `connect_cluster` was given, else 60.
         verbose: As in `model.fit`; 0 also silences kerascale. Defaults to
             "auto".
         **fit_kwargs: Passed to `model.fit` (epochs, callbacks,
@@ -158,12 +159,17 @@ def fit(
         verbose=verbose,
     )
     monitor = monitoring.validate_fit_options(log_dir, profile, time_budget)
-    multiworker.validate_timeout(worker_timeout)
+    if worker_timeout is not None:
+        multiworker.validate_timeout(worker_timeout)
     hw = hardware_lib.detect_hardware()
     clustered = strategy_lib.wants_cluster(hw, options.strategy)
-    if clustered:
+    if clustered and (worker_timeout is not None or not multiworker.connection()):
         # Before anything else runs TensorFlow: it joins a cluster only then.
-        multiworker.connect(worker_timeout)
+        multiworker.connect(
+            multiworker.DEFAULT_WORKER_TIMEOUT
+            if worker_timeout is None
+            else worker_timeout
+        )
     backup = resume.backup_for(
         checkpoint_dir, checkpoint_freq, fit_kwargs, options.verbose
     )
@@ -318,7 +324,7 @@ def plan(
     log_dir: str | os.PathLike | None = None,
     profile: bool | tuple[int, int] = False,
     time_budget: float | str | None = None,
-    worker_timeout: float | str = multiworker.DEFAULT_WORKER_TIMEOUT,
+    worker_timeout: float | str | None = None,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
 ) -> Plan:
@@ -347,7 +353,8 @@ def plan(
         verbose=verbose,
     )
     monitoring.validate_fit_options(log_dir, profile, time_budget)
-    multiworker.validate_timeout(worker_timeout)
+    if worker_timeout is not None:
+        multiworker.validate_timeout(worker_timeout)
     fit_kwargs = dict(fit_kwargs)
     backup = resume.backup_for(
         checkpoint_dir, checkpoint_freq, fit_kwargs, options.verbose

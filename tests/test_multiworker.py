@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 from conftest import CPU
@@ -258,6 +259,16 @@ def test_connect_after_tensorflow_started_says_what_to_do():
 def test_worker_timeout_is_validated(value):
     with pytest.raises(kerascale.ConfigurationError, match="worker_timeout"):
         multiworker.validate_timeout(value)
+
+
+def test_fit_and_plan_validate_worker_timeout():
+    x = np.zeros((16, 4), "float32")
+    y = np.zeros((16, 1), "float32")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    for call in (kerascale.fit, kerascale.plan):
+        with pytest.raises(kerascale.ConfigurationError, match="worker_timeout"):
+            call(model, x, y, worker_timeout="soon", verbose=0)
 
 
 def test_timeouts_scale_with_worker_timeout():
