@@ -162,14 +162,8 @@ def fit(
     if worker_timeout is not None:
         multiworker.validate_timeout(worker_timeout)
     hw = hardware_lib.detect_hardware()
-    clustered = strategy_lib.wants_cluster(hw, options.strategy)
-    if clustered and (worker_timeout is not None or not multiworker.connection()):
-        # Before anything else runs TensorFlow: it joins a cluster only then.
-        multiworker.connect(
-            multiworker.DEFAULT_WORKER_TIMEOUT
-            if worker_timeout is None
-            else worker_timeout
-        )
+    # Before anything else runs TensorFlow: it joins a cluster only then.
+    clustered = multiworker.join_if_wanted(hw, options.strategy, worker_timeout)
     backup = resume.backup_for(
         checkpoint_dir, checkpoint_freq, fit_kwargs, options.verbose
     )
@@ -228,18 +222,7 @@ def fit(
             "model.compile(optimizer=..., loss=...) inside it."
         )
 
-    conn = multiworker.connection()
-    if conn is not None and dist is conn.strategy:
-        # Every worker starts from the chief's weights and shuffles alike.
-        optimizer = precision_lib.core_optimizer(train_model.optimizer)
-        multiworker.broadcast_variables(
-            [*train_model.weights, *getattr(optimizer, "variables", [])], dist
-        )
-        multiworker.share_tf_seed()
-        if decided.data.kind == "dataset" and data_lib.unseeded_shuffle(x):
-            plan = dataclasses.replace(
-                plan, warnings=(*plan.warnings, data_lib.UNSEEDED_SHUFFLE_ON_CLUSTER)
-            )
+    plan = multiworker.start_alike(train_model, dist, plan, decided.data, x)
 
     quiet_end_of_data = False
     if decided.data.kind == "dataset":

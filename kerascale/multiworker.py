@@ -189,6 +189,40 @@ def connect(
     return strategy
 
 
+def join_if_wanted(hw: Any, requested: Any, worker_timeout: Any) -> bool:
+    """Joins the cluster when `requested` trains across it (`fit`'s first
+    step); returns whether it does. `worker_timeout=None` keeps an earlier
+    connection's timeouts, else uses the default."""
+    from kerascale import strategy as strategy_lib
+
+    if not strategy_lib.wants_cluster(hw, requested):
+        return False
+    if worker_timeout is not None or _connection is None:
+        connect(DEFAULT_WORKER_TIMEOUT if worker_timeout is None else worker_timeout)
+    return True
+
+
+def start_alike(model: Any, strategy: Any, plan: Any, data: Any, x: Any) -> Any:
+    """Under the joined cluster's strategy: gives every worker the chief's
+    weights (and optimizer state) and TensorFlow seed, and returns `plan`
+    with a warning when the dataset shuffles without a seed. Elsewhere it
+    returns `plan` untouched."""
+    if _connection is None or strategy is not _connection.strategy:
+        return plan
+    from kerascale import data as data_lib
+    from kerascale import precision as precision_lib
+
+    optimizer = precision_lib.core_optimizer(model.optimizer)
+    broadcast_variables(
+        [*model.weights, *getattr(optimizer, "variables", [])], strategy
+    )
+    share_tf_seed()
+    if data.kind == "dataset" and data_lib.unseeded_shuffle(x):
+        warning = data_lib.UNSEEDED_SHUFFLE_ON_CLUSTER
+        plan = dataclasses.replace(plan, warnings=(*plan.warnings, warning))
+    return plan
+
+
 def check_trainable(info: Any) -> None:
     """Raises for a cluster this process cannot train in: malformed, or a
     task that does not train synchronously (parameter server, evaluator)."""
