@@ -36,10 +36,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import numpy as np
 
-from kerascale import data as data_lib
-from kerascale import probe
-from kerascale.batch_search import DEFAULT_MARGIN, granularity_for, search
-from kerascale.memory import parse_bytes
+from kerascale._units import parse_bytes
+from kerascale.measure import child, probe
+from kerascale.measure.batch import DEFAULT_MARGIN
+from kerascale.measure.search import granularity_for, search
+from kerascale.sense import data_facts
 
 
 def convnet():
@@ -89,12 +90,12 @@ def measure(name, build, limit, cap):
     model, shape = build()
     x = np.zeros((1, *shape), "float32")
     y = np.zeros(1, "int64")
-    element = data_lib.element_structure(x, y, data_lib.inspect(x, y))
+    element = data_facts.element_structure(x, y, data_facts.inspect(x, y))
     spec = probe.ProbeSpec(
         element=probe.encode_structure(element), memory_limit=limit, policy="float32"
     )
     row = {"model": name, "limit_bytes": limit}
-    with probe.IsolatedProber(model, spec) as prober:
+    with child.IsolatedProber(model, spec) as prober:
         start = time.perf_counter()
         found = search(
             prober,

@@ -108,7 +108,7 @@ def kill_at(directory, out, step, *extra):
 
 
 def newest_step(directory) -> int:
-    from kerascale import checkpoint as store
+    from kerascale.callbacks import checkpoint_store as store
 
     for found in store.scan(str(directory)):
         if found.state == "complete":

@@ -1,5 +1,5 @@
 """Diagnosis and monitoring: the three verdicts with their numbers, the
-speed-up of `data.optimize` on an input-bound pipeline, and the overhead of
+speed-up of `kerascale.data.optimize` on an input-bound pipeline, and the overhead of
 the Throughput and GPUMonitor callbacks on step time.
 
     python benchmarks/diagnosis.py [--rounds 7]
@@ -190,7 +190,8 @@ def main():
     o, m = result["optimize"], result["monitoring"]
     lines += [
         "",
-        f"data.optimize on the slow-map pipeline: {o['plain_batches_per_s']:.1f} -> "
+        "kerascale.data.optimize on the slow-map pipeline: "
+        f"{o['plain_batches_per_s']:.1f} -> "
         f"{o['optimized_batches_per_s']:.1f} batches/s, median speed-up "
         f"{o['speedup_median']:.2f}x over {args.rounds} alternating rounds "
         f"(range {min(o['speedups']):.2f}-{max(o['speedups']):.2f}).",

@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from kerascale.memory import parse_bytes
+    from kerascale._units import parse_bytes
 
     limit = parse_bytes("memory_limit", args.memory_limit)
     results = {

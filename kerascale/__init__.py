@@ -6,9 +6,10 @@ Change one line: ``model.fit(ds)`` becomes ``kerascale.fit(model, ds)``.
 import logging
 
 from kerascale import callbacks, data
-from kerascale.accumulation import accumulate
-from kerascale.batch_search import BatchSearchResult, find_batch_size
-from kerascale.diagnosis import Diagnosis, diagnose
+from kerascale._version import __version__
+from kerascale.apply.accumulation import accumulate
+from kerascale.apply.cluster import connect as connect_cluster
+from kerascale.diagnose import Diagnosis, diagnose
 from kerascale.errors import (
     BatchSizeSearchError,
     CheckpointError,
@@ -16,16 +17,22 @@ from kerascale.errors import (
     ConfigurationError,
     DataError,
     KerascaleError,
+    KerascaleWarning,
     ModelError,
     UnsupportedError,
     WorkerLostError,
 )
+from kerascale.find_batch import find_batch_size
 from kerascale.fit import fit, plan
-from kerascale.hardware import CPUInfo, GPUInfo, Hardware, TPUInfo, detect_hardware
-from kerascale.multiworker import connect as connect_cluster
-from kerascale.planning import Plan
-
-__version__ = "0.1.0"
+from kerascale.measure.result import BatchSearchResult
+from kerascale.plan.plan import Plan
+from kerascale.sense.hardware import (
+    CPUInfo,
+    GPUInfo,
+    Hardware,
+    TPUInfo,
+    detect_hardware,
+)
 
 # A library logs; the application decides where logs go. Without this, Python's
 # last-resort handler would print kerascale's warnings to stderr even with
@@ -54,6 +61,7 @@ __all__ = [
     "GPUInfo",
     "Hardware",
     "KerascaleError",
+    "KerascaleWarning",
     "ModelError",
     "Plan",
     "TPUInfo",

@@ -15,13 +15,16 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from kerascale import __version__
+from kerascale._version import __version__
 
 
 def _doctor(args: argparse.Namespace) -> int:
     from kerascale.errors import KerascaleError
-    from kerascale.hardware import detect_hardware
-    from kerascale.planning import DataFacts, ModelFacts, Options, make_plan
+    from kerascale.plan.options import Options
+    from kerascale.plan.rules import make_plan
+    from kerascale.sense.data_facts import DataFacts
+    from kerascale.sense.hardware import detect_hardware
+    from kerascale.sense.model_facts import ModelFacts
 
     hw = detect_hardware()
     # The plan for a typical float32 model trained on arrays, all options "auto".
@@ -107,8 +110,8 @@ def _synthetic(model: Any, args: argparse.Namespace, count: int) -> Any:
 
 
 def _find_batch(args: argparse.Namespace) -> int:
-    from kerascale.batch_search import find_batch_size
     from kerascale.errors import KerascaleError
+    from kerascale.find_batch import find_batch_size
 
     model = _load(args)
     if isinstance(model, int):
@@ -137,7 +140,7 @@ def _find_batch(args: argparse.Namespace) -> int:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    from kerascale.diagnosis import diagnose
+    from kerascale.diagnose import diagnose
     from kerascale.errors import KerascaleError
 
     model = _load(args)
@@ -184,8 +187,8 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def _size(text: str) -> str:
+    from kerascale._units import parse_bytes
     from kerascale.errors import ConfigurationError
-    from kerascale.memory import parse_bytes
 
     try:
         parse_bytes("--memory-limit", text)

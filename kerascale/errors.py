@@ -45,3 +45,10 @@ class CheckpointError(KerascaleError, RuntimeError):
 class WorkerLostError(KerascaleError, RuntimeError):
     """Another worker of the cluster died or stopped responding, so training
     cannot go on: restart every worker (with checkpoints, it resumes)."""
+
+
+class KerascaleWarning(UserWarning):
+    """What the user should know about a run: a choice that was not applied,
+    and why. Shown by default, like Keras's warnings; filter it with
+    ``warnings.filterwarnings("ignore", category=kerascale.KerascaleWarning)``.
+    """

@@ -1,8 +1,12 @@
-"""The front door: `kerascale.fit` and `kerascale.plan`.
+"""The front doors `kerascale.fit` and `kerascale.plan`: wiring only.
 
-This module only wires the capabilities together: detect the hardware, make the
-plan, build the strategy, re-create the model where the plan says so, shape the
-data, and hand over to Keras's own `model.fit`. No decision is made here.
+Both take the same path to a decision: the arguments are checked at the door,
+the hardware is sensed, a cluster joined where the environment describes one,
+a resumed checkpoint's choices pinned, and the plan decided (measured where a
+rule can be wrong). `plan` returns it; `fit` applies it on the one path
+(`kerascale.apply.session`), inside a session that owns every change made on
+the way and undoes it however training ends, and hands over to Keras's own
+`model.fit`. No decision is made here.
 """
 
 from __future__ import annotations
@@ -10,61 +14,30 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import keras
 
-from kerascale import accumulation as accumulation_lib
-from kerascale import data as data_lib
-from kerascale import hardware as hardware_lib
-from kerascale import monitoring, multiworker, resume
-from kerascale import precision as precision_lib
-from kerascale import strategy as strategy_lib
-from kerascale.batch_search import SearchOptions
-from kerascale.decide import AUTO_MIN_STEPS, agree, decide
-from kerascale.errors import ModelError
-from kerascale.planning import Options, Plan
+from kerascale.apply import cluster
+from kerascale.apply import session as session_lib
+from kerascale.callbacks import for_fit
+from kerascale.callbacks._base import KerascaleCallback
+from kerascale.measure.batch import SearchOptions
+from kerascale.measure.decide import Decided, decide, validate_options
+from kerascale.plan.options import Options, pin
+from kerascale.plan.plan import Plan
+from kerascale.sense import data_facts
+from kerascale.sense import hardware as hardware_lib
+from kerascale.sense.model_facts import is_builder
 
 logger = logging.getLogger("kerascale")
 
 ModelOrBuilder = keras.Model | Callable[[], keras.Model]
 
 
-def fit(
-    model: ModelOrBuilder,
-    x: Any = None,
-    y: Any = None,
-    *,
-    batch_size: int | str = "auto",
-    strategy: Any = "auto",
-    precision: str = "auto",
-    max_batch_size: int | None = None,
-    memory_limit: int | str | None = None,
-    accumulation_steps: int | None = None,
-    lr_scaling: str | None = None,
-    base_batch_size: int | None = None,
-    optimize_data: bool | str = "auto",
-    checkpoint_dir: str | os.PathLike | None = None,
-    checkpoint_freq: int | str = "epoch",
-    log_dir: str | os.PathLike | None = None,
-    profile: bool | tuple[int, int] = False,
-    time_budget: float | str | None = None,
-    worker_timeout: float | str | None = None,
-    verbose: int | str = "auto",
-    **fit_kwargs: Any,
-) -> keras.callbacks.History:
-    """Trains `model` at the scale of the hardware here; `model.fit`'s drop-in.
-
-    kerascale detects the hardware, picks the distribution strategy and the
-    fastest safe precision, re-creates the model under them where needed
-    (weights, optimizer state and compile settings kept), batches or re-batches
-    the data, and calls Keras's own `fit`. Afterwards your `model` holds the
-    trained weights, so `model.predict` and `model.save` work as usual. Every
-    decision is printed (unless `verbose=0`) and available as `history.plan`.
-
-    Args:
+# The arguments `fit` and `plan` share, documented once for both.
+_ARGUMENTS = """\
         model: A compiled Keras model, or a zero-argument function that builds
             and compiles one (for subclassed models that cannot be cloned).
         x: A `tf.data.Dataset` (batched or not) yielding `(inputs, targets)`,
@@ -74,7 +47,9 @@ def fit(
             your batched dataset's batch size; for unbatched data, the batch
             that the batch-size search finds for this hardware (the largest
             that fits on accelerators, the fastest on CPU; cached, see
-            `find_batch_size`). Defaults to "auto".
+            `find_batch_size`). An int larger than what fits in memory is
+            reached with gradient accumulation: micro x replicas x
+            accumulation_steps = batch_size. Defaults to "auto".
         strategy: "auto", "default", "one_device", "mirrored",
             "multi_worker", "tpu", or a `tf.distribute.Strategy`. "auto"
             trains across the cluster that TF_CONFIG, Vertex AI's
@@ -83,8 +58,6 @@ def fit(
             this machine's devices. Defaults to "auto".
         precision: "auto", "float32", "mixed_float16" or "mixed_bfloat16".
             Defaults to "auto".
-            An int larger than what fits in memory is reached with gradient
-            accumulation: micro x replicas x accumulation_steps = batch_size.
         max_batch_size: The largest batch (all replicas) to put through the
             model in one forward pass: it caps the search, and a larger
             `batch_size` is split into micro-batches of at most this size.
@@ -124,12 +97,54 @@ def fit(
         worker_timeout: On a cluster, seconds (or "2min") a worker may stay
             silent before the others stop with `WorkerLostError`; the limits
             on start-up and on one exchange scale with it (see
-            `kerascale.multiworker`). Defaults to `None`: what
+            `kerascale.apply.cluster`). Defaults to `None`: what
             `connect_cluster` was given, else 60.
         verbose: As in `model.fit`; 0 also silences kerascale. Defaults to
             "auto".
         **fit_kwargs: Passed to `model.fit` (epochs, callbacks,
-            validation_data, steps_per_epoch, ...).
+            validation_data, steps_per_epoch, ...)."""
+
+
+def _documented(function: Callable) -> Callable:
+    """Puts the shared argument documentation into `function`'s docstring."""
+    function.__doc__ = function.__doc__.replace("{arguments}", _ARGUMENTS.strip())
+    return function
+
+
+@_documented
+def fit(
+    model: ModelOrBuilder,
+    x: Any = None,
+    y: Any = None,
+    *,
+    batch_size: int | str = "auto",
+    strategy: Any = "auto",
+    precision: str = "auto",
+    max_batch_size: int | None = None,
+    memory_limit: int | str | None = None,
+    accumulation_steps: int | None = None,
+    lr_scaling: str | None = None,
+    base_batch_size: int | None = None,
+    optimize_data: bool | str = "auto",
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_freq: int | str = "epoch",
+    log_dir: str | os.PathLike | None = None,
+    profile: bool | tuple[int, int] = False,
+    time_budget: float | str | None = None,
+    worker_timeout: float | str | None = None,
+    verbose: int | str = "auto",
+    **fit_kwargs: Any,
+) -> keras.callbacks.History:
+    """Trains `model` at the scale of the hardware here; `model.fit`'s drop-in.
+
+    kerascale picks the distribution strategy and the fastest safe precision,
+    re-creates the model under them where needed (weights, optimizer state and
+    compile settings kept), batches the data, and calls Keras's own `fit`.
+    Your `model` then holds the trained weights, however training ended. Each
+    decision is printed (unless `verbose=0`) and is in `history.plan`.
+
+    Args:
+        {arguments}
 
     Returns:
         Keras's `History`, with `history.plan` the `Plan` that was applied.
@@ -146,148 +161,26 @@ def fit(
     >>> history = kerascale.fit(model, ds, epochs=2)
     >>> print(history.plan)
     """
-    options, search = _validate(
-        batch_size=batch_size,
-        strategy=strategy,
-        precision=precision,
-        max_batch_size=max_batch_size,
-        memory_limit=memory_limit,
-        accumulation_steps=accumulation_steps,
-        lr_scaling=lr_scaling,
-        base_batch_size=base_batch_size,
-        optimize_data=optimize_data,
-        verbose=verbose,
-    )
-    monitor = monitoring.validate_fit_options(log_dir, profile, time_budget)
-    if worker_timeout is not None:
-        multiworker.validate_timeout(worker_timeout)
-    hw = hardware_lib.detect_hardware()
-    # Before anything else runs TensorFlow: it joins a cluster only then.
-    clustered = multiworker.join_if_wanted(hw, options.strategy, worker_timeout)
-    backup = resume.backup_for(
-        checkpoint_dir, checkpoint_freq, fit_kwargs, options.verbose
-    )
-    pinned: list[str] = []
-    if backup is not None:
-        options, pinned = resume.pin(options, backup.saved_plan(), x, y)
-    steps = fit_kwargs.get("steps_per_epoch")
-    decided = decide(
-        model, x, y, options, steps_per_epoch=steps, search=search, hardware=hw
-    )
-    if clustered:
-        decided = agree(decided, options)
-    decided = resume.say_pinned(decided, pinned)
-    plan = decided.plan
-    dist = strategy_lib.build(plan, decided.instance)
-    if dist.num_replicas_in_sync != plan.replicas:
-        # Only a TPU's core count is unknown before its system is initialised.
-        options = dataclasses.replace(options, strategy=dist)
-        decided = decide(
-            model,
-            x,
-            y,
-            options,
-            steps_per_epoch=steps,
-            search=search,
-            hardware=decided.hardware,
+    request = _Request.from_arguments(locals())
+    decided, backup, replan = _decide(model, x, y, request, fit_kwargs)
+    with session_lib.Session() as session:
+        prepared = session_lib.prepare(
+            session, model, x, y, decided, fit_kwargs=fit_kwargs, replan=replan
         )
-        plan = decided.plan
-
-    train_model = model
-    if plan.rebuild:
-        try:
-            train_model = precision_lib.rebuild(model, plan.precision, dist)
-        except ModelError:
-            raise
-        except Exception as e:
-            if precision_lib.is_builder(model):
-                raise
-            why = f"re-creating it failed: {type(e).__name__}: {e}"
-            decided = decide(
-                model,
-                x,
-                y,
-                options,
-                steps_per_epoch=steps,
-                search=search,
-                hardware=decided.hardware,
-                not_rebuildable=why,
-            )
-            decided = resume.say_pinned(decided, pinned)
-            plan = decided.plan
-            dist = strategy_lib.build(plan, decided.instance)
-    if not isinstance(train_model, keras.Model) or not train_model.compiled:
-        raise ModelError(
-            "The model builder must return a compiled model: call "
-            "model.compile(optimizer=..., loss=...) inside it."
-        )
-
-    plan = multiworker.start_alike(train_model, dist, plan, decided.data, x)
-
-    quiet_end_of_data = False
-    if decided.data.kind == "dataset":
-        # Keras ignores shuffle for a dataset and warns when it is left True.
-        fit_kwargs.setdefault("shuffle", False)
-        original = x
-        x = data_lib.prepare(x, decided.data, plan, optimize=decided.optimize_data)
-        quiet_end_of_data = "steps_per_epoch" not in fit_kwargs and (
-            data_lib.lost_cardinality(original, x)
-        )
-    elif decided.data.kind == "arrays":
-        fit_kwargs["batch_size"] = plan.step_batch_size
-    if "validation_data" in fit_kwargs:
-        fit_kwargs["validation_data"] = data_lib.prepare_validation(
-            fit_kwargs["validation_data"],
-            plan,
-            optimize=decided.optimize_data,
-            validation_steps=fit_kwargs.get("validation_steps"),
-        )
-
-    if backup is not None:
-        backup.plan = plan
-    fit_kwargs["callbacks"] = [
-        *(fit_kwargs.get("callbacks") or []),
-        *monitoring.for_fit(
-            *monitor,
-            samples_per_step=plan.step_batch_size,
-            gpus=len(decided.hardware.gpus),
-            backup=backup,
-        ),
-    ]
-    if options.verbose != 0:
-        print(plan, flush=True)
-    for w in plan.warnings:
-        logger.warning(w)
-
-    saved = None
-    if plan.accumulation_steps > 1 or plan.lr_factor != 1.0:
-        saved = accumulation_lib.apply(
-            train_model, plan.accumulation_steps, plan.lr_factor
-        )
-    try:
-        with warnings.catch_warnings():
-            if quiet_end_of_data:
-                warnings.filterwarnings("ignore", "Your input ran out of data")
-            history = train_model.fit(x, y, verbose=options.verbose, **fit_kwargs)
-    except Exception as e:
-        lost = multiworker.translate_error(e)
-        if lost is not None:
-            raise lost from e
-        raise
-    finally:
-        # Also after an interrupt: like model.fit, keep what was trained so far.
-        if saved is not None:
-            accumulation_lib.finish(
-                train_model, saved, plan.accumulation_steps, plan.global_batch_size
-            )
-        if train_model is not model and not precision_lib.is_builder(model):
-            precision_lib.copy_back(train_model, model)
-    if not precision_lib.is_builder(model):
+        plan = prepared.plan
+        _install_callbacks(session, prepared, request.monitor, backup)
+        if request.options.verbose != 0:
+            print(plan, flush=True)
+        for w in plan.warnings:
+            logger.warning(w)
+        history = session_lib.train(prepared, verbose=request.options.verbose)
+    if not is_builder(model):
         history.set_model(model)
     history.plan = plan
     return history
 
 
+@_documented
 def plan(
     model: ModelOrBuilder,
     x: Any = None,
@@ -313,50 +206,130 @@ def plan(
 ) -> Plan:
     """Returns the `Plan` that `fit` would apply, without training.
 
-    Takes the same arguments as `kerascale.fit`. Your model is not trained or
-    changed (an unbuilt model is built from the data's shape); only the
-    batch-size search's probes and, on a CPU, the trials of the choices left
-    to kerascale train copies of it (both cached).
+    It decides exactly as `fit` does, on a cluster too (every worker calls
+    it, and they agree). Your model is not trained or changed (an unbuilt
+    model is built from the data's shape); only the batch-size search's
+    probes and, on a CPU, the trials of the choices left to kerascale train
+    copies of it (both cached).
+
+    Args:
+        {arguments}
+
+    Returns:
+        The `Plan`.
+
+    Raises:
+        ConfigurationError: For an invalid argument (the message names it).
+        DataError: For data that cannot train (empty, infinite, mismatched).
+        ModelError: For a model that is not compiled or cannot be built.
+        ClusterConfigError: For a malformed cluster description.
 
     Example:
 
     >>> p = kerascale.plan(model, ds)
     >>> p.precision, p.global_batch_size
     """
-    options, search = _validate(
-        batch_size=batch_size,
-        strategy=strategy,
-        precision=precision,
-        max_batch_size=max_batch_size,
-        memory_limit=memory_limit,
-        accumulation_steps=accumulation_steps,
-        lr_scaling=lr_scaling,
-        base_batch_size=base_batch_size,
-        optimize_data=optimize_data,
-        verbose=verbose,
+    request = _Request.from_arguments(locals())
+    decided, _, _ = _decide(model, x, y, request, dict(fit_kwargs))
+    return decided.plan
+
+
+def _install_callbacks(
+    session: session_lib.Session, prepared: Any, monitor: tuple, backup: Any
+) -> None:
+    """Adds the callbacks `fit`'s arguments ask for, and gives the session
+    every kerascale callback of the run to release on exit (Keras skips
+    `on_train_end` when `fit` raises)."""
+    plan = prepared.plan
+    if backup is not None:
+        backup.plan = plan
+    callbacks = [
+        *(prepared.fit_kwargs.get("callbacks") or []),
+        *for_fit.for_fit(
+            *monitor,
+            samples_per_step=plan.step_batch_size,
+            gpus=len(prepared.decided.hardware.gpus),
+            backup=backup,
+        ),
+    ]
+    prepared.fit_kwargs["callbacks"] = callbacks
+    for callback in callbacks:
+        if isinstance(callback, KerascaleCallback):
+            what = f"what {type(callback).__name__} installed"
+            session.undo(what, callback.release)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """`fit`'s and `plan`'s arguments, checked at the door."""
+
+    options: Options
+    search: SearchOptions
+    monitor: tuple[Any, ...]  # (log_dir, profile window, time budget)
+    checkpoint_dir: Any
+    checkpoint_freq: Any
+    worker_timeout: Any
+
+    @classmethod
+    def from_arguments(cls, arguments: dict[str, Any]) -> _Request:
+        """From `fit`'s or `plan`'s parameters (their `locals()` on entry)."""
+        data = ("model", "x", "y", "fit_kwargs")
+        return cls.validate(**{k: v for k, v in arguments.items() if k not in data})
+
+    @classmethod
+    def validate(
+        cls,
+        *,
+        log_dir: Any,
+        profile: Any,
+        time_budget: Any,
+        checkpoint_dir: Any,
+        checkpoint_freq: Any,
+        worker_timeout: Any,
+        **options: Any,
+    ) -> _Request:
+        checked, search = validate_options(**options)
+        monitor = for_fit.validate_fit_options(log_dir, profile, time_budget)
+        if worker_timeout is not None:
+            cluster.validate_timeout(worker_timeout)
+        return cls(
+            checked, search, monitor, checkpoint_dir, checkpoint_freq, worker_timeout
+        )
+
+
+def _decide(
+    model: Any, x: Any, y: Any, request: _Request, fit_kwargs: dict[str, Any]
+) -> tuple[Decided, Any, Callable[[str], Decided]]:
+    """The decision `fit` applies and `plan` returns; the run's backup (added
+    to `fit_kwargs["callbacks"]` when `checkpoint_dir` asks for one); and
+    `replan(why)`, the decision for a model that could not be re-created."""
+    hw = hardware_lib.detect_hardware()
+    # Before anything else runs TensorFlow: it joins a cluster only then.
+    clustered = cluster.join_if_wanted(
+        hw, request.options.strategy, request.worker_timeout
     )
-    monitoring.validate_fit_options(log_dir, profile, time_budget)
-    if worker_timeout is not None:
-        multiworker.validate_timeout(worker_timeout)
-    fit_kwargs = dict(fit_kwargs)
-    backup = resume.backup_for(
-        checkpoint_dir, checkpoint_freq, fit_kwargs, options.verbose
+    options, verbose = request.options, request.options.verbose
+    backup = for_fit.backup_for(
+        request.checkpoint_dir, request.checkpoint_freq, fit_kwargs, verbose
     )
+    steps = fit_kwargs.get("steps_per_epoch")
     pinned: list[str] = []
     if backup is not None:
-        options, pinned = resume.pin(options, backup.saved_plan(), x, y)
-    steps = fit_kwargs.get("steps_per_epoch")
-    decided = decide(model, x, y, options, steps_per_epoch=steps, search=search)
-    return resume.say_pinned(decided, pinned).plan
+        batched = data_facts.inspect(x, y, steps_per_epoch=steps).batched
+        options, pinned = pin(options, backup.saved_plan(), data_batched=batched)
 
+    def decided(not_rebuildable: str = "") -> Decided:
+        return decide(
+            model,
+            x,
+            y,
+            options,
+            steps_per_epoch=steps,
+            search=request.search,
+            hardware=hw,
+            not_rebuildable=not_rebuildable,
+            clustered=clustered,
+            pinned=tuple(pinned),
+        )
 
-def _validate(
-    *, max_batch_size, memory_limit, **kwargs
-) -> tuple[Options, SearchOptions]:
-    options = Options.validate(max_batch_size=max_batch_size, **kwargs)
-    search = SearchOptions.validate(
-        max_batch_size=max_batch_size,
-        memory_limit=memory_limit,
-        min_steps_per_epoch=AUTO_MIN_STEPS,
-    )
-    return options, search
+    return decided(), backup, decided

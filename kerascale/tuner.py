@@ -232,7 +232,7 @@ class ScaledHyperModel(keras_tuner.HyperModel):
         """The largest batch that fits for this model configuration and
         precision, measured once (and cached on disk by the batch search)."""
         import kerascale
-        from kerascale.batch_search import model_fingerprint
+        from kerascale.measure.cache import model_fingerprint
 
         key = (model_fingerprint(model)[:12], precision)
         if key not in self.bounds:

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 import kerascale
-from kerascale import checkpoint as store
+from kerascale.callbacks import checkpoint_store as store
 
 
 def main():

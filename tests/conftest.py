@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from kerascale.hardware import CPUInfo, GPUInfo, Hardware
+from kerascale.sense.hardware import CPUInfo, GPUInfo, Hardware
 
 
 @pytest.fixture(autouse=True)
@@ -21,7 +21,7 @@ def _short_trials(monkeypatch):
     the same code, with noisier figures, so that the suite stays short (every
     fit on a bf16 CPU runs them). Their timing is benchmarked in
     benchmarks/end_to_end.py."""
-    from kerascale import trials
+    from kerascale.measure import trials
 
     monkeypatch.setattr(trials, "TRIAL_SECONDS", 0.2)
     monkeypatch.setattr(trials, "WARMUP_SECONDS", 0.1)

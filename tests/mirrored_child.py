@@ -78,7 +78,7 @@ if len(sys.argv) > 1 and sys.argv[1] == "backup":
     # new model object, against an uninterrupted run with the same checkpoints.
     import tempfile
 
-    from kerascale import checkpoint as store
+    from kerascale.callbacks import checkpoint_store as store
 
     class StopAt(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):

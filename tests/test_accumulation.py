@@ -10,11 +10,16 @@ import tensorflow as tf
 from conftest import CPU, gpu_box
 
 import kerascale
-from kerascale import accumulation, hardware
+from kerascale.apply import accumulation
 from kerascale.errors import ConfigurationError, ModelError
-from kerascale.hardware import Hardware
-from kerascale.planning import DataFacts, ModelFacts, Options, make_plan
-from kerascale.probe import ProbeResult
+from kerascale.measure.probe import ProbeResult
+from kerascale.plan import accumulation as accumulation_rules
+from kerascale.plan.options import Options
+from kerascale.plan.rules import make_plan
+from kerascale.sense import hardware
+from kerascale.sense.data_facts import DataFacts
+from kerascale.sense.hardware import Hardware
+from kerascale.sense.model_facts import ModelFacts
 
 CPU_ONLY = Hardware(cpu=CPU)
 
@@ -87,7 +92,7 @@ def accumulated_fit(model, x, y, *, batch_size=32, accumulation_steps=4, **kwarg
     ],
 )
 def test_split_table(per_replica, max_micro, expected):
-    s = accumulation.split(per_replica, max_micro)
+    s = accumulation_rules.split(per_replica, max_micro)
     assert (s.micro, s.steps, s.exact) == expected
     assert s.micro <= (max_micro or per_replica)
     if s.exact:
@@ -416,10 +421,10 @@ class ThresholdProber:
 
 @pytest.fixture
 def gpu_seam(monkeypatch):
-    from kerascale import probe
+    from kerascale.measure import child
 
     monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: gpu_box(1))
-    monkeypatch.setattr(probe, "IsolatedProber", ThresholdProber)
+    monkeypatch.setattr(child, "IsolatedProber", ThresholdProber)
     ThresholdProber.calls = []
     return ThresholdProber
 
@@ -454,12 +459,12 @@ def test_a_batch_that_does_not_fit_is_accumulated(gpu_seam):
 
 
 def test_no_check_on_a_cpu_without_memory_limit(monkeypatch):
-    from kerascale import probe
+    from kerascale.measure import child, probe
 
     def boom(*a, **k):
         raise AssertionError("no probe expected")
 
-    monkeypatch.setattr(probe, "IsolatedProber", boom)
+    monkeypatch.setattr(child, "IsolatedProber", boom)
     monkeypatch.setattr(probe, "InProcessProber", boom)
     monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: CPU_ONLY)
     x, y = data(4096)

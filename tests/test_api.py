@@ -16,6 +16,7 @@ def test_public_names_are_pinned():
             "GPUInfo",
             "Hardware",
             "KerascaleError",
+            "KerascaleWarning",
             "ModelError",
             "Plan",
             "TPUInfo",
@@ -49,6 +50,17 @@ def test_errors_also_inherit_the_builtin():
         assert issubclass(cls, errors.KerascaleError)
 
 
-def test_callbacks_are_public():
-    assert kerascale.callbacks.FaultTolerantBackup.__module__ == "kerascale.callbacks"
+def test_callbacks_and_data_are_public():
+    assert sorted(kerascale.callbacks.__all__) == [
+        "FaultTolerantBackup",
+        "GPUMonitor",
+        "PREEMPTED_EXIT_CODE",
+        "ProfileWindow",
+        "Throughput",
+        "TimeBudget",
+    ]
+    for name in kerascale.callbacks.__all__:
+        assert hasattr(kerascale.callbacks, name), name
     assert kerascale.callbacks.PREEMPTED_EXIT_CODE == 143
+    assert sorted(kerascale.data.__all__) == ["optimize", "optimize_report"]
+    assert issubclass(kerascale.KerascaleWarning, UserWarning)

@@ -16,8 +16,8 @@ import pytest
 import tensorflow as tf
 
 import kerascale
-from kerascale import checkpoint as store
 from kerascale.callbacks import FaultTolerantBackup
+from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import CheckpointError, ConfigurationError
 
 CHILD = Path(__file__).with_name("backup_child.py")
@@ -497,9 +497,9 @@ def test_resume_inside_an_accumulation_window_with_loss_scaling(tmp_path):
 
 
 def test_a_worker_that_is_not_the_chief_writes_nothing_lasting(tmp_path, monkeypatch):
-    from kerascale import callbacks
+    from kerascale.callbacks import _backup_meta
 
-    monkeypatch.setattr(callbacks, "_is_chief", lambda model: False)
+    monkeypatch.setattr(_backup_meta, "is_chief", lambda model: False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
     (tmp_path / "temp").mkdir()
     backup = FaultTolerantBackup(tmp_path / "ckpt", save_freq=2, verbose=0)

@@ -10,17 +10,19 @@ from conftest import dense_model, toy_data
 from probe_helpers import Broken, Sleep, small_convnet
 
 import kerascale
-from kerascale import batch_search, memory, probe
-from kerascale.batch_search import search
-from kerascale.memory import MemoryModel
-from kerascale.probe import ProbeResult
+from kerascale import _units
+from kerascale.measure import cache, child, probe
+from kerascale.measure.memory_model import MemoryModel
+from kerascale.measure.probe import ProbeResult
+from kerascale.measure.search import search
+from kerascale.sense import data_facts
 
 FIXED, PER = 500 << 20, 1 << 20
 
 
 def spec_for(x, y, **kwargs):
     """A probe spec for arrays x, y."""
-    element = kerascale.data.element_structure(x, y, kerascale.data.inspect(x, y))
+    element = data_facts.element_structure(x, y, data_facts.inspect(x, y))
     return probe.ProbeSpec(element=probe.encode_structure(element), **kwargs)
 
 
@@ -199,7 +201,7 @@ def test_memory_model_fit_and_predict():
     ],
 )
 def test_parse_bytes(text, n):
-    assert memory.parse_bytes("memory_limit", text) == n
+    assert _units.parse_bytes("memory_limit", text) == n
 
 
 @pytest.mark.parametrize("bad", ["lots", -1, 0, True, "6 parsecs", "", 1.5, None])
@@ -208,7 +210,7 @@ def test_parse_bytes_rejects(bad):
         kerascale.ConfigurationError,
         match=r"memory_limit must be .*Received: memory_limit=",
     ):
-        memory.parse_bytes("memory_limit", bad)
+        _units.parse_bytes("memory_limit", bad)
 
 
 # --- find_batch_size: validation ---------------------------------------------------
@@ -296,7 +298,7 @@ def test_cache_returns_the_same_result_without_probing():
     assert not first.cached and again.cached
     assert again.batch_size == first.batch_size
     assert again.probes == first.probes
-    files = list(batch_search.cache_dir().glob("batch_search/*.json"))
+    files = list(cache.cache_dir().glob("batch_search/*.json"))
     assert len(files) == 1
     forced = kerascale.find_batch_size(model, x, y, force=True, **kwargs)
     assert not forced.cached
@@ -307,7 +309,7 @@ def test_cache_returns_the_same_result_without_probing():
 def test_custom_objects_shippability():
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dense(2)(Sleep(0.0)(inputs)))
-    entries, problem = probe.custom_objects(model)
+    entries, problem = child.custom_objects(model)
     assert problem == ""
     assert {"module": "probe_helpers", "qualname": "Sleep", "name": "Sleep"} in entries
 
@@ -316,7 +318,7 @@ def test_custom_objects_shippability():
             return x
 
     local = keras.Model(inputs, keras.layers.Dense(2)(Local()(inputs)))
-    _, problem = probe.custom_objects(local)
+    _, problem = child.custom_objects(local)
     assert "defined inside a function" in problem
 
 
@@ -326,7 +328,7 @@ def test_hung_probe_is_killed_at_the_timeout_and_reaped():
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     x, y = toy_data(16)
     spec = spec_for(x, y)
-    with probe.IsolatedProber(model, spec, timeout=12) as prober:
+    with child.IsolatedProber(model, spec, timeout=12) as prober:
         workdir = prober.workdir
         r = prober(4)
     assert r.outcome == "error" and "timed out after 12s" in r.message
@@ -385,7 +387,7 @@ def test_real_memory_limit_in_child_processes():
     assert len(r.probes) <= 12
     # Confirm with fresh probes, as training would meet it.
     spec = spec_for(x, y, memory_limit=700 << 20)
-    with probe.IsolatedProber(model, spec) as prober:
+    with child.IsolatedProber(model, spec) as prober:
         assert prober(r.batch_size).outcome == "ok"
         assert prober(lo).outcome == "ok"
         assert prober(hi).outcome == "oom"
@@ -470,10 +472,10 @@ def test_crash_summary_picks_the_telling_line():
         ]
     )
     assert (
-        probe._stderr_summary(stderr)
+        child._stderr_summary(stderr)
         == "[low_level_alloc.cc : 599] RAW: mmap error: 12"
     )
-    assert probe._stderr_summary("") == "no output"
+    assert child._stderr_summary("") == "no output"
 
 
 def test_isolate_true_with_an_unshippable_model_says_why():

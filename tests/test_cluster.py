@@ -6,9 +6,9 @@ import json
 import pytest
 
 import kerascale
-from kerascale import hardware
-from kerascale.cluster import cluster_spec_to_tf_config, validate_tf_config
 from kerascale.errors import ClusterConfigError
+from kerascale.sense import hardware
+from kerascale.sense.cluster import cluster_spec_to_tf_config, validate_tf_config
 
 GOOD = {
     "cluster": {

@@ -4,7 +4,7 @@ it replaces, and run by two real worker processes on 127.0.0.1."""
 import numpy as np
 from test_multiworker import load, max_diff, run_cluster, run_single
 
-from kerascale import compat
+from kerascale.apply import keras_compat as compat
 
 
 def test_upstream_code_is_the_code_the_fix_replaces():

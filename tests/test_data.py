@@ -3,8 +3,10 @@ import pytest
 import tensorflow as tf
 
 import kerascale
-from kerascale import data
-from kerascale.planning import DataFacts, Plan
+from kerascale.apply import data as apply_data
+from kerascale.plan.plan import Plan
+from kerascale.sense import data_facts
+from kerascale.sense.data_facts import DataFacts
 
 
 def plan_with(batch, replicas=1):
@@ -41,28 +43,34 @@ def slices(n=10):
     ],
 )
 def test_dataset_batch_size_detection(make, expected):
-    assert data.dataset_batch_size(make()) == expected
+    assert data_facts.dataset_batch_size(make()) == expected
 
 
 def test_unbatched_dataset_is_batched_to_the_plan():
-    ds = data.prepare(slices(10), DataFacts("dataset"), plan_with(4), optimize=False)
+    ds = apply_data.prepare(
+        slices(10), DataFacts("dataset"), plan_with(4), optimize=False
+    )
     assert [int(x.shape[0]) for x, _ in ds] == [4, 4, 2]
 
 
 def test_batched_dataset_is_rebatched_keeping_every_sample_in_order():
     src = slices(12).batch(3)
-    ds = data.prepare(src, DataFacts("dataset", True, 3), plan_with(6), optimize=False)
+    ds = apply_data.prepare(
+        src, DataFacts("dataset", True, 3), plan_with(6), optimize=False
+    )
     batches = [y.numpy().tolist() for _, y in ds]
     assert batches == [list(range(6)), list(range(6, 12))]
 
 
 def test_same_batch_is_left_alone_and_optimisation_is_applied():
     src = slices(8).batch(4)
-    untouched = data.prepare(
+    untouched = apply_data.prepare(
         src, DataFacts("dataset", True, 4), plan_with(4), optimize=False
     )
     assert untouched is src
-    ds = data.prepare(src, DataFacts("dataset", True, 4), plan_with(4), optimize=True)
+    ds = apply_data.prepare(
+        src, DataFacts("dataset", True, 4), plan_with(4), optimize=True
+    )
     assert type(ds).__name__ == "_PrefetchDataset"
     assert ds.options().experimental_optimization.map_parallelization is True
     assert [y.numpy().tolist() for _, y in ds] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -70,72 +78,78 @@ def test_same_batch_is_left_alone_and_optimisation_is_applied():
 
 def test_inspect_errors():
     with pytest.raises(kerascale.DataError, match="empty dataset"):
-        data.inspect(slices(0))
+        data_facts.inspect(slices(0))
     with pytest.raises(kerascale.DataError, match=r"infinite dataset.*steps_per_epoch"):
-        data.inspect(slices().repeat())
-    assert data.inspect(slices().repeat(), steps_per_epoch=5).kind == "dataset"
+        data_facts.inspect(slices().repeat())
+    assert data_facts.inspect(slices().repeat(), steps_per_epoch=5).kind == "dataset"
     with pytest.raises(
         kerascale.DataError,
         match=r"x and y must have the same number.*x has 10, y has \[9\]",
     ):
-        data.inspect(np.zeros((10, 2)), np.zeros(9))
+        data_facts.inspect(np.zeros((10, 2)), np.zeros(9))
     with pytest.raises(kerascale.DataError, match=r"same number of samples.*\[3, 4\]"):
-        data.inspect({"a": np.zeros((3, 1)), "b": np.zeros((4, 1))}, np.zeros(3))
+        data_facts.inspect({"a": np.zeros((3, 1)), "b": np.zeros((4, 1))}, np.zeros(3))
     with pytest.raises(kerascale.DataError, match="0 samples"):
-        data.inspect(np.zeros((0, 2)), np.zeros(0))
+        data_facts.inspect(np.zeros((0, 2)), np.zeros(0))
     with pytest.raises(kerascale.DataError, match="y must be None"):
-        data.inspect(slices(), np.zeros(3))
+        data_facts.inspect(slices(), np.zeros(3))
     with pytest.raises(kerascale.DataError, match="x is required"):
-        data.inspect(None)
+        data_facts.inspect(None)
     with pytest.raises(kerascale.DataError, match="from_generator"):
-        data.inspect(x for x in range(3))
+        data_facts.inspect(x for x in range(3))
 
 
 def test_arrays_facts():
-    facts = data.inspect({"a": np.zeros((7, 2)), "b": np.zeros((7,))}, np.zeros(7))
+    facts = data_facts.inspect(
+        {"a": np.zeros((7, 2)), "b": np.zeros((7,))}, np.zeros(7)
+    )
     assert facts == DataFacts(kind="arrays", num_samples=7)
 
 
 def test_validation_data():
     plan = plan_with(4)
-    ds = data.prepare_validation(slices(10), plan, optimize=False)
+    ds = apply_data.prepare_validation(slices(10), plan, optimize=False)
     assert [int(x.shape[0]) for x, _ in ds] == [4, 4, 2]
     arrays = (np.zeros((5, 1)), np.zeros(5))
-    assert data.prepare_validation(arrays, plan, optimize=False) is arrays
+    assert apply_data.prepare_validation(arrays, plan, optimize=False) is arrays
     with pytest.raises(
         kerascale.DataError, match="validation_data and y must have the same"
     ):
-        data.prepare_validation((np.zeros((5, 1)), np.zeros(4)), plan, optimize=False)
+        apply_data.prepare_validation(
+            (np.zeros((5, 1)), np.zeros(4)), plan, optimize=False
+        )
     with pytest.raises(kerascale.DataError, match="validation_data must be"):
-        data.prepare_validation("val.csv", plan, optimize=False)
+        apply_data.prepare_validation("val.csv", plan, optimize=False)
     with pytest.raises(kerascale.DataError, match="empty dataset"):
-        data.prepare_validation(slices(0), plan, optimize=False)
+        apply_data.prepare_validation(slices(0), plan, optimize=False)
 
 
 def test_reads_files(tmp_path):
     path = str(tmp_path / "a.tfrecord")
     with tf.io.TFRecordWriter(path) as w:
         w.write(b"x")
-    assert data.reads_files(tf.data.TFRecordDataset([path]).map(lambda r: r).batch(2))
+    assert data_facts.reads_files(
+        tf.data.TFRecordDataset([path]).map(lambda r: r).batch(2)
+    )
     files = tf.data.Dataset.list_files(str(tmp_path / "*.tfrecord"))
-    assert data.reads_files(files.interleave(tf.data.TFRecordDataset).batch(2))
-    assert not data.reads_files(slices().batch(2))
-    assert data.inspect(tf.data.TFRecordDataset([path])).from_files
+    assert data_facts.reads_files(files.interleave(tf.data.TFRecordDataset).batch(2))
+    assert not data_facts.reads_files(slices().batch(2))
+    assert data_facts.inspect(tf.data.TFRecordDataset([path])).from_files
 
 
 def test_shard_policy_set_for_several_replicas():
     policy = tf.data.experimental.AutoShardPolicy
     facts = DataFacts("dataset", True, 4)
-    ds = data.prepare(
+    ds = apply_data.prepare(
         slices(8).batch(4), facts, plan_with(4, replicas=2), optimize=True
     )
     assert ds.options().experimental_distribute.auto_shard_policy == policy.DATA
-    ds = data.prepare(slices(8).batch(4), facts, plan_with(4), optimize=True)
+    ds = apply_data.prepare(slices(8).batch(4), facts, plan_with(4), optimize=True)
     assert ds.options().experimental_distribute.auto_shard_policy == policy.AUTO
     # Files: TensorFlow's AUTO (by file, by data when files are fewer than
     # workers; FILE alone fails there).
     files = DataFacts("dataset", True, 4, from_files=True)
-    ds = data.prepare(
+    ds = apply_data.prepare(
         slices(8).batch(4), files, plan_with(4, replicas=2), optimize=True
     )
     assert ds.options().experimental_distribute.auto_shard_policy == policy.AUTO
@@ -153,7 +167,7 @@ def test_parallel_maps_run_the_same_functions_in_parallel():
     x = np.arange(40, dtype="float32").reshape(20, 2)
     ds = tf.data.Dataset.from_tensor_slices((x, np.arange(20))).map(_double)
     ds = ds.map(_as_dict)
-    fast = data.parallel_maps(ds)
+    fast = apply_data.parallel_maps(ds)
     assert type(fast).__name__ == "_ParallelMapDataset"
     assert type(fast._input_dataset).__name__ == "_ParallelMapDataset"
     assert fast.element_spec == ds.element_spec
@@ -172,13 +186,13 @@ def test_parallel_maps_take_stateful_random_augmentation():
         return tf.image.random_brightness(tf.image.random_flip_left_right(image), 0.2)
 
     ds = tf.data.Dataset.from_tensor_slices(images).map(augment)
-    fast = data.parallel_maps(ds)
+    fast = apply_data.parallel_maps(ds)
     assert type(fast).__name__ == "_ParallelMapDataset"
     assert len(list(fast)) == 16 and fast.element_spec == ds.element_spec
 
 
 def test_parallel_maps_leave_other_pipelines_alone():
     ds = tf.data.Dataset.range(8).map(lambda v: v * 3).batch(4)  # batch on top
-    assert data.parallel_maps(ds) is ds
+    assert apply_data.parallel_maps(ds) is ds
     plain = tf.data.Dataset.range(8)
-    assert data.parallel_maps(plain) is plain
+    assert apply_data.parallel_maps(plain) is plain

@@ -1,6 +1,6 @@
 """kerascale.diagnose on three workloads built to be input-, compute- and
 memory-bound (real measurements on this CPU; the memory one with a real
-memory limit in child processes), data.optimize, and the CLI."""
+memory limit in child processes), kerascale.data.optimize, and the CLI."""
 
 import json
 import os
@@ -15,7 +15,6 @@ import pytest
 import tensorflow as tf
 
 import kerascale
-from kerascale import data as data_lib
 from kerascale.errors import ConfigurationError
 
 
@@ -55,7 +54,7 @@ def test_input_bound_workload():
     assert d.bound == "input"
     assert d.input_batches_per_s < d.step_batches_per_s
     assert d.training_batches_per_s < 0.85 * d.step_batches_per_s
-    assert any("data.optimize" in r.action for r in d.recommendations)
+    assert any("kerascale.data.optimize" in r.action for r in d.recommendations)
     assert d.recommendations[0].expected_gain > 1
     assert "INPUT-bound" in str(d)
 
@@ -120,7 +119,7 @@ OPTIMIZE_CHILD = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from test_diagnosis import input_bound_data
-from kerascale import data as data_lib
+import kerascale
 
 def rate(ds):
     start = time.perf_counter()
@@ -131,12 +130,12 @@ def rate(ds):
 plain_rates, fast_rates = [], []
 for _ in range(3):
     plain_rate, plain_rows = rate(input_bound_data(512))
-    fast_rate, fast_rows = rate(data_lib.optimize(input_bound_data(512)))
+    fast_rate, fast_rows = rate(kerascale.data.optimize(input_bound_data(512)))
     plain_rates.append(plain_rate)
     fast_rates.append(fast_rate)
 print(json.dumps({"plain": max(plain_rates), "fast": max(fast_rates),
                   "same_order": fast_rows == plain_rows,
-                  "report": data_lib.optimize_report(input_bound_data(8))}))
+                  "report": kerascale.data.optimize_report(input_bound_data(8))}))
 """
 
 
@@ -160,14 +159,14 @@ def test_data_optimize_speeds_up_the_input_bound_pipeline_and_keeps_order():
 
 def test_data_optimize_caches_only_what_cannot_change():
     ds = tf.data.Dataset.range(100).map(lambda i: i * 2).batch(10)
-    assert "cache()" in data_lib.optimize_report(ds)
-    assert next(iter(data_lib.optimize(ds).as_numpy_iterator())).tolist() == list(
+    assert "cache()" in kerascale.data.optimize_report(ds)
+    assert next(iter(kerascale.data.optimize(ds).as_numpy_iterator())).tolist() == list(
         range(0, 20, 2)
     )
     shuffled = tf.data.Dataset.range(100).shuffle(10, seed=1).batch(10)
-    assert "cache()" not in data_lib.optimize_report(shuffled)
-    assert "cache()" not in data_lib.optimize_report(ds, memory_budget=100)
-    assert "cache() (as asked)" in data_lib.optimize_report(shuffled, cache=True)
+    assert "cache()" not in kerascale.data.optimize_report(shuffled)
+    assert "cache()" not in kerascale.data.optimize_report(ds, memory_budget=100)
+    assert "cache() (as asked)" in kerascale.data.optimize_report(shuffled, cache=True)
 
 
 @pytest.mark.parametrize(
@@ -180,7 +179,7 @@ def test_data_optimize_caches_only_what_cannot_change():
 )
 def test_data_optimize_validates(kwargs, name):
     with pytest.raises(ConfigurationError, match=name):
-        data_lib.optimize(tf.data.Dataset.range(3), **kwargs)
+        kerascale.data.optimize(tf.data.Dataset.range(3), **kwargs)
 
 
 def test_diagnose_validates_steps():

@@ -393,7 +393,7 @@ def test_strategy_instance_whose_scope_holds_the_model_is_used_as_is():
 def test_plan_on_a_fake_gpu_box_through_the_hardware_seam(monkeypatch):
     from conftest import gpu_box
 
-    from kerascale import hardware
+    from kerascale.sense import hardware
 
     monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: gpu_box(4))
     x, y = toy_data(64)

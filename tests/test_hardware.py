@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import kerascale
-from kerascale import hardware
-from kerascale.hardware import ClusterInfo, CPUInfo, GPUInfo, Hardware, TPUInfo
+from kerascale.sense import hardware
+from kerascale.sense.hardware import ClusterInfo, CPUInfo, GPUInfo, Hardware, TPUInfo
 
 CPUINFO_BF16 = """processor\t: 0
 model name\t: Intel(R) Xeon(R) Platinum 8480+

@@ -37,8 +37,10 @@ def scalars(log_dir):
     for path in glob.glob(f"{log_dir}/**/events.out.tfevents.*", recursive=True):
         for event in tf.compat.v1.train.summary_iterator(path):
             for value in event.summary.value:
-                number = float(tf.make_ndarray(value.tensor))
-                out.setdefault(value.tag, []).append((event.step, number))
+                tensor = tf.make_ndarray(value.tensor)
+                if tensor.dtype.kind not in "fiu" or tensor.size != 1:
+                    continue  # Keras's TensorBoard also writes graph traces
+                out.setdefault(value.tag, []).append((event.step, float(tensor)))
     return out
 
 
@@ -66,7 +68,7 @@ def test_profile_window_writes_a_trace(tmp_path):
     window = ProfileWindow(tmp_path, start_step=3, stop_step=5)
     small_model().fit(small_data(), epochs=2, verbose=0, callbacks=[window])
     assert window.traced == (3, 5)
-    traces = glob.glob(f"{tmp_path}/plugins/profile/*/*.xplane.pb")
+    traces = glob.glob(f"{tmp_path}/train/plugins/profile/*/*.xplane.pb")
     assert traces and all(tf.io.gfile.stat(t).length > 0 for t in traces)
 
 
@@ -74,7 +76,7 @@ def test_profile_window_past_the_end_of_training_traces_nothing(tmp_path):
     window = ProfileWindow(tmp_path, start_step=100, stop_step=101)
     small_model().fit(small_data(), epochs=1, verbose=0, callbacks=[window])
     assert window.traced is None
-    assert not glob.glob(f"{tmp_path}/plugins/profile/*/*.xplane.pb")
+    assert not glob.glob(f"{tmp_path}/train/plugins/profile/*/*.xplane.pb")
 
 
 def fake_pynvml(gpus=2, fail_init=False):
@@ -246,7 +248,7 @@ def test_fit_installs_monitoring_and_resumes_after_its_time_budget(tmp_path):
     assert len(history.history["loss"]) < 10_000
     assert history.history["samples_per_second"][0] > 0
     assert "throughput/samples_per_second" in scalars(log_dir)
-    assert glob.glob(f"{log_dir}/plugins/profile/*/*.xplane.pb")
+    assert glob.glob(f"{log_dir}/train/plugins/profile/*/*.xplane.pb")
     # The final checkpoint was written on the way out: a rerun continues there.
     model = small_model()
     again = kerascale.fit(

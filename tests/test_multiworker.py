@@ -18,11 +18,16 @@ import pytest
 from conftest import CPU
 
 import kerascale
-from kerascale import decide as decide_lib
-from kerascale import multiworker
-from kerascale.batch_search import BatchSearchResult
-from kerascale.hardware import ClusterInfo, Hardware
-from kerascale.planning import DataFacts, ModelFacts, Options, make_plan
+from kerascale.apply import cluster as multiworker
+from kerascale.measure import decide as decide_lib
+from kerascale.measure.result import BatchSearchResult
+from kerascale.plan.options import Options
+from kerascale.plan.rules import make_plan
+from kerascale.sense import data_facts
+from kerascale.sense.cluster import detect_cluster
+from kerascale.sense.data_facts import DataFacts
+from kerascale.sense.hardware import ClusterInfo, Hardware
+from kerascale.sense.model_facts import ModelFacts
 
 CHILD = Path(__file__).with_name("multiworker_child.py")
 ENV = {
@@ -287,7 +292,7 @@ def test_slurm_environment_becomes_the_cluster_spec():
         "SLURM_STEP_NODELIST": "node[01-02]",
         "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
     }
-    info = kerascale.hardware.detect_cluster(env)
+    info = detect_cluster(env)
     assert (info.source, info.num_workers, info.task_index) == ("SLURM", 4, 3)
     resolver = multiworker.cluster_resolver(info, env)
     assert resolver.cluster_spec().as_dict() == {
@@ -303,7 +308,7 @@ def test_slurm_environment_becomes_the_cluster_spec():
 
 def test_slurm_outside_srun_is_a_clear_error():
     env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}
-    info = kerascale.hardware.detect_cluster(env)
+    info = detect_cluster(env)
     with pytest.raises(
         kerascale.ClusterConfigError, match=r"SLURM_STEP_NODELIST.*srun"
     ):
@@ -322,7 +327,7 @@ def test_vertex_cluster_spec_becomes_the_cluster_spec():
             }
         )
     }
-    info = kerascale.hardware.detect_cluster(env)
+    info = detect_cluster(env)
     assert (info.num_workers, info.task_type) == (3, "workerpool1")
     resolver = multiworker.cluster_resolver(info, env)
     assert resolver.cluster_spec().as_dict() == {
@@ -338,7 +343,7 @@ def test_tf_config_becomes_the_cluster_spec():
         "task": {"type": "worker", "index": 0},
     }
     env = {"TF_CONFIG": json.dumps(config)}
-    info = kerascale.hardware.detect_cluster(env)
+    info = detect_cluster(env)
     resolver = multiworker.cluster_resolver(info, env)
     assert resolver.cluster_spec().as_dict() == config["cluster"]
     assert (resolver.task_type, resolver.task_id, info.num_workers) == ("worker", 0, 3)
@@ -367,7 +372,7 @@ def searched(batch):
 def decided_for(options, search):
     model, data = ModelFacts(), DataFacts("dataset")
     plan = make_plan(TWO_WORKERS, options, model, data, search=search)
-    return decide_lib.Decided(TWO_WORKERS, model, data, plan, None, search)
+    return decide_lib.Decided(TWO_WORKERS, model, data, plan, None, options, search)
 
 
 def test_workers_agree_on_the_smallest_batch_and_the_chiefs_precision(monkeypatch):
@@ -382,7 +387,7 @@ def test_workers_agree_on_the_smallest_batch_and_the_chiefs_precision(monkeypatc
         return [chief, dict(value)]
 
     monkeypatch.setattr(multiworker, "exchange", exchange)
-    agreed = decide_lib.agree(mine, options)
+    agreed = decide_lib.agree(mine)
     assert sent == [{"batch": 64, "precision": "float32", "global_batch_size": 128}]
     p = agreed.plan
     assert (p.micro_batch_size, p.global_batch_size) == (48, 96)
@@ -398,11 +403,11 @@ def test_workers_that_agree_keep_their_plan(monkeypatch):
     options = Options.validate(batch_size=64)
     mine = decided_for(options, None)
     monkeypatch.setattr(multiworker, "exchange", lambda v: [dict(v), dict(v)])
-    assert decide_lib.agree(mine, options) is mine
+    assert decide_lib.agree(mine) is mine
     other = {"batch": None, "precision": "float32", "global_batch_size": 32}
     monkeypatch.setattr(multiworker, "exchange", lambda v: [other, dict(v)])
     with pytest.raises(kerascale.ConfigurationError, match="different global batches"):
-        decide_lib.agree(mine, options)
+        decide_lib.agree(mine)
 
 
 def test_a_requested_batch_is_split_by_the_smallest_worker(monkeypatch):
@@ -412,7 +417,7 @@ def test_a_requested_batch_is_split_by_the_smallest_worker(monkeypatch):
     assert mine.plan.accumulation_steps == 1
     chief = {"batch": 32, "precision": "float32", "global_batch_size": 256}
     monkeypatch.setattr(multiworker, "exchange", lambda v: [chief, dict(v)])
-    p = decide_lib.agree(mine, options).plan
+    p = decide_lib.agree(mine).plan
     assert (p.micro_batch_size, p.accumulation_steps, p.global_batch_size) == (
         32,
         4,
@@ -423,15 +428,13 @@ def test_a_requested_batch_is_split_by_the_smallest_worker(monkeypatch):
 def test_unseeded_shuffle_is_found():
     import tensorflow as tf
 
-    from kerascale import data as data_lib
-
     ds = tf.data.Dataset.range(10)
     tf.random.set_seed(None)  # no global seed either
-    assert not data_lib.unseeded_shuffle(ds.shuffle(10, seed=1).batch(2))
-    assert data_lib.unseeded_shuffle(ds.shuffle(10).map(lambda v: v).batch(2))
-    assert not data_lib.unseeded_shuffle(ds.batch(2))
+    assert not data_facts.unseeded_shuffle(ds.shuffle(10, seed=1).batch(2))
+    assert data_facts.unseeded_shuffle(ds.shuffle(10).map(lambda v: v).batch(2))
+    assert not data_facts.unseeded_shuffle(ds.batch(2))
     tf.random.set_seed(3)  # a global seed makes every shuffle repeatable
-    assert not data_lib.unseeded_shuffle(ds.shuffle(10).batch(2))
+    assert not data_facts.unseeded_shuffle(ds.shuffle(10).batch(2))
 
 
 def test_lost_worker_errors_are_translated(monkeypatch):

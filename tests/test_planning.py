@@ -4,8 +4,12 @@ import pytest
 from conftest import CPU, CPU_BF16, gpu_box
 
 import kerascale
-from kerascale.hardware import ClusterInfo, GPUInfo, Hardware, TPUInfo
-from kerascale.planning import DataFacts, ModelFacts, Options, Plan, make_plan
+from kerascale.plan.options import Options
+from kerascale.plan.plan import Plan
+from kerascale.plan.rules import make_plan
+from kerascale.sense.data_facts import DataFacts
+from kerascale.sense.hardware import ClusterInfo, GPUInfo, Hardware, TPUInfo
+from kerascale.sense.model_facts import ModelFacts
 
 ARRAYS = DataFacts(kind="arrays", num_samples=1000)
 FLOAT32 = ModelFacts(policy="float32")

@@ -4,7 +4,8 @@ import pytest
 import tensorflow as tf
 from conftest import dense_model, toy_data
 
-from kerascale import precision
+from kerascale.apply import model as model_lib
+from kerascale.sense.model_facts import cloneability
 
 
 def default_strategy():
@@ -33,7 +34,7 @@ def test_rebuild_keeps_weights_and_predictions_with_float32_outputs(policy):
     model = cnn()
     x = np.random.default_rng(0).normal(size=(16, 8, 8, 3)).astype("float32")
     before = model.predict(x, verbose=0)
-    new = precision.rebuild(model, policy, default_strategy())
+    new = model_lib.recreate(model, policy, default_strategy())
     assert new is not model
     for a, b in zip(model.get_weights(), new.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -47,7 +48,7 @@ def test_rebuild_keeps_weights_and_predictions_with_float32_outputs(policy):
 
 def test_rebuild_keeps_compile_settings():
     model = cnn()
-    new = precision.rebuild(model, "mixed_bfloat16", default_strategy())
+    new = model_lib.recreate(model, "mixed_bfloat16", default_strategy())
     assert new.compiled
     assert new.steps_per_execution == 2
     assert new.jit_compile is False
@@ -60,7 +61,7 @@ def test_rebuild_keeps_compile_settings():
 
 
 def test_float16_gets_loss_scaling():
-    new = precision.rebuild(dense_model(), "mixed_float16", default_strategy())
+    new = model_lib.recreate(dense_model(), "mixed_float16", default_strategy())
     assert isinstance(new.optimizer, keras.optimizers.LossScaleOptimizer)
 
 
@@ -68,13 +69,13 @@ def test_optimizer_state_is_carried_over_both_ways():
     model = dense_model(optimizer="adam")
     x, y = toy_data()
     model.fit(x, y, epochs=1, batch_size=16, verbose=0)
-    new = precision.rebuild(model, "mixed_float16", default_strategy())
-    inner = precision.core_optimizer(new.optimizer)
+    new = model_lib.recreate(model, "mixed_float16", default_strategy())
+    inner = model_lib.core_optimizer(new.optimizer)
     assert int(inner.iterations) == 4
     for a, b in zip(model.optimizer.variables, inner.variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     new.fit(x, y, epochs=1, batch_size=16, verbose=0)
-    precision.copy_back(new, model)
+    model_lib.copy_back(new, model)
     assert int(model.optimizer.iterations) == 8
     for a, b in zip(model.get_weights(), new.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -89,7 +90,7 @@ def test_nested_model_output_stays_float32():
     outer_in = keras.Input((4,))
     model = keras.Model(outer_in, inner(keras.layers.Dense(4)(outer_in)))
     model.compile(optimizer="sgd", loss="mse")
-    new = precision.rebuild(model, "mixed_bfloat16", default_strategy())
+    new = model_lib.recreate(model, "mixed_bfloat16", default_strategy())
     assert new.predict(np.zeros((2, 4), "float32"), verbose=0).dtype == np.float32
     assert new.layers[1].dtype_policy.name == "mixed_bfloat16"
 
@@ -99,7 +100,7 @@ def test_sequential_model():
         [keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(2)]
     )
     model.compile(optimizer="sgd", loss="mse")
-    new = precision.rebuild(model, "mixed_bfloat16", default_strategy())
+    new = model_lib.recreate(model, "mixed_bfloat16", default_strategy())
     assert [layer.dtype_policy.name for layer in new.layers] == [
         "mixed_bfloat16",
         "float32",
@@ -115,7 +116,7 @@ def test_custom_unregistered_loss_and_metric_objects_survive():
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss=my_loss, metrics=[MyMetric(name="m")])
-    new = precision.rebuild(model, "mixed_bfloat16", default_strategy())
+    new = model_lib.recreate(model, "mixed_bfloat16", default_strategy())
     assert new.loss is my_loss
     assert isinstance(new.metrics[-1], keras.metrics.Metric)
     logs = new.evaluate(np.ones((4, 4)), np.ones((4, 1)), verbose=0, return_dict=True)
@@ -143,13 +144,13 @@ def test_cloneability():
         def call(self, x):
             return self.d(x)
 
-    assert precision.cloneability(dense_model()) == ""
-    assert precision.cloneability(Net(3)) == ""
-    assert "Opaque" in precision.cloneability(Opaque(keras.layers.Dense(2)))
+    assert cloneability(dense_model()) == ""
+    assert cloneability(Net(3)) == ""
+    assert "Opaque" in cloneability(Opaque(keras.layers.Dense(2)))
 
 
 def test_global_policy_context_restores_on_error():
-    with pytest.raises(RuntimeError), precision.global_policy("mixed_bfloat16"):
+    with pytest.raises(RuntimeError), model_lib.global_policy("mixed_bfloat16"):
         assert keras.config.dtype_policy().name == "mixed_bfloat16"
         raise RuntimeError
     assert keras.config.dtype_policy().name == "float32"

@@ -7,9 +7,12 @@ import tensorflow as tf
 from conftest import CPU, CPU_BF16, dense_model, gpu_box, toy_data
 
 import kerascale
-from kerascale import hardware, trials
-from kerascale.hardware import Hardware
-from kerascale.planning import DataFacts, ModelFacts, Options
+from kerascale.measure import trials
+from kerascale.plan.options import Options
+from kerascale.sense import hardware
+from kerascale.sense.data_facts import DataFacts
+from kerascale.sense.hardware import Hardware
+from kerascale.sense.model_facts import ModelFacts
 
 BF16_HOST = Hardware(cpu=CPU_BF16)
 

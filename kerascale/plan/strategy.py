@@ -1,8 +1,8 @@
-"""Which `tf.distribute` strategy to train under, and building it.
+"""Which `tf.distribute` strategy to train under. Pure.
 
-`choose` is the pure rule (TPU -> TPUStrategy; several GPUs -> Mirrored; one
-GPU -> OneDevice; CPU -> the default strategy); `build` turns the plan's choice
-into a strategy object, the only step here that touches TensorFlow.
+TPU -> TPUStrategy; several GPUs -> Mirrored; one GPU -> OneDevice; CPU -> the
+default strategy; a cluster of two or more workers -> MultiWorkerMirrored.
+Building the strategy object is `kerascale.apply.strategy`'s job.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 from kerascale import _validation
 from kerascale.errors import ConfigurationError
-from kerascale.hardware import Hardware
+from kerascale.sense.cluster import check_trainable
+from kerascale.sense.hardware import Hardware
 
 CHOICES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 
@@ -122,10 +123,8 @@ def wants_cluster(hw: Hardware, requested: Any) -> bool:
 
 
 def _multi_worker_choice(hw: Hardware, requested: str) -> StrategyChoice:
-    from kerascale import multiworker
-
     cluster = hw.cluster
-    multiworker.check_trainable(cluster)
+    check_trainable(cluster)
     local = local_devices(hw)
     where = f"{cluster.task_type} {cluster.task_index}" if cluster.task_type else ""
     reason = (
@@ -197,48 +196,3 @@ def _choose_auto(hw: Hardware) -> StrategyChoice:
     return StrategyChoice(
         "default", ("/cpu:0",), 1, "CPU only: TensorFlow's default strategy"
     )
-
-
-def build(plan: Any, instance: Any = None):
-    """Creates the `tf.distribute.Strategy` for `plan`.
-
-    Args:
-        plan: A `Plan` (its `strategy` and `devices` are read).
-        instance: The user's own strategy, returned as is when given.
-
-    Returns:
-        A `tf.distribute.Strategy`.
-    """
-    import tensorflow as tf
-
-    if instance is not None:
-        if isinstance(instance, tf.distribute.MultiWorkerMirroredStrategy):
-            from kerascale import compat
-
-            compat.apply()  # Keras 3's fit needs it under this strategy
-        return instance
-    if plan.strategy == "default":
-        return tf.distribute.get_strategy()
-    if plan.strategy == "one_device":
-        return tf.distribute.OneDeviceStrategy(plan.devices[0])
-    if plan.strategy == "mirrored":
-        return tf.distribute.MirroredStrategy(list(plan.devices))
-    if plan.strategy == "multi_worker":
-        from kerascale import multiworker
-
-        conn = multiworker.connection()
-        dist = conn.strategy if conn else multiworker.connect()
-        if dist is None:
-            raise ConfigurationError(
-                "The plan trains on a cluster, but the environment no longer "
-                "describes one (TF_CONFIG, CLUSTER_SPEC or SLURM changed)."
-            )
-        return dist
-    if plan.strategy == "tpu":
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-            tpu=plan.devices[0]
-        )
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        return tf.distribute.TPUStrategy(resolver)
-    raise ConfigurationError(f"Cannot build strategy {plan.strategy!r}.")

@@ -30,7 +30,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -158,6 +158,24 @@ def verify(found: Found) -> dict[str, Any]:
         if _sha256(full) != expected["sha256"]:
             raise CorruptCheckpoint(f"{full} does not match its recorded SHA-256")
     return record
+
+
+def verified(
+    candidates: list[Found], on_damaged: Callable[[Found, str], None] | None = None
+) -> Iterator[tuple[Found, dict[str, Any]]]:
+    """(checkpoint, its metadata) for each candidate that passes `verify`,
+    newest first, skipping killed saves; `on_damaged(found, why)` hears of the
+    others."""
+    for found in candidates:
+        if found.state == "leftover":
+            continue
+        try:
+            meta = verify(found)
+        except CorruptCheckpoint as e:
+            if on_damaged is not None:
+                on_damaged(found, str(e))
+            continue
+        yield found, meta
 
 
 def prune(directory: str, keep: int, spare: frozenset[str] = frozenset()) -> list[str]:

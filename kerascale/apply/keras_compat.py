@@ -1,4 +1,6 @@
-"""Keras 3 + `tf.distribute.MultiWorkerMirroredStrategy`: the smallest fix.
+"""Every private Keras name kerascale uses, each with the reason.
+
+1. Keras 3 + `tf.distribute.MultiWorkerMirroredStrategy`: the smallest fix.
 
 Upstream: keras-team/keras#20585 (open), ray-project/ray#47464. With Keras 3
 (reproduced on 3.15.1 with TensorFlow 2.21), `model.fit` under
@@ -16,7 +18,23 @@ MultiWorkerMirroredStrategy fails twice:
 whose source it was written against (checked by hash, so a changed upstream
 is never patched blindly), and only in multi-worker mode; everything else
 still runs Keras's code. `tests/test_compat.py` fails when upstream changes
-them, so this module is revisited; delete it once keras#20585 is fixed.
+them, so this section is revisited; delete it once keras#20585 is fixed.
+
+2. Model internals that `FaultTolerantBackup` and model re-creation need,
+where Keras has no public way (listed in `PRIVATE_NAMES`, which
+`tests/test_compat.py` checks exist):
+
+- `Model._initial_epoch`: the epoch `fit` starts at, how Keras's own
+  `BackupAndRestore` resumes (keras#19179). Set here tied to one `fit` call.
+- Keras's global seed generator (`keras.src.random.seed_generator`): the
+  state unseeded `keras.random` ops draw from, checkpointed for an exact
+  resume.
+- `Model._symbolic_build`, `Model._flatten_layers`, `Model._compile_metrics`:
+  building the variables the first step would create, so that a checkpoint
+  can be restored before that step runs.
+- `Model._compile_config`: the arguments `compile` received, to re-compile a
+  re-created model when the compile config does not round-trip (unregistered
+  custom losses).
 """
 
 from __future__ import annotations
@@ -125,3 +143,81 @@ def _mean_across_replicas(values: Any, strategy: Any) -> Any:
 
 def _digest(fn: Any) -> str:
     return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
+
+
+# --- 2. Model internals -------------------------------------------------------
+
+PRIVATE_NAMES = (
+    "keras.Model._initial_epoch (set by fit)",
+    "keras.Model._symbolic_build",
+    "keras.Model._flatten_layers",
+    "keras.Model._compile_metrics (after compile)",
+    "keras.Model._compile_config (after compile)",
+    "keras.src.random.seed_generator.global_seed_generator",
+    "keras.src.backend.common.global_state.get_global_attribute",
+)
+
+
+class _EpochOfRun(int):
+    """An initial epoch that Keras reads as set only while the `fit` call it
+    was set for runs: Keras reads `model._initial_epoch or initial_epoch`, so
+    a `fit` that raised before reading it cannot make a later `fit` skip
+    epochs."""
+
+    def __new__(cls, value: int, alive: Any) -> _EpochOfRun:
+        obj = super().__new__(cls, value)
+        obj.alive = alive
+        return obj
+
+    def __bool__(self) -> bool:
+        return int(self) != 0 and bool(self.alive())
+
+
+def set_initial_epoch(model: Any, epoch: int, alive: Any) -> None:
+    """Makes the running `fit` start at `epoch`; `alive()` says whether that
+    `fit` call still runs (afterwards the setting is ignored)."""
+    model._initial_epoch = _EpochOfRun(epoch, alive)
+
+
+def clear_initial_epoch(model: Any) -> None:
+    """Takes back an initial epoch set by `set_initial_epoch`."""
+    if isinstance(getattr(model, "_initial_epoch", None), _EpochOfRun):
+        model._initial_epoch = None
+
+
+def existing_global_seed_generator() -> Any:
+    """Keras's global seed generator if something created it, else None
+    (asking `global_seed_generator()` would create one, drawing its seed
+    from Python's random module)."""
+    from keras.src.backend.common import global_state
+
+    return global_state.get_global_attribute("global_seed_generator")
+
+
+def global_seed_generator() -> Any:
+    """Keras's global seed generator, created if missing."""
+    from keras.src.random import seed_generator
+
+    return seed_generator.global_seed_generator()
+
+
+def fully_built(model: Any) -> bool:
+    """Whether the model and every layer in it are built."""
+    return model.built and all(layer.built for layer in model._flatten_layers())
+
+
+def build_like_first_step(model: Any, element_spec: Any) -> None:
+    """Builds what Keras builds while tracing the first training step
+    (layers, compiled metrics, optimizer slots) under the model's strategy."""
+    metrics = getattr(model, "_compile_metrics", None)
+    unbuilt = not fully_built(model) or (metrics is not None and not metrics.built)
+    with model.distribute_strategy.scope():
+        if unbuilt and element_spec is not None:
+            model._symbolic_build(data_batch=element_spec)
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+
+
+def compile_arguments(model: Any) -> dict[str, Any]:
+    """The arguments the model's `compile` received, as objects."""
+    return dict(model._compile_config.config)

@@ -18,11 +18,11 @@ import keras
 import tensorflow as tf
 
 from kerascale import _validation as v
-from kerascale import accumulation as accumulation_lib
-from kerascale import data as data_lib
-from kerascale import precision as precision_lib
-from kerascale import strategy as strategy_lib
-from kerascale.memory import format_bytes
+from kerascale._units import format_bytes
+from kerascale.apply import model as model_lib
+from kerascale.apply.session import Session, prepare
+from kerascale.measure.decide import decide, validate_options
+from kerascale.sense import data_facts
 
 WARMUP_STEPS = 3
 MEMORY_BOUND_HEADROOM = 0.10  # less free memory than this at the planned batch
@@ -154,43 +154,39 @@ def diagnose(
 
     >>> print(kerascale.diagnose(model, ds))
     """
-    from kerascale.decide import decide
-    from kerascale.fit import _validate
-
     v.positive_int("steps", steps)
-    options, search = _validate(
+    options, search = validate_options(
         batch_size=batch_size,
         strategy=strategy,
         precision=precision,
         max_batch_size=max_batch_size,
         memory_limit=memory_limit,
         accumulation_steps=accumulation_steps,
-        lr_scaling=None,
-        base_batch_size=None,
         optimize_data=optimize_data,
         verbose=verbose,
     )
-    decided = decide(model, x, y, options, search=search)
-    plan = decided.plan
-    dist = strategy_lib.build(plan, decided.instance)
-    copy = precision_lib.rebuild(model, plan.precision, dist)
-    if plan.accumulation_steps > 1:
-        accumulation_lib.apply(copy, plan.accumulation_steps, plan.lr_factor)
-    if decided.data.kind == "dataset":
-        ds = data_lib.prepare(x, decided.data, plan, optimize=decided.optimize_data)
-    elif decided.data.kind == "arrays":
-        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(plan.step_batch_size)
-        ds = ds.prefetch(tf.data.AUTOTUNE)
-    else:
+    if data_facts.inspect(x, y).kind == "pydataset":
         raise v.fail("x", type(x).__name__, "a tf.data.Dataset or arrays for diagnose")
+
+    def decided(not_rebuildable: str = "") -> Any:
+        return decide(
+            model, x, y, options, search=search, not_rebuildable=not_rebuildable
+        )
+
     total = WARMUP_STEPS + steps
-    input_rate = _iterate(ds.repeat(), total)
-    one = ds.take(1).cache().repeat()
-    step_rate = _train(copy, one, total)
-    training_rate = _train(copy, ds.repeat(), total)
-    peak, limit = _memory(decided)
+    with Session() as session:
+        session.enter(model_lib.preserved_state())
+        prepared = prepare(
+            session, model, x, y, decided(), copy=True, as_dataset=True,
+            replan=decided,
+        )  # fmt: skip
+        ds, copy = prepared.x, prepared.model
+        input_rate = _iterate(ds.repeat(), total)
+        step_rate = _train(copy, ds.take(1).cache().repeat(), total)
+        training_rate = _train(copy, ds.repeat(), total)
+    peak, limit = _memory(prepared.decided)
     return _verdict(
-        decided,
+        prepared.decided,
         input_rate=input_rate,
         step_rate=step_rate,
         training_rate=training_rate,
@@ -265,129 +261,22 @@ def _verdict(
     peak: int | None,
     limit: int | None,
 ) -> Diagnosis:
-    plan, hw, data = decided.plan, decided.hardware, decided.data
+    plan = decided.plan
     headroom = (1 - peak / limit) if peak and limit else None
     if plan.accumulation_steps > 1 or (
         headroom is not None and headroom < MEMORY_BOUND_HEADROOM
     ):
         bound = "memory"
+        recs = _memory_advice(plan)
     elif (
         training_rate < INPUT_BOUND_SHARE * step_rate
         and input_rate < INPUT_BOUND_MAX_RATIO * step_rate
     ):
         bound = "input"
+        recs = _input_advice(decided, input_rate, step_rate, training_rate)
     else:
         bound = "compute"
-    recs: list[Recommendation] = []
-    if bound == "input":
-        ceiling = step_rate / training_rate
-        if data.kind == "dataset" and not decided.optimize_data:
-            recs.append(
-                Recommendation(
-                    "kerascale.data.optimize(ds) (or optimize_data=True): parallel "
-                    "maps and prefetch",
-                    min(ceiling, max(1.0, hw.cpu.cores)),
-                    "the pipeline runs its maps one element at a time and does not "
-                    "overlap with training",
-                )
-            )
-        if input_rate < step_rate:
-            recs.append(
-                Recommendation(
-                    "ds.cache() after the expensive, deterministic steps (decoding, "
-                    "resizing), before shuffle and random augmentation",
-                    ceiling,
-                    f"the pipeline alone delivers {input_rate:.1f} batches/s, the "
-                    f"model could take {step_rate:.1f}",
-                )
-            )
-        else:
-            recs.append(
-                Recommendation(
-                    "ds.prefetch(tf.data.AUTOTUNE) as the last step",
-                    min(ceiling, (input_rate + step_rate) / max(input_rate, step_rate)),
-                    "the pipeline alone keeps up, but reading and training take "
-                    "turns instead of overlapping",
-                )
-            )
-        if data.from_files:
-            recs.append(
-                Recommendation(
-                    "TFRecord shards read with interleave(num_parallel_calls="
-                    "AUTOTUNE, deterministic=False)",
-                    None,
-                    "reading many small files one after another is slow",
-                )
-            )
-    elif bound == "compute":
-        measured = _measured_precision_gain(decided.trials, plan)
-        accelerated = hw.accelerator != "cpu" or hw.cpu.bf16
-        if plan.precision == "float32" and measured is not None and measured > 1.03:
-            recs.append(
-                Recommendation(
-                    'precision="mixed_bfloat16"',
-                    measured,
-                    "timed on your data here, against float32",
-                )
-            )
-        elif plan.precision == "float32" and measured is None and accelerated:
-            recs.append(
-                Recommendation(
-                    'precision="mixed_bfloat16" (or "auto")',
-                    1.4 if hw.accelerator == "cpu" else 2.0,
-                    "this hardware has fast 16-bit math (1.44x on the benchmark CNN "
-                    "on a bf16 CPU; 2-3x is usual on tensor-core GPUs)",
-                )
-            )
-        if headroom is None or headroom > 0.3:
-            recs.append(
-                Recommendation(
-                    "a larger batch (batch_size=..., with lr_scaling)",
-                    None,
-                    "fewer, larger steps use the hardware better"
-                    + (f"; {headroom:.0%} of memory is free" if headroom else ""),
-                )
-            )
-        recs.append(
-            Recommendation(
-                "more or faster devices (strategy='mirrored' on several GPUs)"
-                if hw.accelerator != "cpu"
-                else "a GPU: this model trains on a CPU",
-                None,
-                "the model's arithmetic is the bottleneck",
-            )
-        )
-        recs.append(
-            Recommendation(
-                "a smaller model (fewer or narrower layers)",
-                None,
-                "less arithmetic per sample",
-            )
-        )
-    else:
-        if plan.precision == "float32":
-            recs.append(
-                Recommendation(
-                    'precision="mixed_bfloat16"',
-                    None,
-                    "16-bit activations take half the memory: about twice the batch",
-                )
-            )
-        recs.append(
-            Recommendation(
-                "gradient accumulation: keep batch_size, set max_batch_size lower "
-                "(or accumulation_steps=k)",
-                None,
-                "the same optimizer updates from smaller micro-batches",
-            )
-        )
-        recs.append(
-            Recommendation(
-                "fewer or narrower layers, or shorter inputs",
-                None,
-                "activations grow with depth, width and input size",
-            )
-        )
+        recs = _compute_advice(decided, headroom)
     recs.sort(key=lambda r: -(r.expected_gain or 0.0))
     return Diagnosis(
         bound=bound,
@@ -400,3 +289,128 @@ def _verdict(
         recommendations=tuple(recs),
         plan=plan,
     )
+
+
+def _input_advice(
+    decided: Any, input_rate: float, step_rate: float, training_rate: float
+) -> list[Recommendation]:
+    data, hw = decided.data, decided.hardware
+    ceiling = step_rate / training_rate
+    recs = []
+    if data.kind == "dataset" and not decided.optimize_data:
+        recs.append(
+            Recommendation(
+                "kerascale.data.optimize(ds) (or optimize_data=True): parallel "
+                "maps and prefetch",
+                min(ceiling, max(1.0, hw.cpu.cores)),
+                "the pipeline runs its maps one element at a time and does not "
+                "overlap with training",
+            )
+        )
+    if input_rate < step_rate:
+        recs.append(
+            Recommendation(
+                "ds.cache() after the expensive, deterministic steps (decoding, "
+                "resizing), before shuffle and random augmentation",
+                ceiling,
+                f"the pipeline alone delivers {input_rate:.1f} batches/s, the "
+                f"model could take {step_rate:.1f}",
+            )
+        )
+    else:
+        recs.append(
+            Recommendation(
+                "ds.prefetch(tf.data.AUTOTUNE) as the last step",
+                min(ceiling, (input_rate + step_rate) / max(input_rate, step_rate)),
+                "the pipeline alone keeps up, but reading and training take "
+                "turns instead of overlapping",
+            )
+        )
+    if data.from_files:
+        recs.append(
+            Recommendation(
+                "TFRecord shards read with interleave(num_parallel_calls="
+                "AUTOTUNE, deterministic=False)",
+                None,
+                "reading many small files one after another is slow",
+            )
+        )
+    return recs
+
+
+def _compute_advice(decided: Any, headroom: float | None) -> list[Recommendation]:
+    plan, hw = decided.plan, decided.hardware
+    recs = []
+    measured = _measured_precision_gain(decided.trials, plan)
+    accelerated = hw.accelerator != "cpu" or hw.cpu.bf16
+    if plan.precision == "float32" and measured is not None and measured > 1.03:
+        recs.append(
+            Recommendation(
+                'precision="mixed_bfloat16"',
+                measured,
+                "timed on your data here, against float32",
+            )
+        )
+    elif plan.precision == "float32" and measured is None and accelerated:
+        recs.append(
+            Recommendation(
+                'precision="mixed_bfloat16" (or "auto")',
+                1.4 if hw.accelerator == "cpu" else 2.0,
+                "this hardware has fast 16-bit math (1.44x on the benchmark CNN "
+                "on a bf16 CPU; 2-3x is usual on tensor-core GPUs)",
+            )
+        )
+    if headroom is None or headroom > 0.3:
+        recs.append(
+            Recommendation(
+                "a larger batch (batch_size=..., with lr_scaling)",
+                None,
+                "fewer, larger steps use the hardware better"
+                + (f"; {headroom:.0%} of memory is free" if headroom else ""),
+            )
+        )
+    recs.append(
+        Recommendation(
+            "more or faster devices (strategy='mirrored' on several GPUs)"
+            if hw.accelerator != "cpu"
+            else "a GPU: this model trains on a CPU",
+            None,
+            "the model's arithmetic is the bottleneck",
+        )
+    )
+    recs.append(
+        Recommendation(
+            "a smaller model (fewer or narrower layers)",
+            None,
+            "less arithmetic per sample",
+        )
+    )
+    return recs
+
+
+def _memory_advice(plan: Any) -> list[Recommendation]:
+    recs = []
+    if plan.precision == "float32":
+        recs.append(
+            Recommendation(
+                'precision="mixed_bfloat16"',
+                None,
+                "16-bit activations take half the memory: about twice the batch",
+            )
+        )
+    recs.append(
+        Recommendation(
+            "gradient accumulation: keep batch_size, set max_batch_size lower "
+            "(or accumulation_steps=k)",
+            None,
+            "the same optimizer updates from smaller micro-batches",
+        )
+    )
+    recs.append(
+        Recommendation(
+            "fewer or narrower layers, or shorter inputs",
+            None,
+            "activations grow with depth, width and input size",
+        )
+    )
+    return recs

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob
-import json
 import logging
 import os
 import platform
@@ -24,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kerascale import _validation
-from kerascale.errors import ClusterConfigError
+from kerascale.sense.cluster import ClusterInfo, detect_cluster
 
 logger = logging.getLogger("kerascale")
 
@@ -92,30 +91,6 @@ class TPUInfo:
 
     name: str
     source: str
-
-
-@dataclasses.dataclass(frozen=True)
-class ClusterInfo:
-    """A multi-process cluster described by the environment.
-
-    Attributes:
-        source: "TF_CONFIG", "CLUSTER_SPEC" (Vertex AI) or "SLURM".
-        num_workers: Processes that train (chief and workers).
-        task_type: This process's role, e.g. "worker" or "chief".
-        task_index: This process's index within its role.
-        error: Why the description could not be parsed, or None.
-    """
-
-    source: str
-    num_workers: int = 0
-    task_type: str | None = None
-    task_index: int | None = None
-    error: str | None = None
-
-    @property
-    def is_multi_worker(self) -> bool:
-        """True when more than one process would train together."""
-        return self.error is None and self.num_workers > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,7 +348,7 @@ def _detect_gpus(notes: list[str], *, use_nvml: bool) -> tuple[GPUInfo, ...]:
     return tuple(_enrich(g, nvml_gpus, notes) for g in gpus)
 
 
-def _visible_nvml_indices(count: int) -> list[int | str]:
+def visible_nvml_indices(count: int) -> list[int | str]:
     """Maps TensorFlow's GPU order to NVML indices (or UUIDs) via
     CUDA_VISIBLE_DEVICES, which TensorFlow honours and NVML ignores."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -423,7 +398,7 @@ def _nvml_gpus(notes: list[str]) -> list[dict[str, Any]] | None:
 
 
 def _enrich(gpu: GPUInfo, nvml_gpus: list[dict[str, Any]], notes: list[str]) -> GPUInfo:
-    order = _visible_nvml_indices(len(nvml_gpus))
+    order = visible_nvml_indices(len(nvml_gpus))
     if gpu.index >= len(order):
         return gpu
     key = order[gpu.index]
@@ -463,77 +438,3 @@ def _detect_tpu(env: Mapping[str, str]) -> TPUInfo | None:
     if devices:
         return TPUInfo(name="local", source=devices[0])
     return None
-
-
-# --- Cluster ----------------------------------------------------------------
-
-
-def detect_cluster(env: Mapping[str, str]) -> ClusterInfo | None:
-    """Reads the cluster description from `env`, or None when there is none.
-
-    TF_CONFIG comes first (Vertex AI, Kubernetes TFJob and Ray set it), then
-    Vertex AI's CLUSTER_SPEC, then SLURM. A malformed description is returned
-    with `error` set rather than raised: detection never fails, planning does.
-    """
-    if env.get("TF_CONFIG", "").strip():
-        return _parse_tf_config(env["TF_CONFIG"])
-    if env.get("CLUSTER_SPEC", "").strip():
-        return _parse_cluster_spec(env["CLUSTER_SPEC"])
-    if env.get("SLURM_JOB_ID"):
-        return _parse_slurm(env)
-    return None
-
-
-def _parse_tf_config(text: str) -> ClusterInfo:
-    from kerascale.cluster import validate_tf_config
-
-    try:
-        config = validate_tf_config(text)
-    except ClusterConfigError as e:
-        return ClusterInfo(source="TF_CONFIG", error=str(e))
-    return _cluster_info("TF_CONFIG", config, task_type=config["task"]["type"])
-
-
-def _parse_cluster_spec(text: str) -> ClusterInfo:
-    # Vertex AI: {"cluster": {"workerpool0": [...], ...}, "task": {...}}.
-    # workerpool0 is the chief, workerpool1 the workers; 2 and 3 are parameter
-    # servers and the evaluator, which do not train synchronously.
-    from kerascale.cluster import cluster_spec_to_tf_config
-
-    try:
-        config = cluster_spec_to_tf_config(text)
-    except ClusterConfigError as e:
-        return ClusterInfo(source="CLUSTER_SPEC", error=str(e))
-    return _cluster_info(
-        "CLUSTER_SPEC", config, task_type=json.loads(text)["task"]["type"]
-    )
-
-
-def _cluster_info(
-    source: str, config: dict[str, Any], *, task_type: str
-) -> ClusterInfo:
-    cluster = config["cluster"]
-    workers = sum(len(cluster.get(k) or ()) for k in ("chief", "master", "worker"))
-    return ClusterInfo(
-        source=source,
-        num_workers=workers,
-        task_type=task_type,
-        task_index=config["task"].get("index", 0),
-    )
-
-
-def _parse_slurm(env: Mapping[str, str]) -> ClusterInfo:
-    raw = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1"
-    rank = env.get("SLURM_PROCID")
-    try:
-        tasks = int(raw)
-    except ValueError:
-        return ClusterInfo(
-            source="SLURM", error=f"SLURM task count is not a number: {raw!r}."
-        )
-    return ClusterInfo(
-        source="SLURM",
-        num_workers=tasks,
-        task_type="worker",
-        task_index=int(rank) if rank and rank.isdigit() else None,
-    )

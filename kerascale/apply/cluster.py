@@ -2,11 +2,11 @@
 
 `connect` joins the cluster that the environment describes (TF_CONFIG, Vertex
 AI's CLUSTER_SPEC, or SLURM through TensorFlow's resolvers). It creates the
-`MultiWorkerMirroredStrategy` with bounded timeouts and applies the Keras 3 fix
-in `kerascale.compat`. TensorFlow sets collective communication up only before
-it runs anything, so call `connect` first in the script, before building the
-model or the data. `kerascale.fit` calls it itself when TensorFlow has not
-started yet.
+`MultiWorkerMirroredStrategy` with bounded timeouts and applies the Keras 3
+fix in `kerascale.apply.keras_compat`. TensorFlow sets collective
+communication up only before it runs anything, so call `connect` first in the
+script, before building the model or the data. `kerascale.fit` calls it
+itself when TensorFlow has not started yet.
 
 When the workers have planned, `exchange` shares each worker's plan through
 the coordination service's key-value store so that they agree: the smallest
@@ -33,7 +33,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from kerascale import _validation
-from kerascale.errors import ClusterConfigError, UnsupportedError, WorkerLostError
+from kerascale.apply import keras_compat
+from kerascale.apply.model import core_optimizer
+from kerascale.errors import ClusterConfigError, WorkerLostError
+from kerascale.plan import strategy as strategy_rules
+from kerascale.sense.cluster import (
+    check_trainable,
+    cluster_spec_to_tf_config,
+    detect_cluster,
+    validate_tf_config,
+)
+from kerascale.sense.data_facts import UNSEEDED_SHUFFLE_ON_CLUSTER, unseeded_shuffle
 
 logger = logging.getLogger("kerascale")
 
@@ -109,7 +119,7 @@ def connect(
     Args:
         worker_timeout: Seconds (or "2min") a worker may stay silent before
             the others stop with `WorkerLostError`. The start and exchange
-            limits scale with it (see `kerascale.multiworker`). Defaults to 60.
+            limits scale with it (see `kerascale.apply.cluster`). Defaults to 60.
         environ: The environment to read; defaults to `os.environ`.
 
     Returns:
@@ -132,8 +142,6 @@ def connect(
     global _connection
     timeouts = validate_timeout(worker_timeout)
     env = os.environ if environ is None else environ
-    from kerascale.hardware import detect_cluster
-
     info = detect_cluster(env)
     if info is None or (info.error is None and not info.is_multi_worker):
         return None
@@ -148,7 +156,6 @@ def connect(
                 _seconds(timeouts.heartbeat),
             )
         return _connection.strategy
-    import tensorflow as tf
     from tensorflow.python.eager import context
 
     if context.context()._context_handle is not None:
@@ -160,6 +167,14 @@ def connect(
             "building the model or the data (or pass strategy='mirrored' to "
             "train on this machine alone)."
         )
+    _connection = _join(info, env, timeouts)
+    return _connection.strategy
+
+
+def _join(info: Any, env: Mapping[str, str], timeouts: Timeouts) -> _Connection:
+    """Creates the strategy that joins the cluster, with `timeouts`."""
+    import tensorflow as tf
+
     resolver = cluster_resolver(info, env)
     _configure_coordination(resolver, timeouts)
     communication = tf.distribute.experimental.CommunicationOptions(
@@ -168,11 +183,9 @@ def connect(
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver, communication_options=communication
     )
-    from kerascale import compat
-
-    compat.apply()
+    keras_compat.apply()
     extended = strategy.extended
-    _connection = _Connection(
+    connection = _Connection(
         strategy=strategy,
         timeouts=timeouts,
         source=info.source,
@@ -182,20 +195,18 @@ def connect(
     logger.info(
         "Joined the %s cluster as worker %d of %d (%s).",
         info.source,
-        _connection.worker_id,
-        _connection.num_workers,
+        connection.worker_id,
+        connection.num_workers,
         timeouts.describe(),
     )
-    return strategy
+    return connection
 
 
 def join_if_wanted(hw: Any, requested: Any, worker_timeout: Any) -> bool:
     """Joins the cluster when `requested` trains across it (`fit`'s first
     step); returns whether it does. `worker_timeout=None` keeps an earlier
     connection's timeouts, else uses the default."""
-    from kerascale import strategy as strategy_lib
-
-    if not strategy_lib.wants_cluster(hw, requested):
+    if not strategy_rules.wants_cluster(hw, requested):
         return False
     if worker_timeout is not None or _connection is None:
         connect(DEFAULT_WORKER_TIMEOUT if worker_timeout is None else worker_timeout)
@@ -209,36 +220,15 @@ def start_alike(model: Any, strategy: Any, plan: Any, data: Any, x: Any) -> Any:
     returns `plan` untouched."""
     if _connection is None or strategy is not _connection.strategy:
         return plan
-    from kerascale import data as data_lib
-    from kerascale import precision as precision_lib
-
-    optimizer = precision_lib.core_optimizer(model.optimizer)
+    optimizer = core_optimizer(model.optimizer)
     broadcast_variables(
         [*model.weights, *getattr(optimizer, "variables", [])], strategy
     )
     share_tf_seed()
-    if data.kind == "dataset" and data_lib.unseeded_shuffle(x):
-        warning = data_lib.UNSEEDED_SHUFFLE_ON_CLUSTER
+    if data.kind == "dataset" and unseeded_shuffle(x):
+        warning = UNSEEDED_SHUFFLE_ON_CLUSTER
         plan = dataclasses.replace(plan, warnings=(*plan.warnings, warning))
     return plan
-
-
-def check_trainable(info: Any) -> None:
-    """Raises for a cluster this process cannot train in: malformed, or a
-    task that does not train synchronously (parameter server, evaluator)."""
-    if info.error:
-        raise ClusterConfigError(
-            f"The cluster described by {info.source} is malformed: {info.error} "
-            f"Fix {info.source}, or unset it to train on this machine alone."
-        )
-    if info.task_type in ("ps", "evaluator"):
-        raise UnsupportedError(
-            f"This process is a {info.task_type!r} task of the {info.source} "
-            "cluster. kerascale trains with MultiWorkerMirroredStrategy, whose "
-            "tasks are 'chief' and 'worker'; a parameter server needs "
-            "tf.distribute.ParameterServerStrategy, and an evaluator runs its "
-            "own evaluation loop. Start only chief and worker tasks."
-        )
 
 
 def cluster_resolver(info: Any, environ: Mapping[str, str]) -> Any:
@@ -247,8 +237,6 @@ def cluster_resolver(info: Any, environ: Mapping[str, str]) -> Any:
 
     resolvers = tf.distribute.cluster_resolver
     if info.source == "TF_CONFIG":
-        from kerascale.cluster import validate_tf_config
-
         config = validate_tf_config(environ["TF_CONFIG"])
         return resolvers.SimpleClusterResolver(
             tf.train.ClusterSpec(config["cluster"]),
@@ -257,8 +245,6 @@ def cluster_resolver(info: Any, environ: Mapping[str, str]) -> Any:
             rpc_layer=config.get("rpc_layer", "grpc"),
         )
     if info.source == "CLUSTER_SPEC":
-        from kerascale.cluster import cluster_spec_to_tf_config
-
         config = cluster_spec_to_tf_config(environ["CLUSTER_SPEC"])
         return resolvers.SimpleClusterResolver(
             tf.train.ClusterSpec(config["cluster"]),

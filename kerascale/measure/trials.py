@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import types
 from typing import Any
 
-from kerascale import batch_search
-from kerascale import data as data_lib
-from kerascale import precision as precision_lib
-from kerascale import strategy as strategy_lib
+import keras
+
+from kerascale.apply import model as model_lib
+from kerascale.apply.session import Session, prepare
+from kerascale.measure import cache
+from kerascale.plan import strategy as strategy_rules
+from kerascale.sense import data_facts
 
 # Timed per candidate after a warm-up of at least WARMUP_STEPS steps and
 # WARMUP_SECONDS (tracing, then tf.data's autotuning of a fresh pipeline: 1 s
@@ -116,7 +120,7 @@ def possible(options: Any, hw: Any, model: Any) -> bool:
         hw.accelerator == "cpu"
         and isinstance(options.strategy, str)
         and model.rebuildable
-        and not strategy_lib.wants_cluster(hw, options.strategy)
+        and not strategy_rules.wants_cluster(hw, options.strategy)
     )
 
 
@@ -126,7 +130,7 @@ def wanted(options: Any, plan: Any, data: Any, x: Any) -> tuple[bool, bool]:
     pipeline = (
         options.optimize_data == "auto"
         and data.kind == "dataset"
-        and data_lib.has_map(x)
+        and data_facts.has_map(x)
     )
     precision = (
         options.precision == "auto"
@@ -157,17 +161,17 @@ def run(
             to time on the real data; empty to keep the plan's batch.
         optimize: The pipeline setting when it is not tried.
     """
-    key = batch_search.cache_key(
+    key = cache.cache_key(
         {
             "trials": 2,
-            "model": batch_search.model_fingerprint(model),
-            "data": data_lib.signature(x),
+            "model": cache.model_fingerprint(model),
+            "data": data_facts.signature(x),
             "plan": [plan.precision, plan.step_batch_size, plan.strategy],
             "candidates": [try_pipeline, try_precision, list(batches), optimize],
             "hardware": hw.to_dict(),
         }
     )
-    cached = batch_search.cache_read("trials", key)
+    cached = cache.cache_read("trials", key)
     if cached is not None:
         try:
             return TrialResult.from_dict(cached)
@@ -211,7 +215,7 @@ def run(
         if other.samples_per_s > here.samples_per_s:
             policy = "float32"
     result = TrialResult(batch, policy, pipe, tuple(trials))
-    batch_search.cache_write("trials", key, result.to_dict())
+    cache.cache_write("trials", key, result.to_dict())
     return result
 
 
@@ -237,61 +241,73 @@ def _measure(
     optimize: bool,
 ) -> Trial:
     """Trains a copy of `model` under `policy` on the real data for about
-    TRIAL_SECONDS after a warm-up, and returns its samples/s. The user's
-    model, random state and dtype policy are left as they were."""
+    TRIAL_SECONDS after a warm-up, and returns its samples/s. The copy is
+    prepared on `fit`'s own path; the user's model, random state and dtype
+    policy are left as they were.
+
+    Raises:
+        model.CannotRecreate: When the candidate needs a re-created model
+            and it cannot be made (`decide` then plans without one).
+    """
     import gc
 
-    import keras
-    import tensorflow as tf
+    view = dataclasses.replace(
+        plan,
+        precision=policy,
+        micro_batch_size=batch,
+        accumulation_steps=1,
+        global_batch_size=batch * plan.replicas,
+        lr_factor=1.0,
+        rebuild=plan.rebuild or policy != plan.precision,
+    )
+    decided = types.SimpleNamespace(
+        plan=view, data=data, instance=None, optimize_data=optimize
+    )
+    clock = _Clock()
+    with Session() as session:
+        session.enter(model_lib.preserved_state())
+        prepared = prepare(session, model, x, y, decided, copy=True, as_dataset=True)
+        ds = prepared.x
+        # Timed as training runs: whole epochs, each with the start-up of its
+        # input pipeline (which matters when epochs are short and batches
+        # large), unless the data never ends.
+        finite = int(ds.cardinality()) >= 0
+        prepared.model.fit(
+            ds if finite else ds.repeat(),
+            epochs=100_000 if finite else 1,
+            steps_per_epoch=None if finite else 100_000,
+            verbose=0,
+            shuffle=False,  # Keras ignores it for a dataset, with a warning
+            callbacks=[clock],
+        )
+        del prepared
+    gc.collect()
+    return Trial(batch, policy, optimize, clock.speed(batch * plan.replicas))
 
-    from kerascale.probe import preserved_state
 
-    marks: list[float] = []
-    start: list[int] = []  # the index of the mark the timing starts from
+class _Clock(keras.callbacks.Callback):
+    """Marks each batch's end; stops training TRIAL_SECONDS after a warm-up
+    of at least WARMUP_STEPS steps and WARMUP_SECONDS."""
 
-    class Clock(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            marks.append(time.perf_counter())
-            if not start:
-                warm = marks[-1] - marks[0] >= WARMUP_SECONDS
-                if len(marks) >= WARMUP_STEPS and warm:
-                    start.append(len(marks) - 1)
-            elif marks[-1] - marks[start[0]] >= TRIAL_SECONDS:
-                self.model.stop_training = True
+    def __init__(self):
+        super().__init__()
+        self.marks: list[float] = []
+        self.start: int | None = None
 
-    with preserved_state():
-        dist = strategy_lib.build(plan, None)
-        clone = precision_lib.rebuild(model, policy, dist)
-        try:
-            view = dataclasses.replace(
-                plan,
-                precision=policy,
-                micro_batch_size=batch,
-                accumulation_steps=1,
-                global_batch_size=batch * plan.replicas,
-            )
-            if data.kind == "dataset":
-                ds = data_lib.prepare(x, data, view, optimize=optimize)
-            else:  # arrays: batched as Keras would
-                ds = tf.data.Dataset.from_tensor_slices(x if y is None else (x, y))
-                ds = ds.batch(view.step_batch_size).prefetch(tf.data.AUTOTUNE)
-            # Timed as training runs: whole epochs, each with the start-up
-            # of its input pipeline (which matters when epochs are short and
-            # batches large), unless the data never ends.
-            finite = int(ds.cardinality()) >= 0
-            clone.fit(
-                ds if finite else ds.repeat(),
-                epochs=100_000 if finite else 1,
-                steps_per_epoch=None if finite else 100_000,
-                verbose=0,
-                shuffle=False,  # Keras ignores it for a dataset, with a warning
-                callbacks=[Clock()],
-            )
-        finally:
-            del clone
-            gc.collect()
-    first = start[0] if start else len(marks) - 1
-    steps = len(marks) - 1 - first
-    seconds = marks[-1] - marks[first] if steps > 0 else 0.0
-    speed = steps * batch * plan.replicas / seconds if seconds > 0 else 0.0
-    return Trial(batch, policy, optimize, speed)
+    def on_train_batch_end(self, batch, logs=None):
+        marks = self.marks
+        marks.append(time.perf_counter())
+        if self.start is None:
+            warm = marks[-1] - marks[0] >= WARMUP_SECONDS
+            if len(marks) >= WARMUP_STEPS and warm:
+                self.start = len(marks) - 1
+        elif marks[-1] - marks[self.start] >= TRIAL_SECONDS:
+            self.model.stop_training = True
+
+    def speed(self, samples_per_step: int) -> float:
+        """Samples/s over the timed steps."""
+        marks = self.marks
+        first = self.start if self.start is not None else len(marks) - 1
+        steps = len(marks) - 1 - first
+        seconds = marks[-1] - marks[first] if steps > 0 else 0.0
+        return steps * samples_per_step / seconds if seconds > 0 else 0.0

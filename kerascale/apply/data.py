@@ -1,0 +1,252 @@
+"""Shaping the training data to the plan.
+
+`prepare` batches or re-batches a dataset to the plan's per-step batch and
+applies the safe input-pipeline optimisations (parallel maps, a safe cache,
+prefetch, sharding across workers). Arrays are left to Keras, whose own
+adapter already batches, shuffles and prefetches them. `optimize` is the same
+pipeline changes on their own, for users of plain `model.fit`
+(`kerascale.data.optimize`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from kerascale import _validation
+from kerascale._units import parse_bytes
+from kerascale.errors import DataError
+from kerascale.plan.plan import Plan
+from kerascale.sense.data_facts import (
+    DataFacts,
+    cacheable,
+    chain,
+    inspect,
+    is_dataset,
+    leading_dims,
+)
+
+logger = logging.getLogger("kerascale")
+
+
+def parallel_maps(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """`ds` with the sequential maps at the top of its chain run in parallel
+    (`num_parallel_calls=AUTOTUNE`, output order kept).
+
+    TensorFlow's own `map_parallelization` optimisation leaves a map alone
+    when its function is stateful, which every random augmentation
+    (`tf.image.random_flip_left_right`...) is; these are the maps that cost
+    the most. The traced function is re-applied as it is: the same
+    computation, with random draws taken in a different order. Anything
+    unexpected leaves `ds` unchanged.
+    """
+    from tensorflow.python.data.util import structure
+
+    maps, base = [], ds
+    while type(base).__name__ == "_MapDataset":
+        maps.append(base)
+        base = base._input_dataset
+    if not maps:
+        return ds
+    try:
+        out = base
+        for m in reversed(maps):
+            wrapper = m._map_func
+
+            @tf.autograph.experimental.do_not_convert
+            def call(*args, wrapper=wrapper, spec=out.element_spec):
+                element = args[0] if len(args) == 1 else args
+                flat = structure.to_tensor_list(spec, element)
+                result = wrapper.function(*flat)
+                return structure.from_compatible_tensor_list(
+                    wrapper.output_structure, result
+                )
+
+            out = out.map(call, num_parallel_calls=tf.data.AUTOTUNE)
+        if out.element_spec != ds.element_spec:
+            return ds
+        return out
+    except Exception as e:  # a private structure changed: keep the user's
+        logger.debug("Maps not parallelised: %s", e)
+        return ds
+
+
+def prepare(ds: tf.data.Dataset, facts: DataFacts, plan: Plan, *, optimize: bool):
+    """Batches a dataset to the plan's per-step batch and optimises it.
+
+    The per-step batch is `plan.step_batch_size` (micro-batch x replicas): the
+    strategy splits it across replicas.
+    """
+    batch = plan.step_batch_size
+    if optimize:
+        ds = parallel_maps(ds)
+    if not facts.batched:
+        ds = ds.batch(batch)
+    elif facts.batch_size != batch:
+        ds = ds.rebatch(batch)
+    if optimize:
+        ds, _ = _finish(ds, cache=facts.cacheable, deterministic=None)
+        if plan.replicas > 1:
+            options = tf.data.Options()
+            policy = tf.data.experimental.AutoShardPolicy
+            # AUTO shards by file and falls back to data when there are
+            # fewer files than workers (FILE alone would fail there).
+            options.experimental_distribute.auto_shard_policy = (
+                policy.AUTO if facts.from_files else policy.DATA
+            )
+            ds = ds.with_options(options)
+    return ds
+
+
+def optimize(
+    ds: tf.data.Dataset,
+    *,
+    deterministic: bool = True,
+    cache: bool | str = "auto",
+    memory_budget: int | str | None = None,
+) -> tf.data.Dataset:
+    """Applies the input-pipeline fixes that cannot change what is trained.
+
+    - The maps you applied last run in parallel (`num_parallel_calls=
+      AUTOTUNE`), random augmentations and Python functions included, which
+      TensorFlow's own `map_parallelization` leaves sequential; TensorFlow's
+      map parallelisation for the rest.
+    - `cache()` when every epoch yields the same elements (no shuffle, no
+      random or Python ops), the length is known, and the size, from the
+      element shapes, fits in `memory_budget`.
+    - `prefetch(AUTOTUNE)` at the end.
+    - The order of elements is kept unless `deterministic=False`.
+
+    What it changed is logged, and returned by `optimize_report`.
+
+    Args:
+        ds: A `tf.data.Dataset`.
+        deterministic: Keep the order of elements. Defaults to True.
+        cache: True, False, or "auto" (see above). Defaults to "auto".
+        memory_budget: Bytes or "2GiB" a cache may take. Defaults to `None`:
+            a quarter of the memory available now.
+
+    Returns:
+        The optimised dataset.
+
+    Example:
+
+    >>> ds = kerascale.data.optimize(ds)
+    """
+    ds, changes = _optimize(ds, deterministic, cache, memory_budget)
+    logger.info("data.optimize: %s", ", ".join(changes) or "nothing to change")
+    return ds
+
+
+def optimize_report(
+    ds: tf.data.Dataset,
+    *,
+    deterministic: bool = True,
+    cache: bool | str = "auto",
+    memory_budget: int | str | None = None,
+) -> list[str]:
+    """What `optimize` would change, in words, without changing anything."""
+    return _optimize(ds, deterministic, cache, memory_budget)[1]
+
+
+def _optimize(
+    ds: Any, deterministic: Any, cache: Any, memory_budget: Any
+) -> tuple[tf.data.Dataset, list[str]]:
+    if not is_dataset(ds):
+        raise _validation.fail("ds", type(ds).__name__, "a tf.data.Dataset")
+    _validation.boolean("deterministic", deterministic)
+    _validation.boolean_or_auto("cache", cache)
+    budget = (
+        None if memory_budget is None else parse_bytes("memory_budget", memory_budget)
+    )
+    changes = []
+    parallel = parallel_maps(ds)
+    if parallel is not ds:
+        changes.append("parallel maps")
+    if cache == "auto":
+        cache, why = cacheable(ds, budget)
+        if not cache:
+            changes.append(f"no cache(): {why}")
+    elif cache:
+        changes.append("cache() (as asked)")
+    out, more = _finish(parallel, cache=bool(cache), deterministic=deterministic)
+    return out, changes + more
+
+
+def _finish(
+    ds: tf.data.Dataset, *, cache: bool, deterministic: bool | None
+) -> tuple[tf.data.Dataset, list[str]]:
+    """Caches, sets the options and prefetches the top of a pipeline."""
+    changes = []
+    if cache and not any(
+        type(n).__name__ in ("CacheDataset", "_CacheDataset") for n in chain(ds)
+    ):
+        ds = ds.cache()
+        changes.append("cache()")
+    options = tf.data.Options()
+    options.experimental_optimization.map_parallelization = True
+    if deterministic is not None:
+        options.deterministic = deterministic
+        if not deterministic:
+            changes.append("order not kept (deterministic=False)")
+    ds = ds.with_options(options)
+    changes.append("map parallelization")
+    if not any(type(n).__name__ == "_PrefetchDataset" for n in chain(ds)[:2]):
+        ds = ds.prefetch(tf.data.AUTOTUNE)
+        changes.append("prefetch(AUTOTUNE)")
+    return ds, changes
+
+
+def lost_cardinality(original: tf.data.Dataset, prepared: tf.data.Dataset) -> bool:
+    """True when re-batching made a dataset of known length unknown: Keras then
+    warns at the end of the first epoch that the input "ran out of data",
+    which here is the normal end of an epoch."""
+    unknown = tf.data.UNKNOWN_CARDINALITY
+    return int(original.cardinality()) >= 0 and int(prepared.cardinality()) == unknown
+
+
+def prepare_validation(
+    validation_data: Any,
+    plan: Plan,
+    *,
+    optimize: bool,
+    validation_steps: Any = None,
+) -> Any:
+    """Validates `validation_data` and batches a dataset like the training data.
+
+    Arrays given as `(x, y)` or `(x, y, sample_weight)` are returned as they are:
+    Keras batches them with the training batch size.
+    """
+    if validation_data is None:
+        return None
+    if is_dataset(validation_data):
+        facts = inspect(
+            validation_data,
+            name="validation_data",
+            steps_per_epoch=validation_steps,
+            steps_name="validation_steps",
+        )
+        return prepare(validation_data, facts, plan, optimize=optimize)
+    if isinstance(validation_data, keras.utils.PyDataset):
+        inspect(validation_data, name="validation_data")
+        return validation_data
+    if isinstance(validation_data, tuple | list) and len(validation_data) in (2, 3):
+        vx, vy = validation_data[0], validation_data[1]
+        inspect(vx, vy, name="validation_data")
+        if len(validation_data) == 3 and validation_data[2] is not None:
+            (n,) = set(leading_dims(vx))
+            if set(leading_dims(validation_data[2])) != {n}:
+                raise DataError(
+                    "validation_data's sample_weight must have one entry per "
+                    f"sample ({n})."
+                )
+        return validation_data
+    raise DataError(
+        "validation_data must be a tf.data.Dataset, a keras.utils.PyDataset, or "
+        "a tuple (x, y) or (x, y, sample_weight). Received: validation_data of "
+        "type "
+        f"{type(validation_data).__name__}"
+    )

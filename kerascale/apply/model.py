@@ -1,0 +1,280 @@
+"""The model that trains: re-created under the plan's dtype policy and
+strategy scope, and its weights put back into the user's model afterwards.
+
+A Keras dtype policy is fixed when a layer is constructed, and variables must
+be created under the strategy's scope, so a float32 model built outside any
+scope is re-created: cloned under the policy and strategy scope, weights
+copied, re-compiled with the user's own compile settings. The layers that
+produce the model's outputs stay float32 (Keras's mixed-precision guide: a
+softmax in float16 is numerically unsafe). Re-creating draws initializer
+seeds from Python's random module, so it runs under `preserved_state`: the
+global dtype policy and the random state are left as they were found.
+
+`borrow` is the other way to measure on a model: train it as it is, and put
+every variable back afterwards (what Lightning's batch-size finder does with
+its trainer's state). It serves models that cannot be re-created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import numpy as np
+
+from kerascale.apply import keras_compat
+from kerascale.errors import ModelError
+from kerascale.sense.model_facts import is_builder, is_functional
+
+logger = logging.getLogger("kerascale")
+
+
+class CannotRecreate(Exception):
+    """The model could not be re-created (the message says why). Callers fall
+    back to training it as it is, and say what was not applied."""
+
+
+@contextlib.contextmanager
+def global_policy(policy: str) -> Iterator[None]:
+    """Sets Keras's global dtype policy inside the block, restores it after."""
+    before = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(before)
+
+
+@contextlib.contextmanager
+def preserved_state() -> Iterator[None]:
+    """Restores Python's and NumPy's global random state and Keras's dtype
+    policy on exit: re-creating a model draws initializer seeds from Python's
+    random module, which the user's own training must not see."""
+    py, np_state = random.getstate(), np.random.get_state()
+    policy = keras.config.dtype_policy()
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(np_state)
+        keras.config.set_dtype_policy(policy)
+
+
+def _output_layer_ids(model: keras.Model) -> set[int]:
+    """ids of the layers that produce `model`'s outputs, looking through nested
+    Sequential and Functional models."""
+    if isinstance(model, keras.Sequential):
+        last = [model.layers[-1]] if model.layers else []
+    elif is_functional(model):
+        names = [entry[0] for entry in _as_list_of_entries(model)]
+        last = [model.get_layer(n) for n in names]
+    else:
+        return set()
+    out = set()
+    for layer in last:
+        out.add(id(layer))
+        if isinstance(layer, keras.Model):
+            out |= _output_layer_ids(layer)
+    return out
+
+
+def _as_list_of_entries(model: keras.Model) -> list:
+    entries = model.get_config()["output_layers"]
+    # A single output is [name, node, tensor]; several are [[...], [...]].
+    if entries and isinstance(entries[0], str):
+        return [entries]
+    return list(entries)
+
+
+def _clone(model: keras.Model, policy: str) -> keras.Model:
+    keep_float32 = _output_layer_ids(model)
+
+    def clone_layer(layer):
+        config = layer.get_config()
+        if id(layer) in keep_float32:
+            config["dtype"] = "float32"
+        elif layer.dtype_policy.name == "float32":
+            config["dtype"] = policy
+        return layer.__class__.from_config(config)
+
+    # clone_model also compiles the clone through a serialised compile config,
+    # which fails on unregistered custom losses; `compile_like` does it better.
+    compiled, model.compiled = model.compiled, False
+    try:
+        if isinstance(model, keras.Sequential) or is_functional(model):
+            return keras.models.clone_model(
+                model, clone_function=clone_layer, recursive=True
+            )
+        return keras.models.clone_model(model)
+    finally:
+        model.compiled = compiled
+
+
+def recreate(
+    model: keras.Model | Callable[[], keras.Model],
+    policy: str,
+    strategy: Any,
+) -> keras.Model:
+    """Re-creates `model` under `policy` and `strategy`'s scope, compiled.
+
+    Runs under `preserved_state`: the global dtype policy and the random
+    state are unchanged afterwards.
+
+    Args:
+        model: A compiled Keras model (cloned, weights and optimizer state
+            copied), or a zero-argument function that builds and compiles one
+            (called under the policy and scope).
+        policy: The dtype policy name.
+        strategy: A `tf.distribute.Strategy`.
+
+    Returns:
+        The new, compiled model.
+
+    Raises:
+        CannotRecreate: When a model cannot be cloned or its weights copied.
+        ModelError: When a builder does not return a compiled model.
+    """
+    with preserved_state(), strategy.scope(), global_policy(policy):
+        if is_builder(model):
+            return _built(model)
+        try:
+            new = _clone(model, policy)
+            if model.built and model.weights:
+                if not new.built:
+                    new.build_from_config(model.get_build_config())
+                new.set_weights(model.get_weights())
+            compile_like(model, new)
+            copy_optimizer_state(model, new)
+        except Exception as e:
+            raise CannotRecreate(
+                f"re-creating it failed: {type(e).__name__}: {e}"
+            ) from e
+    return new
+
+
+def _built(builder: Callable[[], keras.Model]) -> keras.Model:
+    new = builder()
+    if not isinstance(new, keras.Model):
+        raise ModelError(
+            "The model builder must return a keras.Model. Received: "
+            f"{type(new).__name__}"
+        )
+    if not new.compiled:
+        raise ModelError(
+            "The model builder must return a compiled model: call "
+            "model.compile(optimizer=..., loss=...) inside it."
+        )
+    return new
+
+
+def compile_like(src: keras.Model, dst: keras.Model) -> None:
+    """Compiles `dst` with `src`'s optimizer config, loss, metrics,
+    steps_per_execution and jit_compile; fresh objects, so that their state is
+    created in the current scope."""
+    try:
+        dst.compile_from_config(src.get_compile_config())
+        return
+    except Exception as e:  # Custom objects that are not registered for serialization.
+        logger.debug("compile config did not round-trip (%s); copying objects", e)
+    raw = keras_compat.compile_arguments(src)
+    optimizer = raw.get("optimizer")
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        raw["optimizer"] = type(optimizer).from_config(optimizer.get_config())
+    for key in ("metrics", "weighted_metrics"):
+        raw[key] = _fresh_metrics(raw.get(key))
+    dst.compile(**raw)
+
+
+def _fresh_metrics(metrics: Any) -> Any:
+    if isinstance(metrics, keras.metrics.Metric):
+        return type(metrics).from_config(metrics.get_config())
+    if isinstance(metrics, dict):
+        return {k: _fresh_metrics(v) for k, v in metrics.items()}
+    if isinstance(metrics, list | tuple):
+        return type(metrics)(_fresh_metrics(m) for m in metrics)
+    return metrics
+
+
+def core_optimizer(optimizer: Any) -> Any:
+    """The optimizer that holds the slots: the inner one of a LossScaleOptimizer."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+def copy_optimizer_state(src: keras.Model, dst: keras.Model) -> bool:
+    """Copies optimizer iterations and slots from `src` to `dst` when `src`'s
+    optimizer has been built (trained before). Returns whether it copied."""
+    s = core_optimizer(getattr(src, "optimizer", None))
+    d = core_optimizer(getattr(dst, "optimizer", None))
+    if s is None or d is None or not getattr(s, "built", False):
+        return False
+    if not d.built:
+        d.build(dst.trainable_variables)
+    # Gradient accumulators are scratch (zero between windows), present on
+    # one side only when accumulation is on for one optimizer.
+    sv, dv = _without_accumulators(s), _without_accumulators(d)
+    if len(sv) != len(dv) or any(
+        tuple(a.shape) != tuple(b.shape) for a, b in zip(sv, dv, strict=True)
+    ):
+        logger.warning(
+            "Optimizer state not carried over: %d variables in %s, %d in %s.",
+            len(sv),
+            type(s).__name__,
+            len(dv),
+            type(d).__name__,
+        )
+        return False
+    for a, b in zip(sv, dv, strict=True):
+        b.assign(a.numpy())
+    return True
+
+
+def _without_accumulators(optimizer: Any) -> list[Any]:
+    acc = {id(v) for v in getattr(optimizer, "_accumulated_gradients", None) or ()}
+    return [v for v in optimizer.variables if id(v) not in acc]
+
+
+def copy_back(trained: keras.Model, user_model: keras.Model) -> None:
+    """Puts the trained weights (and optimizer state) into the user's model."""
+    user_model.set_weights(trained.get_weights())
+    copy_optimizer_state(trained, user_model)
+
+
+@contextlib.contextmanager
+def borrow(model: keras.Model) -> Iterator[keras.Model]:
+    """Lends `model` to a measurement that trains it, and puts it back.
+
+    Every variable the model, its optimizer and its metrics hold (weights,
+    seed generators, optimizer slots and iterations, metric totals) gets its
+    value back on exit, whatever happened, and so do the random state, the
+    dtype policy, `stop_training` and `history`. An optimizer that is not
+    built yet is built first, under the model's strategy, as its first
+    training step would build it, so that its initial values are what is put
+    back.
+
+    Use it where a copy cannot be made (`recreate` failed); a copy is
+    cheaper to throw away than this is to restore.
+    """
+    opt = getattr(model, "optimizer", None)
+    with preserved_state():
+        if opt is not None and not opt.built:
+            with model.distribute_strategy.scope():
+                opt.build(model.trainable_variables)
+        held = [
+            *model.variables,
+            *getattr(opt, "variables", ()),
+            *model.metrics_variables,
+        ]
+        unique = list({id(v): v for v in held}.values())
+        saved = [(v, v.numpy()) for v in unique]
+        history = model.__dict__.get("history")
+        try:
+            yield model
+        finally:
+            for variable, value in saved:
+                variable.assign(value)
+            model.stop_training = False
+            model.__dict__["history"] = history

@@ -1,0 +1,278 @@
+"""One path from (model, data, plan) to what trains, and the session that owns
+every change made on the way.
+
+`Session` is built on `contextlib.ExitStack`: each step that changes the
+process or the model registers its undo as it makes the change, and every
+exit (a normal end, an exception, KeyboardInterrupt, the SystemExit of a
+preemption, a TimeBudget stop) undoes them, newest first. `kerascale.fit`,
+`kerascale.plan`, `kerascale.diagnose`, the CPU trials and the batch-size
+probes all prepare what trains here, so they cannot drift apart:
+
+- the strategy (`apply.strategy.build`);
+- the model: re-created under the plan's dtype policy and strategy scope
+  when the plan says so, or when a measurement needs a copy; when that
+  fails, the model as it is (`replan` gives the plan without re-creation,
+  and a measurement borrows the model and puts it back afterwards);
+- gradient accumulation and learning-rate scaling (undone on exit);
+- the data: batched, re-batched and optimised as the plan says, validation
+  data alike; arrays get the plan's batch through `fit`'s `batch_size`;
+- on a cluster, the chief's weights and seed on every worker.
+
+The trained weights go back into the user's model on every exit too, as
+Keras's own `fit` leaves what it trained so far in the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from kerascale.apply import accumulation, cluster
+from kerascale.apply import data as data_lib
+from kerascale.apply import model as model_lib
+from kerascale.apply import strategy as strategy_lib
+from kerascale.errors import KerascaleWarning
+from kerascale.sense.model_facts import is_builder
+
+logger = logging.getLogger("kerascale")
+
+
+class Session:
+    """Owns the changes one training run (or one measurement) makes, and
+    undoes each of them on every exit, newest first.
+
+    During an exit by an exception, an undo that itself fails is reported
+    with a warning and the original exception goes on: the user sees the
+    error that stopped training, not one from cleaning up after it.
+
+    Example:
+
+    >>> with Session() as session:
+    ...     prepared = prepare(session, model, x, None, decided)
+    ...     history = train(prepared, verbose=1)
+    """
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> Session:
+        self._stack.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        return self._stack.__exit__(exc_type, exc, tb)
+
+    def undo(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
+        """Registers `fn(*args)`, which undoes `what`, to run on exit."""
+
+        def run(exc_type, exc, tb) -> bool:
+            try:
+                fn(*args)
+            except Exception as e:
+                if exc_type is None:
+                    raise
+                warnings.warn(
+                    f"kerascale could not undo {what} after training stopped "
+                    f"with {exc_type.__name__}: {type(e).__name__}: {e}",
+                    KerascaleWarning,
+                    stacklevel=2,
+                )
+            return False
+
+        self._stack.push(run)
+
+    def enter(self, context: Any) -> Any:
+        """Enters `context` (a context manager) for the session's lifetime."""
+        return self._stack.enter_context(context)
+
+    def model_for(
+        self,
+        model: Any,
+        plan: Any,
+        *,
+        instance: Any = None,
+        copy: bool = False,
+    ) -> tuple[keras.Model, Any]:
+        """The model that trains under `plan`, and its strategy.
+
+        The model is re-created under `plan.precision` and the strategy's
+        scope when `plan.rebuild` says so, or when `copy` asks for a model
+        that is not the user's (measurements must not train the user's
+        weights). Without `copy`, a re-created model's weights go back into
+        the user's model on exit. A copy that cannot be made of a model the
+        plan keeps as it is is the model itself, borrowed: its variables are
+        put back on exit.
+
+        Raises:
+            model.CannotRecreate: When the plan needs a re-created model and
+                it cannot be made (the caller falls back).
+        """
+        dist = strategy_lib.build(plan, instance)
+        if not (plan.rebuild or copy) and not is_builder(model):
+            return model, dist
+        try:
+            new = model_lib.recreate(model, plan.precision, dist)
+        except model_lib.CannotRecreate:
+            if plan.rebuild or not copy:
+                raise
+            return self.enter(model_lib.borrow(model)), dist
+        if not copy and not is_builder(model):
+            self.undo(
+                "copying the trained weights back", model_lib.copy_back, new, model
+            )
+        return new, dist
+
+    def accumulate(self, model: keras.Model, plan: Any, *, final: bool) -> None:
+        """Gradient accumulation and learning-rate scaling as `plan` says, on
+        `model`'s optimizer, undone on exit. `final`: the real run, whose end
+        drops (and reports) a partial last window."""
+        if plan.accumulation_steps <= 1 and plan.lr_factor == 1.0:
+            return
+        saved = accumulation.apply(model, plan.accumulation_steps, plan.lr_factor)
+        if final:
+            self.undo(
+                "gradient accumulation",
+                accumulation.finish,
+                model,
+                saved,
+                plan.accumulation_steps,
+                plan.global_batch_size,
+            )
+        else:
+            self.undo("gradient accumulation", accumulation.restore, model, saved)
+
+
+@dataclasses.dataclass
+class Prepared:
+    """What trains, as `prepare` set it up.
+
+    Attributes:
+        decided: The decision applied: the one given, or the fallback's.
+        model: The model that trains (the user's, a re-created copy, or the
+            builder's).
+        strategy: Its `tf.distribute.Strategy`.
+        plan: The plan applied (`decided.plan`, with what the cluster adds).
+        x, y: The data as Keras gets it.
+        fit_kwargs: `model.fit`'s other arguments, with the plan's batch for
+            arrays and prepared validation data.
+        quiet_end_of_data: Whether Keras's "input ran out of data" warning is
+            the normal end of a re-batched epoch here.
+    """
+
+    decided: Any
+    model: keras.Model
+    strategy: Any
+    plan: Any
+    x: Any
+    y: Any
+    fit_kwargs: dict[str, Any]
+    quiet_end_of_data: bool = False
+
+
+def prepare(
+    session: Session,
+    model: Any,
+    x: Any,
+    y: Any,
+    decided: Any,
+    *,
+    copy: bool = False,
+    as_dataset: bool = False,
+    fit_kwargs: dict[str, Any] | None = None,
+    replan: Callable[[str], Any] | None = None,
+) -> Prepared:
+    """Sets up what trains under `decided.plan`, inside `session`.
+
+    Args:
+        session: Owns every change made here.
+        model: The user's model or builder.
+        x, y: The training data as the user gave it.
+        decided: The decision: `.plan`, `.data` (`DataFacts`), `.instance`
+            (the user's strategy, or None) and `.optimize_data`.
+        copy: Train a copy (measurements): the user's model is not trained.
+        as_dataset: Arrays become a batched, prefetched dataset (for
+            measurements that iterate the data themselves).
+        fit_kwargs: `model.fit`'s other arguments (not changed).
+        replan: `replan(why)` is the decision without re-creating the model,
+            for when re-creating it fails. Without it, that failure raises.
+
+    Returns:
+        `Prepared`.
+
+    Raises:
+        model.CannotRecreate: When re-creating fails and there is no `replan`.
+    """
+    try:
+        train_model, dist = session.model_for(
+            model, decided.plan, instance=decided.instance, copy=copy
+        )
+    except model_lib.CannotRecreate as e:
+        if replan is None:
+            raise
+        decided = replan(str(e))
+        train_model, dist = session.model_for(
+            model, decided.plan, instance=decided.instance, copy=copy
+        )
+    plan = cluster.start_alike(train_model, dist, decided.plan, decided.data, x)
+    session.accumulate(train_model, plan, final=not copy)
+    x, y, kwargs, quiet = _prepare_data(x, y, decided, plan, fit_kwargs, as_dataset)
+    return Prepared(decided, train_model, dist, plan, x, y, kwargs, quiet)
+
+
+def _prepare_data(
+    x: Any,
+    y: Any,
+    decided: Any,
+    plan: Any,
+    fit_kwargs: dict[str, Any] | None,
+    as_dataset: bool,
+) -> tuple[Any, Any, dict[str, Any], bool]:
+    kwargs = dict(fit_kwargs or {})
+    kind, quiet = decided.data.kind, False
+    if kind == "dataset":
+        # Keras ignores shuffle for a dataset and warns when it is left True.
+        kwargs.setdefault("shuffle", False)
+        prepared = data_lib.prepare(
+            x, decided.data, plan, optimize=decided.optimize_data
+        )
+        quiet = "steps_per_epoch" not in kwargs and data_lib.lost_cardinality(
+            x, prepared
+        )
+        x = prepared
+    elif kind == "arrays" and as_dataset:
+        ds = tf.data.Dataset.from_tensor_slices(x if y is None else (x, y))
+        x, y = ds.batch(plan.step_batch_size).prefetch(tf.data.AUTOTUNE), None
+    elif kind == "arrays":
+        kwargs["batch_size"] = plan.step_batch_size
+    if "validation_data" in kwargs:
+        kwargs["validation_data"] = data_lib.prepare_validation(
+            kwargs["validation_data"],
+            plan,
+            optimize=decided.optimize_data,
+            validation_steps=kwargs.get("validation_steps"),
+        )
+    return x, y, kwargs, quiet
+
+
+def train(prepared: Prepared, *, verbose: Any) -> keras.callbacks.History:
+    """Keras's own `fit` on what `prepare` set up. A peer lost on a cluster
+    becomes `WorkerLostError`; every other error is Keras's, unchanged."""
+    with warnings.catch_warnings():
+        if prepared.quiet_end_of_data:
+            warnings.filterwarnings("ignore", "Your input ran out of data")
+        try:
+            return prepared.model.fit(
+                prepared.x, prepared.y, verbose=verbose, **prepared.fit_kwargs
+            )
+        except Exception as e:
+            lost = cluster.translate_error(e)
+            if lost is not None:
+                raise lost from e
+            raise

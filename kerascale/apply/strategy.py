@@ -1,0 +1,53 @@
+"""Building the `tf.distribute` strategy a plan names: the only step of the
+strategy decision that touches TensorFlow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kerascale.errors import ConfigurationError
+
+
+def build(plan: Any, instance: Any = None):
+    """Creates the `tf.distribute.Strategy` for `plan`.
+
+    Args:
+        plan: A `Plan` (its `strategy` and `devices` are read).
+        instance: The user's own strategy, returned as is when given.
+
+    Returns:
+        A `tf.distribute.Strategy`.
+    """
+    import tensorflow as tf
+
+    if instance is not None:
+        if isinstance(instance, tf.distribute.MultiWorkerMirroredStrategy):
+            from kerascale.apply import keras_compat
+
+            keras_compat.apply()  # Keras 3's fit needs it under this strategy
+        return instance
+    if plan.strategy == "default":
+        return tf.distribute.get_strategy()
+    if plan.strategy == "one_device":
+        return tf.distribute.OneDeviceStrategy(plan.devices[0])
+    if plan.strategy == "mirrored":
+        return tf.distribute.MirroredStrategy(list(plan.devices))
+    if plan.strategy == "multi_worker":
+        from kerascale.apply import cluster
+
+        conn = cluster.connection()
+        dist = conn.strategy if conn else cluster.connect()
+        if dist is None:
+            raise ConfigurationError(
+                "The plan trains on a cluster, but the environment no longer "
+                "describes one (TF_CONFIG, CLUSTER_SPEC or SLURM changed)."
+            )
+        return dist
+    if plan.strategy == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+            tpu=plan.devices[0]
+        )
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    raise ConfigurationError(f"Cannot build strategy {plan.strategy!r}.")

@@ -1,0 +1,27 @@
+"""Keras callbacks: each works inside a plain `model.fit` as well as through
+`kerascale.fit`, which installs them from its arguments, and each leaves
+nothing behind when `fit` raises (see `kerascale.callbacks._base`).
+
+- `FaultTolerantBackup`: resume after a kill or preemption at the exact batch,
+  with nothing applied twice and nothing lost.
+- `Throughput`: samples/s, step time and ETA per epoch.
+- `GPUMonitor`: utilisation, memory and power per GPU, through NVML.
+- `TimeBudget`: stop before a deadline, leaving time for the last checkpoint.
+- `ProfileWindow`: Keras's TensorBoard profiler for a window of steps, which
+  also stops when `fit` raises.
+"""
+
+from kerascale.callbacks.backup import PREEMPTED_EXIT_CODE, FaultTolerantBackup
+from kerascale.callbacks.gpu_monitor import GPUMonitor
+from kerascale.callbacks.profile import ProfileWindow
+from kerascale.callbacks.throughput import Throughput
+from kerascale.callbacks.time_budget import TimeBudget
+
+__all__ = [
+    "PREEMPTED_EXIT_CODE",
+    "FaultTolerantBackup",
+    "GPUMonitor",
+    "ProfileWindow",
+    "Throughput",
+    "TimeBudget",
+]

@@ -1,0 +1,270 @@
+"""What `FaultTolerantBackup` records besides the state itself, and checks:
+the configuration fingerprint a resume is checked against, the random state,
+why the data order may not repeat, and the validation of its arguments."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import random
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from kerascale import _validation as v
+from kerascale.apply import keras_compat
+from kerascale.apply.model import core_optimizer
+from kerascale.errors import CheckpointError
+from kerascale.sense import data_facts
+from kerascale.sense.model_facts import architecture
+
+
+def is_chief(model: keras.Model) -> bool:
+    """Whether this worker publishes checkpoints: under a multi-worker
+    strategy only the chief does; the others write to a temporary directory
+    that is removed (a checkpoint write may be collective)."""
+    extended = model.distribute_strategy.extended
+    return bool(getattr(extended, "should_checkpoint", True))
+
+
+def validate_directory(directory: Any) -> str:
+    if isinstance(directory, os.PathLike):
+        directory = os.fspath(directory)
+    if not isinstance(directory, str) or not directory.strip():
+        raise v.fail(
+            "directory",
+            directory,
+            "a non-empty path (str or os.PathLike) to a directory",
+        )
+    if "://" not in directory:
+        directory = os.path.abspath(os.path.expanduser(directory))
+    if tf.io.gfile.exists(directory) and not tf.io.gfile.isdir(directory):
+        raise v.fail("directory", directory, "a directory, not an existing file")
+    return directory
+
+
+def validate_save_freq(save_freq: Any) -> tuple[int | None, float | None]:
+    accepted = (
+        '"epoch", a positive int (every N batches) or a duration like "10min", '
+        '"30s" or "1h"'
+    )
+    if isinstance(save_freq, str):
+        if save_freq == "epoch":
+            return None, None
+        seconds = v.parse_duration(save_freq)
+        if seconds is None or seconds <= 0:
+            raise v.fail("save_freq", save_freq, accepted)
+        return None, seconds
+    return v.positive_int("save_freq", save_freq, accepted=accepted), None
+
+
+def fingerprint(model: keras.Model, plan: Any) -> dict[str, Any]:
+    """What must not change between a checkpoint and its resume."""
+    optimizer = model.optimizer
+    variables = [
+        (tuple(x.shape), str(x.dtype)) for x in [*model.variables, *optimizer.variables]
+    ]
+    arch = architecture(model) or type(model).__qualname__
+    config = _without_names(json.loads(json.dumps(optimizer.get_config(), default=str)))
+    core = core_optimizer(optimizer)
+    fp = {
+        "architecture": hashlib.sha256(arch.encode()).hexdigest()[:16],
+        "variables": hashlib.sha256(repr(variables).encode()).hexdigest()[:16],
+        "optimizer": {"class": type(optimizer).__name__, "config": config},
+        "accumulation_steps": int(
+            getattr(core, "gradient_accumulation_steps", None) or 1
+        ),
+        "precision": model.dtype_policy.name,
+    }
+    if plan is not None:
+        fp["global_batch_size"] = plan.global_batch_size
+        fp["accumulation_steps"] = plan.accumulation_steps
+        fp["precision"] = plan.precision
+    return fp
+
+
+def _without_names(config: Any) -> Any:
+    """An optimizer's config without its (automatic, per-session) names."""
+    if isinstance(config, dict):
+        return {k: _without_names(v) for k, v in config.items() if k != "name"}
+    if isinstance(config, list):
+        return [_without_names(v) for v in config]
+    return config
+
+
+def _optimizer_change(saved: dict[str, Any], now: dict[str, Any]) -> str:
+    if saved.get("class") != now.get("class"):
+        return f"optimizer: {saved.get('class')} then, {now.get('class')} now"
+    diffs = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                walk(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+        elif a != b:
+            diffs.append(f"{path} {a!r} then, {b!r} now")
+
+    walk(saved.get("config", {}), now.get("config", {}), "")
+    return "optimizer settings: " + ", ".join(diffs[:4])
+
+
+def random_state() -> dict[str, Any]:
+    version, keys, gauss = random.getstate()
+    name, np_keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(keys), gauss],
+        "numpy": [name, np_keys.tolist(), int(pos), int(has_gauss), float(cached)],
+    }
+
+
+def nondeterminism(dataset: Any) -> str | None:
+    """Why a tf.data pipeline's order cannot be reproduced, or None."""
+    if dataset is None:
+        return None
+    reasons = []
+    try:
+        if dataset.options().deterministic is False:
+            reasons.append("its options allow non-deterministic order")
+    except Exception:
+        pass
+    if data_facts.unseeded_shuffle(dataset):
+        reasons.append("it shuffles without a seed (give shuffle() a seed)")
+
+    reason = data_facts.stateful_reason(dataset)
+    if reason:
+        reasons.append(reason)
+    return "; ".join(reasons) or None
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def check_fingerprint(saved: dict[str, Any], now: dict[str, Any], path: str) -> None:
+    """Raises `CheckpointError` naming what changed between the configuration
+    a checkpoint was written under (`saved`) and this run's (`now`)."""
+    changed = []
+    for key in sorted(set(saved) & set(now)):
+        if saved[key] == now[key]:
+            continue
+        if key == "optimizer":
+            changed.append(_optimizer_change(saved[key], now[key]))
+        elif key in ("architecture", "variables"):
+            changed.append(
+                "the model's architecture"
+                if key == "architecture"
+                else "the model's or optimizer's variables (number or shapes)"
+            )
+        else:
+            changed.append(f"{key}: {saved[key]!r} then, {now[key]!r} now")
+    if changed:
+        raise CheckpointError(
+            f"The checkpoint {path} was written by a different "
+            "configuration; what changed: "
+            + "; ".join(dict.fromkeys(changed))
+            + ". Resume with the settings it was written with, or pass "
+            "FaultTolerantBackup(..., start_over=True) (or use a new "
+            "directory) to train from scratch."
+        )
+
+
+def restore_random_state(saved: dict[str, Any]) -> None:
+    """Puts back Python's and NumPy's random state from `random_state()`'s
+    record. Raises ValueError for a malformed record."""
+    try:
+        python_state = saved["python"]
+        random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
+        name, keys, pos, has_gauss, cached = saved["numpy"]
+        np.random.set_state(
+            (name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
+        )
+    except (TypeError, ValueError, IndexError, KeyError) as e:
+        raise ValueError(f"its random state is malformed ({e})") from None
+
+
+class StateMismatch(Exception):
+    """A checkpoint's state does not agree with its metadata."""
+
+
+def trackables(model: keras.Model, *, global_seed: bool | None) -> dict[str, Any]:
+    """The state a checkpoint holds. Keras's global seed generator is in it
+    when it exists (`global_seed=None`), or as the checkpoint being read says
+    (then created if missing: its state is overwritten on reading, and so is
+    the Python random state its creation draws from)."""
+    if global_seed is None:
+        generator = keras_compat.existing_global_seed_generator()
+    else:
+        generator = keras_compat.global_seed_generator() if global_seed else None
+    return {
+        "model": list(model.variables),
+        "optimizer": list(model.optimizer.variables),
+        "metrics": list(model.metrics_variables),
+        "seeds": [generator.state] if generator is not None else [],
+    }
+
+
+def read_state(model: keras.Model, prefix: str, meta: dict[str, Any]) -> None:
+    """Reads the checkpoint's state under `prefix` into `model` (all but the
+    metrics and the iterator, which wait for the first step) and puts back
+    the random state; raises `StateMismatch` when the state and `meta`
+    disagree."""
+    # Old checkpoints always hold the global seed generator.
+    objects = trackables(model, global_seed=meta.get("global_seed", True))
+    objects.pop("metrics")
+    status = tf.train.Checkpoint(**objects).read(prefix)
+    status.expect_partial()
+    status.assert_existing_objects_matched()
+    iterations = int(model.optimizer.iterations.numpy())
+    if iterations != meta["iterations"]:
+        raise StateMismatch(
+            f"its metadata says {meta['iterations']} optimizer iterations "
+            f"but the saved state holds {iterations}"
+        )
+    steps = meta["epoch_steps"]
+    expected = meta["epoch"] * steps + meta["step"] if steps else meta["step"]
+    if (steps or meta["epoch"] == 0) and meta["global_step"] != expected:
+        raise StateMismatch(
+            f"epoch {meta['epoch']} step {meta['step']} does not agree with "
+            f"{meta['global_step']} steps trained"
+        )
+    try:
+        restore_random_state(meta["random"])
+    except ValueError as e:
+        raise StateMismatch(str(e)) from None
+
+
+def record(
+    model: keras.Model, plan: Any, objects: dict[str, Any], **position: Any
+) -> dict[str, Any]:
+    """A checkpoint's metadata: its `position` (epoch, step, global_step,
+    epoch_steps, epochs, data, history), the configuration's fingerprint,
+    the plan, the random state and the versions."""
+    epoch, step = position["epoch"], position["step"]
+    return {
+        **position,
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "finished": bool(epoch >= position["epochs"] and step == 0),
+        "fingerprint": fingerprint(model, plan),
+        "plan": plan.to_dict() if plan is not None else None,
+        "random": random_state(),
+        "global_seed": bool(objects["seeds"]),
+        "written": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
+    }
+
+
+def prepend_history(model: keras.Model, before: dict[str, Any]) -> None:
+    """Puts the epochs of the runs before a resume (`before`, as saved) into
+    this run's `History`, so `history.history["loss"]` covers the whole
+    training."""
+    history = getattr(model, "history", None)
+    if not isinstance(history, keras.callbacks.History) or not before["epoch"]:
+        return
+    history.epoch = list(before["epoch"]) + list(history.epoch)
+    for key, values in before["logs"].items():
+        history.history[key] = list(values) + list(history.history.get(key, []))

@@ -1,0 +1,117 @@
+"""What every kerascale callback shares: knowing which `fit` call it serves,
+and undoing what it changed at any moment.
+
+Keras 3's `fit` has no `try/finally`: when it raises (an error in a step or
+a callback, KeyboardInterrupt), `on_train_end` is never called. A callback
+that installs something in the process (a signal handler, a wrapper on
+`model.train_function`, a profiler, a thread) therefore cannot rely on its
+own hooks to take it out. Two mechanisms cover it:
+
+- `kerascale.fit` owns the run: its session calls each kerascale callback's
+  `release()` on every exit, so nothing is left behind there, at once.
+- In a plain `model.fit`, each change is tied to the `fit` call that made it
+  (`FitRun`, found on the call stack at `on_train_begin`). Once that call is
+  no longer running, the change is inert and takes itself out at its next
+  use: the SIGTERM handler passes the signal to the handler that was there
+  before, a stale `train_function` wrapper hands over to the real function,
+  and threads (the profiler's watch, the GPU sampler) stop within a fraction
+  of a second. The next `on_train_begin` also releases what the last run
+  left.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+
+class FitRun:
+    """The Keras `fit` call a callback serves, and whether it still runs.
+
+    Holds that call's frame (frames cannot be weakly referenced) until
+    `end()`; when no `fit` of the model is on the stack (a custom training
+    loop calling the hooks itself), the run counts as running until `end()`.
+    """
+
+    def __init__(self, model: Any):
+        self.thread = threading.get_ident()
+        self._frame = _fit_frame(model)
+        self._open = True
+
+    def alive(self) -> bool:
+        """Whether the `fit` call is still running (from any thread)."""
+        if not self._open:
+            return False
+        if self._frame is None:
+            return True
+        if threading.get_ident() == self.thread:
+            frame = sys._getframe(1)
+        else:
+            frame = sys._current_frames().get(self.thread)
+        while frame is not None:
+            if frame is self._frame:
+                return True
+            frame = frame.f_back
+        return False
+
+    def end(self) -> None:
+        """The run is over: forget its frame."""
+        self._open = False
+        self._frame = None
+
+    def watch(self, on_end: Callable[[], None], interval: float = 0.2) -> Any:
+        """Calls `on_end()` from a daemon thread once the `fit` call has
+        ended without `end()` (raised); returns the thread's stop event."""
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.wait(interval):
+                if not self._open:
+                    return
+                if not self.alive():
+                    on_end()
+                    return
+
+        threading.Thread(target=run, name="kerascale-fit-watch", daemon=True).start()
+        return stop
+
+    def __deepcopy__(self, memo: dict) -> FitRun:
+        # keras-tuner deep-copies callbacks; a copy serves no run yet.
+        copy = FitRun.__new__(FitRun)
+        copy.thread, copy._frame, copy._open = self.thread, None, False
+        return copy
+
+
+def _fit_frame(model: Any) -> Any:
+    """The innermost frame of `model.fit` on the current call stack, or None."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+class KerascaleCallback(keras.callbacks.Callback):
+    """A plain Keras callback that can also undo, at any moment, what it
+    changed in the process (`release`), and knows the `fit` call it serves
+    (`self.run`, set by `start_run` in `on_train_begin`)."""
+
+    run: FitRun | None = None
+
+    def start_run(self) -> FitRun:
+        """Releases what an earlier run of this callback left behind, and
+        ties this one to the `fit` call now running."""
+        self.release()
+        self.run = FitRun(self.model)
+        return self.run
+
+    def release(self) -> None:
+        """Undoes what this callback changed in the process, now. Idempotent,
+        safe at any moment; `kerascale.fit` calls it on every exit."""
+        if self.run is not None:
+            self.run.end()

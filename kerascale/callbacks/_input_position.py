@@ -1,0 +1,184 @@
+"""Where the input of the running epoch is, and how to put it back.
+
+`FaultTolerantBackup` takes part in every training step through a wrapper on
+`model.train_function` (Keras looks the function up at every step, so this
+is how a callback sees the iterator without changing Keras). `InputPosition`
+follows the iterators Keras creates, counts what each has given, and records
+the position a checkpoint needs:
+
+- mid-epoch (and between batches, even at an epoch's last one, before Keras
+  sets up the next epoch's iterator), the `tf.data` iterator's own
+  checkpoint: its position and its shuffle seeds ("iterator");
+- at an epoch's end, the next epoch's iterator, created here and saved
+  unused ("advance"), because a used-up iterator's checkpoint does not keep
+  the shuffle-seed state (TF 2.21); this run then trains its next epoch on
+  that iterator, as the resumed run will;
+- where the iterator cannot be checkpointed (a `tf.distribute` iterator, a
+  Python generator), the number of batches to read again and drop
+  ("replay"), with a warning that the order may differ.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from kerascale.callbacks._backup_meta import first_line, nondeterminism
+
+
+class InputPosition:
+    """The input's position in the running epoch (see the module doc).
+
+    Args:
+        warn_order: Called once with the reason when the data order after a
+            resume may differ from an uninterrupted run's.
+    """
+
+    def __init__(self, warn_order: Callable[[str], None]):
+        self._warn_order = warn_order
+        self.keras_iterator: Any = None
+        self.substitute: Any = None  # the iterator trained on instead
+        self.next_epoch_iterator: Any = None
+        self.dataset: Any = None
+        self.cardinality: int | None = None
+        self.consumed = 0
+        self.exhausted = False
+        self._savable: bool | None = None
+
+    @property
+    def live(self) -> Any:
+        """The iterator the step reads from."""
+        return self.substitute if self.substitute is not None else self.keras_iterator
+
+    def new_iterator(self, iterator: Any) -> bool:
+        """Keras created `iterator` (a new epoch); returns whether it is the
+        run's first."""
+        first = self.keras_iterator is None
+        self.keras_iterator = iterator
+        self.substitute = None
+        self.consumed = 0
+        self.exhausted = False
+        if not first and self.next_epoch_iterator is not None:
+            # Created when the last epoch's end was saved: train on it.
+            self.substitute, self.next_epoch_iterator = self.next_epoch_iterator, None
+        self.dataset = getattr(iterator, "_dataset", None)
+        self.cardinality = (
+            int(self.dataset.cardinality()) if self.dataset is not None else None
+        )
+        return first
+
+    def used_up(self) -> bool:
+        """Whether the current iterator has no batch left (when known)."""
+        return self.exhausted or (
+            self.cardinality is not None
+            and self.cardinality >= 0
+            and self.consumed >= self.cardinality
+        )
+
+    def record(self, boundary: bool) -> dict[str, Any]:
+        """How to put the input back where it is now (`meta.json`'s "data").
+        `boundary`: at an epoch's end, not between batches."""
+        if self.keras_iterator is None:
+            return {"mode": "none"}
+        savable = self.savable()
+        if boundary and self.used_up():
+            if not savable or self.dataset is None:
+                if savable:
+                    self._warn_order(
+                        f"its iterator ({type(self.keras_iterator).__name__}) "
+                        "cannot be re-created at an epoch's end"
+                    )
+                return {"mode": "replay", "consumed": 0}
+            if self.next_epoch_iterator is None:
+                self.next_epoch_iterator = iter(self.dataset)
+            return {"mode": "advance", "consumed": 0}
+        return {"mode": "iterator" if savable else "replay", "consumed": self.consumed}
+
+    def trackable(self, record: dict[str, Any]) -> Any:
+        """The iterator a checkpoint with `record` saves, or None."""
+        if record["mode"] == "advance":
+            return self.next_epoch_iterator
+        if record["mode"] == "iterator":
+            return self.live
+        return None
+
+    def savable(self) -> bool:
+        """Whether the live iterator can be checkpointed (tried once)."""
+        if self._savable is None:
+            live, reasons = self.live, []
+            try:
+                with tempfile.TemporaryDirectory(prefix="kerascale-probe-") as tmp:
+                    tf.train.Checkpoint(iterator=live).write(os.path.join(tmp, "it"))
+                self._savable = True
+            except Exception as e:
+                self._savable = False
+                what = type(live).__name__
+                why = (
+                    "TensorFlow cannot checkpoint a tf.distribute iterator"
+                    if what == "DistributedIterator"
+                    else f"{type(e).__name__}: {first_line(e)[:200]}"
+                )
+                reasons.append(
+                    f"its iterator ({what}) cannot be checkpointed ({why}), so on "
+                    "resume kerascale re-reads the interrupted epoch's input up to "
+                    "its place, and later epochs may be shuffled differently"
+                )
+            reason = nondeterminism(self.dataset)
+            if reason:
+                reasons.append(reason)
+            if reasons:
+                self._warn_order("; ".join(reasons))
+        return self._savable
+
+    def restore(
+        self, iterator: Any, record: dict[str, Any], prefix: str, epochs_left: bool
+    ) -> None:
+        """Puts `iterator` (the run's first) where `record` says, reading the
+        iterator's checkpoint under `prefix`."""
+        mode = record["mode"]
+        if mode == "none":
+            if epochs_left:
+                self._warn_order(
+                    "the run was saved after its last epoch, with no input to "
+                    "continue from"
+                )
+            return
+        if mode in ("iterator", "advance"):
+            status = tf.train.Checkpoint(iterator=iterator).read(prefix)
+            status.expect_partial()
+            status.assert_existing_objects_matched()
+            self.consumed = int(record["consumed"])
+            if mode == "advance" and self.dataset is not None:
+                # The saved run created this epoch's iterator before Keras
+                # created its own (then unused); create that one too, so the
+                # shuffle seeds of later epochs match.
+                iter(self.dataset)
+            return
+        consumed = int(record["consumed"])  # "replay": read and drop what was used
+        for _ in range(consumed):
+            next(iterator)
+        self.consumed = consumed
+
+
+class Wrapped:
+    """`model.train_function` while a FaultTolerantBackup is active. Keras
+    looks the function up at every step, so this is how a callback takes part
+    in a step without changing Keras. Left behind by a `fit` that raised, it
+    hands over to the real function and takes itself out at its next call."""
+
+    def __init__(self, owner: Any, real):
+        self.owner = owner
+        self.real = real
+
+    def __call__(self, iterator):
+        owner = self.owner
+        if owner._active and (
+            iterator is owner._position.keras_iterator or owner.run.alive()
+        ):
+            return owner._step_fn(iterator)
+        owner.release()  # its fit is over: a later fit is not its business
+        return self.real(iterator)

@@ -1,0 +1,491 @@
+"""`FaultTolerantBackup`: resume after a kill or preemption at the exact batch,
+with nothing applied twice and nothing lost.
+
+The storage (publish, verify, prune) is `checkpoint_store`; the input's
+position is `_input_position`; the fingerprint and random state are
+`_backup_meta`. This module is the callback: when to save, what to restore,
+and the preemption exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import time
+from typing import Any
+
+import tensorflow as tf
+
+from kerascale import _validation as v
+from kerascale.apply import keras_compat
+from kerascale.callbacks import _backup_meta as meta_lib
+from kerascale.callbacks import checkpoint_store as store
+from kerascale.callbacks._base import KerascaleCallback
+from kerascale.callbacks._input_position import InputPosition, Wrapped
+from kerascale.callbacks._preemption import SigtermWatch
+from kerascale.errors import CheckpointError
+
+logger = logging.getLogger("kerascale")
+
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers expect
+# What reading a checkpoint that passed its checks can still raise.
+_RESTORE_ERRORS = (
+    store.CorruptCheckpoint,
+    tf.errors.OpError,
+    ValueError,
+    AssertionError,
+)
+
+
+class FaultTolerantBackup(KerascaleCallback):
+    """Checkpoints training so that rerunning the same command resumes it.
+
+    Unlike `keras.callbacks.BackupAndRestore`, it resumes mid-epoch at the
+    exact batch: the batches already applied are skipped, not repeated, so the
+    resumed run makes the same optimizer updates as an uninterrupted one. It
+    saves the model's weights, the optimizer's state (slots, gradient
+    accumulators, loss scale, iterations), the current epoch's metrics, the
+    random state (Keras seed generators, Python's and NumPy's), and the input
+    pipeline's position (a `tf.data` iterator's own checkpoint, shuffle buffer
+    and seeds included).
+
+    Each checkpoint is written by `tf.train.Checkpoint` into a directory of
+    its own and committed by an atomic rename of its ``meta.json`` (sizes and
+    SHA-256 of every file, the position, a fingerprint of the configuration),
+    so a kill at any moment leaves the previous checkpoint intact. A damaged
+    latest checkpoint is reported and the previous one used; a directory with
+    nothing usable left, or written by another configuration, raises
+    `CheckpointError` instead of silently training from scratch.
+
+    On SIGTERM (preemption) it saves at the next step boundary, calls the
+    handler installed before it, and exits with code 143. Under a
+    multi-worker strategy only the chief writes into ``directory``. It leaves
+    nothing behind: when `fit` raises (Keras then skips `on_train_end`), its
+    SIGTERM handler and its wrapper on `model.train_function` pass everything
+    on to what was there before and take themselves out at their next use.
+
+    Args:
+        directory: Where checkpoints live (a local path or ``gs://...``).
+            Created if missing. Must not be an existing file.
+        save_freq: "epoch" (at each epoch's end), an int N (every N
+            batches), or a duration like "10min", "30s" or "1h" (at the first
+            batch end after that much time since the last save). Defaults to
+            "epoch".
+        keep: How many checkpoints to keep. Defaults to 2, so one damaged
+            file never leaves you without a checkpoint.
+        start_over: Ignore existing checkpoints and train from scratch; they
+            are removed only as newer ones replace them. Defaults to False.
+        verbose: 1 prints one line when resuming; 0 is silent. Defaults to 1.
+
+    Example:
+
+    >>> backup = kerascale.callbacks.FaultTolerantBackup("/ckpt", save_freq=500)
+    >>> model.fit(ds, epochs=10, callbacks=[backup])   # rerun to resume
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        save_freq: str | int = "epoch",
+        keep: int = 2,
+        *,
+        start_over: bool = False,
+        verbose: int = 1,
+    ):
+        super().__init__()
+        self.directory = meta_lib.validate_directory(directory)
+        self.save_freq = save_freq
+        self._every_steps, self._every_seconds = meta_lib.validate_save_freq(save_freq)
+        self.keep = v.positive_int("keep", keep)
+        self.start_over = v.boolean("start_over", start_over)
+        if verbose not in (0, 1) or isinstance(verbose, bool):
+            raise v.fail("verbose", verbose, "0 or 1")
+        self.verbose = verbose
+        self.plan: Any = None  # set by kerascale.fit: its fingerprint is checked
+        self._clock = time.monotonic  # a seam for tests
+        self.resumed_from: dict[str, Any] | None = None  # the restored meta.json
+        self._sigterm = SigtermWatch()
+        self._wrapper: Wrapped | None = None
+        self._reset_run_state()
+
+    # --- Keras hooks ---------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        self.start_run()
+        self._reset_run_state()
+        self._chief = meta_lib.is_chief(self.model)
+        self._spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        self._epochs = int(self.params.get("epochs") or 0)
+        self._epoch_steps = self.params.get("steps")
+        existing = (
+            store.scan(self.directory) if tf.io.gfile.exists(self.directory) else []
+        )
+        if self._chief:
+            tf.io.gfile.makedirs(self.directory)
+            for path in store.remove_leftovers(self.directory):
+                logger.info("Removed %s, a save that was interrupted.", path)
+        self._next_number = 1 + max((f.number for f in existing), default=0)
+        built = keras_compat.fully_built(self.model)
+        if built and not self.model.optimizer.built:
+            with self.model.distribute_strategy.scope():
+                self.model.optimizer.build(self.model.trainable_variables)
+        if not self.start_over:
+            self._resume([f for f in existing if f.state != "leftover"], now=built)
+        self._wrap_train_function()
+        self._sigterm.install(lambda: self._active and self.run.alive())
+        self._last_save_time = self._clock()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        keras_compat.clear_initial_epoch(self.model)  # read by Keras already
+        self._epoch = epoch
+        self._step = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._step = batch + 1  # skipped steps count: they were applied before
+        if self._last_call_skipped:
+            return
+        # A used-up iterator's checkpoint loses its shuffle-seed state, and
+        # Keras has yet to create the next epoch's: at an epoch's last batch,
+        # saves (and a preemption's exit) wait for the epoch's end.
+        at_end = self._position.used_up()
+        if self._sigterm.requested and not at_end:
+            self._preempt_exit(boundary=False)
+        due = (
+            self._every_steps is not None
+            and self._global_step - self._last_save_step >= self._every_steps
+        ) or (
+            self._every_seconds is not None
+            and self._clock() - self._last_save_time >= self._every_seconds
+        )
+        if due and at_end:
+            self._save_due = True
+        elif due:
+            self._save(boundary=False)
+
+    def on_test_batch_end(self, batch, logs=None):
+        if self._sigterm.requested and self._active:  # preempted during validation
+            self._preempt_exit()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._epoch_complete():
+            # Only whole epochs go into the saved History: a resumed run
+            # reports the interrupted epoch itself when it completes it.
+            self._history["epoch"].append(epoch)
+            for key, value in (logs or {}).items():
+                with contextlib.suppress(TypeError, ValueError):
+                    self._history["logs"].setdefault(key, []).append(float(value))
+            self._completed_epochs = epoch + 1
+            if self._epoch_steps is None:
+                self._epoch_steps = self._step  # learnt from a full epoch
+        if self._sigterm.requested:
+            self._preempt_exit()
+        if self.save_freq == "epoch" or self._save_due:
+            self._save()
+
+    def on_train_end(self, logs=None):
+        try:
+            # Also when the newest checkpoint holds an epoch's last batch but
+            # not its end (a step save at the last batch of an input whose
+            # length is unknown), so that a rerun finds the run finished.
+            if self._global_step > self._last_save_step or (
+                not self._saved_at_boundary and self._epoch_complete()
+            ):
+                self._save()
+            meta_lib.prepend_history(self.model, self._history_before)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Takes out the SIGTERM handler (where the main thread can) and the
+        `train_function` wrapper, and the initial epoch set for a resume."""
+        self._active = False
+        self._sigterm.release()
+        wrapper, self._wrapper = self._wrapper, None
+        model = getattr(self, "_model", None)
+        if model is not None:
+            if wrapper is not None and model.train_function is wrapper:
+                model.train_function = wrapper.real
+            keras_compat.clear_initial_epoch(model)
+        super().release()
+
+    # --- resume --------------------------------------------------------------
+
+    def saved_plan(self) -> Any:
+        """The `Plan` the newest usable checkpoint was written under, or None
+        (none, `start_over`, or written by a plain `model.fit`)."""
+        from kerascale.plan.plan import Plan
+
+        if self.start_over:
+            return None
+        for _, meta in store.verified(store.scan(self.directory)):
+            try:
+                return Plan.from_dict(meta["plan"]) if meta.get("plan") else None
+            except (TypeError, ValueError):
+                return None
+        return None
+
+    def _resume(self, candidates: list[store.Found], *, now: bool) -> None:
+        """Picks the newest usable checkpoint and restores it: `now` when the
+        model is built; else its files are verified now and its state is
+        restored at the first step, once the data has built the model."""
+        problems: list[str] = []
+
+        def unusable(found: store.Found, why: str, verb: str = "used") -> None:
+            problems.append(f"{found.path}: {why}")
+            self._damaged.add(found.path)
+            logger.warning(
+                "Checkpoint %s cannot be %s: %s. Trying the previous one.",
+                found.path,
+                verb,
+                why,
+            )
+
+        started = time.perf_counter()
+        for found, meta in store.verified(candidates, on_damaged=unusable):
+            self.restore_seconds += time.perf_counter() - started
+            if not now:
+                self._restore_pending = True
+            else:
+                self._check_fingerprint(meta, found)
+                try:
+                    self._restore_state(found, meta)
+                except _RESTORE_ERRORS as e:
+                    unusable(found, meta_lib.first_line(e), "restored")
+                    started = time.perf_counter()
+                    continue
+            self._resume_from(found, meta)
+            return
+        if problems:
+            listed = "\n  ".join(problems)
+            raise CheckpointError(
+                f"{self.directory} holds checkpoints, but none of them can be "
+                f"restored:\n  {listed}\nkerascale does not start from scratch "
+                "while a checkpoint exists. Move the directory aside, or pass "
+                "FaultTolerantBackup(..., start_over=True) to train from scratch."
+            )
+
+    def _restore_state(self, found: store.Found, meta: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        try:
+            meta_lib.read_state(self.model, store.state_prefix(found), meta)
+        except meta_lib.StateMismatch as e:
+            raise store.CorruptCheckpoint(str(e)) from None
+        finally:
+            self.restore_seconds += time.perf_counter() - started
+
+    def _resume_from(self, found: store.Found, meta: dict[str, Any]) -> None:
+        self.resumed_from = meta
+        saved = meta.get("history") or {"epoch": [], "logs": {}}
+        self._history = json.loads(json.dumps(saved))
+        self._history_before = json.loads(json.dumps(saved))
+        self._global_step = self._last_save_step = meta["global_step"]
+        self._epoch_steps = self._epoch_steps or meta["epoch_steps"]
+        self._completed_epochs = meta["epoch"]
+        self._restored_finished_run = (
+            meta["finished"] and self._epochs <= meta["epochs"]
+        )
+        epoch = meta["epoch"]
+        if self._restored_finished_run:
+            epoch = max(epoch, self._epochs)
+        keras_compat.set_initial_epoch(self.model, epoch, self.run.alive)
+        self._epoch, self._step = epoch, meta["step"]
+        self._saved_at_boundary = meta["step"] == 0
+        self._skip_calls = meta["step"] // self._spe
+        self._pending_data = meta["data"]
+        self._restored_metrics = meta["step"] > 0
+        where = f"epoch {meta['epoch'] + 1}" + (
+            f", step {meta['step']}" if meta["step"] else ""
+        )
+        if self._restored_finished_run:
+            message = (
+                f"Training already finished in {found.path} ({meta['epochs']} "
+                "epochs): weights restored, nothing left to train. Pass "
+                "start_over=True to train again."
+            )
+        else:
+            done = meta["global_step"]
+            message = f"Resuming from {found.path} at {where} ({done} steps done)."
+        logger.info(message)
+        if self.verbose:
+            print(f"kerascale: {message}", flush=True)
+
+    def _check_fingerprint(self, meta: dict[str, Any], found: store.Found) -> None:
+        now = meta_lib.fingerprint(self.model, self.plan)
+        meta_lib.check_fingerprint(meta["fingerprint"], now, found.path)
+
+    # --- the train-function wrapper: data position and skipped steps -------
+
+    def _wrap_train_function(self) -> None:
+        real = self.model.train_function
+        if isinstance(real, Wrapped):
+            real = real.real
+        self._wrapper = Wrapped(self, real)
+        self.model.train_function = self._wrapper
+
+    def _step_fn(self, iterator):
+        if iterator is not self._position.keras_iterator:
+            self._on_new_iterator(iterator)
+        live = self._position.live
+        if self._skip_calls > 0:
+            self._skip_calls -= 1
+            self._last_call_skipped = True
+            return self.model.get_metrics_result()
+        self._last_call_skipped = False
+        try:
+            logs = self._wrapper.real(live)
+        except (tf.errors.OutOfRangeError, StopIteration):
+            self._position.exhausted = True
+            raise
+        self._position.consumed += self._spe
+        self._global_step += self._spe
+        return logs
+
+    def _on_new_iterator(self, iterator) -> None:
+        first = self._position.new_iterator(iterator)
+        if first:
+            # Built in every run, resumed or not, so that both create their
+            # variables in the same order before the state is restored.
+            spec = getattr(iterator, "element_spec", None)
+            keras_compat.build_like_first_step(self.model, spec)
+        if self._restore_pending:
+            self._restore_pending = False
+            found = self._resumed_found
+            self._check_fingerprint(self.resumed_from, found)
+            try:
+                self._restore_state(found, self.resumed_from)
+            except _RESTORE_ERRORS as e:
+                raise CheckpointError(
+                    f"Checkpoint {found.path} passed its checks but cannot be "
+                    f"restored: {meta_lib.first_line(e)}. Move it aside to resume "
+                    "from the previous one, or pass start_over=True."
+                ) from e
+        if first and self._pending_data is not None:
+            record, self._pending_data = self._pending_data, None
+            started = time.perf_counter()
+            try:
+                self._position.restore(
+                    iterator,
+                    record,
+                    store.state_prefix(self._resumed_found),
+                    epochs_left=self._epochs > self._completed_epochs,
+                )
+            finally:
+                self.restore_seconds += time.perf_counter() - started
+        if self._restored_metrics:
+            self._restored_metrics = False
+            # Keras reset the metrics at the epoch's start; bring back the
+            # partial epoch's accumulated values so its logs match.
+            tf.train.Checkpoint(metrics=list(self.model.metrics_variables)).read(
+                store.state_prefix(self._resumed_found)
+            ).expect_partial()
+
+    # --- saving --------------------------------------------------------------
+
+    def _epoch_complete(self) -> bool:
+        if self._position.exhausted:
+            return True
+        steps = self._epoch_steps
+        return steps is not None and self._step >= steps
+
+    def _position_now(self, boundary: bool) -> tuple[int, int]:
+        if boundary and self._epoch_complete():
+            return self._epoch + 1, 0
+        return self._epoch, self._step
+
+    def _save(self, *, boundary: bool = True) -> None:
+        """Publishes a checkpoint. `boundary`: at an epoch's end (or after
+        it, in validation or at the end of training), not between batches."""
+        epoch, step = self._position_now(boundary)
+        data = self._position.record(boundary)
+        objects = meta_lib.trackables(self.model, global_seed=None)
+        meta = meta_lib.record(
+            self.model,
+            self.plan,
+            objects,
+            epoch=epoch,
+            step=step,
+            global_step=self._global_step,
+            epoch_steps=self._epoch_steps,
+            epochs=self._epochs,
+            data=data,
+            history=self._history,
+        )
+        iterator = self._position.trackable(data)
+        if iterator is not None:
+            objects["iterator"] = iterator
+        checkpoint = tf.train.Checkpoint(**objects)
+        started = time.perf_counter()
+        if self._chief:
+            path = store.publish(
+                self.directory, self._next_number, checkpoint.write, meta
+            )
+            store.prune(self.directory, self.keep, frozenset(self._damaged))
+            self._next_number += 1
+        else:  # every worker takes part in the write; only the chief keeps it
+            with tempfile.TemporaryDirectory(prefix="kerascale-worker-") as tmp:
+                path = store.publish(tmp, self._next_number, checkpoint.write, meta)
+        self.save_seconds.append(time.perf_counter() - started)
+        self.last_checkpoint = path
+        self._last_save_step = self._global_step
+        self._last_save_time = self._clock()
+        self._save_due = False
+        self._saved_at_boundary = step == 0
+
+    # --- preemption -----------------------------------------------------------
+
+    def _preempt_exit(self, *, boundary: bool = True) -> None:
+        self._save(boundary=boundary)
+        self.release()
+        logger.warning(
+            "Preempted (SIGTERM): saved %s; exiting with code %d. Rerun the same "
+            "command to resume.",
+            self.last_checkpoint,
+            PREEMPTED_EXIT_CODE,
+        )
+        self._sigterm.pass_on()
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+
+    # --- bookkeeping ----------------------------------------------------------
+
+    def _reset_run_state(self) -> None:
+        self._active = True
+        self._global_step = 0
+        self._last_save_step = 0
+        self._last_save_time = 0.0
+        self._epoch = 0
+        self._step = 0
+        self._completed_epochs = 0
+        self._skip_calls = 0
+        self._last_call_skipped = False
+        self._saved_at_boundary = True
+        self._pending_data = None
+        self._restored_metrics = False
+        self._restore_pending = False
+        self._restored_finished_run = False
+        self._history: dict[str, Any] = {"epoch": [], "logs": {}}
+        self._history_before: dict[str, Any] = {"epoch": [], "logs": {}}
+        self._order_warned = False
+        self._position = InputPosition(self._warn_order_once)
+        self._save_due = False
+        self._damaged: set[str] = set()
+        self._next_number = 1
+        self.last_checkpoint: str | None = None
+        self.save_seconds: list[float] = []  # each save of this run, in seconds
+        self.restore_seconds = 0.0  # verifying and restoring, in seconds
+
+    @property
+    def _resumed_found(self) -> store.Found:
+        number = self.resumed_from["number"]
+        return store.Found(number, f"{self.directory}/{store.name(number)}", "complete")
+
+    def _warn_order_once(self, reason: str) -> None:
+        if not self._order_warned:
+            self._order_warned = True
+            logger.warning(
+                "FaultTolerantBackup resumes at the exact step, but the data "
+                "order after a resume may differ from an uninterrupted run: %s.",
+                reason,
+            )

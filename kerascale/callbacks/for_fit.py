@@ -1,0 +1,114 @@
+"""The callbacks `kerascale.fit` installs for its arguments: the run's
+`FaultTolerantBackup` (`checkpoint_dir`, or one passed in `callbacks`) and
+the watchers (`log_dir`, `profile`, `time_budget`), checked at the door."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import keras
+
+from kerascale import _validation as v
+from kerascale.callbacks._scalars import optional_dir
+from kerascale.callbacks.backup import FaultTolerantBackup
+from kerascale.callbacks.gpu_monitor import GPUMonitor
+from kerascale.callbacks.profile import ProfileWindow
+from kerascale.callbacks.throughput import Throughput
+from kerascale.callbacks.time_budget import TimeBudget
+from kerascale.errors import ConfigurationError
+
+logger = logging.getLogger("kerascale")
+
+
+def backup_for(
+    checkpoint_dir: Any, checkpoint_freq: Any, fit_kwargs: dict[str, Any], verbose: Any
+) -> FaultTolerantBackup | None:
+    """The run's FaultTolerantBackup: the user's own in `callbacks`, or one
+    made from `checkpoint_dir` (added to `callbacks`), or None."""
+    callbacks = list(fit_kwargs.get("callbacks") or [])
+    given = [c for c in callbacks if isinstance(c, FaultTolerantBackup)]
+    if checkpoint_dir is None:
+        checkpoint_dir = os.environ.get("AIP_CHECKPOINT_DIR") or None
+        if checkpoint_dir is not None and not given:
+            logger.info(
+                "checkpoint_dir: AIP_CHECKPOINT_DIR=%s (Vertex AI)", checkpoint_dir
+            )
+    elif given:
+        raise ConfigurationError(
+            "Pass either checkpoint_dir or a FaultTolerantBackup in callbacks, "
+            f"not both. Received: checkpoint_dir={checkpoint_dir!r} and "
+            f"{given[0]!r} in callbacks"
+        )
+    if given:
+        if checkpoint_freq != "epoch":
+            raise ConfigurationError(
+                "checkpoint_freq applies to checkpoint_dir; set save_freq on the "
+                "FaultTolerantBackup you passed. Received: "
+                f"checkpoint_freq={checkpoint_freq!r}"
+            )
+        return given[0]
+    if checkpoint_dir is None:
+        if checkpoint_freq != "epoch":
+            raise ConfigurationError(
+                "checkpoint_freq needs checkpoint_dir. Received: "
+                f"checkpoint_freq={checkpoint_freq!r}, checkpoint_dir=None"
+            )
+        return None
+    backup = FaultTolerantBackup(
+        checkpoint_dir, save_freq=checkpoint_freq, verbose=0 if verbose == 0 else 1
+    )
+    fit_kwargs["callbacks"] = [*callbacks, backup]
+    return backup
+
+
+DEFAULT_LOG_DIR = "kerascale_logs"
+DEFAULT_PROFILE_WINDOW = (10, 14)  # after tracing and tf.data's warm-up
+
+
+def validate_fit_options(
+    log_dir: Any, profile: Any, time_budget: Any
+) -> tuple[str | None, tuple[int, int] | None, float | None]:
+    """`kerascale.fit`'s monitoring arguments, checked at the door."""
+    log_dir = optional_dir("log_dir", log_dir)
+    window = None
+    accepted = "True, False or (start_step, stop_step) with 1 <= start <= stop"
+    if isinstance(profile, bool):
+        window = DEFAULT_PROFILE_WINDOW if profile else None
+    elif isinstance(profile, (tuple, list)) and len(profile) == 2:
+        start, stop = profile
+        for value in (start, stop):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise v.fail("profile", profile, accepted)
+        if stop < start:
+            raise v.fail("profile", profile, accepted)
+        window = (start, stop)
+    else:
+        raise v.fail("profile", profile, accepted)
+    budget = None if time_budget is None else v.duration("time_budget", time_budget)
+    return log_dir, window, budget
+
+
+def for_fit(
+    log_dir: str | None,
+    window: tuple[int, int] | None,
+    budget: float | None,
+    *,
+    samples_per_step: int,
+    gpus: int,
+    backup: Any,
+) -> list[keras.callbacks.Callback]:
+    """The callbacks `kerascale.fit` installs for its monitoring arguments."""
+    out: list[keras.callbacks.Callback] = []
+    if log_dir is not None:
+        out.append(Throughput(samples_per_step, log_dir))
+        if gpus:
+            out.append(GPUMonitor(log_dir))
+    if window is not None:
+        out.append(ProfileWindow(log_dir or DEFAULT_LOG_DIR, *window))
+    if budget is not None:
+        limit = TimeBudget(budget)
+        limit.backup = backup
+        out.append(limit)
+    return out

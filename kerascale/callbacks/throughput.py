@@ -1,0 +1,99 @@
+"""`Throughput`: samples/s, step time and ETA of each epoch."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+from kerascale import _validation as v
+from kerascale.callbacks._base import KerascaleCallback
+from kerascale.callbacks._scalars import Scalars, optional_dir
+
+
+class Throughput(KerascaleCallback):
+    """Logs samples/s, step time (median and p90) and the ETA of each epoch.
+
+    The figures are added to the epoch's logs (so they appear in `History`
+    and the progress bar) and written as TensorBoard scalars under
+    ``throughput/`` when `log_dir` is set. Step times are the intervals
+    between batch starts, so they include waiting for input, and measuring
+    them does not make Keras wait for each step's results.
+
+    Args:
+        batch_size: Samples per step, for samples/s. Defaults to `None`:
+            steps/s only (`kerascale.fit` passes its plan's batch).
+        log_dir: Where TensorBoard event files go. Defaults to `None`.
+
+    Example:
+
+    >>> model.fit(ds, epochs=5, callbacks=[kerascale.callbacks.Throughput(64)])
+    >>> history.history["samples_per_second"]
+    """
+
+    def __init__(self, batch_size: int | None = None, log_dir: str | None = None):
+        super().__init__()
+        if batch_size is not None:
+            v.positive_int("batch_size", batch_size, accepted="a positive int or None")
+        self.batch_size = batch_size
+        self._scalars = Scalars(optional_dir("log_dir", log_dir))
+        self._clock: Callable[[], float] = time.perf_counter
+        self.epochs_seen: list[dict[str, float]] = []
+
+    def on_train_begin(self, logs=None):
+        self.epochs_seen = []
+        self._epoch_seconds: list[float] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._intervals: list[float] = []
+        self._last = None
+        self._epoch_start = self._clock()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        now = self._clock()
+        if self._last is not None:
+            self._intervals.append(now - self._last)
+        self._last = now
+
+    def on_epoch_end(self, epoch, logs=None):
+        now = self._clock()
+        if self._last is not None:
+            self._intervals.append(now - self._last)
+        steps = len(self._intervals)
+        seconds = now - self._epoch_start
+        if not steps or seconds <= 0:
+            return
+        self._epoch_seconds.append(seconds)
+        spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        figures = {
+            "steps_per_second": steps * spe / seconds,
+            "step_time_median": statistics.median(self._intervals) / spe,
+            "step_time_p90": _quantile(self._intervals, 0.9) / spe,
+        }
+        if self.batch_size:
+            figures["samples_per_second"] = (
+                figures["steps_per_second"] * self.batch_size
+            )
+        epochs = int(self.params.get("epochs") or 0)
+        left = max(0, epochs - epoch - 1)
+        # The first epoch includes tracing: leave it out of the ETA when we can.
+        recent = self._epoch_seconds[1:] or self._epoch_seconds
+        figures["eta_seconds"] = left * statistics.mean(recent)
+        self.epochs_seen.append(figures)
+        if logs is not None:
+            logs.update(figures)
+        self._scalars.write({f"throughput/{k}": x for k, x in figures.items()}, epoch)
+
+    def on_train_end(self, logs=None):
+        self.release()
+
+    def release(self) -> None:
+        """Closes the run's TensorBoard writer."""
+        self._scalars.close()
+        super().release()
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]

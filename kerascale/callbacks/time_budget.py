@@ -1,0 +1,158 @@
+"""`TimeBudget`: stop before a deadline, leaving time for the last checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kerascale import _validation as v
+from kerascale.callbacks._base import KerascaleCallback
+
+logger = logging.getLogger("kerascale")
+
+
+class TimeBudget(KerascaleCallback):
+    """Stops training before a deadline, leaving time for a final checkpoint.
+
+    It projects the finish time from measured epoch and step times, warns as
+    soon as the run is projected to overrun the budget, and sets
+    `model.stop_training` at the last batch boundary that leaves `reserve`
+    seconds (plus the time an epoch's end took, when the next batch ends an
+    epoch) before the deadline. With a `FaultTolerantBackup`, the run saves
+    on the way out and a rerun continues at that batch.
+
+    Args:
+        budget: Seconds, or a string like "18h", "90min", "1h30min".
+        reserve: Seconds kept free at the end for saving and exiting.
+            Defaults to `None`: 2% of the budget, at least 1 s and at most
+            5 minutes, plus twice the slowest checkpoint save seen (when
+            `kerascale.fit` pairs it with its backup).
+        clock: A seam for tests: a function returning seconds. Defaults to
+            `time.monotonic`.
+
+    Example:
+
+    >>> model.fit(ds, epochs=1000, callbacks=[backup, TimeBudget("18h")])
+    """
+
+    def __init__(
+        self,
+        budget: float | str,
+        *,
+        reserve: float | None = None,
+        clock: Callable[[], float] | None = None,
+    ):
+        super().__init__()
+        self.budget = v.duration("budget", budget)
+        if reserve is not None:
+            if isinstance(reserve, bool) or not isinstance(reserve, (int, float)):
+                raise v.fail("reserve", reserve, "seconds >= 0 (a number) or None")
+            if not 0 <= reserve < self.budget:
+                raise v.fail(
+                    "reserve", reserve, f"seconds in [0, budget={self.budget:g})"
+                )
+        self.reserve = reserve
+        if clock is not None and not callable(clock):
+            raise v.fail("clock", clock, "a function returning seconds, or None")
+        self._clock = clock or time.monotonic
+        self.backup: Any = None  # a FaultTolerantBackup, to reserve its save time
+        self.stopped_early = False
+        self.projected_seconds: float | None = None
+
+    def on_train_begin(self, logs=None):
+        self._start = self._clock()
+        self._epoch_seconds: list[float] = []
+        self._step_seconds: float | None = None
+        self._end_overhead = 0.0
+        self._warned = False
+        self.stopped_early = False
+        self._last_batch_end: float | None = None
+        self._epoch_steps = self.params.get("steps")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._epoch_start = self._clock()
+        self._steps = 0
+        if self._last_batch_end is not None:  # validation + epoch-end callbacks
+            self._end_overhead = max(
+                self._end_overhead, self._epoch_start - self._last_batch_end
+            )
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._batch_start = self._clock()
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = self._clock()
+        took = now - self._batch_start
+        # A moving average: quick to follow a change, not fooled by one step.
+        self._step_seconds = (
+            took
+            if self._step_seconds is None
+            else 0.8 * self._step_seconds + 0.2 * took
+        )
+        self._last_batch_end = now
+        self._steps = batch + 1
+        next_ends_epoch = (
+            self._epoch_steps is not None and batch + 2 >= self._epoch_steps
+        )
+        needed = self._step_seconds + (self._end_overhead if next_ends_epoch else 0.0)
+        if now - self._start + needed + self._reserve() >= self.budget:
+            self._stop(now, "the next step would not finish in time")
+
+    def on_epoch_end(self, epoch, logs=None):
+        now = self._clock()
+        self._epoch_seconds.append(now - self._epoch_start)
+        if self._epoch_steps is None:
+            self._epoch_steps = self._steps
+        epochs = int(self.params.get("epochs") or 0)
+        left = max(0, epochs - epoch - 1)
+        self.projected_seconds = (
+            now
+            - self._start
+            + left * statistics.mean(self._epoch_seconds[1:] or self._epoch_seconds)
+        )
+        if self.projected_seconds > self.budget and not self._warned and left:
+            self._warned = True
+            logger.warning(
+                "TimeBudget: at %s per epoch, %d epochs would end %s after the "
+                "start, over the budget of %s; training will stop at about %s and "
+                "can be resumed from its checkpoint.",
+                _clock_text(statistics.mean(self._epoch_seconds)),
+                epochs,
+                _clock_text(self.projected_seconds),
+                _clock_text(self.budget),
+                _clock_text(self.budget - self._reserve()),
+            )
+
+    def _reserve(self) -> float:
+        if self.reserve is not None:
+            return self.reserve
+        base = min(max(0.02 * self.budget, 1.0), 300.0)
+        saves = getattr(self.backup, "save_seconds", None) or [0.0]
+        return base + 2 * max(saves)
+
+    def _stop(self, now: float, why: str) -> None:
+        if self.model.stop_training:
+            return
+        self.model.stop_training = True
+        self.stopped_early = True
+        logger.warning(
+            "TimeBudget: stopping after %s of the %s budget (%s); %s left for "
+            "the final checkpoint.",
+            _clock_text(now - self._start),
+            _clock_text(self.budget),
+            why,
+            _clock_text(self.budget - (now - self._start)),
+        )
+
+
+def _clock_text(seconds: float) -> str:
+    seconds = max(0.0, float(seconds))
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}min"
+    return f"{seconds / 3600:.1f}h"

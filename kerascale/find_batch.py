@@ -1,0 +1,93 @@
+"""`kerascale.find_batch_size`: the batch-size search on its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kerascale import _validation
+from kerascale.measure.batch import DEFAULT_MARGIN, SearchOptions
+from kerascale.measure.decide import decide
+from kerascale.measure.result import BatchSearchResult
+from kerascale.measure.search import MODES
+from kerascale.plan.options import Options
+
+
+def find_batch_size(
+    model: Any,
+    x: Any,
+    y: Any = None,
+    *,
+    mode: str = "max",
+    isolate: Any = "auto",
+    memory_limit: int | str | None = None,
+    max_batch_size: int | None = None,
+    steps_per_trial: int = 3,
+    margin: float = DEFAULT_MARGIN,
+    max_trials: int = 20,
+    timeout: float = 600.0,
+    cache: bool = True,
+    force: bool = False,
+    strategy: Any = "auto",
+    precision: str = "auto",
+    verbose: Any = "auto",
+) -> BatchSearchResult:
+    """Finds the largest batch that trains without running out of memory.
+
+    Each probe is a real training step (forward, backward, optimizer update,
+    then a validation step) on a synthetic batch shaped like your data, under
+    the precision and strategy `kerascale.fit` would use, in a child process
+    where the model can be shipped there, so running out of memory never harms
+    this process. The search fits a memory model to a few small probes, jumps
+    to its prediction, and confirms the boundary by probing around it. Results
+    are cached per model, hardware, precision and input shape.
+
+    Args:
+        model: A compiled Keras model, or a function that builds one.
+        x: Training data as for `kerascale.fit` (a dataset or arrays); only
+            its shapes and size are used.
+        y: Targets, when `x` is arrays.
+        mode: "max": the largest batch that fits, less `margin`.
+            "throughput": the smallest batch within 3% of the best measured
+            samples/s under the memory bound. Defaults to "max".
+        isolate: True: probes in child processes; False: in this process
+            (catching `ResourceExhaustedError`); "auto": children where the
+            model can be shipped (its custom objects importable). Defaults to
+            "auto".
+        memory_limit: Bytes, or a size like "6GiB": per GPU on GPUs, the
+            probe process's data memory on CPU. Defaults to `None`: the GPU's
+            memory, or 80% of the memory available on CPU.
+        max_batch_size: The largest global batch to consider. Defaults to
+            `None` (the dataset size, at most 65536).
+        steps_per_trial: Training steps per probe (the first warms up).
+            Defaults to 3.
+        margin: Fraction kept free below the largest batch that fits.
+            Defaults to 0.03.
+        max_trials: The most probes to run. Defaults to 20.
+        timeout: Seconds a probe may take before it is killed. Defaults to 600.
+        cache: Read and write the result cache. Defaults to `True`.
+        force: Search again even when a result is cached. Defaults to `False`.
+        strategy, precision: As in `kerascale.fit`. Default to "auto".
+        verbose: 0 prints nothing, else a line per probe. Defaults to "auto".
+
+    Returns:
+        A `BatchSearchResult`: `.batch_size` (per replica),
+        `.global_batch_size`, `.probes`, `.memory_model`, `.reasons`.
+
+    Raises:
+        ConfigurationError: For an invalid argument (the message names it).
+        BatchSizeSearchError: If even a batch of 1 does not fit, or a probe
+            fails for a reason other than memory.
+
+    Example:
+    >>> result = kerascale.find_batch_size(model, x, y, memory_limit="4GiB")
+    >>> result.batch_size, len(result.probes)
+    """
+    options = Options.validate(strategy=strategy, precision=precision, verbose=verbose)
+    _validation.one_of("mode", mode, MODES)
+    search = SearchOptions.validate(
+        mode=mode, isolate=isolate, memory_limit=memory_limit,
+        max_batch_size=max_batch_size, steps_per_trial=steps_per_trial,
+        margin=margin, max_trials=max_trials, timeout=timeout, cache=cache,
+        force=force,
+    )  # fmt: skip
+    return decide(model, x, y, options, search=search, force_search=True).search

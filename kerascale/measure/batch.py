@@ -1,0 +1,281 @@
+"""Running the batch-size search for a plan: real probes (in child processes
+or in this one), the memory limit and cap, the cache and progress lines
+(`run_search`). The public door is `kerascale.find_batch_size`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from kerascale import _validation
+from kerascale._units import format_bytes, parse_bytes
+from kerascale.errors import BatchSizeSearchError
+from kerascale.measure import cache, child
+from kerascale.measure import probe as probe_lib
+from kerascale.measure.probe import ProbeResult, ProbeSpec
+from kerascale.measure.result import BatchSearchResult, describe_probe
+from kerascale.measure.search import MODES, granularity_for, search
+from kerascale.plan import strategy as strategy_rules
+from kerascale.sense import data_facts
+from kerascale.sense.memory import available_bytes
+from kerascale.sense.model_facts import is_builder
+
+THROUGHPUT_TIMED_SECONDS = 1.0  # per probe; 0.3 s timings varied by 20% on 2 cores
+
+# Without max_batch_size or a known dataset size, the search stops here.
+HARD_CAP = 65536
+DEFAULT_MARGIN = 0.03
+# On CPU without memory_limit, probes may use this share of available memory.
+CPU_DEFAULT_SHARE = 0.8
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOptions:
+    """Validated batch-search options (see `find_batch_size`)."""
+
+    mode: str = "auto"
+    isolate: Any = "auto"
+    memory_limit: int | None = None
+    max_batch_size: int | None = None
+    steps_per_trial: int = 3
+    margin: float = DEFAULT_MARGIN
+    max_trials: int = 20
+    timeout: float = 600.0
+    cache: bool = True
+    force: bool = False
+    # Optimizer updates an epoch must keep: fit's "auto" asks for several, so
+    # that a small dataset is not swallowed by one huge batch.
+    min_steps_per_epoch: int = 1
+
+    @classmethod
+    def validate(cls, **kwargs: Any) -> SearchOptions:
+        """Checks every option at the door; raises `ConfigurationError`."""
+        o = cls(**kwargs)
+        _validation.one_of("mode", o.mode, ("auto", *MODES))
+        if o.isolate != "auto" and not isinstance(o.isolate, bool):
+            raise _validation.fail("isolate", o.isolate, '"auto", True or False')
+        limit = (
+            None
+            if o.memory_limit is None
+            else parse_bytes("memory_limit", o.memory_limit)
+        )
+        if o.max_batch_size is not None:
+            _validation.positive_int(
+                "max_batch_size", o.max_batch_size, accepted="a positive int or None"
+            )
+        _validation.positive_int("steps_per_trial", o.steps_per_trial)
+        m = o.margin
+        if (
+            isinstance(m, bool)
+            or not isinstance(m, int | float)
+            or math.isnan(m)
+            or not 0 <= m < 0.5
+        ):
+            raise _validation.fail("margin", m, "a fraction in [0, 0.5)")
+        _validation.positive_int("max_trials", o.max_trials)
+        t = o.timeout
+        if isinstance(t, bool) or not isinstance(t, int | float) or not t > 0:
+            raise _validation.fail("timeout", t, "a positive number of seconds")
+        _validation.boolean("cache", o.cache)
+        _validation.boolean("force", o.force)
+        return dataclasses.replace(o, memory_limit=limit)
+
+
+def _limit_for(hw: Any, options: SearchOptions) -> tuple[int | None, str]:
+    if options.memory_limit:
+        where = "per GPU" if hw.accelerator == "gpu" else "data memory per probe"
+        return options.memory_limit, f"memory_limit you passed ({where})"
+    if hw.accelerator == "gpu":
+        sizes = [g.memory_total for g in hw.gpus]
+        if all(sizes):
+            return min(sizes), "GPU memory from NVML (smallest GPU)"
+        return None, "GPU memory unknown (no NVML): found by probing alone"
+    if hw.accelerator == "tpu":
+        return None, "TPU memory unknown: found by probing alone"
+    avail = available_bytes()
+    if avail is None:
+        return None, "available memory unknown: found by probing alone"
+    limit = int(avail * CPU_DEFAULT_SHARE)
+    return limit, (
+        f"{CPU_DEFAULT_SHARE:.0%} of the memory available now "
+        f"({format_bytes(avail)}), so that probing cannot exhaust the machine"
+    )
+
+
+def _cap_for(data: Any, plan: Any, options: SearchOptions) -> tuple[int, str]:
+    caps = [(HARD_CAP, f"kerascale's ceiling of {HARD_CAP}")]
+    if options.max_batch_size:
+        caps.append((options.max_batch_size // plan.replicas or 1, "max_batch_size"))
+    if data.num_samples:
+        steps = options.min_steps_per_epoch
+        per_replica = max(1, data.num_samples // (plan.replicas * steps))
+        why = (
+            "the dataset size"
+            if steps == 1
+            else f"1/{steps} of the dataset, so that an epoch keeps {steps} updates"
+        )
+        caps.append((per_replica, why))
+    return min(caps)
+
+
+def run_search(
+    model: Any,
+    x: Any,
+    y: Any,
+    data: Any,
+    plan: Any,
+    hw: Any,
+    options: SearchOptions,
+    *,
+    instance: Any = None,
+    verbose: Any = "auto",
+    first: int | None = None,
+    accumulation_steps: int | None = None,
+) -> BatchSearchResult:
+    """Searches the per-replica batch for `plan` (its precision, strategy and
+    accumulation, or `accumulation_steps`) on this hardware, with real
+    probes, probing `first` before anything else. Uses the cache."""
+    limit, why_limit = _limit_for(hw, options)
+    cap, why_cap = _cap_for(data, plan, options)
+    mode = options.mode
+    if mode == "auto":
+        mode = "throughput" if hw.accelerator == "cpu" else "max"
+    spec = _spec(x, y, data, plan, hw, options, mode, limit, accumulation_steps)
+    key = cache.cache_key(
+        {
+            "model": cache.model_fingerprint(model),
+            # The limit as asked for: a default limit follows the memory free
+            # at this moment, which must not make every search a cache miss.
+            "spec": dataclasses.replace(
+                spec, memory_limit=options.memory_limit
+            ).to_json(),
+            "hardware": hw.to_dict(),
+            "mode": mode,
+            "cap": cap,
+            "first": first,
+            "margin": options.margin,
+        }
+    )
+    if options.cache and not options.force:
+        cached = _cache_load(key)
+        if cached is not None:
+            if verbose != 0:
+                print(
+                    f"kerascale: batch size {cached.batch_size} per replica from "
+                    f"the cache ({cache.cache_dir()})",
+                    flush=True,
+                )
+            return cached
+    prober, why_isolate = _prober(model, spec, hw, options, instance)
+    if verbose != 0:
+        print(
+            f"kerascale: searching the batch size ({mode}, up to {cap} per replica, "
+            f"limit {format_bytes(limit)})...",
+            flush=True,
+        )
+    found = _probe(prober, options, mode, cap, limit, hw, first, verbose)
+    seconds = sum(p.seconds for p in found.probes)
+    reasons = {
+        **found.reasons,
+        "limit": why_limit,
+        "cap": why_cap,
+        "isolate": why_isolate,
+        "search": f"{len(found.probes)} probes, {seconds:.0f}s",
+    }
+    result = dataclasses.replace(
+        found,
+        replicas=plan.replicas,
+        global_batch_size=found.batch_size * plan.replicas,
+        reasons=reasons,
+    )
+    if options.cache:
+        cache.cache_write("batch_search", key, result.to_dict())
+    return result
+
+
+def _spec(x, y, data, plan, hw, options, mode, limit, accumulation_steps) -> ProbeSpec:
+    element = data_facts.element_structure(x, y, data)
+    return ProbeSpec(
+        element=probe_lib.encode_structure(element),
+        policy=plan.precision,
+        # A worker of a cluster probes alone, on its own devices.
+        strategy=strategy_rules.local_equivalent(plan.strategy, tuple(plan.devices)),
+        devices=tuple(plan.devices),
+        logical_cpus=hw.cpu.logical_devices,
+        steps=options.steps_per_trial,
+        validate=True,
+        accumulation_steps=accumulation_steps or plan.accumulation_steps,
+        memory_limit=limit,
+        on_gpu=hw.accelerator == "gpu",
+        # Speed decides in throughput mode: time each probe long enough.
+        timed_seconds=THROUGHPUT_TIMED_SECONDS
+        if mode == "throughput"
+        else probe_lib.MIN_TIMED_SECONDS,
+    )
+
+
+def _prober(
+    model: Any, spec: ProbeSpec, hw: Any, options: SearchOptions, instance: Any
+) -> tuple[Any, str]:
+    """A prober in child processes where the model can be shipped there,
+    else in this process; and why."""
+    isolate = options.isolate
+    # A child needs a model instance to save; a builder is called once for it.
+    shipped = model() if isolate is not False and is_builder(model) else model
+    if isolate == "auto":
+        if instance is not None:
+            isolate, why = False, "your strategy instance lives in this process"
+        elif hw.accelerator == "tpu":
+            isolate, why = False, "a TPU serves one process at a time"
+        else:
+            _, problem = child.custom_objects(shipped)
+            isolate = not problem
+            why = (
+                "each probe in a child process"
+                if isolate
+                else f"in this process: the model cannot be shipped ({problem})"
+            )
+    else:
+        why = f"isolate={isolate}"
+    if isolate:
+        return child.IsolatedProber(shipped, spec, timeout=options.timeout), why
+    return probe_lib.InProcessProber(model, spec, strategy=instance), why
+
+
+def _probe(prober, options, mode, cap, limit, hw, first, verbose) -> BatchSearchResult:
+    def progress(r: ProbeResult) -> None:
+        if verbose != 0:
+            print(f"kerascale: batch search: {describe_probe(r)}", flush=True)
+
+    with prober:
+        try:
+            return search(
+                prober,
+                cap=cap,
+                limit_bytes=limit,
+                granularity=granularity_for(hw.accelerator, cap),
+                margin=options.margin,
+                mode=mode,
+                max_trials=options.max_trials,
+                sweep=prober.sweep,
+                on_probe=progress,
+                first=first,
+            )
+        except BatchSizeSearchError as e:
+            baseline = prober.baseline_bytes()
+            if baseline and str(e).startswith("Even a batch of 1"):
+                raise BatchSizeSearchError(
+                    f"{e}\nTensorFlow and the model alone took "
+                    f"{format_bytes(baseline)} of data memory before the first "
+                    "batch; memory_limit must leave room above that."
+                ) from None
+            raise
+
+
+def _cache_load(key: str) -> BatchSearchResult | None:
+    d = cache.cache_read("batch_search", key)
+    try:
+        return dataclasses.replace(BatchSearchResult.from_dict(d), cached=True)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # absent or unreadable: search again

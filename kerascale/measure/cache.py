@@ -1,0 +1,84 @@
+"""The cache of measured decisions (batch searches, trials), and what keys it.
+
+A measured decision is stored as JSON under `cache_dir()/<kind>/<key>.json`,
+written atomically; the key holds the TensorFlow, Keras and kerascale
+versions, so a decision does not outlive an upgrade. A cache that cannot be
+read or written never stops training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from kerascale._version import __version__
+from kerascale.sense import model_facts
+from kerascale.sense.model_facts import is_builder
+
+logger = logging.getLogger("kerascale")
+
+
+def cache_dir() -> Path:
+    """$KERASCALE_CACHE_DIR, else $XDG_CACHE_HOME/kerascale, else ~/.cache/kerascale."""
+    if os.environ.get("KERASCALE_CACHE_DIR"):
+        return Path(os.environ["KERASCALE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache"
+    )
+    return Path(base) / "kerascale"
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    """A key for `parts`, with the TensorFlow, Keras and kerascale versions
+    added: a measured decision does not outlive an upgrade."""
+    import keras
+    import tensorflow as tf
+
+    versions = [tf.__version__, keras.__version__, __version__]
+    text = json.dumps({**parts, "versions": versions}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cache_read(kind: str, key: str) -> dict[str, Any] | None:
+    """The cached entry `kind/key`, or None if absent or unreadable."""
+    try:
+        return json.loads((cache_dir() / kind / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def cache_write(kind: str, key: str, payload: dict[str, Any]) -> None:
+    """Stores `payload` as `kind/key`, atomically; a cache that cannot be
+    written is logged, never fatal (a read-only home must not stop training)."""
+    folder = cache_dir() / kind
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, folder / f"{key}.json")
+    except OSError as e:
+        logger.warning("kerascale's %s cache not written (%s).", kind, e)
+
+
+def model_fingerprint(model: Any) -> str:
+    """What identifies a model for the caches: its architecture and compile
+    config with automatic names canonicalised (a builder: its qualified name)."""
+    if is_builder(model):
+        target = f"{model.__module__}.{model.__qualname__}"
+        return hashlib.sha256(target.encode()).hexdigest()
+    arch = model_facts.architecture(model)
+    if arch is None:  # subclassed without get_config: its shapes stand in
+        arch = type(model).__qualname__ + repr([tuple(w.shape) for w in model.weights])
+    try:
+        compiled = json.dumps(
+            model_facts.canonical_names(model.get_compile_config()),
+            sort_keys=True,
+            default=str,
+        )
+    except Exception:
+        compiled = repr(getattr(model, "optimizer", None))
+    return hashlib.sha256((arch + compiled).encode()).hexdigest()

@@ -1,0 +1,426 @@
+"""Probes in child processes: a crash there never harms the caller.
+
+`IsolatedProber` saves the model once into a private temp dir, and runs each
+probe (or an increasing sweep of them) in a child process
+(`python -m kerascale.measure.child`) that loads the model from that
+`.keras` file under a real memory limit on CPU (`RLIMIT_DATA`) or a
+logical-device memory limit on GPU. TensorFlow gets all GPU memory back when
+the child exits (it cannot otherwise: tensorflow#36465). `custom_objects`
+says whether a model's own classes and functions can be imported there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from kerascale.apply.session import Session
+from kerascale.errors import BatchSizeSearchError
+from kerascale.measure.probe import (
+    ERROR,
+    OK,
+    OOM,
+    ProbeResult,
+    ProbeSpec,
+    build_probe_model,
+    is_oom_exception,
+    looks_like_oom,
+    train_probe,
+)
+from kerascale.sense import memory
+
+
+def _child_main(argv: list[str]) -> int:
+    """`python -m kerascale.measure.child DIR B1,B2,...`: DIR holds spec.json,
+    model.keras and objects.json. Probes the batches in order, writing
+    result-B.json after each, and stops at the first that does not fit."""
+    workdir, batches = argv[0], [int(b) for b in argv[1].split(",")]
+    spec = ProbeSpec.from_json(_read(os.path.join(workdir, "spec.json")))
+
+    def write(batch, payload):
+        path = os.path.join(workdir, f"result-{batch}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(payload, f)
+        os.replace(path + ".tmp", path)
+
+    def failure(batch, e):
+        outcome = OOM if is_oom_exception(e) else ERROR
+        text = f"{type(e).__name__}: {e}"
+        tb = traceback.format_exc()[-6000:]
+        write(batch, {"outcome": outcome, "message": text[-2000:], "traceback": tb})
+
+    try:
+        model = _child_setup(workdir, spec)
+    except BaseException as e:  # reported against the first batch
+        failure(batches[0], e)
+        return 0
+    for batch in batches:
+        try:
+            write(batch, {"outcome": OK, **train_probe(model, spec, batch)})
+        except BaseException as e:
+            failure(batch, e)
+            return 0
+    return 0
+
+
+def _child_setup(workdir: str, spec: ProbeSpec) -> Any:
+    import tensorflow as tf
+
+    if spec.logical_cpus > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * spec.logical_cpus
+        )
+    if spec.on_gpu and spec.memory_limit:
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.set_logical_device_configuration(
+                gpu, [tf.config.LogicalDeviceConfiguration(spec.memory_limit >> 20)]
+            )
+    import keras
+
+    objects = json.loads(_read(os.path.join(workdir, "objects.json")))
+    model = keras.saving.load_model(
+        os.path.join(workdir, "model.keras"),
+        custom_objects=_import_objects(objects),
+        safe_mode=False,  # the model comes from the parent process itself
+    )
+    # The child's process ends with the probe: nothing to undo, so the
+    # session is left open on purpose.
+    model = build_probe_model(Session(), model, spec, own_copy=True)
+    with open(os.path.join(workdir, "baseline.json"), "w") as f:
+        json.dump({"data_bytes": memory.data_bytes()}, f)
+    return model
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _import_objects(entries: list[dict[str, str]]) -> dict[str, Any]:
+    """Imports the user's custom objects by module and name; a script's
+    `__main__` is loaded from its file, as multiprocessing's spawn does."""
+    import runpy
+
+    out: dict[str, Any] = {}
+    main_ns = None
+    for entry in entries:
+        module, qualname = entry["module"], entry["qualname"]
+        if module == "__main__":
+            if main_ns is None:
+                main_ns = runpy.run_path(entry["main_file"], run_name="__mp_main__")
+            obj = main_ns[qualname.split(".")[0]]
+        else:
+            obj = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        out[entry["name"]] = obj
+    return out
+
+
+# --- Shipping a model to a child -------------------------------------------------
+
+
+def custom_objects(model: Any) -> tuple[list[dict[str, str]], str]:
+    """The user's own classes and functions that a child must import to load
+    `model`, and "" if they can all be shipped, else why not."""
+    import keras
+
+    found: dict[int, Any] = {}
+
+    def note(obj):
+        if isinstance(obj, types.FunctionType | type):
+            target = obj
+        elif isinstance(obj, str | int | float | bool | type(None)):
+            return
+        else:  # a loss, metric or optimizer instance
+            target = type(obj)
+        if not _is_library(getattr(target, "__module__", "")):
+            found[id(target)] = target
+
+    def visit(obj):
+        if isinstance(obj, dict):
+            for v in obj.values():
+                visit(v)
+        elif isinstance(obj, list | tuple):
+            for v in obj:
+                visit(v)
+        else:
+            note(obj)
+
+    for layer in _all_layers(model):
+        note(layer)
+    compiled = getattr(model, "_compile_config", None)  # the compile() arguments
+    if compiled is not None:
+        visit(dict(compiled.config))
+    entries, problems = [], []
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    for obj in found.values():
+        module = obj.__module__
+        qualname = obj.__qualname__
+        if "<lambda>" in qualname or "<locals>" in qualname:
+            problems.append(f"{qualname} is defined inside a function")
+            continue
+        if module == "__main__" and not main_file:
+            problems.append(f"{qualname} is defined in a notebook or REPL")
+            continue
+        entry = {"module": module, "qualname": qualname, "name": obj.__name__}
+        if module == "__main__":
+            entry["main_file"] = os.path.abspath(main_file)
+        entries.append(entry)
+        registered = keras.saving.get_registered_name(obj)
+        if registered and registered != obj.__name__:
+            entries.append({**entry, "name": registered})
+    return entries, "; ".join(problems)
+
+
+def _is_library(module: str) -> bool:
+    return (module or "").split(".")[0] in (
+        "keras",
+        "tensorflow",
+        "tf_keras",
+        "builtins",
+        "numpy",
+        "kerascale",
+    )
+
+
+def _all_layers(model: Any) -> Iterator[Any]:
+    seen = set()
+    stack = [model]
+    while stack:
+        layer = stack.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        yield layer
+        stack.extend(getattr(layer, "_layers", ()) or ())
+        stack.extend(getattr(layer, "layers", ()) or ())
+
+
+# The child sets its own limit before anything else is imported (a preexec_fn
+# would run between fork and exec, which is unsafe in a threaded parent).
+_BOOTSTRAP = (
+    "import resource, runpy, sys\n"
+    "limit = int(sys.argv[1])\n"
+    "if limit:\n"
+    "    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))\n"
+    "sys.argv = ['kerascale.measure.child', *sys.argv[2:]]\n"
+    "runpy.run_module('kerascale.measure.child', run_name='__main__', alter_sys=True)\n"
+)
+
+
+class IsolatedProber:
+    """Runs each probe in a child process under a real memory limit.
+
+    Use as a context manager: it saves the model once into a private temp dir
+    and removes the dir on exit, whatever happened.
+    """
+
+    def __init__(self, model: Any, spec: ProbeSpec, *, timeout: float = 600.0):
+        self.model = model
+        self.spec = spec
+        self.timeout = timeout
+        self.workdir: str | None = None
+
+    def __enter__(self) -> IsolatedProber:
+        self.workdir = tempfile.mkdtemp(prefix="kerascale-probe-")  # mode 0700
+        try:
+            entries, problem = custom_objects(self.model)
+            if problem:
+                raise BatchSizeSearchError(
+                    "isolate=True, but the model cannot be loaded in a child "
+                    f"process: {problem}. Move it to an importable module, or "
+                    'pass isolate="auto" or False to probe in this process.'
+                )
+            self.model.save(os.path.join(self.workdir, "model.keras"))
+            with open(os.path.join(self.workdir, "objects.json"), "w") as f:
+                json.dump(entries, f)
+            with open(os.path.join(self.workdir, "spec.json"), "w") as f:
+                f.write(self.spec.to_json())
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def __call__(self, batch: int) -> ProbeResult:
+        return self.sweep([batch])[0]
+
+    def sweep(self, batches: list[int]) -> list[ProbeResult]:
+        """Probes `batches` in order in one child process, which saves a
+        TensorFlow start-up per batch; stops at the first that does not fit.
+        A batch that runs out of memory after others in the same child is
+        probed again alone: near the limit, what the smaller batches left
+        behind (arenas, caches) can tip it over (measured: a convnet's 2216
+        failed after 1500 in one child, and fits alone)."""
+        results = self._run(batches, self.spec.memory_limit)
+        last = results[-1]
+        if len(results) > 1 and last.outcome != OK:
+            alone = self.sweep([last.batch])[0]
+            results[-1] = dataclasses.replace(
+                alone, seconds=alone.seconds + last.seconds
+            )
+            return results
+        if (
+            last.outcome == ERROR
+            and self.spec.memory_limit
+            and not self.spec.on_gpu
+            and "timed out" not in last.message
+        ):
+            # Under a tight limit, failures need not say "memory": a silent
+            # SIGSEGV, or oneDNN's "could not create a primitive". Such a
+            # failure is the limit's doing only if the same probe passes with
+            # room to spare; otherwise it is reported as the error it is.
+            retry = self._run([last.batch], self.spec.memory_limit * 2)[-1]
+            if retry.outcome == OK:
+                first_line = last.message.strip().splitlines()[0][:300]
+                results[-1] = dataclasses.replace(
+                    last,
+                    outcome=OOM,
+                    seconds=last.seconds + retry.seconds,
+                    message=f"{first_line} (it passed with twice the memory, so "
+                    "the limit caused it)",
+                )
+        return results
+
+    def baseline_bytes(self) -> int | None:
+        """Data memory of the last child after loading the model, before any
+        batch: TensorFlow's own baseline, which no batch can go below."""
+        try:
+            return json.loads(_read(os.path.join(self.workdir, "baseline.json")))[
+                "data_bytes"
+            ]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _run(self, batches: list[int], limit: int | None) -> list[ProbeResult]:
+        workdir = self.workdir
+        if workdir is None:
+            raise RuntimeError("IsolatedProber used outside its `with` block.")
+        for name in os.listdir(workdir):
+            if name.startswith(("result-", "baseline")):
+                os.remove(os.path.join(workdir, name))
+        env = dict(os.environ)
+        # A probe runs alone: it must not read this worker's cluster.
+        for name in ("TF_CONFIG", "CLUSTER_SPEC"):
+            env.pop(name, None)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        rlimit = 0 if self.spec.on_gpu or not limit else limit
+        arg = ",".join(str(b) for b in batches)
+        start = time.perf_counter()
+        with open(os.path.join(workdir, "stderr.txt"), "w+b") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOTSTRAP, str(rlimit), workdir, arg],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=env,
+                cwd=workdir,
+                start_new_session=True,  # its own process group, killed as one
+            )
+            timed_out = False
+            try:
+                proc.wait(timeout=self.timeout * len(batches))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()  # reaped: no zombie
+            err.seek(0)
+            stderr = err.read().decode("utf-8", "replace")[-4000:]
+        seconds = time.perf_counter() - start
+        results = []
+        for batch in batches:
+            path = os.path.join(workdir, f"result-{batch}.json")
+            if not os.path.exists(path):
+                results.append(
+                    self._crash(batch, proc.returncode, timed_out, stderr, seconds)
+                )
+                break
+            r = json.loads(_read(path))
+            message = r.get("message", "")
+            if r["outcome"] == ERROR:
+                message += "\n" + r.get("traceback", "")
+            results.append(
+                ProbeResult(
+                    batch,
+                    r["outcome"],
+                    peak_bytes=r.get("peak_bytes"),
+                    samples_per_s=r.get("samples_per_s"),
+                    message=message,
+                    tensor_peak_bytes=r.get("tensor_peak_bytes"),
+                )
+            )
+            if r["outcome"] != OK:
+                break
+        # The child's start-up is shared; each probe is charged an equal part.
+        share = seconds / len(results)
+        return [dataclasses.replace(r, seconds=share) for r in results]
+
+    def _crash(self, batch, code, timed_out, stderr, seconds) -> ProbeResult:
+        if timed_out:
+            return ProbeResult(
+                batch,
+                ERROR,
+                message=f"timed out after {self.timeout:g}s per batch and was killed",
+            )
+        detail = _stderr_summary(stderr)
+        if code is not None and code < 0:
+            sig = signal.Signals(-code).name
+            if looks_like_oom(stderr):
+                return ProbeResult(batch, OOM, message=f"killed by {sig}: {detail}")
+            if sig == "SIGKILL":
+                return ProbeResult(
+                    batch,
+                    OOM,
+                    message="killed by SIGKILL (the kernel's out-of-memory killer)",
+                )
+            return ProbeResult(batch, ERROR, message=f"crashed with {sig}: {detail}")
+        if looks_like_oom(stderr):
+            return ProbeResult(batch, OOM, message=f"exit code {code}: {detail}")
+        return ProbeResult(
+            batch, ERROR, message=f"crashed with exit code {code}: {detail}"
+        )
+
+
+def _stderr_summary(stderr: str) -> str:
+    """The line of a crashed child's stderr that says what happened, not the
+    stack frames and start-up chatter around it."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    telling = ("what():", "bad_alloc", "Check failed", "Error", "error:", "Killed")
+    noise = ("@ ", "*** ", "PC: ")
+    for line in reversed(lines):
+        if (
+            any(t in line for t in telling)
+            and not line.startswith(noise)
+            and ("cuInit" not in line and "cuda_platform" not in line)
+        ):
+            return line[:300]
+    quiet = [ln for ln in lines if not ln.startswith(noise)]
+    return (quiet[-1] if quiet else "no output")[:300]
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))

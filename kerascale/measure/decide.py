@@ -1,0 +1,395 @@
+"""Facts, measurements and the plan: shared by `fit`, `plan`, `diagnose` and
+`find_batch_size`.
+
+The facts are the hardware, the model and the data; the plan is
+`rules.make_plan` of them. When the batch is "auto" and the data does not
+bring its own batch, the batch-size search runs between a first plan (which
+fixes the strategy and precision the probes must use) and the final one; on a
+CPU, trials then time the choices a rule can get wrong. On a cluster every
+worker takes the same plan (`agree`).
+
+A model that cannot be copied for a trial or a probe is planned as `fit`
+would train it when re-creating it fails: as it is, the choices that need a
+re-created model dropped with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kerascale.apply import cluster
+from kerascale.apply import strategy as strategy_lib
+from kerascale.apply.model import CannotRecreate
+from kerascale.errors import ConfigurationError
+from kerascale.measure import batch as batch_lib
+from kerascale.measure import trials as trials_lib
+from kerascale.measure.batch import SearchOptions
+from kerascale.measure.result import BatchSearchResult
+from kerascale.plan.options import Options, say_pinned
+from kerascale.plan.plan import Plan
+from kerascale.plan.rules import make_plan, searched_batch
+from kerascale.sense import data_facts
+from kerascale.sense import hardware as hardware_lib
+from kerascale.sense.data_facts import DataFacts
+from kerascale.sense.hardware import Hardware
+from kerascale.sense.model_facts import ModelFacts, model_facts
+
+# An "auto" batch leaves an epoch at least this many optimizer updates.
+AUTO_MIN_STEPS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Decided:
+    """The plan and everything it was decided from.
+
+    Attributes:
+        hardware: What is here.
+        model: Facts about the model.
+        data: Facts about the training data.
+        plan: The plan.
+        instance: The user's `tf.distribute.Strategy`, or None.
+        options: The options the plan was made with ("auto" settled by
+            trials where they ran).
+        search: The batch search's result, where one ran.
+        optimize_data: The pipeline decision, "auto" resolved.
+        trials: The trials' result (`trials.TrialResult`), where they ran.
+    """
+
+    hardware: Hardware
+    model: ModelFacts
+    data: DataFacts
+    plan: Plan
+    instance: Any
+    options: Options
+    search: BatchSearchResult | None = None
+    optimize_data: bool = True
+    trials: Any = None
+
+
+def validate_options(
+    *, max_batch_size: Any = None, memory_limit: Any = None, **kwargs: Any
+) -> tuple[Options, SearchOptions]:
+    """`fit`'s, `plan`'s and `diagnose`'s planning arguments, checked at the
+    door: the `Options`, and the batch search's options."""
+    options = Options.validate(max_batch_size=max_batch_size, **kwargs)
+    search = SearchOptions.validate(
+        max_batch_size=max_batch_size,
+        memory_limit=memory_limit,
+        min_steps_per_epoch=AUTO_MIN_STEPS,
+    )
+    return options, search
+
+
+def needs_check(
+    options: Options, data: DataFacts, hw: Hardware, search: SearchOptions | None
+) -> bool:
+    """Whether a requested batch is checked against memory (and split with
+    gradient accumulation if it does not fit): on GPUs and TPUs, whose memory
+    is small and fixed, or wherever `memory_limit` is given; not when the
+    split is already stated (accumulation_steps, max_batch_size) or the data
+    makes its own batches (a PyDataset)."""
+    if searched_batch(options, data) or data.kind == "pydataset":
+        return False
+    if options.accumulation_steps or options.max_batch_size:
+        return False
+    limit = search is not None and search.memory_limit
+    return hw.accelerator in ("gpu", "tpu") or bool(limit)
+
+
+def decide(
+    model: Any,
+    x: Any,
+    y: Any,
+    options: Options,
+    *,
+    steps_per_epoch: Any = None,
+    search: SearchOptions | None = None,
+    force_search: bool = False,
+    hardware: Hardware | None = None,
+    not_rebuildable: str = "",
+    clustered: bool = False,
+    pinned: tuple[str, ...] = (),
+) -> Decided:
+    """Facts, then the plan; runs the batch-size search and trials where
+    they are needed.
+
+    Args:
+        model: The user's model or builder.
+        x, y: The training data.
+        options: Validated options.
+        steps_per_epoch: For the infinite-dataset check.
+        search: Batch-search options; defaults apply when None.
+        force_search: Search even when the data brings its own batch
+            (`find_batch_size`).
+        hardware: Reuse a detection instead of detecting again.
+        not_rebuildable: Why the model could not be re-created, when an
+            attempt failed.
+        clustered: This process joined a cluster: all workers agree.
+        pinned: Options set from a resumed checkpoint's plan (their reasons
+            say so).
+    """
+    data = data_facts.inspect(x, y, steps_per_epoch=steps_per_epoch)
+    facts = model_facts(
+        model, options.strategy, sample=lambda: data_facts.sample_inputs(x, data)
+    )
+    if not_rebuildable:
+        facts = dataclasses.replace(
+            facts, rebuildable=False, why_not_rebuildable=not_rebuildable
+        )
+    # Through the module, so that tests can replace the hardware seam.
+    hw = hardware or hardware_lib.detect_hardware()
+    try:
+        decided = _measured(model, x, y, options, hw, facts, data, search, force_search)
+    except CannotRecreate as e:
+        if not facts.rebuildable:
+            raise
+        return decide(
+            model,
+            x,
+            y,
+            options,
+            steps_per_epoch=steps_per_epoch,
+            search=search,
+            force_search=force_search,
+            hardware=hw,
+            not_rebuildable=str(e),
+            clustered=clustered,
+            pinned=pinned,
+        )
+    if clustered:
+        decided = agree(decided)
+    decided = dataclasses.replace(decided, plan=say_pinned(decided.plan, pinned))
+    return _settle_tpu(decided, model, x, y, steps_per_epoch, search)
+
+
+def _measured(
+    model: Any,
+    x: Any,
+    y: Any,
+    options: Options,
+    hw: Hardware,
+    facts: ModelFacts,
+    data: DataFacts,
+    search: SearchOptions | None,
+    force_search: bool,
+) -> Decided:
+    """The plan with the batch search's and the trials' answers in it."""
+    instance = options.strategy if not isinstance(options.strategy, str) else None
+    plan = make_plan(hw, options, facts, data)
+    can_try = trials_lib.possible(options, hw, facts)
+    result, ladder, unused = _batch(
+        model, x, y, options, hw, data, plan, search, force_search, can_try
+    )
+    if result is not None:
+        plan = make_plan(hw, options, facts, data, search=result)
+    decided = Decided(
+        hw,
+        facts,
+        data,
+        plan,
+        instance,
+        options,
+        result,
+        options.optimize_data is not False,
+    )
+    if can_try:
+        decided = _tried(decided, model, x, y, ladder)
+    if unused:
+        plan = decided.plan
+        plan = dataclasses.replace(plan, warnings=(*plan.warnings, unused))
+        decided = dataclasses.replace(decided, plan=plan)
+    return decided
+
+
+def _batch(
+    model: Any,
+    x: Any,
+    y: Any,
+    options: Options,
+    hw: Hardware,
+    data: DataFacts,
+    plan: Plan,
+    search: SearchOptions | None,
+    force_search: bool,
+    can_try: bool,
+) -> tuple[BatchSearchResult | None, bool, str]:
+    """(the batch search's result or None, whether it ran as a ladder for the
+    trials, why a memory_limit was not used)."""
+    instance = options.strategy if not isinstance(options.strategy, str) else None
+    run = dict(instance=instance, verbose=options.verbose)
+    if force_search or searched_batch(options, data):
+        search = search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
+        ladder = not force_search and search.mode == "auto" and can_try
+        if ladder:
+            # On a CPU the fastest batch depends on your input pipeline, which
+            # synthetic probes do not run: the children find what fits, on a
+            # ladder of batches, and trials time the rungs on the real data.
+            search = dataclasses.replace(search, mode="ladder")
+        result = batch_lib.run_search(model, x, y, data, plan, hw, search, **run)
+        return result, ladder, ""
+    if needs_check(options, data, hw, search):
+        # Does the requested batch fit in one forward pass? One probe if it
+        # does; otherwise the largest micro-batch, for the accumulation split.
+        # Probes carry accumulators (k=2): the split will need them.
+        per_replica = plan.micro_batch_size
+        check = dataclasses.replace(
+            search or SearchOptions(),
+            mode="max",
+            max_batch_size=per_replica * plan.replicas,
+            min_steps_per_epoch=1,
+        )
+        result = batch_lib.run_search(
+            model, x, y, data, plan, hw, check, first=per_replica,
+            accumulation_steps=2, **run,
+        )  # fmt: skip
+        return result, False, ""
+    if search is not None and search.memory_limit:
+        why = (
+            "your PyDataset makes its own batches"
+            if data.kind == "pydataset"
+            else "accumulation_steps or max_batch_size already states the split"
+            if options.accumulation_steps or options.max_batch_size
+            else f"your dataset brings its own batch of {data.batch_size}"
+        )
+        return None, False, f"memory_limit was not used (nothing was probed): {why}."
+    return None, False, ""
+
+
+def _tried(decided: Decided, model: Any, x: Any, y: Any, ladder: bool) -> Decided:
+    """The decision after timing, on the real data, the CPU choices left to
+    kerascale: the batch (the ladder's rungs), the pipeline, the precision."""
+    options, plan, result = decided.options, decided.plan, decided.search
+    try_pipeline, try_precision = trials_lib.wanted(options, plan, decided.data, x)
+    rungs = ()
+    if ladder:
+        rungs = tuple(
+            p.batch
+            for p in result.probes
+            if p.outcome == "ok" and p.batch <= result.batch_size
+        )
+    if not (try_pipeline or try_precision or len(rungs) > 1):
+        return decided
+    measured = trials_lib.run(
+        model,
+        x,
+        y,
+        decided.data,
+        plan,
+        decided.hardware,
+        try_pipeline=try_pipeline,
+        try_precision=try_precision,
+        batches=rungs,
+        optimize=decided.optimize_data,
+        verbose=options.verbose,
+    )
+    if len(rungs) > 1:
+        result = dataclasses.replace(
+            result,
+            batch_size=measured.batch,
+            global_batch_size=measured.batch * plan.replicas,
+            reasons={**result.reasons, "batch_size": measured.why("batch")},
+        )
+    settled = dataclasses.replace(
+        options,
+        precision=measured.precision,
+        optimize_data=measured.optimize_data if try_pipeline else options.optimize_data,
+    )
+    hw, facts, data = decided.hardware, decided.model, decided.data
+    plan = make_plan(hw, settled, facts, data, search=result)
+    reasons = dict(plan.reasons)
+    if try_precision:
+        reasons["precision"] = measured.why("precision")
+    if try_pipeline:
+        reasons["data_changes"] = measured.why("data_changes")
+    return dataclasses.replace(
+        decided,
+        plan=dataclasses.replace(plan, reasons=reasons),
+        options=settled,
+        search=result,
+        optimize_data=measured.optimize_data,
+        trials=measured,
+    )
+
+
+def _settle_tpu(
+    decided: Decided,
+    model: Any,
+    x: Any,
+    y: Any,
+    steps_per_epoch: Any,
+    search: SearchOptions | None,
+) -> Decided:
+    """On a TPU, the plan for the real core count: it is known only once the
+    TPU system is initialised (8 is assumed until then)."""
+    if decided.plan.strategy != "tpu":
+        return decided
+    dist = strategy_lib.build(decided.plan)
+    if dist.num_replicas_in_sync == decided.plan.replicas:
+        return dataclasses.replace(decided, instance=dist)
+    options = dataclasses.replace(decided.options, strategy=dist)
+    return decide(
+        model,
+        x,
+        y,
+        options,
+        steps_per_epoch=steps_per_epoch,
+        search=search,
+        hardware=decided.hardware,
+    )
+
+
+def agree(decided: Decided) -> Decided:
+    """The plan every worker of a cluster trains with.
+
+    Each worker searched its own memory: all take the smallest batch any of
+    them holds (so the global batch is the same everywhere and fits on every
+    worker), and the chief's precision (workers with different devices could
+    choose differently, and the replicas must compute alike). Needs
+    `cluster.connect()`; every worker calls it once per `fit` or `plan`.
+    """
+    plan, result = decided.plan, decided.search
+    peers = cluster.exchange(
+        {
+            "batch": result.batch_size if result is not None else None,
+            "precision": plan.precision,
+            "global_batch_size": plan.global_batch_size,
+        }
+    )
+    batches = [p["batch"] for p in peers if p["batch"] is not None]
+    chief = peers[0]
+    if all(p == chief for p in peers):
+        return decided
+    if not batches and len({p["global_batch_size"] for p in peers}) > 1:
+        sizes = ", ".join(str(p["global_batch_size"]) for p in peers)
+        raise ConfigurationError(
+            f"The workers planned different global batches ({sizes}): give every "
+            "worker the same arguments and the same data."
+        )
+    changes: dict[str, Any] = {}
+    if chief["precision"] != plan.precision:
+        changes["precision"] = chief["precision"]
+    settled = dataclasses.replace(decided.options, **changes)
+    if result is not None:
+        smallest = min(batches)
+        why = (
+            f"{result.reasons.get('batch_size', 'searched')}; the smallest of the "
+            f"{len(peers)} workers' ({', '.join(str(b) for b in batches)} per replica)"
+        )
+        result = dataclasses.replace(
+            result,
+            batch_size=smallest,
+            global_batch_size=smallest * plan.replicas,
+            reasons={**result.reasons, "batch_size": why},
+        )
+    agreed = make_plan(
+        decided.hardware, settled, decided.model, decided.data, search=result
+    )
+    if changes:
+        reasons = {
+            **agreed.reasons,
+            "precision": f"the chief's ({chief['precision']}), so that all "
+            "workers compute alike",
+        }
+        agreed = dataclasses.replace(agreed, reasons=reasons)
+    return dataclasses.replace(decided, plan=agreed, search=result, options=settled)

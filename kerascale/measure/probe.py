@@ -1,0 +1,403 @@
+"""One batch-size probe: a real training step at a given batch, and whether it fit.
+
+A probe trains the user's model (prepared on the one path, under the plan's
+precision and strategy, as `fit` would) on a synthetic batch shaped like the
+data, for a few steps with the optimizer update, then runs one validation
+step at the same batch. It reports the outcome (`ok`, `oom` or `error`), the
+peak memory and the speed.
+
+Two ways to run one:
+
+- `kerascale.measure.child.IsolatedProber` (the default where the model can be
+  shipped): each probe is a child process under a real memory limit. A crash
+  there never harms the caller, and TensorFlow gets all GPU memory back when
+  it exits (it cannot otherwise: tensorflow#36465).
+- `InProcessProber` (here): trains a copy in this process (or, when no copy
+  can be made, the model itself, put back afterwards) and catches
+  `ResourceExhaustedError`. It cannot survive a CPU out-of-memory abort, so on
+  CPU it treats a peak above the limit as out of memory instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import threading
+import time
+import types
+from typing import Any
+
+import numpy as np
+
+from kerascale.apply import model as model_lib
+from kerascale.apply.session import Session
+from kerascale.sense import memory
+
+logger = logging.getLogger("kerascale")
+
+OK, OOM, ERROR = "ok", "oom", "error"
+
+# Steps are timed for at least this long, so that throughput is comparable
+# between a batch of 4 (sub-millisecond steps) and one of 4096.
+MIN_TIMED_SECONDS = 0.3
+
+# Text that only an allocation failure prints. TensorFlow: "OOM when allocating
+# tensor", "ResourceExhaustedError"; the C++ runtime: "std::bad_alloc"; Python:
+# "MemoryError"; glibc/mmap: "Cannot allocate memory".
+_OOM_TEXT = (
+    "resourceexhausted",
+    "resource exhausted",
+    "oom when allocating",
+    "out of memory",
+    "bad_alloc",
+    "memoryerror",
+    "cannot allocate memory",
+    "failed to allocate",
+    "unable to allocate",  # NumPy's MemoryError, also when Keras wraps it
+)
+
+
+def looks_like_oom(text: str) -> bool:
+    low = text.lower()
+    return any(t in low for t in _OOM_TEXT)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    """What one probe found.
+
+    Attributes:
+        batch: The per-replica batch tried.
+        outcome: "ok", "oom" (memory ran out) or "error" (anything else).
+        peak_bytes: Peak memory: per device on GPU, the process's data memory
+            on CPU; None when unknown (e.g. after a crash).
+        seconds: Wall time of the probe, start-up included.
+        samples_per_s: Training throughput across replicas, after warm-up.
+        message: Why it failed, for "oom" and "error".
+        tensor_peak_bytes: On CPU, the peak of TensorFlow's own allocator
+            (tensors only): exact and linear in the batch, unlike the sampled
+            process peak, so the memory model is fitted to it.
+    """
+
+    batch: int
+    outcome: str
+    peak_bytes: int | None = None
+    seconds: float = 0.0
+    samples_per_s: float | None = None
+    message: str = ""
+    tensor_peak_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --- What a probe trains on ----------------------------------------------------
+
+
+def encode_structure(structure: Any) -> Any:
+    """A nest of `tf.TensorSpec` -> JSON (tuples, lists and dicts kept)."""
+    import tensorflow as tf
+
+    if isinstance(structure, tf.TensorSpec):
+        return {
+            "tensor": [None if d is None else int(d) for d in structure.shape],
+            "dtype": structure.dtype.name,
+        }
+    if isinstance(structure, dict):
+        return {"dict": {k: encode_structure(v) for k, v in structure.items()}}
+    if isinstance(structure, tuple | list):
+        kind = "tuple" if isinstance(structure, tuple) else "list"
+        return {kind: [encode_structure(v) for v in structure]}
+    raise TypeError(f"Cannot encode {type(structure).__name__} in a probe spec.")
+
+
+def decode_structure(encoded: Any) -> Any:
+    import tensorflow as tf
+
+    if "tensor" in encoded:
+        return tf.TensorSpec(encoded["tensor"], encoded["dtype"])
+    if "dict" in encoded:
+        return {k: decode_structure(v) for k, v in encoded["dict"].items()}
+    if "tuple" in encoded:
+        return tuple(decode_structure(v) for v in encoded["tuple"])
+    return [decode_structure(v) for v in encoded["list"]]
+
+
+def synthetic_batch(structure: Any, batch: int, seed: int = 0) -> Any:
+    """A batch of `batch` elements shaped like the per-sample `structure`:
+    floats drawn from N(0, 1), integers 0 (a valid class index), strings ""."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+
+    def make(spec):
+        shape = (batch, *(1 if d is None else int(d) for d in spec.shape))
+        dtype = spec.dtype
+        if dtype.is_floating:
+            return rng.standard_normal(shape).astype(dtype.as_numpy_dtype)
+        if dtype == tf.string:
+            return np.full(shape, b"", dtype=object)
+        return np.zeros(shape, dtype=dtype.as_numpy_dtype)
+
+    return tf.nest.map_structure(make, structure)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSpec:
+    """Everything a probe needs besides the model and the batch; JSON-ready.
+
+    Attributes:
+        element: The per-sample structure of one element, encoded by
+            `encode_structure` (`(inputs, targets)` or `(inputs, targets,
+            sample_weight)`, as the data yields).
+        policy: The dtype policy name.
+        strategy: The plan's strategy name.
+        devices: The plan's devices.
+        logical_cpus: Logical CPU devices to configure in a child (tests split
+            one CPU in two to stand in for two GPUs).
+        steps: Training steps per probe (the first is a warm-up).
+        validate: Also run one validation step at the batch.
+        accumulation_steps: Gradient accumulation on the optimizer.
+        memory_limit: Bytes a probe may use (data memory on CPU, per device
+            on GPU); None for no limit of kerascale's own.
+        on_gpu: Whether the plan trains on GPUs.
+        timed_seconds: The least time the timed steps take (more steps are
+            run when they are quicker), for a steady samples/s.
+    """
+
+    element: Any
+    policy: str = "float32"
+    strategy: str = "default"
+    devices: tuple[str, ...] = ("/cpu:0",)
+    logical_cpus: int = 1
+    steps: int = 3
+    validate: bool = True
+    accumulation_steps: int = 1
+    memory_limit: int | None = None
+    on_gpu: bool = False
+    timed_seconds: float = MIN_TIMED_SECONDS
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ProbeSpec:
+        d = json.loads(text)
+        d["devices"] = tuple(d["devices"])
+        return cls(**d)
+
+
+# --- The probe itself (in a child, or in-process) -------------------------------
+
+
+class _PeakSampler:
+    """Samples this process's data memory in a thread: Linux keeps no peak of
+    VmData, and it falls again when TensorFlow frees a step's tensors."""
+
+    def __init__(self, interval: float = 0.002):
+        self._read = memory.data_bytes
+        self.interval = interval
+        self.peak = self._read() or 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            now = self._read() or 0
+            self.peak = max(self.peak, now)
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._read() or 0)
+
+
+def _reset_cpu_stats() -> bool:
+    """Resets the CPU allocator's peak; False where TensorFlow keeps none."""
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        tf.config.experimental.get_memory_info("CPU:0")
+    except (ValueError, RuntimeError, tf.errors.OpError):
+        return False
+    return True
+
+
+def _gpu_names(spec: ProbeSpec) -> list[str]:
+    return [d.strip("/").upper() for d in spec.devices if "gpu" in d.lower()]
+
+
+def train_probe(model: Any, spec: ProbeSpec, batch: int) -> dict[str, Any]:
+    """Trains `model` (already under the plan's policy and strategy) for
+    `spec.steps` steps on a synthetic per-replica `batch`; returns
+    {peak_bytes, samples_per_s}. Raises whatever training raises.
+
+    On CPU the peak is sampled every 2 ms (Linux keeps no high-water mark of
+    data memory alone), so a short spike can be missed: the search treats the
+    memory model as a guide and confirms by probing.
+    """
+    import tensorflow as tf
+
+    replicas = max(1, len(spec.devices))
+    global_batch = batch * replicas
+    element = decode_structure(spec.element)
+    data = synthetic_batch(element, global_batch)
+    ds = tf.data.Dataset.from_tensors(data).repeat()
+    gpus = _gpu_names(spec) if spec.on_gpu else []
+    for g in gpus:
+        tf.config.experimental.reset_memory_stats(g)
+    cpu_stats = not gpus and _reset_cpu_stats()
+    timed_steps = max(1, spec.steps - 1)
+    with _PeakSampler() as sampler:
+        fit = dict(epochs=1, verbose=0, shuffle=False)
+        model.fit(ds, steps_per_epoch=1, **fit)  # warm-up: tracing
+        start = time.perf_counter()
+        model.fit(ds, steps_per_epoch=timed_steps, **fit)
+        elapsed = time.perf_counter() - start
+        if elapsed < spec.timed_seconds:
+            # Too short to time reliably: time enough steps for ~MIN seconds.
+            timed_steps = math.ceil(
+                spec.timed_seconds / max(elapsed / timed_steps, 1e-4)
+            )
+            timed_steps = min(timed_steps, 1000)
+            start = time.perf_counter()
+            model.fit(ds, steps_per_epoch=timed_steps, **fit)
+            elapsed = time.perf_counter() - start
+        if spec.validate:
+            model.evaluate(ds, steps=1, verbose=0)
+    if gpus:
+        peak = max(tf.config.experimental.get_memory_info(g)["peak"] for g in gpus)
+    else:
+        peak = sampler.peak
+    tensor_peak = None
+    if cpu_stats:
+        tensor_peak = int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+    return {
+        "peak_bytes": int(peak),
+        "tensor_peak_bytes": tensor_peak,
+        "samples_per_s": global_batch * timed_steps / elapsed if elapsed > 0 else None,
+    }
+
+
+def build_probe_model(
+    session: Session,
+    model: Any,
+    spec: ProbeSpec,
+    instance: Any = None,
+    *,
+    own_copy: bool = False,
+) -> Any:
+    """What `fit` would train, prepared on the one path inside `session`:
+    `model` under the spec's policy and strategy (or the user's strategy
+    `instance`), compiled, with the spec's gradient accumulation.
+
+    With `own_copy` (a child's freshly loaded model), a model that already
+    matches the plan is trained as it is, as `fit` would: a needless clone
+    would double its weights in memory and make the probe pessimistic.
+    Otherwise a copy trains (or the model itself, borrowed, when it cannot be
+    copied and the plan keeps it as it is).
+    """
+    matches = (
+        spec.policy == model.dtype_policy.name
+        and spec.strategy == "default"
+        and instance is None
+    )
+    plan = types.SimpleNamespace(
+        strategy=spec.strategy,
+        devices=spec.devices,
+        precision=spec.policy,
+        rebuild=not matches,
+        accumulation_steps=spec.accumulation_steps,
+        lr_factor=1.0,
+    )
+    new, _ = session.model_for(
+        model, plan, instance=instance, copy=not (own_copy and matches)
+    )
+    session.accumulate(new, plan, final=False)
+    return new
+
+
+def is_oom_exception(e: BaseException) -> bool:
+    """Whether an exception means memory ran out."""
+    import tensorflow as tf
+
+    if isinstance(e, tf.errors.ResourceExhaustedError | MemoryError):
+        return True
+    return looks_like_oom(f"{type(e).__name__}: {e}")
+
+
+class InProcessProber:
+    """Runs each probe on a clone in this process."""
+
+    def sweep(self, batches: list[int]) -> list[ProbeResult]:
+        results = []
+        for b in batches:
+            results.append(self(b))
+            if results[-1].outcome != OK:
+                break
+        return results
+
+    def baseline_bytes(self) -> int | None:
+        return None
+
+    def __init__(self, model: Any, spec: ProbeSpec, *, strategy: Any = None):
+        self.model = model
+        self.spec = spec
+        self.strategy = strategy  # the user's own instance, if any
+
+    def __enter__(self) -> InProcessProber:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import gc
+
+        gc.collect()
+
+    def __call__(self, batch: int) -> ProbeResult:
+        import gc
+
+        import tensorflow as tf
+
+        start = time.perf_counter()
+        try:
+            with Session() as session:
+                session.enter(model_lib.preserved_state())
+                clone = build_probe_model(session, self.model, self.spec, self.strategy)
+                r = train_probe(clone, self.spec, batch)
+                del clone
+        except (tf.errors.ResourceExhaustedError, MemoryError) as e:
+            return ProbeResult(
+                batch,
+                OOM,
+                seconds=time.perf_counter() - start,
+                message=f"{type(e).__name__}: {str(e)[:500]}",
+            )
+        finally:
+            gc.collect()
+        limit = self.spec.memory_limit
+        if limit and r["peak_bytes"] > limit:
+            # On CPU in-process nothing enforces the limit: honour it by measure.
+            return ProbeResult(
+                batch,
+                OOM,
+                peak_bytes=r["peak_bytes"],
+                seconds=time.perf_counter() - start,
+                samples_per_s=r["samples_per_s"],
+                message="peak memory above memory_limit (measured in-process)",
+            )
+        return ProbeResult(
+            batch,
+            OK,
+            tensor_peak_bytes=r["tensor_peak_bytes"],
+            peak_bytes=r["peak_bytes"],
+            seconds=time.perf_counter() - start,
+            samples_per_s=r["samples_per_s"],
+        )

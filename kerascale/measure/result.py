@@ -1,0 +1,154 @@
+"""What a batch-size search found (`BatchSearchResult`), and how it reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from kerascale._units import format_bytes
+from kerascale.measure.memory_model import MemoryModel
+from kerascale.measure.probe import OK, OOM, ProbeResult
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSearchResult:
+    """What the batch-size search found.
+
+    Attributes:
+        batch_size: The chosen per-replica batch.
+        global_batch_size: `batch_size * replicas`.
+        replicas: Replicas the search was done for.
+        largest_fitting: The largest per-replica batch confirmed to fit (before
+            the safety margin).
+        smallest_failing: The smallest batch that ran out of memory, or None if
+            the cap was reached first.
+        mode: "max" or "throughput".
+        probes: Every probe, in the order run.
+        memory_model: The fitted memory model, or None.
+        limit_bytes: The memory limit the search worked against.
+        granularity: The step the batch was searched in.
+        margin: The safety margin applied.
+        reasons: Field -> why.
+        cached: Whether the result came from the cache.
+    """
+
+    batch_size: int
+    global_batch_size: int
+    replicas: int
+    largest_fitting: int
+    smallest_failing: int | None
+    mode: str
+    probes: tuple[ProbeResult, ...]
+    memory_model: MemoryModel | None
+    limit_bytes: int | None
+    granularity: int
+    margin: float
+    reasons: dict[str, str]
+    cached: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["probes"] = [p.to_dict() for p in self.probes]
+        d["memory_model"] = self.memory_model.to_dict() if self.memory_model else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BatchSearchResult:
+        d = dict(d)
+        d["probes"] = tuple(ProbeResult(**p) for p in d["probes"])
+        d["memory_model"] = (
+            MemoryModel.from_dict(d["memory_model"]) if d["memory_model"] else None
+        )
+        return cls(**d)
+
+    def __str__(self) -> str:
+        lines = [
+            f"batch size {self.batch_size} per replica x {self.replicas} = "
+            f"{self.global_batch_size} ({self.reasons.get('batch_size', '')})",
+            f"  limit {format_bytes(self.limit_bytes)}, memory model: "
+            f"{self.memory_model or 'not fitted'}",
+            "  probes:",
+        ]
+        for p in self.probes:
+            lines.append("    " + describe_probe(p))
+        return "\n".join(lines)
+
+    def plot(self, path: str | os.PathLike) -> Path:
+        """Draws peak memory and throughput against batch into `path` (PNG,
+        SVG or PDF by extension). Needs matplotlib (`pip install matplotlib`).
+
+        Returns:
+            The path written.
+        """
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as e:
+            raise ImportError(
+                "BatchSearchResult.plot needs matplotlib: pip install matplotlib"
+            ) from e
+        ok = sorted((p for p in self.probes if p.outcome == OK), key=lambda p: p.batch)
+        bad = sorted(
+            (p for p in self.probes if p.outcome == OOM), key=lambda p: p.batch
+        )
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(
+            [p.batch for p in ok],
+            [(p.peak_bytes or 0) / 2**20 for p in ok],
+            "o-",
+            label="peak memory (fits)",
+        )
+        for p in bad:
+            ax.axvline(p.batch, color="tab:red", alpha=0.4)
+        if self.limit_bytes:
+            ax.axhline(
+                self.limit_bytes / 2**20, color="tab:red", ls="--", label="memory limit"
+            )
+        if self.memory_model and ok:
+            xs = [0, max(p.batch for p in self.probes)]
+            ax.plot(
+                xs,
+                [self.memory_model.predict(b) / 2**20 for b in xs],
+                ":",
+                label="memory model",
+            )
+        ax.axvline(
+            self.batch_size, color="tab:green", label=f"chosen {self.batch_size}"
+        )
+        ax.set_xlabel("batch per replica")
+        ax.set_ylabel("peak memory (MiB)")
+        speed = [p for p in ok if p.samples_per_s]
+        if speed:
+            ax2 = ax.twinx()
+            ax2.plot(
+                [p.batch for p in speed],
+                [p.samples_per_s for p in speed],
+                "s--",
+                color="tab:orange",
+                label="samples/s",
+            )
+            ax2.set_ylabel("samples/s")
+        ax.legend(loc="upper left", fontsize=8)
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path)
+        plt.close(fig)
+        return path
+
+
+def describe_probe(p: ProbeResult) -> str:
+    """One line: "batch 256: ok, peak 1.20 GiB, 1640 samples/s, 4.1s"."""
+    parts = [f"batch {p.batch}: {p.outcome}"]
+    if p.peak_bytes is not None:
+        parts.append(f"peak {format_bytes(p.peak_bytes)}")
+    if p.samples_per_s:
+        parts.append(f"{p.samples_per_s:.0f} samples/s")
+    parts.append(f"{p.seconds:.1f}s")
+    text = ", ".join(parts)
+    if p.outcome != OK and p.message:
+        text += f" ({p.message.splitlines()[0][:120]})"
+    return text

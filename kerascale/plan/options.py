@@ -1,0 +1,125 @@
+"""The user's requests, validated at the door (`Options`), and the "auto"
+choices pinned to a resumed checkpoint's plan (`pin`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kerascale import _validation
+from kerascale.errors import ConfigurationError
+from kerascale.plan import precision as precision_rules
+from kerascale.plan import strategy as strategy_rules
+from kerascale.plan.plan import Plan
+
+VERBOSE_CHOICES = ("auto", 0, 1, 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The user's requests, validated. Build it with `Options.validate`."""
+
+    batch_size: int | str = "auto"
+    strategy: Any = "auto"  # a name, or a tf.distribute.Strategy instance
+    precision: str = "auto"
+    optimize_data: bool | str = "auto"
+    verbose: int | str = "auto"
+    accumulation_steps: int | None = None
+    lr_scaling: str | None = None
+    base_batch_size: int | None = None
+    max_batch_size: int | None = None  # global; the largest batch per forward pass
+
+    @classmethod
+    def validate(
+        cls,
+        *,
+        batch_size: Any = "auto",
+        strategy: Any = "auto",
+        precision: Any = "auto",
+        optimize_data: Any = "auto",
+        verbose: Any = "auto",
+        accumulation_steps: Any = None,
+        lr_scaling: Any = None,
+        base_batch_size: Any = None,
+        max_batch_size: Any = None,
+    ) -> Options:
+        """Checks every option at the door; raises `ConfigurationError`."""
+        if batch_size != "auto" or isinstance(batch_size, bool):
+            _validation.positive_int(
+                "batch_size", batch_size, accepted='a positive int or "auto"'
+            )
+        strategy_rules.validate_request(strategy)
+        _validation.one_of("precision", precision, precision_rules.CHOICES)
+        _validation.boolean_or_auto("optimize_data", optimize_data)
+        if isinstance(verbose, bool) or verbose not in VERBOSE_CHOICES:
+            raise _validation.fail("verbose", verbose, '"auto", 0, 1 or 2')
+        for name, value in (
+            ("accumulation_steps", accumulation_steps),
+            ("base_batch_size", base_batch_size),
+            ("max_batch_size", max_batch_size),
+        ):
+            if value is not None:
+                _validation.positive_int(name, value, accepted="a positive int or None")
+        if lr_scaling is not None:
+            _validation.one_of("lr_scaling", lr_scaling, ("linear", "sqrt"))
+        if accumulation_steps and accumulation_steps > 1 and batch_size == "auto":
+            raise ConfigurationError(
+                "accumulation_steps needs the batch it adds up to: pass "
+                "batch_size=<micro x replicas x accumulation_steps> as well (with "
+                'batch_size="auto" the largest batch that fits needs no '
+                f"accumulation). Received: accumulation_steps={accumulation_steps}, "
+                'batch_size="auto"'
+            )
+        return cls(
+            batch_size=batch_size,
+            strategy=strategy,
+            precision=precision,
+            optimize_data=optimize_data,
+            verbose=verbose,
+            accumulation_steps=accumulation_steps,
+            lr_scaling=lr_scaling,
+            base_batch_size=base_batch_size,
+            max_batch_size=max_batch_size,
+        )
+
+
+# Option -> the Plan reason it decides.
+_PINNED_REASON = {
+    "precision": "precision",
+    "optimize_data": "data_changes",
+    "batch_size": "global_batch_size",
+    "accumulation_steps": "accumulation_steps",
+}
+
+
+def pin(
+    options: Options, saved: Plan | None, *, data_batched: bool
+) -> tuple[Options, list[str]]:
+    """Options with the "auto" choices a checkpoint was written under, so a
+    rerun resumes with them even if a new search or trial would differ; and
+    the names of the options so set. `data_batched`: whether the data brings
+    its own batch (then an "auto" batch is the data's, not the checkpoint's)."""
+    if saved is None:
+        return options, []
+    changes: dict[str, Any] = {}
+    if options.precision == "auto":
+        changes["precision"] = saved.precision
+    if options.optimize_data == "auto":
+        changes["optimize_data"] = "prefetch(AUTOTUNE)" in saved.data_changes
+    if options.batch_size == "auto" and not data_batched:
+        changes["batch_size"] = saved.global_batch_size
+    batch = changes.get("batch_size", options.batch_size)
+    if options.accumulation_steps is None and batch == saved.global_batch_size:
+        changes["accumulation_steps"] = saved.accumulation_steps
+    return dataclasses.replace(options, **changes), sorted(changes)
+
+
+def say_pinned(plan: Plan, pinned: list[str]) -> Plan:
+    """`plan` with reasons that say which choices came from the checkpoint
+    being resumed (not "you asked for it")."""
+    if not pinned:
+        return plan
+    reasons = dict(plan.reasons)
+    for name in pinned:
+        reasons[_PINNED_REASON[name]] = "as in the checkpoint being resumed"
+    return dataclasses.replace(plan, reasons=reasons)

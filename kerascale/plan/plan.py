@@ -1,0 +1,152 @@
+"""The Plan: every decision for one training run, decided once, before
+anything runs, with the reason for each. It prints as a small table,
+serialises to JSON, and is the fingerprint a checkpoint is checked against."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+from collections.abc import Mapping
+from typing import Any
+
+from kerascale.errors import ConfigurationError
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Every decision for one training run, and why each was made.
+
+    Attributes:
+        strategy: The distribution strategy's name ("default", "one_device",
+            "mirrored", "tpu", or the class name of a strategy you passed).
+        devices: The devices that hold a replica.
+        replicas: Model replicas trained in sync.
+        precision: The Keras dtype policy name.
+        micro_batch_size: Samples per replica per forward pass.
+        accumulation_steps: Forward passes per optimizer update.
+        global_batch_size: Samples per optimizer update, equal to
+            `micro_batch_size * replicas * accumulation_steps`.
+        lr_factor: The factor applied to the learning rate.
+        rebuild: Whether the model is re-created under the policy and scope.
+        data_changes: What kerascale changed in the input pipeline.
+        hardware: A one-line summary of the hardware.
+        reasons: Field name -> why it has its value.
+        warnings: Things the user should know (e.g. mixed GPU types).
+    """
+
+    strategy: str
+    devices: tuple[str, ...]
+    replicas: int
+    precision: str
+    micro_batch_size: int
+    accumulation_steps: int
+    global_batch_size: int
+    lr_factor: float = 1.0
+    rebuild: bool = False
+    data_changes: tuple[str, ...] = ()
+    hardware: str = ""
+    reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        # Frozen means frozen: the reasons cannot be edited behind the plan's back.
+        object.__setattr__(self, "reasons", types.MappingProxyType(dict(self.reasons)))
+        expected = self.micro_batch_size * self.replicas * self.accumulation_steps
+        if expected != self.global_batch_size:
+            raise ConfigurationError(
+                "global_batch_size must equal micro_batch_size * replicas * "
+                f"accumulation_steps = {expected}. Received: "
+                f"global_batch_size={self.global_batch_size}"
+            )
+
+    @property
+    def step_batch_size(self) -> int:
+        """Samples in one forward pass across replicas: the dataset's batch."""
+        return self.micro_batch_size * self.replicas
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[f.name] = value
+        return out
+
+    def to_json(self, **kwargs: Any) -> str:
+        """The plan as JSON; `Plan.from_json` reads it back."""
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Plan:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ConfigurationError(
+                f"Unknown Plan field(s) {sorted(unknown)}; known: {sorted(names)}."
+            )
+        kwargs = dict(d)
+        for key in ("devices", "data_changes", "warnings"):
+            if key in kwargs:
+                kwargs[key] = tuple(kwargs[key])
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        return cls.from_dict(json.loads(text))
+
+    def __str__(self) -> str:
+        rows = [
+            ("hardware", self.hardware, ""),
+            (
+                "strategy",
+                f"{self.strategy} ({self.replicas} replica"
+                f"{'s' if self.replicas != 1 else ''})",
+                self.reasons.get("strategy", ""),
+            ),
+            ("precision", self.precision, self.reasons.get("precision", "")),
+            (
+                "batch",
+                f"{self.micro_batch_size} x {self.replicas} x "
+                f"{self.accumulation_steps} = {self.global_batch_size}",
+                "; ".join(
+                    r
+                    for r in (
+                        self.reasons.get("global_batch_size", ""),
+                        self.accumulation_steps > 1
+                        and self.reasons.get("accumulation_steps", ""),
+                    )
+                    if r
+                ),
+            ),
+        ]
+        if self.lr_factor != 1.0:
+            rows.append(
+                ("lr factor", f"{self.lr_factor:g}", self.reasons.get("lr_factor", ""))
+            )
+        rows.append(
+            (
+                "model",
+                "re-created" if self.rebuild else "used as is",
+                self.reasons.get("rebuild", ""),
+            )
+        )
+        rows.append(
+            (
+                "data",
+                ", ".join(self.data_changes) or "unchanged",
+                self.reasons.get("data_changes", ""),
+            )
+        )
+        w0 = max(len(r[0]) for r in rows)
+        w1 = max(len(r[1]) for r in rows)
+        lines = ["kerascale plan (batch = micro x replicas x accumulation = global)"]
+        for name, value, why in rows:
+            line = f"  {name:<{w0}}  {value:<{w1}}"
+            lines.append(f"{line}  {why}".rstrip() if why else line.rstrip())
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)

@@ -1,0 +1,323 @@
+"""The rules: `make_plan` decides strategy, precision, batch, accumulation,
+learning-rate factor and data changes from what is here (`Hardware`), what the
+user asked for (`Options`) and facts about the model and data. Pure: it
+touches no TensorFlow state, so every rule is testable with a fake `Hardware`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kerascale.errors import ConfigurationError, ModelError
+from kerascale.plan import accumulation as accumulation_rules
+from kerascale.plan import precision as precision_rules
+from kerascale.plan import strategy as strategy_rules
+from kerascale.plan.options import Options
+from kerascale.plan.plan import Plan
+from kerascale.sense.data_facts import DataFacts
+from kerascale.sense.hardware import Hardware
+from kerascale.sense.model_facts import ModelFacts
+
+# Keras's own default when `fit` gets arrays and no batch size.
+DEFAULT_BATCH_PER_REPLICA = 32
+
+
+def make_plan(
+    hardware: Hardware,
+    options: Options,
+    model: ModelFacts,
+    data: DataFacts,
+    *,
+    search: Any = None,
+) -> Plan:
+    """Decides strategy, precision, batch and data handling. Pure.
+
+    Args:
+        hardware: What is here (`detect_hardware()` or a fake).
+        options: The validated user options.
+        model: Facts about the model.
+        data: Facts about the training data.
+        search: A `BatchSearchResult` for this plan's precision and strategy,
+            which decides an "auto" batch.
+
+    Returns:
+        The `Plan`.
+
+    Raises:
+        ConfigurationError: If the options cannot be met here (e.g. a batch not
+            divisible by the number of replicas).
+        ClusterConfigError: For a malformed cluster description.
+        UnsupportedError: For a cluster task that does not train.
+    """
+    where = _placement(hardware, options, model)
+    replicas = where.replicas
+    reasons, warnings = dict(where.reasons), list(where.warnings)
+
+    requested, why_batch = _choose_batch(options, data, replicas, search)
+    sp, batch_warnings = _accumulation(options, data, requested, replicas, search)
+    warnings += batch_warnings
+    global_batch = sp.micro * replicas * sp.steps
+    reasons["global_batch_size"] = why_batch
+    reasons["accumulation_steps"] = sp.why
+    factor, why_lr = _lr_factor(options, data, global_batch)
+    if why_lr:
+        reasons["lr_factor"] = why_lr
+    data_changes, why_data = _data_changes(options, data, sp.micro * replicas, replicas)
+    reasons["data_changes"] = why_data
+
+    return Plan(
+        strategy=where.strategy,
+        devices=tuple(where.devices),
+        replicas=replicas,
+        precision=where.policy,
+        micro_batch_size=sp.micro,
+        accumulation_steps=sp.steps,
+        global_batch_size=global_batch,
+        lr_factor=factor,
+        rebuild=where.rebuild,
+        data_changes=tuple(data_changes),
+        hardware=hardware.summary(),
+        reasons=reasons,
+        warnings=tuple(warnings),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Placement:
+    """Where the model trains and in which dtype: the strategy's and the
+    precision's decisions, with re-creation (or its fallback)."""
+
+    strategy: str
+    devices: tuple[str, ...]
+    replicas: int
+    policy: str
+    rebuild: bool
+    reasons: dict[str, str]
+    warnings: tuple[str, ...]
+
+
+def _placement(hardware: Hardware, options: Options, model: ModelFacts) -> _Placement:
+    choice = strategy_rules.choose(hardware, options.strategy)
+    policy, why_policy, policy_warnings = precision_rules.choose(
+        hardware, options.precision, model_policy=model.policy
+    )
+    warnings = [*choice.warnings, *policy_warnings]
+    needs_new_scope = choice.name != "default" and not model.in_strategy_scope
+    rebuild = model.builder or needs_new_scope or policy != model.policy
+    if rebuild and not model.rebuildable:
+        return _as_it_is(hardware, choice, policy, why_policy, model, warnings)
+    if model.builder:
+        why_rebuild = "built by your function under the plan's policy and scope"
+    elif rebuild:
+        parts = []
+        if policy != model.policy:
+            parts.append(f"dtype policy {model.policy} -> {policy}")
+        if needs_new_scope:
+            parts.append(f"variables must live in the {choice.name} scope")
+        why_rebuild = "; ".join(parts) + "; weights copied, compile settings kept"
+    else:
+        why_rebuild = "already matches the plan: zero overhead"
+    reasons = {
+        "strategy": choice.reason,
+        "precision": why_policy,
+        "rebuild": why_rebuild,
+    }
+    return _Placement(
+        choice.name,
+        tuple(choice.devices),
+        choice.replicas,
+        policy,
+        rebuild,
+        reasons,
+        tuple(warnings),
+    )
+
+
+def _as_it_is(
+    hardware: Hardware,
+    choice: Any,
+    policy: str,
+    why_policy: str,
+    model: ModelFacts,
+    warnings: list[str],
+) -> _Placement:
+    """The model as it is, for a plan that would re-create it but cannot: the
+    choices that need a re-created model are dropped, and said so."""
+    why = model.why_not_rebuildable
+    needs_new_scope = choice.name != "default" and not model.in_strategy_scope
+    dropped = []
+    if policy != model.policy:
+        dropped.append(f"precision {policy}")
+        policy, why_policy = model.policy, f"kept the model's {model.policy}: {why}"
+    if needs_new_scope and choice.name == "multi_worker":
+        # Training alone on each worker would silently diverge.
+        raise ModelError(
+            "Training on the cluster needs the model's variables in "
+            "MultiWorkerMirroredStrategy's scope, and your model cannot be "
+            f"re-created there ({why}). Pass a zero-argument function that "
+            "builds and compiles it, or build it under "
+            "`with kerascale.connect_cluster().scope():`."
+        )
+    why_strategy = choice.reason
+    if needs_new_scope:
+        dropped.append(f"strategy {choice.name}")
+        choice = strategy_rules.choose(hardware, "default")
+        why_strategy = f"kept the default strategy: {why}"
+    warnings.append(
+        f"Not applied: {' and '.join(dropped)}, because the model cannot be "
+        f"re-created ({why}). Pass a zero-argument function that builds and "
+        "compiles the model instead of the model."
+    )
+    reasons = {
+        "strategy": why_strategy,
+        "precision": why_policy,
+        "rebuild": "already matches the plan: zero overhead",
+    }
+    return _Placement(
+        choice.name,
+        tuple(choice.devices),
+        choice.replicas,
+        policy,
+        False,
+        reasons,
+        tuple(warnings),
+    )
+
+
+def searched_batch(options: Options, data: DataFacts) -> bool:
+    """Whether the batch itself is the search's answer (an "auto" batch for
+    data that brings none); otherwise a search only bounds the micro-batch."""
+    return options.batch_size == "auto" and not data.batched
+
+
+def _accumulation(
+    options: Options, data: DataFacts, requested: int, replicas: int, search: Any
+) -> tuple[accumulation_rules.Split, list[str]]:
+    """How each replica reaches its share of `requested`: micro x k."""
+    per_replica = requested // replicas
+    k = options.accumulation_steps
+    if k and k > 1 and data.kind == "pydataset":
+        raise ConfigurationError(
+            "accumulation_steps cannot split the batches of a keras.utils.PyDataset "
+            "(it makes its own): make its batches the micro-batch and pass "
+            "kerascale.accumulate(model, steps) with plain model.fit, or use a "
+            f"tf.data.Dataset. Received: accumulation_steps={k}"
+        )
+    if k:
+        if per_replica % k:
+            raise ConfigurationError(
+                f"accumulation_steps must divide the batch per replica "
+                f"({requested} / {replicas} replicas = {per_replica}) into equal "
+                f"micro-batches. Received: accumulation_steps={k}. Use a divisor of "
+                f"{per_replica}, or a batch_size divisible by {k * replicas}."
+            )
+        why = f"accumulation_steps={k} you passed" if k > 1 else "accumulation_steps=1"
+        return accumulation_rules.Split(per_replica // k, k, True, why), []
+    bound, source = None, ""
+    if options.max_batch_size:
+        bound, source = max(1, options.max_batch_size // replicas), "max_batch_size"
+    if search is not None and not searched_batch(options, data):
+        measured = search.batch_size
+        if bound is None or measured < bound:
+            bound, source = measured, "measured"
+    sp = accumulation_rules.split(per_replica, bound)
+    if sp.steps > 1:
+        sp = dataclasses.replace(sp, why=f"{sp.why} ({source} bound)")
+    warnings = []
+    if not sp.exact:
+        below, above = accumulation_rules.nearest_exact(per_replica, bound, replicas)
+        effective = sp.micro * replicas * sp.steps
+        warnings.append(
+            f"batch_size={requested} cannot be reached exactly: at most {bound} "
+            f"samples per replica fit in one forward pass and {per_replica} has no "
+            f"split into equal micro-batches that uses them well. Training with "
+            f"{sp.micro} x {replicas} x {sp.steps} = {effective} samples per update "
+            f"instead ({requested - effective} fewer). For exactly what you ask, "
+            f"pass batch_size={below}"
+            + (f" or {above}" if above != below else "")
+            + f", or accumulation_steps= a divisor of {per_replica}."
+        )
+    return sp, warnings
+
+
+def _lr_factor(options: Options, data: DataFacts, effective: int) -> tuple[float, str]:
+    if options.lr_scaling is None:
+        return 1.0, ""
+    base, where = options.base_batch_size, "base_batch_size"
+    if base is None and data.batched and data.batch_size:
+        base, where = data.batch_size, "your dataset's batch"
+    if base is None:
+        raise ConfigurationError(
+            f"lr_scaling={options.lr_scaling!r} scales the learning rate from a base "
+            "batch, and there is none here: pass base_batch_size= (the batch your "
+            "learning rate was tuned for) or a batched dataset. Received: "
+            "base_batch_size=None"
+        )
+    factor = accumulation_rules.lr_factor(options.lr_scaling, effective, base)
+    rule = "B/base" if options.lr_scaling == "linear" else "sqrt(B/base)"
+    return factor, (
+        f"lr_scaling={options.lr_scaling!r}: {rule} = {effective}/{base} ({where}) "
+        f"-> x{factor:g}"
+    )
+
+
+def _choose_batch(
+    options: Options, data: DataFacts, replicas: int, search: Any
+) -> tuple[int, str]:
+    if data.kind == "pydataset" and options.batch_size not in ("auto", data.batch_size):
+        raise ConfigurationError(
+            f"batch_size cannot re-batch a keras.utils.PyDataset: it makes its own "
+            f"batches of {data.batch_size}. Change the PyDataset's batch size, or "
+            f'pass batch_size="auto". Received: batch_size={options.batch_size}'
+        )
+    if options.batch_size != "auto":
+        batch, why = options.batch_size, "batch_size you passed"
+    elif data.batched and data.batch_size:
+        batch, why = data.batch_size, "the batch size of your batched dataset"
+    elif search is not None:
+        batch = search.batch_size * replicas
+        how = "cached search" if search.cached else search.reasons.get("search", "")
+        why = f"searched ({how}): {search.reasons['batch_size']}"
+    else:
+        batch = DEFAULT_BATCH_PER_REPLICA * replicas
+        why = (
+            f"data not batched and no batch_size given: Keras's default "
+            f"{DEFAULT_BATCH_PER_REPLICA} per replica"
+        )
+    if batch % replicas:
+        raise ConfigurationError(
+            f"batch_size must be divisible by the number of replicas ({replicas}) "
+            f"so that every replica gets the same share. Received: "
+            f"batch_size={batch}. Use a multiple of {replicas}, e.g. "
+            f"{max(replicas, batch - batch % replicas)}."
+        )
+    return batch, why
+
+
+def _data_changes(
+    options: Options, data: DataFacts, global_batch: int, replicas: int
+) -> tuple[list[str], str]:
+    if data.kind == "arrays":
+        return [], "arrays are batched and prefetched by Keras itself"
+    if data.kind == "pydataset":
+        return [], "a PyDataset makes its own batches; Keras reads it"
+    changes = []
+    if not data.batched:
+        changes.append(f"batch({global_batch})")
+    elif data.batch_size != global_batch:
+        changes.append(f"rebatch({data.batch_size} -> {global_batch})")
+    if options.optimize_data:
+        changes += ["map parallelization", "prefetch(AUTOTUNE)"]
+        if data.cacheable:
+            changes.append("cache()")
+        if replicas > 1:
+            # TF's AUTO tries files first and warns when it falls back to data;
+            # saying which one applies is quieter and shows in the plan.
+            changes.append(
+                "shard by file (by data if fewer files than workers)"
+                if data.from_files
+                else "shard by data"
+            )
+    why = f"optimize_data={options.optimize_data!r}"
+    return changes, why

@@ -1,0 +1,418 @@
+"""What planning needs to know about the training data, and reading it.
+
+`inspect` learns the facts planning needs (a dataset, a PyDataset or arrays,
+batched or not, the user's own batch size, whether it reads files, whether a
+cache of it is safe) and rejects data that cannot train with a clear error.
+The other functions read a `tf.data` pipeline without changing it: its batch
+size, its chain of transformations, whether it shuffles without a seed or has
+stateful operations, and the per-sample structure a batch-size probe
+synthesises. Changing the data is `kerascale.apply.data`'s job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from kerascale._units import format_bytes
+from kerascale.errors import DataError
+from kerascale.sense.memory import available_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFacts:
+    """What planning needs to know about the training data.
+
+    Attributes:
+        kind: "dataset", "pydataset" or "arrays".
+        batched: Whether a dataset arrives already batched.
+        batch_size: The batch of an already-batched dataset, else None.
+        num_samples: Samples per epoch where known (arrays; datasets of known
+            length, counting a batched one's last batch as full), else None.
+        from_files: Whether a dataset reads files (TFRecord, text lines...),
+            which lets a distributed strategy shard it by file.
+        cacheable: Whether a dataset gives the same elements every epoch (no
+            shuffle, no random or Python ops), has a known length, and fits
+            in a quarter of the memory available: `cache()` then spares
+            re-computing it.
+    """
+
+    kind: str
+    batched: bool = False
+    batch_size: int | None = None
+    num_samples: int | None = None
+    from_files: bool = False
+    cacheable: bool = False
+
+
+def is_dataset(x: Any) -> bool:
+    return isinstance(x, tf.data.Dataset)
+
+
+def leading_dims(structure: Any) -> list[int]:
+    dims = []
+    for a in tf.nest.flatten(structure):
+        shape = getattr(a, "shape", None)
+        if shape is None:
+            a = np.asarray(a)
+            shape = a.shape
+        if len(shape) == 0:
+            raise DataError(
+                "x and y must hold one row per sample, but an entry is a scalar "
+                f"(shape ()). Received: {type(a).__name__} with shape ()"
+            )
+        dims.append(int(shape[0]))
+    return dims
+
+
+def _array_like(x: Any) -> bool:
+    return all(
+        isinstance(a, np.ndarray | tf.Tensor | list | tuple) or hasattr(a, "__array__")
+        for a in tf.nest.flatten(x)
+    )
+
+
+def inspect(
+    x: Any,
+    y: Any = None,
+    *,
+    steps_per_epoch: Any = None,
+    name: str = "x",
+    steps_name: str = "steps_per_epoch",
+) -> DataFacts:
+    """Learns what planning needs to know about `x`/`y`, validating them.
+
+    Args:
+        x: A `tf.data.Dataset` (batched or not, yielding `(x, y)` or
+            `(x, y, sample_weight)`), or arrays (NumPy, tensors, or a dict or
+            list of them).
+        y: Targets when `x` is arrays; must be None for a dataset.
+        steps_per_epoch: Needed when the dataset is infinite.
+        name: How to name `x` in errors (e.g. "validation_data").
+        steps_name: How to name `steps_per_epoch` in errors.
+
+    Raises:
+        DataError: For empty data, an infinite dataset without
+            `steps_per_epoch`, mismatched lengths or an unsupported type.
+    """
+    if x is None:
+        raise DataError(f"{name} is required. Received: {name}=None")
+    if is_dataset(x):
+        if y is not None:
+            raise DataError(
+                "y must be None when x is a tf.data.Dataset: the dataset yields "
+                f"(inputs, targets). Received: y of type {type(y).__name__}"
+            )
+        return _inspect_dataset(
+            x, steps_per_epoch=steps_per_epoch, name=name, steps_name=steps_name
+        )
+    if isinstance(x, keras.utils.PyDataset):
+        return _inspect_pydataset(x, y, name=name)
+    if isinstance(x, Mapping) or _array_like(x):
+        return _inspect_arrays(x, y, name=name)
+    raise DataError(
+        f"{name} must be a tf.data.Dataset, a keras.utils.PyDataset or arrays "
+        "(NumPy, tensors, or a dict or list of them). Received: "
+        f"{name} of type {type(x).__name__}. Wrap a Python generator with "
+        "tf.data.Dataset.from_generator(gen, output_signature=...) so that "
+        "kerascale can batch it and every epoch can read it again."
+    )
+
+
+def _inspect_pydataset(x: Any, y: Any, *, name: str) -> DataFacts:
+    # A PyDataset makes its own batches: read the size of the first one.
+    if y is not None:
+        raise DataError(
+            f"y must be None when {name} is a PyDataset: it yields (inputs, "
+            f"targets). Received: y of type {type(y).__name__}"
+        )
+    n = x.num_batches
+    if n == 0:
+        raise DataError(f"{name} is an empty PyDataset (0 batches).")
+    first = x[0]
+    inputs = first[0] if isinstance(first, tuple) else first
+    (batch, *_) = leading_dims(inputs)
+    return DataFacts(kind="pydataset", batched=True, batch_size=batch)
+
+
+def _inspect_arrays(x: Any, y: Any, *, name: str) -> DataFacts:
+    x_dims = leading_dims(x)
+    if not x_dims:
+        raise DataError(f"{name} holds no arrays. Received: {name}={x!r}")
+    lengths = {f"{name}": set(x_dims)}
+    if y is not None:
+        lengths["y"] = set(leading_dims(y))
+    if len(set(x_dims)) > 1:
+        raise DataError(
+            f"All arrays in {name} must have the same number of samples. "
+            f"Received lengths: {sorted(set(x_dims))}"
+        )
+    n = x_dims[0]
+    if y is not None and lengths["y"] != {n}:
+        raise DataError(
+            f"{name} and y must have the same number of samples. Received: "
+            f"{name} has {n}, y has {sorted(lengths['y'])}"
+        )
+    if n == 0:
+        raise DataError(f"{name} is empty (0 samples): there is nothing to train on.")
+    return DataFacts(kind="arrays", batched=False, batch_size=None, num_samples=n)
+
+
+def _inspect_dataset(
+    ds: tf.data.Dataset, *, steps_per_epoch: Any, name: str, steps_name: str
+) -> DataFacts:
+    cardinality = int(ds.cardinality())
+    if cardinality == 0:
+        raise DataError(f"{name} is an empty dataset (0 elements).")
+    if cardinality == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
+        raise DataError(
+            f"{name} is an infinite dataset (it repeats forever), so it never "
+            f"ends. Pass {steps_name}=N, or remove .repeat(). "
+            f"Received: {steps_name}=None"
+        )
+    batch = dataset_batch_size(ds)
+    samples = None
+    if (
+        cardinality >= 0
+    ):  # known: elements, or batches of `batch` (the last may be short)
+        samples = cardinality * batch if batch else cardinality
+    return DataFacts(
+        kind="dataset",
+        batched=batch is not None,
+        batch_size=batch,
+        num_samples=samples,
+        from_files=reads_files(ds),
+        cacheable=cacheable(ds)[0],
+    )
+
+
+# Datasets that read records from files, by class name (public constructors
+# return these private classes: tf.data.TFRecordDataset() -> TFRecordDatasetV2).
+_FILE_READERS = (
+    "TFRecordDatasetV2",
+    "_TFRecordDataset",
+    "TextLineDatasetV2",
+    "_TextLineDataset",
+    "FixedLengthRecordDatasetV2",
+    "_FixedLengthRecordDataset",
+)
+
+
+UNSEEDED_SHUFFLE_ON_CLUSTER = (
+    "Your dataset shuffles without a seed. On a cluster every worker reads the "
+    "whole pipeline and keeps its share, so each would shuffle differently and "
+    "an epoch would see some samples twice and miss others: pass "
+    "shuffle(..., seed=N), or call keras.utils.set_random_seed(N) before "
+    "building the dataset."
+)
+
+
+def unseeded_shuffle(ds: Any) -> bool:
+    """True when the pipeline has a `shuffle` with neither an op seed nor a
+    global seed, so its order differs between processes."""
+    node, seen = ds, 0
+    while node is not None and seen < 200:
+        seen += 1
+        if type(node).__name__ == "_ShuffleDataset":
+            try:
+                if int(node._seed) == 0 and int(node._seed2) == 0:
+                    return True
+            except (AttributeError, TypeError, ValueError):
+                pass
+        inputs = node._inputs() if hasattr(node, "_inputs") else []
+        node = inputs[0] if inputs else None
+    return False
+
+
+def reads_files(ds: tf.data.Dataset) -> bool:
+    """True when the pipeline reads files, so it can be sharded by file: a
+    file reader in the chain, or an interleave over a dataset of file names."""
+    d = ds
+    while d is not None:
+        cls = type(d).__name__
+        if cls in _FILE_READERS:
+            return True
+        if "Interleave" in cls or cls == "_FlatMapDataset":
+            source = d._input_dataset
+            spec = source.element_spec
+            if isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string:
+                return True
+        d = getattr(d, "_input_dataset", None)
+    return False
+
+
+def chain(ds: tf.data.Dataset) -> list[tf.data.Dataset]:
+    """The dataset and its inputs, as far as a single chain goes."""
+    out, d = [], ds
+    while d is not None:
+        out.append(d)
+        d = getattr(d, "_input_dataset", None)
+    return out
+
+
+def dataset_batch_size(ds: tf.data.Dataset) -> int | None:
+    """The batch size of an already-batched dataset, or None if unbatched.
+
+    Walks back through the transformations to the nearest batch or unbatch.
+    Where the chain cannot be followed (zip, interleave...), an element whose
+    leading dimensions are all unknown is taken as batched and its size read
+    from the first element.
+    """
+    for d in chain(ds):
+        if type(d).__name__ in ("_UnbatchDataset", "_RebatchDataset"):
+            break
+        # batch, padded_batch and parallel batch keep their size here.
+        size = getattr(d, "_batch_size", None)
+        if size is not None:
+            value = tf.get_static_value(size)
+            if value is not None and int(value) > 0:
+                return int(value)
+    specs = tf.nest.flatten(ds.element_spec)
+    shapes = [s.shape for s in specs if hasattr(s, "shape")]
+    if not shapes or any(len(s) == 0 or s[0] is not None for s in shapes):
+        return None
+    try:
+        first = next(iter(ds.take(1)))
+    except StopIteration:
+        return None
+    return int(tf.nest.flatten(first)[0].shape[0])
+
+
+def has_map(x: Any) -> bool:
+    """Whether a dataset maps a function over its elements (where a parallel
+    map can matter)."""
+    if not isinstance(x, tf.data.Dataset):
+        return False
+    return any("Map" in type(d).__name__ for d in chain(x))
+
+
+def signature(x: Any) -> str:
+    """What identifies the training data for caching a measured decision:
+    the element structure and the chain of transformations (not the values)."""
+    if isinstance(x, tf.data.Dataset):
+        names = [type(d).__name__ for d in chain(x)]
+        return repr((names, x.element_spec))
+    leaves = tf.nest.flatten(x)
+    return repr(
+        [(tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", ""))) for a in leaves]
+    )
+
+
+def cacheable(ds: tf.data.Dataset, budget: int | None = None) -> tuple[bool, str]:
+    """Whether `cache()` is safe and fits: (answer, why not)."""
+    if any(type(n).__name__ in ("CacheDataset", "_CacheDataset") for n in chain(ds)):
+        return False, "it is cached already"
+    cardinality = int(ds.cardinality())
+    if cardinality < 0:
+        return False, "its length is unknown or infinite"
+    if any(type(n).__name__ == "_ShuffleDataset" for n in chain(ds)):
+        return False, "it shuffles (a cache would freeze one order)"
+    reason = stateful_reason(ds)
+    if reason:
+        return False, f"{reason} (a cache would freeze their results)"
+    size = 0
+    batch = dataset_batch_size(ds)
+    for spec in tf.nest.flatten(ds.element_spec):
+        shape = getattr(spec, "shape", None)
+        dtype = getattr(spec, "dtype", None)
+        if shape is not None and shape.rank and shape[0] is None and batch:
+            shape = tf.TensorShape([batch, *shape[1:]])  # a batch: at most this
+        if shape is None or not shape.is_fully_defined() or dtype == tf.string:
+            return False, "its elements have no fixed size to budget"
+        size += shape.num_elements() * dtype.size
+    total = size * cardinality
+    if budget is None:
+        available = available_bytes()
+        if available is None:
+            return False, "the memory available is unknown"
+        budget = available // 4
+    if total > budget:
+        return False, f"it needs {format_bytes(total)}, over {format_bytes(budget)}"
+    return True, ""
+
+
+def stateful_reason(ds: tf.data.Dataset) -> str | None:
+    """Why the pipeline's output can differ between runs or epochs: random
+    ops or Python code in its functions (TensorFlow's own check), or None."""
+    try:
+        tf.raw_ops.DatasetToGraphV2(
+            input_dataset=ds._variant_tensor,
+            external_state_policy=2,  # FAIL
+        )
+    except tf.errors.OpError as e:
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        # e.g. "EagerPyFunc is stateful."
+        text = text.split("graph: ", 1)[-1].split(" [Op:")[0]
+        return f"it has stateful operations (random ops or Python code: {text[:120]})"
+    except Exception:
+        return "its graph cannot be inspected"
+    return None
+
+
+def sample_inputs(x: Any, facts: DataFacts) -> Any:
+    """A one-sample batch of inputs, to build an unbuilt model."""
+    if facts.kind == "arrays":
+        return tf.nest.map_structure(lambda a: np.asarray(a)[:1], x)
+    if facts.kind == "pydataset":
+        first = x[0]
+        inputs = first[0] if isinstance(first, tuple) else first
+        return tf.nest.map_structure(lambda a: np.asarray(a)[:1], inputs)
+    spec = x.element_spec
+    inputs = spec[0] if isinstance(spec, tuple) else spec
+
+    def zeros(s):
+        shape = [1 if d is None else d for d in s.shape]
+        if facts.batched:
+            shape[0] = 1
+        else:
+            shape = [1, *shape]
+        return tf.zeros(shape, dtype=s.dtype)
+
+    return tf.nest.map_structure(zeros, inputs)
+
+
+def element_structure(x: Any, y: Any, facts: DataFacts, *, scan: int = 64) -> Any:
+    """The per-sample structure of the training data as `tf.TensorSpec`s with
+    every dimension known: what a batch-size probe synthesises.
+
+    Where a dimension varies (variable-length sequences), the largest value
+    among the first `scan` elements is used, so that the probe is not easier
+    than training.
+    """
+    if facts.kind == "arrays":
+
+        def spec(a):
+            a = np.asarray(a) if not hasattr(a, "dtype") else a
+            return tf.TensorSpec(a.shape[1:], tf.as_dtype(a.dtype))
+
+        inputs = tf.nest.map_structure(spec, x)
+        return inputs if y is None else (inputs, tf.nest.map_structure(spec, y))
+    if facts.kind == "pydataset":
+        first = x[0]
+        return tf.nest.map_structure(
+            lambda a: tf.TensorSpec(np.shape(a)[1:], tf.as_dtype(np.asarray(a).dtype)),
+            tuple(first) if isinstance(first, list) else first,
+        )
+    ds = x.unbatch() if facts.batched else x
+    element = ds.element_spec
+    flat = tf.nest.flatten(element)
+    if all(s.shape.is_fully_defined() for s in flat):
+        return element
+    largest = [list(s.shape) for s in flat]
+    for item in ds.take(scan):
+        for i, t in enumerate(tf.nest.flatten(item)):
+            largest[i] = [
+                max(d or 0, n) for d, n in zip(largest[i], t.shape, strict=True)
+            ]
+    return tf.nest.pack_sequence_as(
+        element,
+        [
+            tf.TensorSpec([max(1, d or 1) for d in dims], s.dtype)
+            for dims, s in zip(largest, flat, strict=True)
+        ],
+    )
