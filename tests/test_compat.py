@@ -1,15 +1,19 @@
-"""The Keras 3 + MultiWorkerMirroredStrategy fix: pinned to the upstream code
-it replaces, and run by two real worker processes on 127.0.0.1."""
+"""kerascale's uses of private Keras names: the multi-worker fix, pinned to
+the upstream code it replaces and run by two real worker processes on
+127.0.0.1; and the model internals, pinned by what they do."""
 
+import keras
 import numpy as np
+import tensorflow as tf
 from test_multiworker import load, max_diff, run_cluster, run_single
 
 from kerascale.apply import keras_compat as compat
 
 
 def test_upstream_code_is_the_code_the_fix_replaces():
-    """Fails when Keras changes the patched functions: revisit kerascale/compat.py
-    (and drop it if keras-team/keras#20585 is fixed)."""
+    """Fails when Keras changes the patched functions: revisit
+    kerascale/apply/keras_compat.py (and drop it if keras-team/keras#20585 is
+    fixed)."""
     assert compat.upstream_changed() == []
 
 
@@ -25,3 +29,33 @@ def test_two_workers_train_like_one_process(tmp_path):
     assert max_diff(w0, ws) <= 1e-5  # and match one process
     assert r0["history"] == r1["history"]
     np.testing.assert_allclose(r0["history"]["loss"], rs["history"]["loss"], atol=1e-5)
+
+
+def test_the_model_internals_kerascale_uses_still_do_what_it_relies_on():
+    """Fails when Keras renames or changes them (see PRIVATE_NAMES)."""
+    assert len(compat.PRIVATE_NAMES) == 7
+    x, y = np.zeros((8, 2), "float32"), np.zeros((8, 1), "float32")
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    assert compat.compile_arguments(model)["loss"] == "mse"
+    # fit starts at the initial epoch while its run is alive, not after.
+    compat.set_initial_epoch(model, 2, lambda: True)
+    assert len(model.fit(x, y, epochs=3, verbose=0).history["loss"]) == 1
+    compat.set_initial_epoch(model, 2, lambda: False)
+    assert len(model.fit(x, y, epochs=3, verbose=0).history["loss"]) == 3
+    compat.clear_initial_epoch(model)
+    assert model._initial_epoch is None
+    # Building as the first step would, without training.
+    fresh = keras.Sequential([keras.layers.Dense(1)])
+    fresh.compile(optimizer="adam", loss="mse")
+    spec = (tf.TensorSpec((None, 2)), tf.TensorSpec((None, 1)))
+    compat.build_like_first_step(fresh, spec)
+    assert compat.fully_built(fresh) and fresh.optimizer.built
+    assert int(fresh.optimizer.iterations) == 0
+    # The global seed generator: absent until asked for, then the same one.
+    from keras.src.backend.common import global_state
+
+    global_state.set_global_attribute("global_seed_generator", None)
+    assert compat.existing_global_seed_generator() is None
+    made = compat.global_seed_generator()
+    assert compat.existing_global_seed_generator() is made

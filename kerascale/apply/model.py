@@ -151,9 +151,17 @@ def recreate(
             copy_optimizer_state(model, new)
         except Exception as e:
             raise CannotRecreate(
-                f"re-creating it failed: {type(e).__name__}: {e}"
+                f"re-creating it failed: {type(e).__name__}: {_gist(e)}"
             ) from e
     return new
+
+
+def _gist(e: BaseException) -> str:
+    """The first sentence of an error's message, on one line (Keras's
+    serialization errors go on with a page of example code)."""
+    text = " ".join(str(e).split())
+    end = text.find(". ")
+    return (text[: end + 1] if 0 < end < 300 else text[:300]) or type(e).__name__
 
 
 def _built(builder: Callable[[], keras.Model]) -> keras.Model:
