@@ -15,7 +15,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from conftest import CPU
+from conftest import CPU, dense_model, toy_data
 
 import kerascale
 from kerascale.apply import cluster as multiworker
@@ -457,3 +457,21 @@ def test_lost_worker_errors_are_translated(monkeypatch):
     assert multiworker.translate_error(ValueError("x")) is None
     monkeypatch.setattr(multiworker, "_connection", None)
     assert multiworker.translate_error(e) is None
+
+
+def test_plan_agrees_with_the_other_workers_as_fit_does(monkeypatch):
+    """plan() takes fit's path to the decision, the cluster's agreement
+    included (it used to show one worker's view before agreement)."""
+    joined = []
+    monkeypatch.setattr(
+        multiworker,
+        "join_if_wanted",
+        lambda hw, requested, timeout: joined.append(requested) or True,
+    )
+    chief = {"batch": None, "precision": "mixed_bfloat16", "global_batch_size": 32}
+    monkeypatch.setattr(multiworker, "exchange", lambda v: [chief, dict(v)])
+    x, y = toy_data(64)
+    p = kerascale.plan(dense_model(), x, y, batch_size=32, precision="float32")
+    assert joined == ["auto"]
+    assert p.precision == "mixed_bfloat16"
+    assert "the chief's (mixed_bfloat16)" in p.reasons["precision"]

@@ -336,3 +336,31 @@ def test_measurements_borrow_a_model_that_cannot_be_copied():
     after = [v.numpy() for v in [*m.variables, *m.optimizer.variables]]
     for a, b in zip(before, after, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_gpu_monitor_stops_sampling_when_its_plain_fit_raises(monkeypatch):
+    """Through the NVML seam: the sampling thread and NVML do not outlive a
+    plain fit that raised (Keras skipped on_train_end)."""
+    import sys
+
+    from test_monitoring import fake_pynvml
+
+    nvml = fake_pynvml()
+    shut = []
+    nvml.nvmlShutdown = lambda: shut.append(True)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monitor = kerascale.callbacks.GPUMonitor(interval=0.05)
+    with pytest.raises(RuntimeError):
+        model().fit(
+            data(seed=1),
+            epochs=2,
+            verbose=0,
+            callbacks=[monitor, Raise("on_train_batch_end", 3, RuntimeError)],
+        )
+    monitor._thread.join(timeout=5)
+    assert not monitor._thread.is_alive() and not monitor.active
+    assert shut == [True]
+    sampled = nvml.calls["n"]
+    time.sleep(0.3)
+    assert nvml.calls["n"] == sampled  # nothing samples any more

@@ -213,12 +213,24 @@ def join_if_wanted(hw: Any, requested: Any, worker_timeout: Any) -> bool:
     return True
 
 
+def joined_by(strategy: Any) -> bool:
+    """Whether `strategy` is the joined cluster's."""
+    return _connection is not None and strategy is _connection.strategy
+
+
+def tf_seed() -> int | None:
+    """TensorFlow's global seed, or None when none is set."""
+    from tensorflow.python.framework import random_seed
+
+    return random_seed.get_seed(None)[0]
+
+
 def start_alike(model: Any, strategy: Any, plan: Any, data: Any, x: Any) -> Any:
     """Under the joined cluster's strategy: gives every worker the chief's
     weights (and optimizer state) and TensorFlow seed, and returns `plan`
     with a warning when the dataset shuffles without a seed. Elsewhere it
     returns `plan` untouched."""
-    if _connection is None or strategy is not _connection.strategy:
+    if not joined_by(strategy):
         return plan
     optimizer = core_optimizer(model.optimizer)
     broadcast_variables(

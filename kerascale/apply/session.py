@@ -220,6 +220,9 @@ def prepare(
         train_model, dist = session.model_for(
             model, decided.plan, instance=decided.instance, copy=copy
         )
+    if cluster.joined_by(dist):
+        # Every worker takes the chief's TensorFlow seed for the run.
+        session.undo("the cluster's shared seed", tf.random.set_seed, cluster.tf_seed())
     plan = cluster.start_alike(train_model, dist, decided.plan, decided.data, x)
     session.accumulate(train_model, plan, final=not copy)
     x, y, kwargs, quiet = _prepare_data(x, y, decided, plan, fit_kwargs, as_dataset)

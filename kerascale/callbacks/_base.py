@@ -21,12 +21,15 @@ own hooks to take it out. Two mechanisms cover it:
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import keras
+
+logger = logging.getLogger("kerascale")
 
 
 class FitRun:
@@ -73,7 +76,10 @@ class FitRun:
                 if not self._open:
                     return
                 if not self.alive():
-                    on_end()
+                    try:
+                        on_end()
+                    except Exception as e:  # a thread's error would go unseen
+                        logger.warning("kerascale: cleaning up after fit: %s", e)
                     return
 
         threading.Thread(target=run, name="kerascale-fit-watch", daemon=True).start()

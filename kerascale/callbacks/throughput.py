@@ -42,6 +42,7 @@ class Throughput(KerascaleCallback):
         self.epochs_seen: list[dict[str, float]] = []
 
     def on_train_begin(self, logs=None):
+        self.start_run()
         self.epochs_seen = []
         self._epoch_seconds: list[float] = []
 
