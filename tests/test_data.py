@@ -196,3 +196,20 @@ def test_parallel_maps_leave_other_pipelines_alone():
     assert apply_data.parallel_maps(ds) is ds
     plain = tf.data.Dataset.range(8)
     assert apply_data.parallel_maps(plain) is plain
+
+
+def test_the_stateful_check_runs_once_per_dataset(monkeypatch):
+    """It serialises the pipeline (tens of ms): each dataset is checked once."""
+    calls = []
+    real = data_facts._stateful_reason
+    monkeypatch.setattr(
+        data_facts, "_stateful_reason", lambda ds: calls.append(ds) or real(ds)
+    )
+    ds = tf.data.Dataset.range(4).map(
+        lambda v: tf.cast(v, tf.float32) + tf.random.uniform(())
+    )
+    first = data_facts.stateful_reason(ds)
+    assert first and "stateful operations" in first
+    assert data_facts.stateful_reason(ds) == first and len(calls) == 1
+    assert data_facts.stateful_reason(ds.batch(2)) and len(calls) == 2
+    assert data_facts.stateful_reason(tf.data.Dataset.range(3)) is None
