@@ -33,7 +33,16 @@ class ModelError(KerascaleError, ValueError):
 
 class BatchSizeSearchError(KerascaleError, RuntimeError):
     """The batch-size search could not find a batch that fits, or a probe
-    failed for a reason other than memory (the message carries it)."""
+    failed for a reason other than memory (the message carries it).
+
+    Attributes:
+        out_of_memory: True when even the smallest batch ran out of memory,
+            False when a probe failed for another reason.
+    """
+
+    def __init__(self, message: str = "", *, out_of_memory: bool = False):
+        super().__init__(message)
+        self.out_of_memory = out_of_memory
 
 
 class CheckpointError(KerascaleError, RuntimeError):

@@ -24,12 +24,12 @@ from kerascale.apply import session as session_lib
 from kerascale.callbacks import for_fit
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.measure.batch import SearchOptions
-from kerascale.measure.decide import Decided, decide, validate_options
-from kerascale.plan.options import Options, pin
+from kerascale.measure.decide import Decided, decide, validate_options, with_notes
+from kerascale.plan.options import Options, pin, plain
 from kerascale.plan.plan import Plan
 from kerascale.sense import data_facts
 from kerascale.sense import hardware as hardware_lib
-from kerascale.sense.model_facts import is_builder
+from kerascale.sense.model_facts import gist, is_builder
 
 logger = logging.getLogger("kerascale")
 
@@ -162,13 +162,36 @@ def fit(
     >>> print(history.plan)
     """
     request = _Request.from_arguments(locals())
-    decided, backup, replan = _decide(model, x, y, request, fit_kwargs)
+    deciding = _Deciding(model, x, y, request, fit_kwargs)
+    decided = deciding.decide()
+    try:
+        return _train(deciding, decided)
+    except session_lib.FirstStepFailed as failed:
+        retry = deciding.without_automatic_choices(decided, failed.error)
+        if retry is None:
+            raise failed.error from None
+    try:
+        return _train(deciding, retry)
+    except session_lib.FirstStepFailed as failed:
+        raise failed.error from None
+
+
+def _train(deciding: _Deciding, decided: Decided) -> keras.callbacks.History:
+    """Applies `decided` on the one path, in a session that owns every
+    change, and trains with Keras's own `fit`."""
+    model, request = deciding.model, deciding.request
     with session_lib.Session() as session:
         prepared = session_lib.prepare(
-            session, model, x, y, decided, fit_kwargs=fit_kwargs, replan=replan
+            session,
+            model,
+            deciding.x,
+            deciding.y,
+            decided,
+            fit_kwargs=deciding.fit_kwargs,
+            replan=lambda why: deciding.decide(not_rebuildable=why),
         )
         plan = prepared.plan
-        _install_callbacks(session, prepared, request.monitor, backup)
+        _install_callbacks(session, prepared, request.monitor, deciding.backup)
         if request.options.verbose != 0:
             print(plan, flush=True)
         for w in plan.warnings:
@@ -230,8 +253,7 @@ def plan(
     >>> p.precision, p.global_batch_size
     """
     request = _Request.from_arguments(locals())
-    decided, _, _ = _decide(model, x, y, request, dict(fit_kwargs))
-    return decided.plan
+    return _Deciding(model, x, y, request, dict(fit_kwargs)).decide().plan
 
 
 def _install_callbacks(
@@ -297,39 +319,75 @@ class _Request:
         )
 
 
-def _decide(
-    model: Any, x: Any, y: Any, request: _Request, fit_kwargs: dict[str, Any]
-) -> tuple[Decided, Any, Callable[[str], Decided]]:
-    """The decision `fit` applies and `plan` returns; the run's backup (added
-    to `fit_kwargs["callbacks"]` when `checkpoint_dir` asks for one); and
-    `replan(why)`, the decision for a model that could not be re-created."""
-    hw = hardware_lib.detect_hardware()
-    # Before anything else runs TensorFlow: it joins a cluster only then.
-    clustered = cluster.join_if_wanted(
-        hw, request.options.strategy, request.worker_timeout
-    )
-    options, verbose = request.options, request.options.verbose
-    backup = for_fit.backup_for(
-        request.checkpoint_dir, request.checkpoint_freq, fit_kwargs, verbose
-    )
-    steps = fit_kwargs.get("steps_per_epoch")
-    pinned: list[str] = []
-    if backup is not None:
-        batched = data_facts.inspect(x, y, steps_per_epoch=steps).batched
-        options, pinned = pin(options, backup.saved_plan(), data_batched=batched)
+class _Deciding:
+    """The path to `fit`'s decision, shared by `plan`: the hardware, the
+    cluster (joined before anything else runs TensorFlow), the run's backup
+    (added to `fit_kwargs["callbacks"]` when `checkpoint_dir` asks for one)
+    and the options a resumed checkpoint pins; then `decide`, and again
+    when applying needs another decision."""
 
-    def decided(not_rebuildable: str = "") -> Decided:
+    def __init__(self, model: Any, x: Any, y: Any, request: _Request, fit_kwargs: dict):
+        self.model, self.x, self.y = model, x, y
+        self.request, self.fit_kwargs = request, fit_kwargs
+        self.hardware = hardware_lib.detect_hardware()
+        self.clustered = cluster.join_if_wanted(
+            self.hardware, request.options.strategy, request.worker_timeout
+        )
+        self.backup = for_fit.backup_for(
+            request.checkpoint_dir,
+            request.checkpoint_freq,
+            fit_kwargs,
+            request.options.verbose,
+        )
+        self.options, self.pinned = request.options, []
+        if self.backup is not None:
+            steps = fit_kwargs.get("steps_per_epoch")
+            batched = data_facts.inspect(x, y, steps_per_epoch=steps).batched
+            saved = self.backup.saved_plan()
+            self.options, self.pinned = pin(self.options, saved, data_batched=batched)
+
+    def decide(self, *, not_rebuildable: str = "", options: Any = None) -> Decided:
+        """The decision; `not_rebuildable`: why re-creating the model failed."""
         return decide(
-            model,
-            x,
-            y,
-            options,
-            steps_per_epoch=steps,
-            search=request.search,
-            hardware=hw,
+            self.model,
+            self.x,
+            self.y,
+            options or self.options,
+            steps_per_epoch=self.fit_kwargs.get("steps_per_epoch"),
+            search=self.request.search,
+            hardware=self.hardware,
             not_rebuildable=not_rebuildable,
-            clustered=clustered,
-            pinned=tuple(pinned),
+            clustered=self.clustered,
+            pinned=tuple(self.pinned),
         )
 
-    return decided(), backup, decided
+    def without_automatic_choices(
+        self, decided: Decided, error: BaseException
+    ) -> Decided | None:
+        """The decision with the choices kerascale made on its own set to
+        plain `model.fit`'s, after they failed at the first step; None when
+        there were none (the error is then the model's own)."""
+        options, what = plain(self.options, decided.plan, decided.model.policy)
+        if not what:
+            return None
+        why = (
+            f"{what} failed at the first training step ({type(error).__name__}: "
+            f"{gist(error)}): trained without. Pass "
+            + " and ".join(
+                f"{k}={v!r}"
+                for k, v in (
+                    ("precision", options.precision),
+                    ("optimize_data", options.optimize_data),
+                )
+                if getattr(self.options, k) != v
+            )
+            + " to skip the attempt."
+        )
+        reasons = {}
+        if options.precision != self.options.precision:
+            reasons["precision"] = why
+        if options.optimize_data != self.options.optimize_data:
+            reasons["data_changes"] = why
+        return with_notes(
+            self.decide(options=options), reasons=reasons, warnings=(why,)
+        )

@@ -455,7 +455,7 @@ class Apply(keras.layers.Layer):
         return self.fn(x)
 
 
-def test_model_whose_clone_fails_late_still_trains():
+def test_a_layer_that_does_not_re_create_is_found_before_anything_runs():
     x, y = toy_data(64)
     inputs = keras.Input((4,))
     outputs = keras.layers.Dense(2, activation="softmax")(
@@ -468,7 +468,39 @@ def test_model_whose_clone_fails_late_still_trains():
     )
     assert not history.plan.rebuild and history.plan.precision == "float32"
     (w,) = [w for w in history.plan.warnings if w.startswith("Not applied")]
-    assert "re-creating it failed: NotImplementedError" in w
+    assert "layer 'apply' (Apply) does not re-create from its config" in w
+    assert int(model.optimizer.iterations) == 2
+
+
+class Widened(keras.layers.Layer):
+    """Its width is set after construction, outside its config: the config
+    round-trips, but the re-created layer's weights do not fit."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.units = 2
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1], self.units))
+
+    def call(self, x):
+        return x @ self.w
+
+
+def test_model_whose_re_creation_fails_late_still_trains():
+    x, y = toy_data(64)
+    widened = Widened()
+    widened.units = 3
+    inputs = keras.Input((4,))
+    outputs = keras.layers.Dense(2, activation="softmax")(widened(inputs))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    history = kerascale.fit(
+        model, x, y, precision="mixed_bfloat16", epochs=1, verbose=0, batch_size=32
+    )
+    assert not history.plan.rebuild and history.plan.precision == "float32"
+    (w,) = [w for w in history.plan.warnings if w.startswith("Not applied")]
+    assert "re-creating it failed: ValueError" in w
     assert int(model.optimizer.iterations) == 2
 
 

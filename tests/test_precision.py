@@ -5,7 +5,7 @@ import tensorflow as tf
 from conftest import dense_model, toy_data
 
 from kerascale.apply import model as model_lib
-from kerascale.sense.model_facts import cloneability
+from kerascale.sense.model_facts import recreation_problem
 
 
 def default_strategy():
@@ -123,7 +123,7 @@ def test_custom_unregistered_loss_and_metric_objects_survive():
     assert "loss" in logs
 
 
-def test_cloneability():
+def test_recreation_is_found_out_by_trying():
     class Net(keras.Model):
         def __init__(self, units):
             super().__init__()
@@ -144,9 +144,30 @@ def test_cloneability():
         def call(self, x):
             return self.d(x)
 
-    assert cloneability(dense_model()) == ""
-    assert cloneability(Net(3)) == ""
-    assert "Opaque" in cloneability(Opaque(keras.layers.Dense(2)))
+    assert recreation_problem(dense_model()) == ""
+    assert recreation_problem(Net(3)) == ""
+    assert "model Opaque" in recreation_problem(Opaque(keras.layers.Dense(2)))
+
+    # A Functional model is not assumed re-creatable: each layer is tried.
+    class NoKwargs(keras.layers.Layer):
+        def __init__(self, units):
+            super().__init__()
+            self.d = keras.layers.Dense(units)
+
+        def call(self, x):
+            return self.d(x)
+
+    inputs = keras.Input((3,))
+    functional = keras.Model(inputs, NoKwargs(2)(inputs))
+    why = recreation_problem(functional)
+    assert "NoKwargs" in why and "TypeError" in why
+
+    def plain_function(t):
+        return t * 2
+
+    inputs = keras.Input((3,))
+    lam = keras.Model(inputs, keras.layers.Lambda(plain_function)(inputs))
+    assert "Lambda" in recreation_problem(lam)
 
 
 def test_global_policy_context_restores_on_error():

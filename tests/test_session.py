@@ -274,22 +274,28 @@ def test_the_session_undoes_newest_first_and_never_hides_the_error():
         session.undo("the broken step", broken)
 
 
-class Apply(keras.layers.Layer):
-    """Holds a function, so Keras cannot make its config: the model looks
-    re-creatable (it is Functional) and re-creating it fails late."""
+class Widened(keras.layers.Layer):
+    """Its width is set after construction, outside its config: its config
+    round-trips, so the model looks re-creatable, and re-creating it fails
+    late, when the weights do not fit."""
 
-    def __init__(self, fn, **kwargs):
+    def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.fn = fn
+        self.units = 2
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1], self.units))
 
     def call(self, x):
-        return self.fn(x)
+        return x @ self.w
 
 
 def uncopyable():
     keras.utils.set_random_seed(3)
+    widened = Widened()
+    widened.units = 3
     inputs = keras.Input((4,))
-    outputs = keras.layers.Dense(1)(Apply(lambda t: t * 2)(inputs))
+    outputs = keras.layers.Dense(1)(widened(inputs))
     m = keras.Model(inputs, outputs)
     m.compile(optimizer="adam", loss="mse")
     return m
@@ -314,9 +320,11 @@ def test_trials_fall_back_like_fit_for_a_model_that_cannot_be_copied(monkeypatch
     p = kerascale.plan(m, mapped(), batch_size=32, verbose=0)
     assert p.precision == "float32" and not p.rebuild
     (w,) = [w for w in p.warnings if w.startswith("Not applied")]
-    assert "re-creating it failed: NotImplementedError" in w
+    assert "re-creating it failed: ValueError" in w
     history = kerascale.fit(m, mapped(), batch_size=32, epochs=1, verbose=0)
-    assert history.plan == p and int(m.optimizer.iterations) == 8
+    q = history.plan  # the same decisions (the trials now read their cache)
+    assert (q.precision, q.rebuild, q.global_batch_size) == ("float32", False, 32)
+    assert q.warnings == p.warnings and int(m.optimizer.iterations) == 8
 
 
 def test_measurements_borrow_a_model_that_cannot_be_copied():

@@ -35,7 +35,16 @@ def test_trials_run_only_on_a_cpu_for_choices_left_open():
     auto = Options.validate()
     assert trials.possible(auto, BF16_HOST, model)
     assert not trials.possible(auto, gpu_box(1), model)
-    frozen = ModelFacts(policy="float32", rebuildable=False, why_not_rebuildable="x")
+    # A model that cannot be copied is borrowed (trained, then put back)...
+    uncopyable = ModelFacts(rebuildable=False, why_not_rebuildable="x")
+    assert trials.possible(auto, BF16_HOST, uncopyable)
+    # ...unless what training changes is not all in its variables.
+    frozen = ModelFacts(
+        rebuildable=False,
+        why_not_rebuildable="x",
+        borrowable=False,
+        why_not_borrowable="it trains with its own train_step (GAN)",
+    )
     assert not trials.possible(auto, BF16_HOST, frozen)
 
     ds, data = mapped(), DataFacts(kind="dataset")

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
-import numpy as np
 
+from kerascale._state import preserved_state
 from kerascale.apply import keras_compat
 from kerascale.errors import ModelError
-from kerascale.sense.model_facts import is_builder, is_functional
+from kerascale.sense.model_facts import gist, is_builder, is_functional
 
 logger = logging.getLogger("kerascale")
 
@@ -47,21 +46,6 @@ def global_policy(policy: str) -> Iterator[None]:
         yield
     finally:
         keras.config.set_dtype_policy(before)
-
-
-@contextlib.contextmanager
-def preserved_state() -> Iterator[None]:
-    """Restores Python's and NumPy's global random state and Keras's dtype
-    policy on exit: re-creating a model draws initializer seeds from Python's
-    random module, which the user's own training must not see."""
-    py, np_state = random.getstate(), np.random.get_state()
-    policy = keras.config.dtype_policy()
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(np_state)
-        keras.config.set_dtype_policy(policy)
 
 
 def _output_layer_ids(model: keras.Model) -> set[int]:
@@ -151,17 +135,9 @@ def recreate(
             copy_optimizer_state(model, new)
         except Exception as e:
             raise CannotRecreate(
-                f"re-creating it failed: {type(e).__name__}: {_gist(e)}"
+                f"re-creating it failed: {type(e).__name__}: {gist(e)}"
             ) from e
     return new
-
-
-def _gist(e: BaseException) -> str:
-    """The first sentence of an error's message, on one line (Keras's
-    serialization errors go on with a page of example code)."""
-    text = " ".join(str(e).split())
-    end = text.find(". ")
-    return (text[: end + 1] if 0 < end < 300 else text[:300]) or type(e).__name__
 
 
 def _built(builder: Callable[[], keras.Model]) -> keras.Model:

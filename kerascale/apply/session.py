@@ -39,7 +39,8 @@ from kerascale.apply import data as data_lib
 from kerascale.apply import model as model_lib
 from kerascale.apply import strategy as strategy_lib
 from kerascale.errors import KerascaleWarning
-from kerascale.sense.model_facts import is_builder
+from kerascale.sense import data_facts
+from kerascale.sense.model_facts import borrow_problem, is_builder
 
 logger = logging.getLogger("kerascale")
 
@@ -120,7 +121,7 @@ class Session:
         try:
             new = model_lib.recreate(model, plan.precision, dist)
         except model_lib.CannotRecreate:
-            if plan.rebuild or not copy:
+            if plan.rebuild or not copy or borrow_problem(model):
                 raise
             return self.enter(model_lib.borrow(model)), dist
         if not copy and not is_builder(model):
@@ -250,7 +251,8 @@ def _prepare_data(
         )
         x = prepared
     elif kind == "arrays" and as_dataset:
-        ds = tf.data.Dataset.from_tensor_slices(x if y is None else (x, y))
+        ds = data_facts.as_structure(x if y is None else (x, y))
+        ds = tf.data.Dataset.from_tensor_slices(ds)
         x, y = ds.batch(plan.step_batch_size).prefetch(tf.data.AUTOTUNE), None
     elif kind == "arrays":
         kwargs["batch_size"] = plan.step_batch_size
@@ -264,18 +266,58 @@ def _prepare_data(
     return x, y, kwargs, quiet
 
 
+class FirstStepFailed(Exception):
+    """Training raised `error` inside a training step before any step
+    completed: nothing was trained, and `fit` may try the plain choices."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+
+
+class _StepWatch:
+    """Knows whether a training step started and whether one completed, by
+    two callbacks around Keras's step: one placed last, whose
+    `on_train_batch_begin` runs right before the step, and one placed first,
+    whose `on_train_batch_end` runs right after it. (Keras filters its own
+    frames out of tracebacks, so the traceback cannot say where an error was
+    raised.)"""
+
+    def __init__(self) -> None:
+        self.started = self.done = 0
+        watch = self
+
+        class Begin(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                watch.started += 1
+
+        class End(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                watch.done += 1
+
+        self.begin, self.end = Begin(), End()
+
+    @property
+    def failed_in_first_step(self) -> bool:
+        return self.started == 1 and self.done == 0
+
+
 def train(prepared: Prepared, *, verbose: Any) -> keras.callbacks.History:
     """Keras's own `fit` on what `prepare` set up. A peer lost on a cluster
-    becomes `WorkerLostError`; every other error is Keras's, unchanged."""
+    becomes `WorkerLostError`; a failure inside the very first training step
+    becomes `FirstStepFailed`; every other error is Keras's, unchanged."""
+    steps = _StepWatch()
+    kwargs = dict(prepared.fit_kwargs)
+    kwargs["callbacks"] = [steps.end, *(kwargs.get("callbacks") or []), steps.begin]
     with warnings.catch_warnings():
         if prepared.quiet_end_of_data:
             warnings.filterwarnings("ignore", "Your input ran out of data")
         try:
-            return prepared.model.fit(
-                prepared.x, prepared.y, verbose=verbose, **prepared.fit_kwargs
-            )
+            return prepared.model.fit(prepared.x, prepared.y, verbose=verbose, **kwargs)
         except Exception as e:
             lost = cluster.translate_error(e)
             if lost is not None:
                 raise lost from e
+            if steps.failed_in_first_step:
+                raise FirstStepFailed(e) from e
             raise

@@ -142,21 +142,7 @@ def run_search(
     if mode == "auto":
         mode = "throughput" if hw.accelerator == "cpu" else "max"
     spec = _spec(x, y, data, plan, hw, options, mode, limit, accumulation_steps)
-    key = cache.cache_key(
-        {
-            "model": cache.model_fingerprint(model),
-            # The limit as asked for: a default limit follows the memory free
-            # at this moment, which must not make every search a cache miss.
-            "spec": dataclasses.replace(
-                spec, memory_limit=options.memory_limit
-            ).to_json(),
-            "hardware": hw.to_dict(),
-            "mode": mode,
-            "cap": cap,
-            "first": first,
-            "margin": options.margin,
-        }
-    )
+    key = _key(model, spec, hw, options, mode=mode, cap=cap, first=first)
     if options.cache and not options.force:
         cached = _cache_load(key)
         if cached is not None:
@@ -167,14 +153,14 @@ def run_search(
                     flush=True,
                 )
             return cached
-    prober, why_isolate = _prober(model, spec, hw, options, instance)
     if verbose != 0:
         print(
             f"kerascale: searching the batch size ({mode}, up to {cap} per replica, "
             f"limit {format_bytes(limit)})...",
             flush=True,
         )
-    found = _probe(prober, options, mode, cap, limit, hw, first, verbose)
+    args = dict(mode=mode, cap=cap, limit=limit, hw=hw, first=first, verbose=verbose)
+    found, why_isolate = _found(model, spec, options, instance, args)
     seconds = sum(p.seconds for p in found.probes)
     reasons = {
         **found.reasons,
@@ -192,6 +178,48 @@ def run_search(
     if options.cache:
         cache.cache_write("batch_search", key, result.to_dict())
     return result
+
+
+def _key(model, spec, hw, options, **parts) -> str:
+    return cache.cache_key(
+        {
+            "model": cache.model_fingerprint(model),
+            # The limit as asked for: a default limit follows the memory free
+            # at this moment, which must not make every search a cache miss.
+            "spec": dataclasses.replace(
+                spec, memory_limit=options.memory_limit
+            ).to_json(),
+            "hardware": hw.to_dict(),
+            "margin": options.margin,
+            **parts,
+        }
+    )
+
+
+def _found(
+    model: Any, spec: ProbeSpec, options: SearchOptions, instance: Any, args: dict
+) -> tuple[BatchSearchResult, str]:
+    """The search, with probes in child processes where the model can be
+    shipped there, else (or when a child cannot load it) in this process;
+    and where the probes ran, in words."""
+    isolate, why = _isolation(model, args["hw"], options, instance)
+    if isolate:
+        # A child needs a model instance to save; a builder is called once.
+        shipped = model() if is_builder(model) else model
+        prober = child.IsolatedProber(shipped, spec, timeout=options.timeout)
+        try:
+            return _probe(prober, options, **args), why
+        except child.CannotShip as e:
+            if options.isolate is True:
+                raise BatchSizeSearchError(
+                    f"isolate=True, but the model cannot be probed in a child "
+                    f"process: {e}. Move its custom objects to an importable "
+                    'module, or pass isolate="auto" or False to probe in this '
+                    "process."
+                ) from e
+            why = f"in this process: the model cannot be shipped ({e})"
+    prober = probe_lib.InProcessProber(model, spec, strategy=instance)
+    return _probe(prober, options, **args), why
 
 
 def _spec(x, y, data, plan, hw, options, mode, limit, accumulation_steps) -> ProbeSpec:
@@ -215,35 +243,29 @@ def _spec(x, y, data, plan, hw, options, mode, limit, accumulation_steps) -> Pro
     )
 
 
-def _prober(
-    model: Any, spec: ProbeSpec, hw: Any, options: SearchOptions, instance: Any
-) -> tuple[Any, str]:
-    """A prober in child processes where the model can be shipped there,
-    else in this process; and why."""
-    isolate = options.isolate
-    # A child needs a model instance to save; a builder is called once for it.
-    shipped = model() if isolate is not False and is_builder(model) else model
-    if isolate == "auto":
-        if instance is not None:
-            isolate, why = False, "your strategy instance lives in this process"
-        elif hw.accelerator == "tpu":
-            isolate, why = False, "a TPU serves one process at a time"
-        else:
-            _, problem = child.custom_objects(shipped)
-            isolate = not problem
-            why = (
-                "each probe in a child process"
-                if isolate
-                else f"in this process: the model cannot be shipped ({problem})"
-            )
-    else:
-        why = f"isolate={isolate}"
-    if isolate:
-        return child.IsolatedProber(shipped, spec, timeout=options.timeout), why
-    return probe_lib.InProcessProber(model, spec, strategy=instance), why
+def _isolation(
+    model: Any, hw: Any, options: SearchOptions, instance: Any
+) -> tuple[bool, str]:
+    """Whether probes run in child processes, and why: where the model can
+    be shipped there (then tried, and this process used if the child cannot
+    load it), else in this process."""
+    if options.isolate != "auto":
+        return bool(options.isolate), f"isolate={options.isolate}"
+    if instance is not None:
+        return False, "your strategy instance lives in this process"
+    if hw.accelerator == "tpu":
+        return False, "a TPU serves one process at a time"
+    if is_builder(model):
+        return True, "each probe in a child process"
+    _, problem = child.custom_objects(model)
+    if problem:
+        return False, f"in this process: the model cannot be shipped ({problem})"
+    return True, "each probe in a child process"
 
 
-def _probe(prober, options, mode, cap, limit, hw, first, verbose) -> BatchSearchResult:
+def _probe(
+    prober, options, *, mode, cap, limit, hw, first, verbose
+) -> BatchSearchResult:
     def progress(r: ProbeResult) -> None:
         if verbose != 0:
             print(f"kerascale: batch search: {describe_probe(r)}", flush=True)
@@ -268,7 +290,8 @@ def _probe(prober, options, mode, cap, limit, hw, first, verbose) -> BatchSearch
                 raise BatchSizeSearchError(
                     f"{e}\nTensorFlow and the model alone took "
                     f"{format_bytes(baseline)} of data memory before the first "
-                    "batch; memory_limit must leave room above that."
+                    "batch; memory_limit must leave room above that.",
+                    out_of_memory=True,
                 ) from None
             raise
 

@@ -27,8 +27,8 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+from kerascale.apply import keras_compat
 from kerascale.apply.session import Session
-from kerascale.errors import BatchSizeSearchError
 from kerascale.measure.probe import (
     ERROR,
     OK,
@@ -41,6 +41,7 @@ from kerascale.measure.probe import (
     train_probe,
 )
 from kerascale.sense import memory
+from kerascale.sense.model_facts import gist
 
 
 def _child_main(argv: list[str]) -> int:
@@ -56,16 +57,17 @@ def _child_main(argv: list[str]) -> int:
             json.dump(payload, f)
         os.replace(path + ".tmp", path)
 
-    def failure(batch, e):
+    def failure(batch, e, **extra):
         outcome = OOM if is_oom_exception(e) else ERROR
         text = f"{type(e).__name__}: {e}"
         tb = traceback.format_exc()[-6000:]
-        write(batch, {"outcome": outcome, "message": text[-2000:], "traceback": tb})
+        payload = {"outcome": outcome, "message": text[-2000:], "traceback": tb}
+        write(batch, {**payload, **extra})
 
     try:
         model = _child_setup(workdir, spec)
     except BaseException as e:  # reported against the first batch
-        failure(batches[0], e)
+        failure(batches[0], e, stage="setup")
         return 0
     for batch in batches:
         try:
@@ -111,22 +113,12 @@ def _read(path: str) -> str:
 
 
 def _import_objects(entries: list[dict[str, str]]) -> dict[str, Any]:
-    """Imports the user's custom objects by module and name; a script's
-    `__main__` is loaded from its file, as multiprocessing's spawn does."""
-    import runpy
-
+    """Imports the user's custom objects by module and name."""
     out: dict[str, Any] = {}
-    main_ns = None
     for entry in entries:
-        module, qualname = entry["module"], entry["qualname"]
-        if module == "__main__":
-            if main_ns is None:
-                main_ns = runpy.run_path(entry["main_file"], run_name="__mp_main__")
-            obj = main_ns[qualname.split(".")[0]]
-        else:
-            obj = importlib.import_module(module)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
+        obj = importlib.import_module(entry["module"])
+        for part in entry["qualname"].split("."):
+            obj = getattr(obj, part)
         out[entry["name"]] = obj
     return out
 
@@ -163,23 +155,21 @@ def custom_objects(model: Any) -> tuple[list[dict[str, str]], str]:
 
     for layer in _all_layers(model):
         note(layer)
-    compiled = getattr(model, "_compile_config", None)  # the compile() arguments
-    if compiled is not None:
-        visit(dict(compiled.config))
+    if getattr(model, "compiled", False):
+        visit(keras_compat.compile_arguments(model))
     entries, problems = [], []
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     for obj in found.values():
         module = obj.__module__
         qualname = obj.__qualname__
         if "<lambda>" in qualname or "<locals>" in qualname:
             problems.append(f"{qualname} is defined inside a function")
             continue
-        if module == "__main__" and not main_file:
-            problems.append(f"{qualname} is defined in a notebook or REPL")
+        if module == "__main__":
+            # A child would have to run your script again to define it, and
+            # with it whatever else the script does (its own fit included).
+            problems.append(f"{qualname} is defined in the script being run")
             continue
         entry = {"module": module, "qualname": qualname, "name": obj.__name__}
-        if module == "__main__":
-            entry["main_file"] = os.path.abspath(main_file)
         entries.append(entry)
         registered = keras.saving.get_registered_name(obj)
         if registered and registered != obj.__name__:
@@ -223,6 +213,11 @@ _BOOTSTRAP = (
 )
 
 
+class CannotShip(Exception):
+    """The model cannot be probed in a child process (the message says
+    why): the search probes it in this process instead."""
+
+
 class IsolatedProber:
     """Runs each probe in a child process under a real memory limit.
 
@@ -241,12 +236,13 @@ class IsolatedProber:
         try:
             entries, problem = custom_objects(self.model)
             if problem:
-                raise BatchSizeSearchError(
-                    "isolate=True, but the model cannot be loaded in a child "
-                    f"process: {problem}. Move it to an importable module, or "
-                    'pass isolate="auto" or False to probe in this process.'
-                )
-            self.model.save(os.path.join(self.workdir, "model.keras"))
+                raise CannotShip(problem)
+            try:
+                self.model.save(os.path.join(self.workdir, "model.keras"))
+            except Exception as e:
+                raise CannotShip(
+                    f"it cannot be saved for a child ({type(e).__name__}: {gist(e)})"
+                ) from e
             with open(os.path.join(self.workdir, "objects.json"), "w") as f:
                 json.dump(entries, f)
             with open(os.path.join(self.workdir, "spec.json"), "w") as f:
@@ -326,7 +322,8 @@ class IsolatedProber:
         for name in ("TF_CONFIG", "CLUSTER_SPEC"):
             env.pop(name, None)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # Absolute: the child runs in its own directory.
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in sys.path if p)
         rlimit = 0 if self.spec.on_gpu or not limit else limit
         arg = ",".join(str(b) for b in batches)
         start = time.perf_counter()
@@ -360,6 +357,11 @@ class IsolatedProber:
                 )
                 break
             r = json.loads(_read(path))
+            if r.get("stage") == "setup" and r["outcome"] == ERROR:
+                first = r.get("message", "").strip().splitlines() or ["?"]
+                raise CannotShip(
+                    f"a child process could not load it ({first[0][:300]})"
+                )
             message = r.get("message", "")
             if r["outcome"] == ERROR:
                 message += "\n" + r.get("traceback", "")

@@ -21,7 +21,7 @@ from typing import Any
 from kerascale.apply import cluster
 from kerascale.apply import strategy as strategy_lib
 from kerascale.apply.model import CannotRecreate
-from kerascale.errors import ConfigurationError
+from kerascale.errors import BatchSizeSearchError, ConfigurationError
 from kerascale.measure import batch as batch_lib
 from kerascale.measure import trials as trials_lib
 from kerascale.measure.batch import SearchOptions
@@ -33,7 +33,7 @@ from kerascale.sense import data_facts
 from kerascale.sense import hardware as hardware_lib
 from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
-from kerascale.sense.model_facts import ModelFacts, model_facts
+from kerascale.sense.model_facts import ModelFacts, gist, model_facts
 
 # An "auto" batch leaves an epoch at least this many optimizer updates.
 AUTO_MIN_STEPS = 8
@@ -134,9 +134,7 @@ def decide(
         model, options.strategy, sample=lambda: data_facts.sample_inputs(x, data)
     )
     if not_rebuildable:
-        facts = dataclasses.replace(
-            facts, rebuildable=False, why_not_rebuildable=not_rebuildable
-        )
+        facts = facts.without_rebuild(not_rebuildable)
     # Through the module, so that tests can replace the hardware seam.
     hw = hardware or hardware_lib.detect_hardware()
     try:
@@ -174,32 +172,61 @@ def _measured(
     search: SearchOptions | None,
     force_search: bool,
 ) -> Decided:
-    """The plan with the batch search's and the trials' answers in it."""
+    """The plan with the batch search's and the trials' answers in it.
+
+    A search whose probe fails for a reason other than memory is not fit's
+    error to raise: under a mixed precision kerascale chose, it is tried
+    again in the model's own precision; otherwise it is dropped (the real
+    run then raises the model's error, as `model.fit` would)."""
     instance = options.strategy if not isinstance(options.strategy, str) else None
     plan = make_plan(hw, options, facts, data)
     can_try = trials_lib.possible(options, hw, facts)
-    result, ladder, unused = _batch(
-        model, x, y, options, hw, data, plan, search, force_search, can_try
-    )
+    try:
+        result, ladder, note = _batch(
+            model, x, y, options, facts, hw, data, plan, search, force_search, can_try
+        )
+    except _ProbeFailed as e:
+        if options.precision == "auto" and plan.precision != facts.policy:
+            plain = dataclasses.replace(options, precision=facts.policy)
+            decided = _measured(
+                model, x, y, plain, hw, facts, data, search, force_search
+            )
+            why = (
+                f"{facts.policy}: {plan.precision} failed in the batch search's "
+                f"probe ({e}); pass precision='{facts.policy}' to skip the attempt"
+            )
+            return with_notes(decided, reasons={"precision": why}, warnings=(why,))
+        result, ladder = None, False
+        note = (
+            f"No batch search: a probe failed for a reason other than memory "
+            f"({e}). Training at Keras's default batch; pass batch_size= to choose."
+        )
     if result is not None:
         plan = make_plan(hw, options, facts, data, search=result)
     decided = Decided(
-        hw,
-        facts,
-        data,
-        plan,
-        instance,
-        options,
-        result,
+        hw, facts, data, plan, instance, options, result,
         options.optimize_data is not False,
-    )
+    )  # fmt: skip
     if can_try:
         decided = _tried(decided, model, x, y, ladder)
-    if unused:
-        plan = decided.plan
-        plan = dataclasses.replace(plan, warnings=(*plan.warnings, unused))
-        decided = dataclasses.replace(decided, plan=plan)
-    return decided
+    return with_notes(decided, warnings=(note,) if note else ())
+
+
+def with_notes(
+    decided: Decided, *, reasons: dict[str, str] | None = None, warnings=()
+) -> Decided:
+    """`decided` with `reasons` set and `warnings` added to its plan."""
+    plan = decided.plan
+    plan = dataclasses.replace(
+        plan,
+        reasons={**plan.reasons, **(reasons or {})},
+        warnings=(*plan.warnings, *warnings),
+    )
+    return dataclasses.replace(decided, plan=plan)
+
+
+class _ProbeFailed(Exception):
+    """An automatic search's probe failed for a reason other than memory."""
 
 
 def _batch(
@@ -207,6 +234,7 @@ def _batch(
     x: Any,
     y: Any,
     options: Options,
+    facts: ModelFacts,
     hw: Hardware,
     data: DataFacts,
     plan: Plan,
@@ -215,10 +243,29 @@ def _batch(
     can_try: bool,
 ) -> tuple[BatchSearchResult | None, bool, str]:
     """(the batch search's result or None, whether it ran as a ladder for the
-    trials, why a memory_limit was not used)."""
+    trials, a warning: why a search, a check or a memory_limit was not used)."""
     instance = options.strategy if not isinstance(options.strategy, str) else None
     run = dict(instance=instance, verbose=options.verbose)
-    if force_search or searched_batch(options, data):
+    wanted = force_search or searched_batch(options, data)
+    check = not wanted and needs_check(options, data, hw, search)
+    if (wanted or check) and not facts.measurable:
+        why = (
+            "kerascale can neither copy your model nor put back what a probe "
+            f"would change ({facts.why_not_measurable})"
+        )
+        if force_search:
+            raise BatchSizeSearchError(f"The model cannot be probed: {why}.")
+        if wanted:
+            return (
+                None,
+                False,
+                (
+                    f"No batch search: {why}. Training at Keras's default batch; "
+                    "pass batch_size= to choose."
+                ),
+            )
+        return None, False, f"batch_size was not checked against memory: {why}."
+    if wanted:
         search = search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
         ladder = not force_search and search.mode == "auto" and can_try
         if ladder:
@@ -226,24 +273,22 @@ def _batch(
             # synthetic probes do not run: the children find what fits, on a
             # ladder of batches, and trials time the rungs on the real data.
             search = dataclasses.replace(search, mode="ladder")
-        result = batch_lib.run_search(model, x, y, data, plan, hw, search, **run)
-        return result, ladder, ""
-    if needs_check(options, data, hw, search):
+        args = (model, x, y, data, plan, hw, search)
+        return _searched(args, run, force_search), ladder, ""
+    if check:
         # Does the requested batch fit in one forward pass? One probe if it
         # does; otherwise the largest micro-batch, for the accumulation split.
         # Probes carry accumulators (k=2): the split will need them.
         per_replica = plan.micro_batch_size
-        check = dataclasses.replace(
+        check_options = dataclasses.replace(
             search or SearchOptions(),
             mode="max",
             max_batch_size=per_replica * plan.replicas,
             min_steps_per_epoch=1,
         )
-        result = batch_lib.run_search(
-            model, x, y, data, plan, hw, check, first=per_replica,
-            accumulation_steps=2, **run,
-        )  # fmt: skip
-        return result, False, ""
+        args = (model, x, y, data, plan, hw, check_options)
+        run.update(first=per_replica, accumulation_steps=2)
+        return _searched(args, run, False), False, ""
     if search is not None and search.memory_limit:
         why = (
             "your PyDataset makes its own batches"
@@ -254,6 +299,16 @@ def _batch(
         )
         return None, False, f"memory_limit was not used (nothing was probed): {why}."
     return None, False, ""
+
+
+def _searched(args: tuple, run: dict[str, Any], force: bool) -> BatchSearchResult:
+    try:
+        return batch_lib.run_search(*args, **run)
+    except BatchSizeSearchError as e:
+        if force or e.out_of_memory:
+            raise
+        body = str(e).split(":\n", 1)[-1]  # the probe's own message
+        raise _ProbeFailed(gist(RuntimeError(body))) from e
 
 
 def _tried(decided: Decided, model: Any, x: Any, y: Any, ladder: bool) -> Decided:
@@ -292,7 +347,7 @@ def _tried(decided: Decided, model: Any, x: Any, y: Any, ladder: bool) -> Decide
         )
     settled = dataclasses.replace(
         options,
-        precision=measured.precision,
+        precision=measured.precision if try_precision else options.precision,
         optimize_data=measured.optimize_data if try_pipeline else options.optimize_data,
     )
     hw, facts, data = decided.hardware, decided.model, decided.data

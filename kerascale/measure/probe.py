@@ -34,6 +34,8 @@ import numpy as np
 from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session
 from kerascale.sense import memory
+from kerascale.sense.data_facts import as_structure
+from kerascale.sense.model_facts import is_builder
 
 logger = logging.getLogger("kerascale")
 
@@ -249,7 +251,7 @@ def train_probe(model: Any, spec: ProbeSpec, batch: int) -> dict[str, Any]:
     replicas = max(1, len(spec.devices))
     global_batch = batch * replicas
     element = decode_structure(spec.element)
-    data = synthetic_batch(element, global_batch)
+    data = as_structure(synthetic_batch(element, global_batch))
     ds = tf.data.Dataset.from_tensors(data).repeat()
     gpus = _gpu_names(spec) if spec.on_gpu else []
     for g in gpus:
@@ -306,7 +308,8 @@ def build_probe_model(
     copied and the plan keeps it as it is).
     """
     matches = (
-        spec.policy == model.dtype_policy.name
+        not is_builder(model)
+        and spec.policy == model.dtype_policy.name
         and spec.strategy == "default"
         and instance is None
     )
@@ -379,6 +382,15 @@ class InProcessProber:
                 OOM,
                 seconds=time.perf_counter() - start,
                 message=f"{type(e).__name__}: {str(e)[:500]}",
+            )
+        except model_lib.CannotRecreate:
+            raise  # no copy can be made: the caller plans without one
+        except Exception as e:  # as a child reports it: the search decides
+            return ProbeResult(
+                batch,
+                ERROR,
+                seconds=time.perf_counter() - start,
+                message=f"{type(e).__name__}: {str(e)[:2000]}",
             )
         finally:
             gc.collect()

@@ -302,7 +302,8 @@ class _Search:
             raise BatchSizeSearchError(
                 f"Even a batch of 1 runs out of memory{limit}. Raise memory_limit, "
                 "use mixed precision, or make the model smaller. Probes: "
-                + "; ".join(describe_probe(p) for p in self.probes)
+                + "; ".join(describe_probe(p) for p in self.probes),
+                out_of_memory=True,
             )
         bound = f"{lo} fits, {hi} does not" if hi else f"the cap {self.cap} fits"
         if hi is None and lo < self.cap:

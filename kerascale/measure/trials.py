@@ -27,10 +27,12 @@ from typing import Any
 import keras
 
 from kerascale.apply import model as model_lib
+from kerascale.apply.model import CannotRecreate
 from kerascale.apply.session import Session, prepare
 from kerascale.measure import cache
 from kerascale.plan import strategy as strategy_rules
 from kerascale.sense import data_facts
+from kerascale.sense.model_facts import gist
 
 # Timed per candidate after a warm-up of at least WARMUP_STEPS steps and
 # WARMUP_SECONDS (tracing, then tf.data's autotuning of a fresh pipeline: 1 s
@@ -47,13 +49,16 @@ class Trial:
     precision: str
     optimize_data: bool
     samples_per_s: float
+    failed: str = ""  # why the candidate could not train, if it could not
 
     def describe(self) -> str:
         pipe = "optimised pipeline" if self.optimize_data else "pipeline as given"
-        return (
-            f"{self.batch}, {self.precision}, {pipe}: {self.samples_per_s:.0f} "
-            "samples/s"
+        result = (
+            f"failed ({self.failed})"
+            if self.failed
+            else f"{self.samples_per_s:.0f} samples/s"
         )
+        return f"{self.batch}, {self.precision}, {pipe}: {result}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,13 +118,13 @@ class TrialResult:
 
 
 def possible(options: Any, hw: Any, model: Any) -> bool:
-    """Trials run on a CPU host, for a model kerascale can copy, under a
-    strategy it builds itself; not on a cluster, whose workers would time
-    them differently and could choose differently."""
+    """Trials run on a CPU host, for a model kerascale can copy (or train
+    and put back), under a strategy it builds itself; not on a cluster, whose
+    workers would time them differently and could choose differently."""
     return (
         hw.accelerator == "cpu"
         and isinstance(options.strategy, str)
-        and model.rebuildable
+        and model.measurable
         and not strategy_rules.wants_cluster(hw, options.strategy)
     )
 
@@ -184,7 +189,12 @@ def run(
         )
 
     def measure(batch, policy, pipe):
-        t = _measure(model, x, y, data, plan, batch, policy, pipe)
+        try:
+            t = _measure(model, x, y, data, plan, batch, policy, pipe)
+        except CannotRecreate:
+            raise  # the model cannot be copied at all: decide re-plans
+        except Exception as e:  # the candidate cannot train: it is dropped
+            t = Trial(batch, policy, pipe, 0.0, f"{type(e).__name__}: {gist(e)}")
         if verbose != 0:
             print(f"kerascale: trial: {t.describe()}", flush=True)
         trials.append(t)
@@ -195,16 +205,7 @@ def run(
     if try_pipeline:
         pipe = True
     if len(batches) > 1:
-        speeds = {b: [measure(b, policy, pipe).samples_per_s] for b in batches}
-        # One timing of a few seconds varies by 15% on a busy 2-core machine:
-        # the two fastest rungs are timed again, in the other order, and each
-        # rung is judged by its mean.
-        leaders = sorted(batches, key=lambda b: -speeds[b][0])[:2]
-        for b in reversed(leaders):
-            speeds[b].append(measure(b, policy, pipe).samples_per_s)
-        mean = {b: sum(v) / len(v) for b, v in speeds.items()}
-        top = max(mean.values())
-        batch = min(b for b, v in mean.items() if v >= (1 - SPEED_TOLERANCE) * top)
+        batch = _fastest(batches, lambda b: measure(b, policy, pipe), batch)
     if try_pipeline:
         here = _find(trials, batch, policy, True) or measure(batch, policy, True)
         other = measure(batch, policy, False)
@@ -217,6 +218,23 @@ def run(
     result = TrialResult(batch, policy, pipe, tuple(trials))
     cache.cache_write("trials", key, result.to_dict())
     return result
+
+
+def _fastest(batches: tuple[int, ...], measure: Any, default: int) -> int:
+    """The smallest batch within SPEED_TOLERANCE of the fastest mean, each
+    rung timed once and the two fastest again; `default` if all failed."""
+    speeds = {b: [measure(b).samples_per_s] for b in batches}
+    # One timing of a few seconds varies by 15% on a busy 2-core machine:
+    # the two fastest rungs are timed again, in the other order, and each
+    # rung is judged by its mean.
+    leaders = sorted(batches, key=lambda b: -speeds[b][0])[:2]
+    for b in reversed(leaders):
+        speeds[b].append(measure(b).samples_per_s)
+    mean = {b: sum(v) / len(v) for b, v in speeds.items()}
+    top = max(mean.values())
+    if top <= 0:  # every rung failed: the search's batch stands
+        return default
+    return min(b for b, v in mean.items() if v >= (1 - SPEED_TOLERANCE) * top)
 
 
 def _find(trials: list[Trial], batch: int, policy: str, pipe: bool) -> Trial | None:

@@ -123,3 +123,19 @@ def say_pinned(plan: Plan, pinned: list[str]) -> Plan:
     for name in pinned:
         reasons[_PINNED_REASON[name]] = "as in the checkpoint being resumed"
     return dataclasses.replace(plan, reasons=reasons)
+
+
+def plain(options: Options, plan: Plan, model_policy: str) -> tuple[Options, str]:
+    """`options` with the choices kerascale made on its own, in `plan`, set
+    to what plain `model.fit` does (the model's own precision, the data as
+    given); and those choices, in words ("" when there are none)."""
+    changes: dict[str, Any] = {}
+    said = []
+    if options.precision == "auto" and plan.precision != model_policy:
+        changes["precision"] = model_policy
+        said.append(f"precision {plan.precision}")
+    pipeline = [c for c in plan.data_changes if not c.startswith(("batch", "rebatch"))]
+    if options.optimize_data == "auto" and pipeline:
+        changes["optimize_data"] = False
+        said.append(f"the input pipeline changes ({', '.join(pipeline)})")
+    return dataclasses.replace(options, **changes), " and ".join(said)

@@ -52,6 +52,18 @@ class DataFacts:
     cacheable: bool = False
 
 
+def as_structure(data: Any) -> Any:
+    """`data` with its lists made tuples: Keras takes a list of arrays as
+    several inputs, `tf.data` would stack them into one tensor."""
+    if isinstance(data, list):
+        return tuple(as_structure(v) for v in data)
+    if isinstance(data, tuple):
+        return tuple(as_structure(v) for v in data)
+    if isinstance(data, Mapping):
+        return {k: as_structure(v) for k, v in data.items()}
+    return data
+
+
 def is_dataset(x: Any) -> bool:
     return isinstance(x, tf.data.Dataset)
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 import keras
 
+from kerascale._state import preserved_state
 from kerascale.errors import ModelError
 
 
@@ -25,12 +27,17 @@ class ModelFacts:
     Attributes:
         policy: The model's dtype policy name (e.g. "float32").
         rebuildable: Whether kerascale can re-create the model under another
-            policy or strategy scope (a builder function, or a model that can
-            be cloned).
+            policy or strategy scope (a builder function, or a built model
+            whose every layer re-creates from its config, as cloning does).
         why_not_rebuildable: The reason, when it cannot.
         in_strategy_scope: Whether its variables already live in the scope of
             the strategy instance the user passed.
         builder: Whether the user passed a function that builds the model.
+        borrowable: Whether a measurement can train the model itself and put
+            every variable back afterwards: it is built, and Keras's own
+            `train_step` and `test_step` train it (a custom step may keep
+            state elsewhere, such as a GAN's second optimizer).
+        why_not_borrowable: The reason, when it cannot.
     """
 
     policy: str = "float32"
@@ -38,6 +45,22 @@ class ModelFacts:
     why_not_rebuildable: str = ""
     in_strategy_scope: bool = False
     builder: bool = False
+    borrowable: bool = True
+    why_not_borrowable: str = ""
+
+    @property
+    def measurable(self) -> bool:
+        """Whether the batch search and the trials can train the model
+        without changing it: on a copy, or borrowed."""
+        return self.rebuildable or self.borrowable
+
+    @property
+    def why_not_measurable(self) -> str:
+        return "" if self.measurable else self.why_not_borrowable
+
+    def without_rebuild(self, why: str) -> ModelFacts:
+        """These facts, for a model whose re-creation failed (`why`)."""
+        return dataclasses.replace(self, rebuildable=False, why_not_rebuildable=why)
 
 
 def is_builder(model: Any) -> bool:
@@ -54,13 +77,18 @@ def is_functional(model: Any) -> bool:
 def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> ModelFacts:
     """What planning needs to know about `model`; builds an unbuilt model.
 
+    A model that cannot be built from the data's shape (a GAN whose
+    `train_step` is its only entry point, with no `call()`) is not an error:
+    Keras trains it without building it, and so does kerascale, as it is.
+
     Args:
         model: A compiled `keras.Model` or a zero-argument builder function.
         strategy: The user's `strategy` option (a name or an instance).
         sample: Returns a one-sample input batch, to build an unbuilt model.
 
     Raises:
-        ModelError: If `model` is neither, is not compiled, or cannot be built.
+        ModelError: If `model` is neither a model nor a builder, or is not
+            compiled.
     """
     if is_builder(model):
         return ModelFacts(policy=keras.config.dtype_policy().name, builder=True)
@@ -74,37 +102,99 @@ def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> Mode
             "model must be compiled before training: call "
             "model.compile(optimizer=..., loss=...) first, as for model.fit."
         )
+    unbuilt = ""
     if not model.built:
         try:
             model(sample())
         except Exception as e:
-            raise ModelError(
-                "The model is not built and could not be built from the data's "
-                f"shape ({type(e).__name__}: {e}). Give it an Input layer, or "
-                "call model.build(input_shape) first."
-            ) from e
-    why = cloneability(model)
+            unbuilt = (
+                "it is not built, and building it from the data's shape failed "
+                f"({type(e).__name__}: {gist(e)})"
+            )
+    why = unbuilt or recreation_problem(model)
+    not_borrowable = unbuilt or borrow_problem(model)
     in_scope = not isinstance(strategy, str) and model.distribute_strategy is strategy
     return ModelFacts(
         policy=model.dtype_policy.name,
         rebuildable=not why,
         why_not_rebuildable=why,
         in_strategy_scope=in_scope,
+        borrowable=not not_borrowable,
+        why_not_borrowable=not_borrowable,
     )
 
 
-def cloneability(model: keras.Model) -> str:
-    """ "" when the model can be re-created, else why not."""
-    if isinstance(model, keras.Sequential) or is_functional(model):
-        return ""
-    try:
-        model.get_config()
-    except Exception as e:  # NotImplementedError for subclassed models, mostly.
+def borrow_problem(model: keras.Model) -> str:
+    """ "" when a measurement can train `model` itself and put it back (it is
+    built, and Keras's own train_step and test_step train it), else why not."""
+    if not model.built:
+        return "it is not built"
+    own = [
+        name
+        for name in ("train_step", "test_step")
+        if getattr(type(model), name) is not getattr(keras.Model, name)
+    ]
+    if own:
         return (
-            f"subclassed model {type(model).__name__} has no usable get_config() "
-            f"({type(e).__name__})"
+            f"it trains with its own {' and '.join(own)} "
+            f"({type(model).__name__}), which may keep state elsewhere"
         )
     return ""
+
+
+def recreation_problem(model: keras.Model) -> str:
+    """ "" when the model can be re-created, else why not: found by trying
+    what re-creating does, a round trip of each layer's config (of the
+    model's own config, for a subclassed model)."""
+    if isinstance(model, keras.Sequential) or is_functional(model):
+        for layer in model.layers:
+            if isinstance(layer, keras.Sequential) or is_functional(layer):
+                why = recreation_problem(layer)
+            elif isinstance(layer, keras.layers.InputLayer):
+                continue
+            else:
+                why = _round_trip(layer, f"layer {layer.name!r}")
+            if why:
+                return why
+        return ""
+    return _round_trip(model, f"model {type(model).__name__}")
+
+
+def _round_trip(layer: Any, what: str) -> str:
+    try:
+        with preserved_state():  # initializers draw seeds from Python's random
+            type(layer).from_config(layer.get_config())
+    except Exception as e:
+        return (
+            f"{what} ({type(layer).__name__}) does not re-create from its config: "
+            f"{type(e).__name__}: {gist(e)}"
+        )
+    return ""
+
+
+def gist(e: BaseException) -> str:
+    """The first sentence of an error's message, on one line (Keras's
+    serialization errors go on with a page of example code). Where Keras
+    wraps an error from a layer's call, the wrapped error's first line too."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    text = " ".join(" ".join(lines).split())
+    end = text.find(". ")
+    first = text[: end + 1] if 0 < end < 300 else text[:300]
+    if "Exception encountered when calling" in lines[0]:
+        inner = [
+            ln
+            for ln in lines[1:]
+            if not ln.startswith(("Arguments received", "•", "\x1b[1mCould not"))
+        ]
+        if inner:
+            first = f"{lines[0]} {_ansi_free(inner[0])[:300]}"
+    return first
+
+
+def _ansi_free(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 def canonical_names(config: Any) -> Any:
