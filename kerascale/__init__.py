@@ -34,9 +34,8 @@ from kerascale.sense.hardware import (
     detect_hardware,
 )
 
-# A library logs; the application decides where logs go. Without this, Python's
-# last-resort handler would print kerascale's warnings to stderr even with
-# verbose=0 (the plan table shows them when verbose is on).
+# What the user must know is a KerascaleWarning, shown by default; the
+# "kerascale" logger carries debug detail only, where the application sends it.
 logging.getLogger("kerascale").addHandler(logging.NullHandler())
 
 

@@ -6,6 +6,8 @@ working for users who do not know about kerascale (keras-tuner does the same).
 
 from __future__ import annotations
 
+import warnings
+
 
 class KerascaleError(Exception):
     """Base class of every error kerascale raises on purpose."""
@@ -61,3 +63,10 @@ class KerascaleWarning(UserWarning):
     and why. Shown by default, like Keras's warnings; filter it with
     ``warnings.filterwarnings("ignore", category=kerascale.KerascaleWarning)``.
     """
+
+
+def warn(message: str, *, stacklevel: int = 1) -> None:
+    """Shows `message` as a `KerascaleWarning` from the caller's caller
+    (`stacklevel` more frames up): shown by default, like Keras's warnings,
+    whatever `verbose` says, and filterable by category."""
+    warnings.warn(message, KerascaleWarning, stacklevel=stacklevel + 2)

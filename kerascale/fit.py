@@ -23,6 +23,7 @@ from kerascale.apply import cluster
 from kerascale.apply import session as session_lib
 from kerascale.callbacks import for_fit
 from kerascale.callbacks._base import KerascaleCallback
+from kerascale.errors import warn
 from kerascale.measure.batch import SearchOptions
 from kerascale.measure.decide import Decided, decide, validate_options, with_notes
 from kerascale.plan.options import Options, pin, plain
@@ -193,9 +194,9 @@ def _train(deciding: _Deciding, decided: Decided) -> keras.callbacks.History:
         plan = prepared.plan
         _install_callbacks(session, prepared, request.monitor, deciding.backup)
         if request.options.verbose != 0:
-            print(plan, flush=True)
+            print(plan.describe(warnings=False), flush=True)
         for w in plan.warnings:
-            logger.warning(w)
+            warn(w, stacklevel=2)  # from the user's call of fit
         history = session_lib.train(prepared, verbose=request.options.verbose)
     if not is_builder(model):
         history.set_model(model)
@@ -253,7 +254,10 @@ def plan(
     >>> p.precision, p.global_batch_size
     """
     request = _Request.from_arguments(locals())
-    return _Deciding(model, x, y, request, dict(fit_kwargs)).decide().plan
+    decided = _Deciding(model, x, y, request, dict(fit_kwargs)).decide()
+    for w in decided.plan.warnings:
+        warn(w)
+    return decided.plan
 
 
 def _install_callbacks(

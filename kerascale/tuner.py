@@ -38,7 +38,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
     ) from e
 
 from kerascale import _validation
-from kerascale.errors import BatchSizeSearchError, ConfigurationError
+from kerascale.errors import BatchSizeSearchError, ConfigurationError, warn
 
 logger = logging.getLogger("kerascale")
 
@@ -444,7 +444,7 @@ def _untrained_value(objective: Any, model: Any, x: Any, y: Any, kwargs) -> floa
         if math.isfinite(value):
             return value
     except Exception as e:  # the fallback below is still a valid score
-        logger.warning("kerascale.tuner: untrained evaluation failed: %s", e)
+        warn(f"kerascale.tuner: evaluating the untrained model failed: {e}")
     return 0.0 if objective.direction == "max" else 1e6
 
 

@@ -317,9 +317,13 @@ y = (x[:, 0] > 0).astype("int64")
 m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
 m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
 ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-# A rebatch, a re-creation and a warning (float16 on CPU), all silently.
+# A rebatch and a re-creation silently, and a warning (float16 on CPU) shown;
+# then the same warning filtered out by its category.
 kerascale.fit(m, ds, batch_size=16, precision="mixed_float16", epochs=2, verbose=0,
               validation_data=ds)
+import warnings
+warnings.filterwarnings("ignore", category=kerascale.KerascaleWarning)
+kerascale.fit(m, ds, batch_size=16, precision="mixed_float16", epochs=1, verbose=0)
 """
 
 
@@ -330,7 +334,10 @@ def _python_lines(stderr):
     return [line for line in stderr.splitlines() if line and not line.startswith(cxx)]
 
 
-def test_verbose_0_prints_nothing_in_a_real_process():
+def test_verbose_0_prints_no_progress_but_warnings_show_by_default():
+    """In a plain script, with no logging configured: verbose=0 prints no
+    progress; kerascale's warnings show, as Keras's do, and filter out by
+    their category."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TF_CONFIG", None)
     proc = subprocess.run(
@@ -342,7 +349,12 @@ def test_verbose_0_prints_nothing_in_a_real_process():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == ""
-    assert _python_lines(proc.stderr) == []
+    # Once, at the user's own call of fit (line 11 of the script): the second
+    # fit's warning is filtered out, and nothing else is printed.
+    assert _python_lines(proc.stderr) == [
+        "<string>:11: KerascaleWarning: mixed_float16 on CPU is emulated: "
+        'several times slower than float32. Use precision="auto".'
+    ]
 
 
 def test_infinite_validation_dataset_names_validation_steps():

@@ -32,7 +32,7 @@ import keras
 
 from kerascale import _validation
 from kerascale.apply.model import core_optimizer
-from kerascale.errors import ConfigurationError, ModelError
+from kerascale.errors import ConfigurationError, ModelError, warn
 
 logger = logging.getLogger("kerascale")
 
@@ -250,14 +250,11 @@ def finish(model: Any, saved: _Saved, steps: int, batch: int) -> int:
     dropped = discard_partial_window(model)
     restore(model, saved)
     if dropped:
-        logger.warning(
-            "Training ended %d micro-batch(es) into a window of %d: their "
-            "gradients were not applied (every update saw exactly %d samples). "
-            "Make the number of steps a multiple of %d to use them.",
-            dropped,
-            steps,
-            batch,
-            steps,
+        warn(
+            f"Training ended {dropped} micro-batch(es) into a window of {steps}: "
+            "their gradients were not applied (every update saw exactly "
+            f"{batch} samples). Make the number of steps a multiple of {steps} "
+            "to use them."
         )
     return dropped
 

@@ -35,7 +35,7 @@ from typing import Any
 from kerascale import _validation
 from kerascale.apply import keras_compat
 from kerascale.apply.model import core_optimizer
-from kerascale.errors import ClusterConfigError, WorkerLostError
+from kerascale.errors import ClusterConfigError, WorkerLostError, warn
 from kerascale.plan import strategy as strategy_rules
 from kerascale.sense.cluster import (
     check_trainable,
@@ -148,12 +148,11 @@ def connect(
     check_trainable(info)
     if _connection is not None:
         if _connection.timeouts != timeouts:
-            logger.warning(
-                "Already connected to the cluster with worker_timeout=%s; "
-                "worker_timeout=%s is ignored (timeouts are set once, at the "
-                "start of the program).",
-                _seconds(_connection.timeouts.heartbeat),
-                _seconds(timeouts.heartbeat),
+            warn(
+                "Already connected to the cluster with worker_timeout="
+                f"{_seconds(_connection.timeouts.heartbeat)}; worker_timeout="
+                f"{_seconds(timeouts.heartbeat)} is ignored (timeouts are set "
+                "once, at the start of the program)."
             )
         return _connection.strategy
     from tensorflow.python.eager import context

@@ -44,6 +44,8 @@ import inspect
 import logging
 from typing import Any
 
+from kerascale.errors import warn
+
 logger = logging.getLogger("kerascale")
 
 UPSTREAM_ISSUE = "https://github.com/keras-team/keras/issues/20585"
@@ -77,12 +79,10 @@ def apply() -> bool:
         return True
     changed = upstream_changed()
     if changed:
-        logger.warning(
-            "kerascale's multi-worker fix for Keras (%s) was written for other "
-            "versions of %s; not applied. If multi-worker fit fails, report it "
-            "with your Keras version.",
-            UPSTREAM_ISSUE,
-            ", ".join(changed),
+        warn(
+            f"kerascale's multi-worker fix for Keras ({UPSTREAM_ISSUE}) was "
+            f"written for other versions of {', '.join(changed)}; not applied. "
+            "If multi-worker fit fails, report it with your Keras version."
         )
         return False
     from keras.src.backend.tensorflow import trainer

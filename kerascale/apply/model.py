@@ -26,7 +26,7 @@ import keras
 
 from kerascale._state import preserved_state
 from kerascale.apply import keras_compat
-from kerascale.errors import ModelError
+from kerascale.errors import ModelError, warn
 from kerascale.sense.model_facts import gist, is_builder, is_functional
 
 logger = logging.getLogger("kerascale")
@@ -203,12 +203,9 @@ def copy_optimizer_state(src: keras.Model, dst: keras.Model) -> bool:
     if len(sv) != len(dv) or any(
         tuple(a.shape) != tuple(b.shape) for a, b in zip(sv, dv, strict=True)
     ):
-        logger.warning(
-            "Optimizer state not carried over: %d variables in %s, %d in %s.",
-            len(sv),
-            type(s).__name__,
-            len(dv),
-            type(d).__name__,
+        warn(
+            f"Optimizer state not carried over: {len(sv)} variables in "
+            f"{type(s).__name__}, {len(dv)} in {type(d).__name__}."
         )
         return False
     for a, b in zip(sv, dv, strict=True):

@@ -29,6 +29,8 @@ from typing import Any
 
 import keras
 
+from kerascale.errors import warn
+
 logger = logging.getLogger("kerascale")
 
 
@@ -79,7 +81,7 @@ class FitRun:
                     try:
                         on_end()
                     except Exception as e:  # a thread's error would go unseen
-                        logger.warning("kerascale: cleaning up after fit: %s", e)
+                        warn(f"Cleaning up after a fit that raised failed: {e}")
                     return
 
         threading.Thread(target=run, name="kerascale-fit-watch", daemon=True).start()

@@ -26,7 +26,7 @@ from kerascale.callbacks import checkpoint_store as store
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._input_position import InputPosition, Wrapped
 from kerascale.callbacks._preemption import SigtermWatch
-from kerascale.errors import CheckpointError
+from kerascale.errors import CheckpointError, warn
 
 logger = logging.getLogger("kerascale")
 
@@ -236,11 +236,9 @@ class FaultTolerantBackup(KerascaleCallback):
         def unusable(found: store.Found, why: str, verb: str = "used") -> None:
             problems.append(f"{found.path}: {why}")
             self._damaged.add(found.path)
-            logger.warning(
-                "Checkpoint %s cannot be %s: %s. Trying the previous one.",
-                found.path,
-                verb,
-                why,
+            warn(
+                f"Checkpoint {found.path} cannot be {verb}: {why}. Trying the "
+                "previous one."
             )
 
         started = time.perf_counter()
@@ -439,11 +437,9 @@ class FaultTolerantBackup(KerascaleCallback):
     def _preempt_exit(self, *, boundary: bool = True) -> None:
         self._save(boundary=boundary)
         self.release()
-        logger.warning(
-            "Preempted (SIGTERM): saved %s; exiting with code %d. Rerun the same "
-            "command to resume.",
-            self.last_checkpoint,
-            PREEMPTED_EXIT_CODE,
+        warn(
+            f"Preempted (SIGTERM): saved {self.last_checkpoint}; exiting with code "
+            f"{PREEMPTED_EXIT_CODE}. Rerun the same command to resume."
         )
         self._sigterm.pass_on()
         raise SystemExit(PREEMPTED_EXIT_CODE)
@@ -484,8 +480,7 @@ class FaultTolerantBackup(KerascaleCallback):
     def _warn_order_once(self, reason: str) -> None:
         if not self._order_warned:
             self._order_warned = True
-            logger.warning(
+            warn(
                 "FaultTolerantBackup resumes at the exact step, but the data "
-                "order after a resume may differ from an uninterrupted run: %s.",
-                reason,
+                f"order after a resume may differ from an uninterrupted run: {reason}."
             )

@@ -10,6 +10,7 @@ from typing import Any
 
 from kerascale import _validation as v
 from kerascale.callbacks._base import KerascaleCallback
+from kerascale.errors import warn
 
 logger = logging.getLogger("kerascale")
 
@@ -116,15 +117,13 @@ class TimeBudget(KerascaleCallback):
         )
         if self.projected_seconds > self.budget and not self._warned and left:
             self._warned = True
-            logger.warning(
-                "TimeBudget: at %s per epoch, %d epochs would end %s after the "
-                "start, over the budget of %s; training will stop at about %s and "
-                "can be resumed from its checkpoint.",
-                _clock_text(statistics.mean(self._epoch_seconds)),
-                epochs,
-                _clock_text(self.projected_seconds),
-                _clock_text(self.budget),
-                _clock_text(self.budget - self._reserve()),
+            per_epoch = _clock_text(statistics.mean(self._epoch_seconds))
+            warn(
+                f"TimeBudget: at {per_epoch} per epoch, {epochs} epochs would end "
+                f"{_clock_text(self.projected_seconds)} after the start, over the "
+                f"budget of {_clock_text(self.budget)}; training will stop at about "
+                f"{_clock_text(self.budget - self._reserve())} and can be resumed "
+                "from its checkpoint."
             )
 
     def _reserve(self) -> float:
@@ -139,13 +138,11 @@ class TimeBudget(KerascaleCallback):
             return
         self.model.stop_training = True
         self.stopped_early = True
-        logger.warning(
-            "TimeBudget: stopping after %s of the %s budget (%s); %s left for "
-            "the final checkpoint.",
-            _clock_text(now - self._start),
-            _clock_text(self.budget),
-            why,
-            _clock_text(self.budget - (now - self._start)),
+        warn(
+            f"TimeBudget: stopping after {_clock_text(now - self._start)} of the "
+            f"{_clock_text(self.budget)} budget ({why}); "
+            f"{_clock_text(self.budget - (now - self._start))} left for the final "
+            "checkpoint."
         )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kerascale._version import __version__
+from kerascale.errors import warn
 from kerascale.sense import model_facts
 from kerascale.sense.model_facts import is_builder
 
@@ -61,7 +62,7 @@ def cache_write(kind: str, key: str, payload: dict[str, Any]) -> None:
         tmp.write_text(json.dumps(payload))
         os.replace(tmp, folder / f"{key}.json")
     except OSError as e:
-        logger.warning("kerascale's %s cache not written (%s).", kind, e)
+        warn(f"kerascale's {kind} cache not written ({e}): measured again next time.")
 
 
 def model_fingerprint(model: Any) -> str:

@@ -100,6 +100,11 @@ class Plan:
         return cls.from_dict(json.loads(text))
 
     def __str__(self) -> str:
+        return self.describe()
+
+    def describe(self, *, warnings: bool = True) -> str:
+        """The plan as a table, each decision with its reason; `warnings`:
+        with the plan's warnings as last rows."""
         rows = [
             ("hardware", self.hardware, ""),
             (
@@ -148,5 +153,6 @@ class Plan:
         for name, value, why in rows:
             line = f"  {name:<{w0}}  {value:<{w1}}"
             lines.append(f"{line}  {why}".rstrip() if why else line.rstrip())
-        lines += [f"  warning: {w}" for w in self.warnings]
+        if warnings:
+            lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
