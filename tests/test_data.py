@@ -108,10 +108,15 @@ def test_arrays_facts():
 
 def test_validation_data():
     plan = plan_with(4)
-    ds = apply_data.prepare_validation(slices(10), plan, optimize=False)
+    ds, own = apply_data.prepare_validation(slices(10), plan, optimize=False)
     assert [int(x.shape[0]) for x, _ in ds] == [4, 4, 2]
+    assert own == 4  # unbatched: validation_steps counts batches of batch_size
+    batched, own = apply_data.prepare_validation(
+        slices(10).batch(2), plan, optimize=False
+    )
+    assert own == 2 and [int(x.shape[0]) for x, _ in batched] == [4, 4, 2]
     arrays = (np.zeros((5, 1)), np.zeros(5))
-    assert apply_data.prepare_validation(arrays, plan, optimize=False) is arrays
+    assert apply_data.prepare_validation(arrays, plan, optimize=False) == (arrays, 4)
     with pytest.raises(
         kerascale.DataError, match="validation_data and y must have the same"
     ):

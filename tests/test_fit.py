@@ -408,7 +408,7 @@ def test_plan_on_a_fake_gpu_box_through_the_hardware_seam(monkeypatch):
     from kerascale.sense import hardware
 
     monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: gpu_box(4))
-    x, y = toy_data(64)
+    x, y = toy_data(512)
     # max_batch_size states the memory bound: no probe (they would need the GPUs).
     p = kerascale.plan(dense_model(), x, y, batch_size=256, max_batch_size=256)
     assert (p.strategy, p.replicas, p.precision) == ("mirrored", 4, "mixed_bfloat16")

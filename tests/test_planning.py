@@ -11,7 +11,7 @@ from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import ClusterInfo, GPUInfo, Hardware, TPUInfo
 from kerascale.sense.model_facts import ModelFacts
 
-ARRAYS = DataFacts(kind="arrays", num_samples=1000)
+ARRAYS = DataFacts(kind="arrays", num_samples=100_000)
 FLOAT32 = ModelFacts(policy="float32")
 
 

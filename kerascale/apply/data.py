@@ -214,14 +214,19 @@ def prepare_validation(
     *,
     optimize: bool,
     validation_steps: Any = None,
-) -> Any:
+) -> tuple[Any, int | None]:
     """Validates `validation_data` and batches a dataset like the training data.
 
     Arrays given as `(x, y)` or `(x, y, sample_weight)` are returned as they are:
     Keras batches them with the training batch size.
+
+    Returns:
+        (the validation data for Keras, the batch `validation_steps` counts
+        in Keras's meaning for it: a batched dataset's own batch, else
+        `batch_size`, the plan's global batch; None for a PyDataset).
     """
     if validation_data is None:
-        return None
+        return None, None
     if is_dataset(validation_data):
         facts = inspect(
             validation_data,
@@ -229,10 +234,11 @@ def prepare_validation(
             steps_per_epoch=validation_steps,
             steps_name="validation_steps",
         )
-        return prepare(validation_data, facts, plan, optimize=optimize)
+        own = facts.batch_size if facts.batched else plan.global_batch_size
+        return prepare(validation_data, facts, plan, optimize=optimize), own
     if isinstance(validation_data, keras.utils.PyDataset):
         inspect(validation_data, name="validation_data")
-        return validation_data
+        return validation_data, None
     if isinstance(validation_data, tuple | list) and len(validation_data) in (2, 3):
         vx, vy = validation_data[0], validation_data[1]
         inspect(vx, vy, name="validation_data")
@@ -243,7 +249,7 @@ def prepare_validation(
                     "validation_data's sample_weight must have one entry per "
                     f"sample ({n})."
                 )
-        return validation_data
+        return validation_data, plan.global_batch_size
     raise DataError(
         "validation_data must be a tf.data.Dataset, a keras.utils.PyDataset, or "
         "a tuple (x, y) or (x, y, sample_weight). Received: validation_data of "

@@ -18,6 +18,7 @@ its trainer's state). It serves models that cannot be re-created.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -74,14 +75,26 @@ def _as_list_of_entries(model: keras.Model) -> list:
     return list(entries)
 
 
-def _clone(model: keras.Model, policy: str) -> keras.Model:
+def _pinned(model: keras.Model, default: Any) -> set[int]:
+    """ids of the layers whose dtype policy the user set: Keras gives a layer
+    built without `dtype` the global policy object itself, and one built with
+    `dtype=...` a policy object of its own. Only where some layers share the
+    global one can the others be told apart (a loaded model shares none)."""
+    layers = [layer for layer in model._flatten_layers() if layer is not model]
+    if not any(layer.dtype_policy is default for layer in layers):
+        return set()
+    return {id(layer) for layer in layers if layer.dtype_policy is not default}
+
+
+def _clone(model: keras.Model, policy: str, default: Any) -> keras.Model:
     keep_float32 = _output_layer_ids(model)
+    pinned = _pinned(model, default)
 
     def clone_layer(layer):
         config = layer.get_config()
         if id(layer) in keep_float32:
             config["dtype"] = "float32"
-        elif layer.dtype_policy.name == "float32":
+        elif layer.dtype_policy.name == "float32" and id(layer) not in pinned:
             config["dtype"] = policy
         return layer.__class__.from_config(config)
 
@@ -122,22 +135,50 @@ def recreate(
         CannotRecreate: When a model cannot be cloned or its weights copied.
         ModelError: When a builder does not return a compiled model.
     """
+    default = keras.config.dtype_policy()  # what unpinned layers were given
     with preserved_state(), strategy.scope(), global_policy(policy):
         if is_builder(model):
-            return _built(model)
+            return _float32_outputs(_built(model), policy)
         try:
-            new = _clone(model, policy)
+            new = _clone(model, policy, default)
             if model.built and model.weights:
                 if not new.built:
                     new.build_from_config(model.get_build_config())
                 new.set_weights(model.get_weights())
             compile_like(model, new)
             copy_optimizer_state(model, new)
+            if not (isinstance(new, keras.Sequential) or is_functional(new)):
+                _float32_outputs(new, policy)
         except Exception as e:
             raise CannotRecreate(
                 f"re-creating it failed: {type(e).__name__}: {gist(e)}"
             ) from e
     return new
+
+
+def _float32_outputs(model: keras.Model, policy: str) -> keras.Model:
+    """Makes `model`'s floating outputs float32 under a mixed `policy`, where
+    its output layers cannot be re-created as float32 (a subclassed model, or
+    what a builder returns): its `call` casts them (Keras's mixed-precision
+    guide: outputs in float32). A layer you pinned to float32 computes in
+    float32 as it is."""
+    if not policy.startswith("mixed"):
+        return model
+    call = model.call
+
+    @functools.wraps(call)
+    def float32_call(*args, **kwargs):
+        return keras.tree.map_structure(_as_float32, call(*args, **kwargs))
+
+    model.call = float32_call
+    return model
+
+
+def _as_float32(t: Any) -> Any:
+    dtype = getattr(t, "dtype", None)
+    if dtype is not None and "float" in str(dtype) and "32" not in str(dtype):
+        return keras.ops.cast(t, "float32")
+    return t
 
 
 def _built(builder: Callable[[], keras.Model]) -> keras.Model:
@@ -181,6 +222,13 @@ def _fresh_metrics(metrics: Any) -> Any:
     if isinstance(metrics, list | tuple):
         return type(metrics)(_fresh_metrics(m) for m in metrics)
     return metrics
+
+
+def accumulation_steps(model: Any) -> int:
+    """Batches per optimizer update of `model`'s optimizer (1 without
+    gradient accumulation)."""
+    optimizer = core_optimizer(getattr(model, "optimizer", None))
+    return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
 
 
 def core_optimizer(optimizer: Any) -> Any:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +39,7 @@ from kerascale.apply import accumulation, cluster
 from kerascale.apply import data as data_lib
 from kerascale.apply import model as model_lib
 from kerascale.apply import strategy as strategy_lib
-from kerascale.errors import KerascaleWarning
+from kerascale.errors import ConfigurationError, KerascaleWarning
 from kerascale.sense import data_facts
 from kerascale.sense.model_facts import borrow_problem, is_builder
 
@@ -257,12 +258,24 @@ def _prepare_data(
     elif kind == "arrays":
         kwargs["batch_size"] = plan.step_batch_size
     if "validation_data" in kwargs:
-        kwargs["validation_data"] = data_lib.prepare_validation(
+        kwargs["validation_data"], own = data_lib.prepare_validation(
             kwargs["validation_data"],
             plan,
             optimize=decided.optimize_data,
             validation_steps=kwargs.get("validation_steps"),
         )
+        if (
+            own
+            and kwargs.get("validation_steps")
+            and not kwargs.get("validation_batch_size")
+        ):
+            # Keras's validation_steps counts batches of the validation data
+            # as given (or of batch_size); kerascale batches it per step.
+            steps = kwargs["validation_steps"] * own / plan.step_batch_size
+            kwargs["validation_steps"] = math.ceil(steps)
+    if plan.accumulation_steps > 1 and kwargs.get("steps_per_epoch"):
+        # Keras counts forward passes; steps_per_epoch means updates.
+        kwargs["steps_per_epoch"] *= plan.accumulation_steps
     return x, y, kwargs, quiet
 
 
@@ -313,7 +326,9 @@ def train(prepared: Prepared, *, verbose: Any) -> keras.callbacks.History:
         if prepared.quiet_end_of_data:
             warnings.filterwarnings("ignore", "Your input ran out of data")
         try:
-            return prepared.model.fit(prepared.x, prepared.y, verbose=verbose, **kwargs)
+            history = prepared.model.fit(
+                prepared.x, prepared.y, verbose=verbose, **kwargs
+            )
         except Exception as e:
             lost = cluster.translate_error(e)
             if lost is not None:
@@ -321,3 +336,13 @@ def train(prepared: Prepared, *, verbose: Any) -> keras.callbacks.History:
             if steps.failed_in_first_step:
                 raise FirstStepFailed(e) from e
             raise
+    k = prepared.plan.accumulation_steps
+    if k > 1 and history.epoch and steps.done < k:
+        raise ConfigurationError(
+            f"Training made no optimizer update: it ran {steps.done} "
+            f"micro-batch(es) of {prepared.plan.micro_batch_size}, fewer than the "
+            f"accumulation_steps={k} one update needs, so nothing was applied. "
+            "Your data yields fewer batches than that: use a smaller "
+            "batch_size, or more epochs or data."
+        )
+    return history

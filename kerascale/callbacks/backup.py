@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from kerascale import _validation as v
 from kerascale.apply import keras_compat
+from kerascale.apply.model import accumulation_steps
 from kerascale.callbacks import _backup_meta as meta_lib
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.callbacks._base import KerascaleCallback
@@ -71,9 +72,10 @@ class FaultTolerantBackup(KerascaleCallback):
         directory: Where checkpoints live (a local path or ``gs://...``).
             Created if missing. Must not be an existing file.
         save_freq: "epoch" (at each epoch's end), an int N (every N
-            batches), or a duration like "10min", "30s" or "1h" (at the first
-            batch end after that much time since the last save). Defaults to
-            "epoch".
+            optimizer updates: every N batches, or N windows of k batches
+            under gradient accumulation), or a duration like "10min", "30s" or
+            "1h" (at the first update after that much time since the last
+            save). Defaults to "epoch".
         keep: How many checkpoints to keep. Defaults to 2, so one damaged
             file never leaves you without a checkpoint.
         start_over: Ignore existing checkpoints and train from scratch; they
@@ -118,6 +120,7 @@ class FaultTolerantBackup(KerascaleCallback):
         self._reset_run_state()
         self._chief = meta_lib.is_chief(self.model)
         self._spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        self._k = accumulation_steps(self.model)
         self._epochs = int(self.params.get("epochs") or 0)
         self._epoch_steps = self.params.get("steps")
         existing = (
@@ -153,13 +156,17 @@ class FaultTolerantBackup(KerascaleCallback):
         at_end = self._position.used_up()
         if self._sigterm.requested and not at_end:
             self._preempt_exit(boundary=False)
+        # save_freq counts optimizer updates: k batches each under gradient
+        # accumulation, and a save waits for its window to end.
         due = (
             self._every_steps is not None
-            and self._global_step - self._last_save_step >= self._every_steps
+            and self._global_step - self._last_save_step >= self._every_steps * self._k
         ) or (
             self._every_seconds is not None
             and self._clock() - self._last_save_time >= self._every_seconds
         )
+        if due and self._global_step % self._k:
+            return
         if due and at_end:
             self._save_due = True
         elif due:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kerascale import _validation as v
+from kerascale.apply.model import accumulation_steps, core_optimizer
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.errors import warn
 
@@ -20,10 +21,12 @@ class TimeBudget(KerascaleCallback):
 
     It projects the finish time from measured epoch and step times, warns as
     soon as the run is projected to overrun the budget, and sets
-    `model.stop_training` at the last batch boundary that leaves `reserve`
-    seconds (plus the time an epoch's end took, when the next batch ends an
-    epoch) before the deadline. With a `FaultTolerantBackup`, the run saves
-    on the way out and a rerun continues at that batch.
+    `model.stop_training` at the last optimizer update that leaves `reserve`
+    seconds (plus the time an epoch's end took, when the next update ends an
+    epoch) before the deadline. Under gradient accumulation it stops only
+    where an update ends, so no window's work is dropped. With a
+    `FaultTolerantBackup`, the run saves on the way out and a rerun continues
+    at that batch.
 
     Args:
         budget: Seconds, or a string like "18h", "90min", "1h30min".
@@ -72,6 +75,14 @@ class TimeBudget(KerascaleCallback):
         self.stopped_early = False
         self._last_batch_end: float | None = None
         self._epoch_steps = self.params.get("steps")
+        # Under gradient accumulation, stops fall on the ends of windows of
+        # k batches (what a stop mid-window trained would be dropped).
+        self._k = accumulation_steps(self.model)
+        optimizer = core_optimizer(getattr(self.model, "optimizer", None))
+        self._micro = (
+            int(getattr(optimizer, "iterations", 0) or 0) if self._k > 1 else 0
+        )
+        self._spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -96,12 +107,18 @@ class TimeBudget(KerascaleCallback):
         )
         self._last_batch_end = now
         self._steps = batch + 1
+        self._micro += self._spe
+        if self._micro % self._k:
+            return  # mid-window: the decision waits for the window's end
         next_ends_epoch = (
-            self._epoch_steps is not None and batch + 2 >= self._epoch_steps
+            self._epoch_steps is not None and batch + 1 + self._k >= self._epoch_steps
         )
-        needed = self._step_seconds + (self._end_overhead if next_ends_epoch else 0.0)
+        needed = self._k * self._step_seconds + (
+            self._end_overhead if next_ends_epoch else 0.0
+        )
         if now - self._start + needed + self._reserve() >= self.budget:
-            self._stop(now, "the next step would not finish in time")
+            what = "step" if self._k == 1 else f"optimizer update ({self._k} batches)"
+            self._stop(now, f"the next {what} would not finish in time")
 
     def on_epoch_end(self, epoch, logs=None):
         now = self._clock()

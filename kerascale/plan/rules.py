@@ -55,8 +55,11 @@ def make_plan(
     reasons, warnings = dict(where.reasons), list(where.warnings)
 
     requested, why_batch = _choose_batch(options, data, replicas, search)
+    requested, why_batch, capped = _within_data(
+        requested, why_batch, data, replicas, options.batch_size != "auto"
+    )
     sp, batch_warnings = _accumulation(options, data, requested, replicas, search)
-    warnings += batch_warnings
+    warnings += capped + batch_warnings
     global_batch = sp.micro * replicas * sp.steps
     reasons["global_batch_size"] = why_batch
     reasons["accumulation_steps"] = sp.why
@@ -293,6 +296,27 @@ def _choose_batch(
             f"{max(replicas, batch - batch % replicas)}."
         )
     return batch, why
+
+
+def _within_data(
+    batch: int, why: str, data: DataFacts, replicas: int, asked: bool
+) -> tuple[int, str, list[str]]:
+    """A batch no larger than a finite dataset: as Keras trains arrays with a
+    batch_size above their length, one batch of all the samples per epoch
+    (rounded down to a multiple of the replicas); said when it was asked."""
+    n = data.num_samples
+    if not n or batch <= n or data.kind == "pydataset":
+        return batch, why, []
+    capped = max(replicas, n - n % replicas)
+    warnings = []
+    if asked:
+        warnings.append(
+            f"batch_size={batch} is larger than your data ({n} samples): training "
+            f"with batches of {capped}, one optimizer update per epoch, as "
+            "model.fit does. Pass a batch_size of at most the data's size to "
+            "choose."
+        )
+    return capped, f"{why}, capped at the data's {n} samples", warnings
 
 
 def _data_changes(
