@@ -49,9 +49,8 @@ def find_batch_size(
         mode: "max": the largest batch that fits, less `margin`.
             "throughput": the smallest batch within 3% of the best measured
             samples/s under the memory bound. Defaults to "max".
-        isolate: True: probes in child processes; False: in this process
-            (catching `ResourceExhaustedError`); "auto": children where the
-            model can be shipped (its custom objects importable). Defaults to
+        isolate: True: probes in child processes; False: in this process;
+            "auto": children where the model can be shipped. Defaults to
             "auto".
         memory_limit: Bytes, or a size like "6GiB": per GPU on GPUs, the
             probe process's data memory on CPU. Defaults to `None`: the GPU's
@@ -70,8 +69,9 @@ def find_batch_size(
         verbose: 0 prints nothing, else a line per probe. Defaults to "auto".
 
     Returns:
-        A `BatchSearchResult`: `.batch_size` (per replica),
-        `.global_batch_size`, `.probes`, `.memory_model`, `.reasons`.
+        A `BatchSearchResult`: `.batch_size` (all replicas, as `fit` takes
+        it), `.per_replica_batch_size`, the `.precision` and `.strategy` it
+        was measured under, `.probes`, `.memory_model`, `.reasons`.
 
     Raises:
         ConfigurationError: For an invalid argument (the message names it).
@@ -80,7 +80,8 @@ def find_batch_size(
 
     Example:
     >>> result = kerascale.find_batch_size(model, x, y, memory_limit="4GiB")
-    >>> result.batch_size, len(result.probes)
+    >>> kerascale.fit(model, x, y, batch_size=result.batch_size,
+    ...               precision=result.precision)
     """
     options = Options.validate(strategy=strategy, precision=precision, verbose=verbose)
     _validation.one_of("mode", mode, MODES)

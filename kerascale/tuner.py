@@ -250,7 +250,7 @@ class ScaledHyperModel(keras_tuner.HyperModel):
                     verbose=0,
                     **options,
                 )
-                self.bounds[key] = result.global_batch_size
+                self.bounds[key] = result.batch_size
             except BatchSizeSearchError as e:
                 if not _out_of_memory(e):
                     raise  # a bug in the model, not memory: the user must see it

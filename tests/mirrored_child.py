@@ -61,7 +61,9 @@ if len(sys.argv) > 1 and sys.argv[1] == "search":
             {
                 "replicas": r.replicas,
                 "batch_size": r.batch_size,
-                "global_batch_size": r.global_batch_size,
+                "per_replica_batch_size": r.per_replica_batch_size,
+                "precision": r.precision,
+                "strategy": r.strategy,
                 "outcomes": sorted({p.outcome for p in r.probes}),
                 "largest_probe": max(p.batch for p in r.probes),
             }

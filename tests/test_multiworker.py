@@ -354,9 +354,11 @@ TWO_WORKERS = Hardware(cpu=CPU, cluster=ClusterInfo("TF_CONFIG", 2, "worker", 1)
 
 def searched(batch):
     return BatchSearchResult(
-        batch_size=batch,
-        global_batch_size=batch * 2,
+        batch_size=batch * 2,
+        per_replica_batch_size=batch,
         replicas=2,
+        precision="float32",
+        strategy="multi_worker",
         largest_fitting=batch,
         smallest_failing=None,
         mode="max",

@@ -53,7 +53,9 @@ def test_batch_search_under_mirrored_is_per_replica_and_agreed():
     r = run_child("search")
     assert r["replicas"] == 2
     # max_batch_size=128 is global: 64 per replica, probed on both replicas at once.
-    assert r["batch_size"] == 64 and r["global_batch_size"] == 128
+    # The result says so unmistakably: batch_size is what fit takes.
+    assert r["per_replica_batch_size"] == 64 and r["batch_size"] == 128
+    assert (r["precision"], r["strategy"]) == ("float32", "mirrored")
     assert r["largest_probe"] == 64
     assert r["outcomes"] == ["ok"]
 

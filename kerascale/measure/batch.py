@@ -147,9 +147,10 @@ def run_search(
         cached = _cache_load(key)
         if cached is not None:
             if verbose != 0:
+                per = cached.per_replica_batch_size
                 print(
-                    f"kerascale: batch size {cached.batch_size} per replica from "
-                    f"the cache ({cache.cache_dir()})",
+                    f"kerascale: batch size {per} per replica from the cache "
+                    f"({cache.cache_dir()})",
                     flush=True,
                 )
             return cached
@@ -172,7 +173,9 @@ def run_search(
     result = dataclasses.replace(
         found,
         replicas=plan.replicas,
-        global_batch_size=found.batch_size * plan.replicas,
+        batch_size=found.per_replica_batch_size * plan.replicas,
+        precision=spec.policy,
+        strategy=plan.strategy,
         reasons=reasons,
     )
     if options.cache:
@@ -191,6 +194,7 @@ def _key(model, spec, hw, options, **parts) -> str:
             ).to_json(),
             "hardware": hw.to_dict(),
             "margin": options.margin,
+            "result": 2,  # batch_size is global since version 2 of the result
             **parts,
         }
     )

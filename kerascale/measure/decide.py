@@ -321,7 +321,7 @@ def _tried(decided: Decided, model: Any, x: Any, y: Any, ladder: bool) -> Decide
         rungs = tuple(
             p.batch
             for p in result.probes
-            if p.outcome == "ok" and p.batch <= result.batch_size
+            if p.outcome == "ok" and p.batch <= result.per_replica_batch_size
         )
     if not (try_pipeline or try_precision or len(rungs) > 1):
         return decided
@@ -341,8 +341,8 @@ def _tried(decided: Decided, model: Any, x: Any, y: Any, ladder: bool) -> Decide
     if len(rungs) > 1:
         result = dataclasses.replace(
             result,
-            batch_size=measured.batch,
-            global_batch_size=measured.batch * plan.replicas,
+            per_replica_batch_size=measured.batch,
+            batch_size=measured.batch * plan.replicas,
             reasons={**result.reasons, "batch_size": measured.why("batch")},
         )
     settled = dataclasses.replace(
@@ -406,7 +406,7 @@ def agree(decided: Decided) -> Decided:
     plan, result = decided.plan, decided.search
     peers = cluster.exchange(
         {
-            "batch": result.batch_size if result is not None else None,
+            "batch": result.per_replica_batch_size if result is not None else None,
             "precision": plan.precision,
             "global_batch_size": plan.global_batch_size,
         }
@@ -433,8 +433,8 @@ def agree(decided: Decided) -> Decided:
         )
         result = dataclasses.replace(
             result,
-            batch_size=smallest,
-            global_batch_size=smallest * plan.replicas,
+            per_replica_batch_size=smallest,
+            batch_size=smallest * plan.replicas,
             reasons={**result.reasons, "batch_size": why},
         )
     agreed = make_plan(

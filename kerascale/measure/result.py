@@ -14,16 +14,23 @@ from kerascale.measure.probe import OK, OOM, ProbeResult
 
 @dataclasses.dataclass(frozen=True)
 class BatchSearchResult:
-    """What the batch-size search found.
+    """What the batch-size search found, and what it was measured under.
+
+    Pass it on to `fit` as it is: ``kerascale.fit(model, x,
+    batch_size=result.batch_size, precision=result.precision)``.
 
     Attributes:
-        batch_size: The chosen per-replica batch.
-        global_batch_size: `batch_size * replicas`.
+        batch_size: Samples per optimizer update across all replicas, Keras's
+            meaning of `batch_size`: what to pass to `kerascale.fit`.
+        per_replica_batch_size: The batch each replica holds,
+            `batch_size / replicas`.
         replicas: Replicas the search was done for.
+        precision: The dtype policy the probes trained under.
+        strategy: The distribution strategy the probes trained under.
         largest_fitting: The largest per-replica batch confirmed to fit (before
             the safety margin).
-        smallest_failing: The smallest batch that ran out of memory, or None if
-            the cap was reached first.
+        smallest_failing: The smallest per-replica batch that ran out of
+            memory, or None if the cap was reached first.
         mode: "max" or "throughput".
         probes: Every probe, in the order run.
         memory_model: The fitted memory model, or None.
@@ -35,8 +42,10 @@ class BatchSearchResult:
     """
 
     batch_size: int
-    global_batch_size: int
+    per_replica_batch_size: int
     replicas: int
+    precision: str
+    strategy: str
     largest_fitting: int
     smallest_failing: int | None
     mode: str
@@ -47,6 +56,11 @@ class BatchSearchResult:
     margin: float
     reasons: dict[str, str]
     cached: bool = False
+
+    @property
+    def global_batch_size(self) -> int:
+        """The same as `batch_size` (all replicas), under the Plan's name."""
+        return self.batch_size
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -65,8 +79,9 @@ class BatchSearchResult:
 
     def __str__(self) -> str:
         lines = [
-            f"batch size {self.batch_size} per replica x {self.replicas} = "
-            f"{self.global_batch_size} ({self.reasons.get('batch_size', '')})",
+            f"batch_size {self.batch_size} ({self.per_replica_batch_size} per "
+            f"replica x {self.replicas}), measured under {self.precision} and the "
+            f"{self.strategy} strategy ({self.reasons.get('batch_size', '')})",
             f"  limit {format_bytes(self.limit_bytes)}, memory model: "
             f"{self.memory_model or 'not fitted'}",
             "  probes:",
@@ -117,7 +132,9 @@ class BatchSearchResult:
                 label="memory model",
             )
         ax.axvline(
-            self.batch_size, color="tab:green", label=f"chosen {self.batch_size}"
+            self.per_replica_batch_size,
+            color="tab:green",
+            label=f"chosen {self.per_replica_batch_size}",
         )
         ax.set_xlabel("batch per replica")
         ax.set_ylabel("peak memory (MiB)")

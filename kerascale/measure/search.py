@@ -337,8 +337,10 @@ class _Search:
             )
         return BatchSearchResult(
             batch_size=best,
-            global_batch_size=best,
+            per_replica_batch_size=best,
             replicas=1,
+            precision="",
+            strategy="",
             largest_fitting=lo,
             smallest_failing=hi,
             mode=mode,

@@ -221,7 +221,7 @@ def _accumulation(
     if options.max_batch_size:
         bound, source = max(1, options.max_batch_size // replicas), "max_batch_size"
     if search is not None and not searched_batch(options, data):
-        measured = search.batch_size
+        measured = search.per_replica_batch_size
         if bound is None or measured < bound:
             bound, source = measured, "measured"
     sp = accumulation_rules.split(per_replica, bound)
@@ -279,7 +279,7 @@ def _choose_batch(
     elif data.batched and data.batch_size:
         batch, why = data.batch_size, "the batch size of your batched dataset"
     elif search is not None:
-        batch = search.batch_size * replicas
+        batch = search.per_replica_batch_size * replicas
         how = "cached search" if search.cached else search.reasons.get("search", "")
         why = f"searched ({how}): {search.reasons['batch_size']}"
     else:
