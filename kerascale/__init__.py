@@ -24,6 +24,7 @@ from kerascale.errors import (
 )
 from kerascale.find_batch import find_batch_size
 from kerascale.fit import fit, plan
+from kerascale.measure.cache import clear as clear_cache
 from kerascale.measure.result import BatchSearchResult
 from kerascale.plan.plan import Plan
 from kerascale.sense.hardware import (
@@ -69,6 +70,7 @@ __all__ = [
     "__version__",
     "accumulate",
     "callbacks",
+    "clear_cache",
     "connect_cluster",
     "data",
     "detect_hardware",

@@ -59,6 +59,16 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clear_cache(args: argparse.Namespace) -> int:
+    from kerascale.measure import cache
+
+    removed = cache.clear()
+    print(
+        f"kerascale: removed {removed} cached measurement(s) from {cache.cache_dir()}"
+    )
+    return 0
+
+
 def _load(args: argparse.Namespace) -> Any:
     """The saved model of `args.model`, or an exit code after a message."""
     import importlib
@@ -156,6 +166,7 @@ def _diagnose(args: argparse.Namespace) -> int:
             batch_size=args.batch_size or "auto",
             precision=args.precision,
             memory_limit=args.memory_limit,
+            remeasure=args.force,
             verbose=0 if args.json else "auto",
         )
     except KerascaleError as e:
@@ -219,6 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--json", action="store_true", help="print JSON")
     doctor.set_defaults(func=_doctor)
+    clear = sub.add_parser(
+        "clear-cache",
+        help="forget kerascale's cached measurements (batch searches, trials)",
+    )
+    clear.set_defaults(func=_clear_cache)
 
     find = sub.add_parser(
         "find-batch",
@@ -247,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arguments(diag)
     diag.add_argument("--batch-size", type=_positive, default=None)
     diag.add_argument("--steps", type=_positive, default=20)
+    diag.add_argument(
+        "--force", action="store_true", help="measure again, ignoring the cache"
+    )
     diag.add_argument("--json", action="store_true", help="print JSON")
     diag.set_defaults(func=_diagnose)
     return parser

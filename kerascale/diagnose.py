@@ -134,6 +134,7 @@ def diagnose(
     max_batch_size: int | None = None,
     accumulation_steps: int | None = None,
     optimize_data: bool | str = "auto",
+    remeasure: bool = False,
     verbose: int | str = "auto",
 ) -> Diagnosis:
     """Measures what bounds training of `model` on `x` here, and says what to do.
@@ -144,8 +145,8 @@ def diagnose(
         steps: Timed steps per measurement, after 3 warm-up steps (>= 1).
             Defaults to 20.
         batch_size, strategy, precision, memory_limit, max_batch_size,
-        accumulation_steps, optimize_data, verbose: As for `kerascale.fit`:
-            the plan they give is the one measured.
+        accumulation_steps, optimize_data, remeasure, verbose: As for
+            `kerascale.fit`: the plan they give is the one measured.
 
     Returns:
         A `Diagnosis`; `print()` it for the report.
@@ -163,6 +164,7 @@ def diagnose(
         memory_limit=memory_limit,
         accumulation_steps=accumulation_steps,
         optimize_data=optimize_data,
+        remeasure=remeasure,
         verbose=verbose,
     )
     if data_facts.inspect(x, y).kind == "pydataset":

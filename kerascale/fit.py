@@ -100,7 +100,11 @@ _ARGUMENTS = """\
             on start-up and on one exchange scale with it (see
             `kerascale.apply.cluster`). Defaults to `None`: what
             `connect_cluster` was given, else 60.
-        verbose: As in `model.fit`; 0 also silences kerascale. Defaults to
+        remeasure: Measure again (the batch search, the trials) instead of
+            using kerascale's cached measurements, which the new ones replace.
+            `kerascale.clear_cache()` forgets them all. Defaults to False.
+        verbose: As in `model.fit`: 0 prints no progress, kerascale's
+            included (its warnings still show, as Keras's do). Defaults to
             "auto".
         **fit_kwargs: Passed to `model.fit` (epochs, callbacks,
             validation_data, steps_per_epoch, ...)."""
@@ -133,6 +137,7 @@ def fit(
     profile: bool | tuple[int, int] = False,
     time_budget: float | str | None = None,
     worker_timeout: float | str | None = None,
+    remeasure: bool = False,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
 ) -> keras.callbacks.History:
@@ -225,6 +230,7 @@ def plan(
     profile: bool | tuple[int, int] = False,
     time_budget: float | str | None = None,
     worker_timeout: float | str | None = None,
+    remeasure: bool = False,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
 ) -> Plan:

@@ -25,6 +25,7 @@ def test_public_names_are_pinned():
             "__version__",
             "accumulate",
             "callbacks",
+            "clear_cache",
             "connect_cluster",
             "data",
             "detect_hardware",

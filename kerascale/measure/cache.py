@@ -17,6 +17,7 @@ from typing import Any
 
 from kerascale._version import __version__
 from kerascale.errors import warn
+from kerascale.measure.fingerprint import builder_fingerprint
 from kerascale.sense import model_facts
 from kerascale.sense.model_facts import is_builder
 
@@ -67,10 +68,10 @@ def cache_write(kind: str, key: str, payload: dict[str, Any]) -> None:
 
 def model_fingerprint(model: Any) -> str:
     """What identifies a model for the caches: its architecture and compile
-    config with automatic names canonicalised (a builder: its qualified name)."""
+    config with automatic names canonicalised; a builder's code, constants,
+    defaults and closure values (`fingerprint.builder_fingerprint`)."""
     if is_builder(model):
-        target = f"{model.__module__}.{model.__qualname__}"
-        return hashlib.sha256(target.encode()).hexdigest()
+        return builder_fingerprint(model)
     arch = model_facts.architecture(model)
     if arch is None:  # subclassed without get_config: its shapes stand in
         arch = type(model).__qualname__ + repr([tuple(w.shape) for w in model.weights])
@@ -83,3 +84,15 @@ def model_fingerprint(model: Any) -> str:
     except Exception:
         compiled = repr(getattr(model, "optimizer", None))
     return hashlib.sha256((arch + compiled).encode()).hexdigest()
+
+
+def clear() -> int:
+    """Removes every measurement kerascale cached (batch searches, trials);
+    returns how many. The next `fit` measures again."""
+    removed = 0
+    for kind in ("batch_search", "trials"):
+        folder = cache_dir() / kind
+        for entry in folder.glob("*.json") if folder.is_dir() else ():
+            entry.unlink(missing_ok=True)
+            removed += 1
+    return removed

@@ -77,6 +77,7 @@ def validate_options(
         max_batch_size=max_batch_size,
         memory_limit=memory_limit,
         min_steps_per_epoch=AUTO_MIN_STEPS,
+        force=options.remeasure,
     )
     return options, search
 
@@ -337,6 +338,7 @@ def _tried(decided: Decided, model: Any, x: Any, y: Any, ladder: bool) -> Decide
         batches=rungs,
         optimize=decided.optimize_data,
         verbose=options.verbose,
+        fresh=options.remeasure,
     )
     if len(rungs) > 1:
         result = dataclasses.replace(

@@ -158,6 +158,7 @@ def run(
     batches: tuple[int, ...] = (),
     optimize: bool = True,
     verbose: Any = "auto",
+    fresh: bool = False,
 ) -> TrialResult:
     """Measures the candidates and returns the fastest (cached).
 
@@ -165,6 +166,8 @@ def run(
         batches: Per-replica batches known to fit (the batch search's rungs),
             to time on the real data; empty to keep the plan's batch.
         optimize: The pipeline setting when it is not tried.
+        fresh: Measure again even when the cache has an answer (which the
+            new measurement then replaces).
     """
     key = cache.cache_key(
         {
@@ -176,7 +179,7 @@ def run(
             "hardware": hw.to_dict(),
         }
     )
-    cached = cache.cache_read("trials", key)
+    cached = None if fresh else cache.cache_read("trials", key)
     if cached is not None:
         try:
             return TrialResult.from_dict(cached)

@@ -28,6 +28,7 @@ class Options:
     lr_scaling: str | None = None
     base_batch_size: int | None = None
     max_batch_size: int | None = None  # global; the largest batch per forward pass
+    remeasure: bool = False  # measure again instead of reading the cache
 
     @classmethod
     def validate(
@@ -42,6 +43,7 @@ class Options:
         lr_scaling: Any = None,
         base_batch_size: Any = None,
         max_batch_size: Any = None,
+        remeasure: Any = False,
     ) -> Options:
         """Checks every option at the door; raises `ConfigurationError`."""
         if batch_size != "auto" or isinstance(batch_size, bool):
@@ -51,6 +53,7 @@ class Options:
         strategy_rules.validate_request(strategy)
         _validation.one_of("precision", precision, precision_rules.CHOICES)
         _validation.boolean_or_auto("optimize_data", optimize_data)
+        _validation.boolean("remeasure", remeasure)
         if isinstance(verbose, bool) or verbose not in VERBOSE_CHOICES:
             raise _validation.fail("verbose", verbose, '"auto", 0, 1 or 2')
         for name, value in (
@@ -80,6 +83,7 @@ class Options:
             lr_scaling=lr_scaling,
             base_batch_size=base_batch_size,
             max_batch_size=max_batch_size,
+            remeasure=remeasure,
         )
 
 

@@ -149,7 +149,7 @@ def _as_it_is(
     choices that need a re-created model are dropped, and said so."""
     why = model.why_not_rebuildable
     needs_new_scope = choice.name != "default" and not model.in_strategy_scope
-    dropped = []
+    choice_policy, dropped = policy, []
     if policy != model.policy:
         dropped.append(f"precision {policy}")
         policy, why_policy = model.policy, f"kept the model's {model.policy}: {why}"
@@ -167,10 +167,16 @@ def _as_it_is(
         dropped.append(f"strategy {choice.name}")
         choice = strategy_rules.choose(hardware, "default")
         why_strategy = f"kept the default strategy: {why}"
+    keep = []
+    if policy != choice_policy:
+        keep.append(f"precision={policy!r}")
+    if needs_new_scope:
+        keep.append("strategy='default'")
     warnings.append(
         f"Not applied: {' and '.join(dropped)}, because the model cannot be "
-        f"re-created ({why}). Pass a zero-argument function that builds and "
-        "compiles the model instead of the model."
+        f"re-created ({why}). To get it, pass a zero-argument function that "
+        "builds and compiles the model instead of the model; to say you want "
+        f"it as it is, pass {' and '.join(keep)}."
     )
     reasons = {
         "strategy": why_strategy,
