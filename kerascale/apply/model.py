@@ -80,10 +80,20 @@ def _pinned(model: keras.Model, default: Any) -> set[int]:
     built without `dtype` the global policy object itself, and one built with
     `dtype=...` a policy object of its own. Only where some layers share the
     global one can the others be told apart (a loaded model shares none)."""
-    layers = [layer for layer in model._flatten_layers() if layer is not model]
+    layers = list(_cloned_layers(model))
     if not any(layer.dtype_policy is default for layer in layers):
         return set()
     return {id(layer) for layer in layers if layer.dtype_policy is not default}
+
+
+def _cloned_layers(model: keras.Model) -> Any:
+    """The layers cloning re-creates from their configs (nested Sequential
+    and Functional models looked through), input layers left out."""
+    for layer in getattr(model, "layers", ()):
+        if isinstance(layer, keras.Sequential) or is_functional(layer):
+            yield from _cloned_layers(layer)
+        elif not isinstance(layer, keras.layers.InputLayer):
+            yield layer
 
 
 def _clone(model: keras.Model, policy: str, default: Any) -> keras.Model:
