@@ -6,6 +6,7 @@ working for users who do not know about kerascale (keras-tuner does the same).
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 
@@ -65,8 +66,25 @@ class KerascaleWarning(UserWarning):
     """
 
 
-def warn(message: str, *, stacklevel: int = 1) -> None:
-    """Shows `message` as a `KerascaleWarning` from the caller's caller
-    (`stacklevel` more frames up): shown by default, like Keras's warnings,
-    whatever `verbose` says, and filterable by category."""
-    warnings.warn(message, KerascaleWarning, stacklevel=stacklevel + 2)
+# Frames of these packages are never the line a warning is about.
+_INTERNAL = ("kerascale", "keras", "tensorflow", "keras_tuner", "contextlib")
+
+
+def warn(message: str) -> None:
+    """Shows `message` as a `KerascaleWarning` from the user's own line: the
+    first caller outside kerascale, Keras and TensorFlow (the `kerascale.fit`
+    or `model.fit` call a callback runs in). Shown by default, like Keras's
+    warnings, whatever `verbose` says, and filterable by category."""
+    warnings.warn(message, KerascaleWarning, stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    # sys._getframe(k) here is the frame `warnings.warn(stacklevel=k)` in
+    # `warn` names: 1 is `warn` itself, 2 its caller.
+    level, frame = 2, sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.split(".")[0] not in _INTERNAL:
+            return level
+        level, frame = level + 1, frame.f_back
+    return 2  # a thread of kerascale's own: its caller is as good as any

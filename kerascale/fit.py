@@ -201,7 +201,7 @@ def _train(deciding: _Deciding, decided: Decided) -> keras.callbacks.History:
         if request.options.verbose != 0:
             print(plan.describe(warnings=False), flush=True)
         for w in plan.warnings:
-            warn(w, stacklevel=2)  # from the user's call of fit
+            warn(w)
         history = session_lib.train(prepared, verbose=request.options.verbose)
     if not is_builder(model):
         history.set_model(model)

@@ -170,6 +170,9 @@ def test_time_budget_stops_before_the_deadline_with_a_fake_clock():
     messages = [str(w.message) for w in said]
     assert any("over the budget" in m for m in messages)  # projected, then
     assert any("stopping after" in m for m in messages)  # stopped
+    # Both from the user's line that called model.fit, not Keras's internals.
+    ours = [w for w in said if w.category is kerascale.KerascaleWarning]
+    assert {w.filename for w in ours} == {__file__}
 
 
 def test_time_budget_real_short_budget_stops_in_time():

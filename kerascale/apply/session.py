@@ -39,7 +39,7 @@ from kerascale.apply import accumulation, cluster
 from kerascale.apply import data as data_lib
 from kerascale.apply import model as model_lib
 from kerascale.apply import strategy as strategy_lib
-from kerascale.errors import ConfigurationError, KerascaleWarning
+from kerascale.errors import ConfigurationError, warn
 from kerascale.sense import data_facts
 from kerascale.sense.model_facts import borrow_problem, is_builder
 
@@ -80,11 +80,9 @@ class Session:
             except Exception as e:
                 if exc_type is None:
                     raise
-                warnings.warn(
+                warn(
                     f"kerascale could not undo {what} after training stopped "
-                    f"with {exc_type.__name__}: {type(e).__name__}: {e}",
-                    KerascaleWarning,
-                    stacklevel=2,
+                    f"with {exc_type.__name__}: {type(e).__name__}: {e}"
                 )
             return False
 
