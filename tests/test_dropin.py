@@ -168,6 +168,39 @@ def test_layers_pinned_by_the_user_keep_their_policy_and_outputs_are_float32():
     ]
 
 
+def test_model_checkpoint_in_a_mixed_run_saves_as_readme_says(tmp_path):
+    """README's choice: the user's ModelCheckpoint sees the model that trains.
+    A whole-model save carries the mixed policy (as under Keras's own mixed
+    precision); saved weights are float32 and load into the user's model."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)]
+    )
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    x, y = regression(64)
+    whole = str(tmp_path / "model.keras")
+    weights = str(tmp_path / "model.weights.h5")
+    history = kerascale.fit(
+        model, x, y, batch_size=16, epochs=2, precision="mixed_bfloat16", verbose=0,
+        callbacks=[
+            keras.callbacks.ModelCheckpoint(whole),
+            keras.callbacks.ModelCheckpoint(weights, save_weights_only=True),
+        ],
+    )  # fmt: skip
+    assert history.plan.precision == "mixed_bfloat16"
+    assert model.layers[0].dtype_policy.name == "float32"  # the user's model
+    saved = keras.saving.load_model(whole)
+    assert saved.layers[0].dtype_policy.name == "mixed_bfloat16"
+    assert saved.layers[-1].dtype_policy.name == "float32"  # output kept float32
+    fresh = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)]
+    )
+    fresh.load_weights(weights)
+    for got, want in zip(fresh.weights, model.weights, strict=True):
+        assert got.dtype == "float32"
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 def _saved_and_loaded(model):
     import tempfile
 
