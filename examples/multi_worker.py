@@ -23,15 +23,14 @@ import tempfile
 
 
 def train(checkpoint_dir: str) -> None:
-    import kerascale
-
-    # First, before TensorFlow runs anything: join the cluster (a worker
-    # silent for 60 s is declared lost; the others then stop with an error).
-    strategy = kerascale.connect_cluster(worker_timeout=60)
-
     import keras
     import numpy as np
     import tensorflow as tf
+
+    # On a cluster, importing kerascale joins it (and waits for every
+    # worker); a worker silent for KERASCALE_WORKER_TIMEOUT (60 s) is then
+    # declared lost and the others stop with an error. Nothing else changes.
+    import kerascale
 
     keras.utils.set_random_seed(0)  # every worker shuffles alike
     rng = np.random.default_rng(0)
@@ -55,7 +54,7 @@ def train(checkpoint_dir: str) -> None:
         checkpoint_dir=checkpoint_dir,
         verbose=2,
     )
-    if strategy is None:
+    if "TF_CONFIG" not in os.environ:
         role = "one process"
     else:
         task = json.loads(os.environ["TF_CONFIG"])["task"]

@@ -39,6 +39,13 @@ from kerascale.sense.hardware import (
 # "kerascale" logger carries debug detail only, where the application sends it.
 logging.getLogger("kerascale").addHandler(logging.NullHandler())
 
+# On a cluster of two or more workers, join it now, before the script starts
+# TensorFlow by building anything (see kerascale.apply.cluster.join_at_import;
+# KERASCALE_AUTO_CONNECT=0 turns it off). Elsewhere this does nothing.
+from kerascale.apply.cluster import join_at_import as _join_at_import  # noqa: E402
+
+_join_at_import()
+
 
 def __getattr__(name: str):
     # kerascale.tuner needs the optional keras-tuner: imported on first use.

@@ -7,14 +7,25 @@ INDEX is 0 or 1 (a worker), or "single" (the one-process reference).
 MODE:
 - compat: plain `model.fit` under MultiWorkerMirroredStrategy with
   kerascale's compat fix only (global batch 16, no shuffle).
-- fit: `kerascale.fit` of an unbatched dataset with batch_size=16 and
-  validation data; each worker seeds its model differently (so the chief's
-  weights must be broadcast). Then `evaluate` and `predict` of a model built
-  under the strategy's scope. Saves weights, History, metrics, predictions.
-- arrays: `kerascale.fit` of NumPy arrays with Keras's own shuffle, each
+- fit: a script with nothing but `import kerascale` at its top (the import
+  joins the cluster), then `kerascale.fit` of an unbatched dataset with
+  batch_size=16 and validation data; each worker seeds its model
+  differently (so the chief's weights must be broadcast). Then `evaluate`
+  and `predict` of a model built under the strategy's scope. Saves weights,
+  History, metrics, predictions.
+- arrays: explicit control (KERASCALE_AUTO_CONNECT=0 and connect_cluster()
+  first), then `kerascale.fit` of NumPy arrays with Keras's own shuffle, each
   worker with a different TF seed (so the chief's seed must be shared).
 - long: `kerascale.fit` for many epochs with a checkpoint every 4 batches,
-  printing "epoch N" lines; the test kills one worker, then restarts both.
+  printing "epoch N" lines; the test kills one worker (or sends it SIGTERM),
+  then restarts both. A preempted worker prints "exit CODE at STEP".
+- timesave, budget: a time-based save_freq ("1s") or a TimeBudget, with
+  worker 1's clock running 3 times as fast as worker 0's (a clock seam);
+  records the steps it saved at, or stopped at.
+- steptime-off, steptime-idle, steptime-saving (benchmarks/multiworker.py):
+  step times of 300 steps with no agreement between workers, with one that
+  no flag raises, and with a time-based save every second (each proposal's
+  round trip is recorded).
 """
 
 import json
@@ -33,6 +44,11 @@ if index != "single":
         }
     )
 
+# The join at import takes its worker_timeout from the environment.
+os.environ["KERASCALE_WORKER_TIMEOUT"] = str(worker_timeout)
+if mode in ("compat", "arrays"):
+    os.environ["KERASCALE_AUTO_CONNECT"] = "0"
+
 import keras  # noqa: E402 - after TF_CONFIG is set
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -48,9 +64,13 @@ if mode == "compat":
     )
     if index != "single":
         assert compat.apply()
-else:
+elif mode == "arrays":
     strategy = kerascale.connect_cluster(worker_timeout=worker_timeout)
     assert (strategy is None) == (index == "single")
+else:  # joined by `import kerascale`, on a cluster only
+    joined = kerascale.apply.cluster.connection()
+    assert (joined is None) == (index == "single")
+    strategy = joined and joined.strategy
 
 seed = 0 if index == "single" else int(index)
 keras.utils.set_random_seed(seed)
@@ -122,21 +142,110 @@ elif mode == "long":
         def on_train_batch_end(self, batch, logs=None):
             time.sleep(0.02)  # long enough for the test to kill mid-epoch
 
+    try:
+        history = kerascale.fit(
+            model,
+            ds,
+            batch_size=16,
+            epochs=12,
+            precision="float32",
+            optimize_data=True,
+            checkpoint_dir=os.path.join(
+                out, "ckpt-single" if index == "single" else "ckpt"
+            ),
+            checkpoint_freq=4,
+            callbacks=[Say()],
+            verbose=0,
+            worker_timeout=worker_timeout,
+        )
+    except SystemExit as e:
+        print(f"exit {e.code} at {int(model.optimizer.iterations)}", flush=True)
+        raise
+elif mode in ("timesave", "budget"):
+    model = build()
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    rate = 3.0 if index == "1" else 1.0
+    began = time.monotonic()
+
+    def clock():
+        return began + (time.monotonic() - began) * rate
+
+    class Slow(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.01)
+
+    saves = []
+    if mode == "timesave":
+        callback = kerascale.callbacks.FaultTolerantBackup(
+            os.path.join(out, f"ckpt-{index}"), save_freq="1s", verbose=0
+        )
+        callback._clock = clock
+        real_save = callback._save
+
+        def recording_save(**kwargs):
+            saves.append(callback._global_step)
+            return real_save(**kwargs)
+
+        callback._save = recording_save
+        epochs = 25
+    else:
+        callback = kerascale.callbacks.TimeBudget(6.0, reserve=0.5, clock=clock)
+        epochs = 10_000
     history = kerascale.fit(
         model,
         ds,
         batch_size=16,
-        epochs=12,
+        epochs=epochs,
         precision="float32",
         optimize_data=True,
-        checkpoint_dir=os.path.join(
-            out, "ckpt-single" if index == "single" else "ckpt"
-        ),
-        checkpoint_freq=4,
-        callbacks=[Say()],
+        callbacks=[Slow(), callback],
         verbose=0,
-        worker_timeout=worker_timeout,
     )
+    results["saves"] = saves
+    results["iterations"] = int(model.optimizer.iterations)
+elif mode.startswith("steptime"):
+    from kerascale.apply import agreement as agreement_lib
+
+    variant = mode.split("-")[1]
+    if variant == "off":
+        agreement_lib.for_run = lambda model, run: None
+    rounds = []
+    real_propose = agreement_lib.Agreement._propose
+
+    def timed_propose(self):
+        began = time.perf_counter()
+        real_propose(self)
+        rounds.append(time.perf_counter() - began)
+
+    agreement_lib.Agreement._propose = timed_propose
+    model = build()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat(40)
+    stamps = []
+
+    class Stamp(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            stamps.append(time.perf_counter())
+
+    history = kerascale.fit(
+        model,
+        ds,
+        batch_size=16,
+        epochs=1,
+        steps_per_epoch=300,
+        precision="float32",
+        callbacks=[
+            Stamp(),
+            kerascale.callbacks.FaultTolerantBackup(
+                os.path.join(out, f"ckpt-{mode}-{index}"),
+                save_freq="1s" if variant == "saving" else "1000h",
+                verbose=0,
+            ),
+        ],
+        verbose=0,
+    )
+    steps = np.diff(stamps[50:])  # after warm-up
+    results["step_ms"] = float(np.median(steps) * 1000)
+    results["round_ms"] = [r * 1000 for r in rounds]
 else:
     raise SystemExit(f"unknown mode {mode}")
 

@@ -59,3 +59,41 @@ def test_the_model_internals_kerascale_uses_still_do_what_it_relies_on():
     assert compat.existing_global_seed_generator() is None
     made = compat.global_seed_generator()
     assert compat.existing_global_seed_generator() is made
+
+
+def test_the_tensorflow_internals_kerascale_uses_still_exist():
+    """kerascale/_tf_compat.py: each private use, against this TensorFlow."""
+    import inspect
+
+    import tensorflow as tf
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+    from tensorflow.python.eager import context
+
+    from kerascale import _tf_compat as tfc
+
+    tf.constant(1)
+    assert tfc.tf_started() is True
+    ctx = context.context()
+    for name in ("set_config_key_value", "get_config_key_value"):
+        assert callable(getattr(ctx, name))
+    assert "timeout_in_ms" in inspect.signature(ctx.get_config_key_value).parameters
+    source = inspect.getsource(cars.CollectiveAllReduceExtended)
+    assert "self._id_in_cluster =" in source and "self._num_workers =" in source
+    tf.random.set_seed(1234)
+    assert tfc.global_seed() == 1234
+    assert tfc.slurm_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    from tensorflow.python.distribute import multi_worker_util
+
+    for name in ("normalize_cluster_spec", "coordination_leader"):
+        assert callable(getattr(multi_worker_util, name))
+    params = inspect.signature(ctx.configure_coordination_service).parameters
+    for name in ("heartbeat_timeout_in_ms", "cluster_register_timeout_in_ms"):
+        assert name in params
+    # The key-value store without a cluster: a clear TensorFlow error, one of
+    # the kinds the agreement handles.
+    try:
+        tfc.kv_get("kerascale/none", 0.01)
+    except tfc.KV_ERRORS:
+        pass
+    except Exception as e:  # anything else would escape the agreement's handlers
+        raise AssertionError(f"{type(e).__name__}: {e}") from e

@@ -199,8 +199,13 @@ def test_a_killed_worker_stops_the_other_and_a_restart_resumes(tmp_path):
     # with the dead worker; otherwise the missing heartbeats tell.
     assert took < 20 + 30
     assert any((tmp_path / "ckpt").iterdir())
-    # Restart both (new ports, as a scheduler would give): they resume from
-    # the chief's checkpoint and end where an uninterrupted run ends.
+    assert_resumes_like_one_process(tmp_path)
+
+
+def assert_resumes_like_one_process(tmp_path):
+    """Restarts both workers of the "long" run (new ports, as a scheduler
+    would give): they resume from the chief's checkpoint and end where an
+    uninterrupted run ends."""
     outputs = run_cluster("long", tmp_path)
     lines = outputs[0][0].splitlines()
     epochs = [int(line.split()[1]) for line in lines if line.startswith("epoch ")]
@@ -217,6 +222,54 @@ def test_a_killed_worker_stops_the_other_and_a_restart_resumes(tmp_path):
     assert len(r0["history"]["loss"]) == 12
     for key in ("loss", "mae"):
         np.testing.assert_allclose(r0["history"][key], rs["history"][key], atol=1e-5)
+
+
+def test_sigterm_to_one_worker_saves_both_at_one_step_and_both_exit_143(tmp_path):
+    """Preemption reaches one VM: its worker proposes the save, every worker
+    saves at the same step and exits 143, and a restart resumes."""
+    ports = free_ports()
+    workers = [start("long", i, ports, tmp_path, "20") for i in range(2)]
+    try:
+        said = [Lines(w) for w in workers]
+        said[0].wait_for("epoch 1 ", timeout=180)
+        time.sleep(0.1)  # into epoch 2's batches
+        os.kill(workers[1].pid, signal.SIGTERM)
+        codes = [w.wait(timeout=120) for w in workers]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+            w.wait()
+    errors = [w.stderr.read() for w in workers]
+    assert codes == [143, 143], errors
+    for lines in said:
+        lines.thread.join(5)
+    exits = [[ln for ln in lines.lines if ln.startswith("exit ")] for lines in said]
+    assert exits[0] == exits[1] and len(exits[0]) == 1, exits
+    assert "SIGTERM to another worker" in errors[0]
+    assert "Preempted (SIGTERM)" in errors[1]
+    step = int(exits[0][0].split()[-1])
+    saved = max((tmp_path / "ckpt").glob("ckpt-*"))
+    assert json.loads((saved / "meta.json").read_text())["global_step"] == step
+    assert_resumes_like_one_process(tmp_path)
+
+
+@pytest.mark.parametrize("mode", ["timesave", "budget"])
+def test_time_decisions_are_taken_at_one_step_by_every_worker(tmp_path, mode):
+    """Worker 1's clock runs 3 times as fast as worker 0's: it wants each
+    time-based save (or the budget's stop) first, and both act at one step,
+    with no hang."""
+    run_cluster(mode, tmp_path, timeout=240)
+    (w0, r0), (w1, r1) = (load(tmp_path, mode, n) for n in ("w0", "w1"))
+    assert max_diff(w0, w1) == 0.0
+    assert r0["iterations"] == r1["iterations"]
+    if mode == "timesave":
+        assert r0["saves"] == r1["saves"]
+        # Worker 1's clock made saves about every 1/3 s of real time: more
+        # than worker 0's own clock would have (and at the run's end one more).
+        assert len(r0["saves"]) >= 4, r0["saves"]
+    else:  # stopped by the budget, long before its 10,000 epochs
+        assert 0 < r0["iterations"] < 10_000 * 8
 
 
 def test_a_frozen_worker_is_lost_after_worker_timeout(tmp_path):
@@ -237,6 +290,66 @@ def test_connect_without_a_cluster_does_nothing():
         )
     }
     assert multiworker.connect(environ=one) is None
+
+
+TWO_WORKER_CONFIG = json.dumps(
+    {"cluster": {"worker": ["h:1", "h:2"]}, "task": {"type": "worker", "index": 0}}
+)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},  # a notebook, one machine
+        {"TF_CONFIG": json.dumps({"cluster": {"worker": ["h:1"]}, "task": {}})},
+        {"TF_CONFIG": TWO_WORKER_CONFIG, "KERASCALE_AUTO_CONNECT": "0"},
+        {"TF_CONFIG": TWO_WORKER_CONFIG, "KERASCALE_AUTO_CONNECT": "off"},
+        {"TF_CONFIG": TWO_WORKER_CONFIG.replace('"index": 0', '"index": 7')},  # for fit
+        {
+            "TF_CONFIG": json.dumps(
+                {
+                    "cluster": {"worker": ["h:1", "h:2"], "evaluator": ["h:3"]},
+                    "task": {"type": "evaluator", "index": 0},
+                }
+            )
+        },
+        {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"},  # no srun
+        {"TF_CONFIG": TWO_WORKER_CONFIG},  # TensorFlow already runs in this process
+    ],
+    ids=["none", "one", "off", "off-word", "bad", "evaluator", "no-srun", "started"],
+)
+def test_the_join_at_import_never_blocks_where_it_should_not(env):
+    import tensorflow as tf
+
+    tf.constant(1)
+    started = time.monotonic()
+    assert multiworker.join_at_import(env) is None
+    assert multiworker.connection() is None
+    assert time.monotonic() - started < 1
+
+
+@pytest.mark.parametrize("raw", ["0", "-3", "soon", "inf"])
+def test_a_bad_worker_timeout_in_the_environment_names_the_variable(raw):
+    env = {"TF_CONFIG": TWO_WORKER_CONFIG, "KERASCALE_WORKER_TIMEOUT": raw}
+    with pytest.raises(kerascale.ClusterConfigError, match="KERASCALE_WORKER_TIMEOUT"):
+        multiworker.join_at_import(env)
+
+
+def test_a_worker_timeout_after_the_join_at_import_says_where_to_set_it(monkeypatch):
+    joined = multiworker._Connection(
+        strategy="joined",
+        timeouts=multiworker.Timeouts.for_worker_timeout(60),
+        source="TF_CONFIG",
+        worker_id=0,
+        num_workers=2,
+        at_import=True,
+    )
+    monkeypatch.setattr(multiworker, "_connection", joined)
+    with pytest.warns(kerascale.KerascaleWarning, match="KERASCALE_WORKER_TIMEOUT=120"):
+        assert (
+            multiworker.connect(120, environ={"TF_CONFIG": TWO_WORKER_CONFIG})
+            == "joined"
+        )
 
 
 def test_connect_after_tensorflow_started_says_what_to_do():

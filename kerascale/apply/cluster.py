@@ -32,24 +32,26 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from kerascale import _tf_compat as tfc
 from kerascale import _validation
 from kerascale.apply import keras_compat
 from kerascale.apply.model import core_optimizer
+from kerascale.apply.resolvers import cluster_resolver
 from kerascale.errors import ClusterConfigError, WorkerLostError, warn
 from kerascale.plan import strategy as strategy_rules
 from kerascale.sense.cluster import (
     check_trainable,
-    cluster_spec_to_tf_config,
     detect_cluster,
-    validate_tf_config,
 )
 from kerascale.sense.data_facts import UNSEEDED_SHUFFLE_ON_CLUSTER, unseeded_shuffle
 
 logger = logging.getLogger("kerascale")
 
 DEFAULT_WORKER_TIMEOUT = 60.0
-# A SLURM job step's first port on each node (TensorFlow's own default).
-SLURM_PORT_BASE = 8888
+# `import kerascale` joins the cluster unless this is "0" (or false, no, off).
+AUTO_CONNECT_ENV = "KERASCALE_AUTO_CONNECT"
+# worker_timeout for the join at import ("90", "2min"), read once at import.
+WORKER_TIMEOUT_ENV = "KERASCALE_WORKER_TIMEOUT"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +86,7 @@ class _Connection:
     worker_id: int  # the index among training workers, the chief first
     num_workers: int
     rounds: int = 0
+    at_import: bool = False  # joined by `import kerascale`
 
 
 _connection: _Connection | None = None
@@ -148,26 +151,78 @@ def connect(
     check_trainable(info)
     if _connection is not None:
         if _connection.timeouts != timeouts:
+            how = (
+                f"kerascale joined it at import: set {WORKER_TIMEOUT_ENV}="
+                f"{timeouts.heartbeat:g} in the environment instead"
+                if _connection.at_import
+                else "timeouts are set once, at the start of the program"
+            )
             warn(
                 "Already connected to the cluster with worker_timeout="
                 f"{_seconds(_connection.timeouts.heartbeat)}; worker_timeout="
-                f"{_seconds(timeouts.heartbeat)} is ignored (timeouts are set "
-                "once, at the start of the program)."
+                f"{_seconds(timeouts.heartbeat)} is ignored ({how})."
             )
         return _connection.strategy
-    from tensorflow.python.eager import context
-
-    if context.context()._context_handle is not None:
+    if tfc.tf_started():
         raise ClusterConfigError(
             f"{info.source} describes a cluster of {info.num_workers} workers, "
             "but TensorFlow has already started in this process, and it can "
-            "only join a cluster before it runs anything. Call "
-            "kerascale.connect_cluster() at the top of your script, before "
-            "building the model or the data (or pass strategy='mirrored' to "
-            "train on this machine alone)."
+            "only join a cluster before it runs anything. Import kerascale at "
+            "the top of your script, before building the model or the data: "
+            "the import joins the cluster (with KERASCALE_AUTO_CONNECT=0, call "
+            "kerascale.connect_cluster() there instead). Or pass "
+            "strategy='mirrored' to train on this machine alone."
         )
     _connection = _join(info, env, timeouts)
     return _connection.strategy
+
+
+def join_at_import(environ: Mapping[str, str] | None = None) -> Any:
+    """What `import kerascale` does: joins the cluster the environment
+    describes, so that a script needs no extra line.
+
+    It joins only when all of these hold, and otherwise does nothing (a
+    notebook, a single-worker job, a malformed description, which `fit`
+    then reports): `KERASCALE_AUTO_CONNECT` is not "0"; TF_CONFIG, Vertex AI's
+    CLUSTER_SPEC or SLURM under `srun` describes two or more training
+    workers and this process is one of them (chief or worker); and
+    TensorFlow has not started yet. Joining waits until every worker has
+    joined, as creating `MultiWorkerMirroredStrategy` does.
+
+    Returns:
+        The strategy, or None when it did not join.
+    """
+    env = os.environ if environ is None else environ
+    if env.get(AUTO_CONNECT_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    info = detect_cluster(env)
+    if info is None or not info.is_multi_worker or _connection is not None:
+        return None
+    if info.task_type not in ("chief", "master", "worker"):
+        return None  # fit says what to do with a parameter server or evaluator
+    if info.source == "SLURM" and not env.get("SLURM_STEP_NODELIST"):
+        return None  # not under srun: fit says to use it
+    raw = env.get(WORKER_TIMEOUT_ENV)
+    try:
+        timeouts = validate_timeout(_number_or_text(raw or DEFAULT_WORKER_TIMEOUT))
+    except ValueError:
+        raise ClusterConfigError(
+            f"{WORKER_TIMEOUT_ENV} must be a number of seconds > 0 or a string "
+            f'like "90s" or "2min". Received: {WORKER_TIMEOUT_ENV}={raw!r}'
+        ) from None
+    if tfc.tf_started():
+        return None  # fit says to import kerascale first
+    strategy = connect(timeouts.heartbeat, environ=env)
+    if _connection is not None:
+        _connection.at_import = True
+    return strategy
+
+
+def _number_or_text(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
 
 
 def _join(info: Any, env: Mapping[str, str], timeouts: Timeouts) -> _Connection:
@@ -175,7 +230,12 @@ def _join(info: Any, env: Mapping[str, str], timeouts: Timeouts) -> _Connection:
     import tensorflow as tf
 
     resolver = cluster_resolver(info, env)
-    _configure_coordination(resolver, timeouts)
+    # TensorFlow's coordination service with our timeouts: its heartbeats
+    # find a lost worker (MultiWorkerMirroredStrategy would otherwise set it
+    # up with a 10 s heartbeat and no limit on the start).
+    tfc.configure_coordination(
+        resolver.cluster_spec(), heartbeat=timeouts.heartbeat, start=timeouts.start
+    )
     communication = tf.distribute.experimental.CommunicationOptions(
         timeout_seconds=timeouts.exchange
     )
@@ -183,13 +243,13 @@ def _join(info: Any, env: Mapping[str, str], timeouts: Timeouts) -> _Connection:
         cluster_resolver=resolver, communication_options=communication
     )
     keras_compat.apply()
-    extended = strategy.extended
+    worker_id, num_workers = tfc.worker_position(strategy)
     connection = _Connection(
         strategy=strategy,
         timeouts=timeouts,
         source=info.source,
-        worker_id=int(extended._id_in_cluster),
-        num_workers=int(extended._num_workers),
+        worker_id=worker_id,
+        num_workers=num_workers,
     )
     logger.info(
         "Joined the %s cluster as worker %d of %d (%s).",
@@ -219,9 +279,7 @@ def joined_by(strategy: Any) -> bool:
 
 def tf_seed() -> int | None:
     """TensorFlow's global seed, or None when none is set."""
-    from tensorflow.python.framework import random_seed
-
-    return random_seed.get_seed(None)[0]
+    return tfc.global_seed()
 
 
 def start_alike(model: Any, strategy: Any, plan: Any, data: Any, x: Any) -> Any:
@@ -242,126 +300,19 @@ def start_alike(model: Any, strategy: Any, plan: Any, data: Any, x: Any) -> Any:
     return plan
 
 
-def cluster_resolver(info: Any, environ: Mapping[str, str]) -> Any:
-    """TensorFlow's cluster resolver for the described cluster."""
-    import tensorflow as tf
-
-    resolvers = tf.distribute.cluster_resolver
-    if info.source == "TF_CONFIG":
-        config = validate_tf_config(environ["TF_CONFIG"])
-        return resolvers.SimpleClusterResolver(
-            tf.train.ClusterSpec(config["cluster"]),
-            task_type=config["task"]["type"],
-            task_id=config["task"].get("index", 0),
-            rpc_layer=config.get("rpc_layer", "grpc"),
-        )
-    if info.source == "CLUSTER_SPEC":
-        config = cluster_spec_to_tf_config(environ["CLUSTER_SPEC"])
-        return resolvers.SimpleClusterResolver(
-            tf.train.ClusterSpec(config["cluster"]),
-            task_type=config["task"]["type"],
-            task_id=config["task"]["index"],
-            rpc_layer="grpc",
-        )
-    if info.source == "SLURM":
-        return slurm_resolver(environ)
-    raise ClusterConfigError(f"Unknown cluster source {info.source!r}.")
-
-
-def slurm_resolver(environ: Mapping[str, str]) -> Any:
-    """TensorFlow's `SlurmClusterResolver` for this job step, resolved.
-
-    GPUs are given to tasks by TensorFlow's rule (CUDA_VISIBLE_DEVICES is
-    set) unless SLURM already set CUDA_VISIBLE_DEVICES. On CPU nodes the
-    resolver's GPU arithmetic is given one pretend GPU per task, which it
-    needs to lay tasks out and which assigns nothing.
-    """
-    import tensorflow as tf
-
-    missing = [
-        name
-        for name in ("SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")
-        if not environ.get(name)
-    ]
-    if missing:
-        raise ClusterConfigError(
-            f"SLURM describes a job of several tasks but {', '.join(missing)} "
-            "is not set: start the workers with `srun`, which sets it, or pass "
-            "strategy='mirrored' to train in this one process."
-        )
-    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
-
-    tasks_per_node = slurm_cluster_resolver.expand_tasks_per_node(
-        environ["SLURM_STEP_TASKS_PER_NODE"]
-    )
-    per_node = max(tasks_per_node)
-    gpus = environ.get("KERASCALE_SLURM_GPUS_PER_NODE")
-    kwargs: dict[str, Any] = {"port_base": SLURM_PORT_BASE}
-    if gpus and int(gpus) > 0 and "CUDA_VISIBLE_DEVICES" not in environ:
-        kwargs.update(gpus_per_node=int(gpus), auto_set_gpu=True)
-    else:
-        kwargs.update(gpus_per_node=per_node, gpus_per_task=1, auto_set_gpu=False)
-    saved = dict(os.environ)
-    try:
-        # The resolver reads os.environ; `environ` may be a test's dict.
-        os.environ.update({k: v for k, v in environ.items() if k.startswith("SLURM_")})
-        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(**kwargs)
-        spec = resolver.cluster_spec()
-    except (RuntimeError, ValueError, KeyError) as e:
-        raise ClusterConfigError(
-            f"SLURM's environment could not be resolved to a cluster: {e}"
-        ) from None
-    finally:
-        if environ is not os.environ:
-            for key in set(os.environ) - set(saved):
-                del os.environ[key]
-            os.environ.update(saved)
-    return tf.distribute.cluster_resolver.SimpleClusterResolver(
-        spec, task_type=resolver.task_type, task_id=resolver.task_id, rpc_layer="grpc"
-    )
-
-
-def _configure_coordination(resolver: Any, timeouts: Timeouts) -> None:
-    """TensorFlow's coordination service with our timeouts: its heartbeats
-    find a lost worker (MultiWorkerMirroredStrategy would otherwise set it up
-    with a 10 s heartbeat and no limit on the start)."""
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.distribute import multi_worker_util
-    from tensorflow.python.eager import context
-
-    spec = multi_worker_util.normalize_cluster_spec(resolver.cluster_spec())
-    jobs = [
-        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
-        for job in ("chief", "worker")
-        if job in spec.jobs
-    ]
-    context.context().configure_coordination_service(
-        service_type="standalone",
-        service_leader=multi_worker_util.coordination_leader(spec),
-        heartbeat_timeout_in_ms=int(timeouts.heartbeat * 1000),
-        cluster_register_timeout_in_ms=int(timeouts.start * 1000),
-        shutdown_barrier_timeout_in_ms=int(timeouts.heartbeat * 1000),
-        coordinated_jobs=jobs,
-    )
-
-
 def exchange(value: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every worker's `value` (JSON-able), in worker order (the chief first).
 
     All workers must call it the same number of times, in the same order.
     """
-    from tensorflow.python.eager import context
-
     conn = _connection
     if conn is None:
         raise RuntimeError("exchange() needs connect() first.")
     conn.rounds += 1
     key = f"kerascale/round{conn.rounds}/worker"
-    ctx = context.context()
-    ctx.set_config_key_value(f"{key}{conn.worker_id}", json.dumps(dict(value)))
-    timeout_ms = int(conn.timeouts.start * 1000)
+    tfc.kv_set(f"{key}{conn.worker_id}", json.dumps(dict(value)))
     return [
-        json.loads(ctx.get_config_key_value(f"{key}{i}", timeout_in_ms=timeout_ms))
+        json.loads(tfc.kv_get(f"{key}{i}", conn.timeouts.start))
         for i in range(conn.num_workers)
     ]
 
@@ -441,9 +392,8 @@ def share_tf_seed() -> int:
     import random
 
     import tensorflow as tf
-    from tensorflow.python.framework import random_seed
 
-    own, _ = random_seed.get_seed(None)
+    own = tfc.global_seed()
     if own is None:
         own = random.SystemRandom().randrange(2**31)
     seed = int(exchange({"seed": int(own)})[0]["seed"])
