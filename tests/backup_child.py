@@ -126,10 +126,10 @@ def install_fault(point, nth):
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
     real_publish = store.publish
 
-    def publish(directory, number, write_state, meta):
+    def publish(directory, number, write_state, meta, before_commit=None):
         count["publish"] += 1
         if count["publish"] != nth:
-            return real_publish(directory, number, write_state, meta)
+            return real_publish(directory, number, write_state, meta, before_commit)
         if point == "before-state":
             real_write = write_state
 
@@ -167,7 +167,7 @@ def install_fault(point, nth):
             tf.io.gfile.remove = remove
         else:
             sys.exit(f"unknown fault point {point}")
-        return real_publish(directory, number, write_state, meta)
+        return real_publish(directory, number, write_state, meta, before_commit)
 
     store.publish = publish
 

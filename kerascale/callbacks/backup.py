@@ -10,7 +10,6 @@ and the preemption exit.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import tempfile
@@ -20,10 +19,13 @@ from typing import Any
 import tensorflow as tf
 
 from kerascale import _validation as v
+from kerascale.apply import agreement as agreement_lib
 from kerascale.apply import keras_compat
 from kerascale.apply.model import accumulation_steps
 from kerascale.callbacks import _backup_meta as meta_lib
+from kerascale.callbacks import _lease as lease_lib
 from kerascale.callbacks import checkpoint_store as store
+from kerascale.callbacks._backup_resume import RESTORE_ERRORS, Resume
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._input_position import InputPosition, Wrapped
 from kerascale.callbacks._preemption import SigtermWatch
@@ -32,16 +34,9 @@ from kerascale.errors import CheckpointError, warn
 logger = logging.getLogger("kerascale")
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers expect
-# What reading a checkpoint that passed its checks can still raise.
-_RESTORE_ERRORS = (
-    store.CorruptCheckpoint,
-    tf.errors.OpError,
-    ValueError,
-    AssertionError,
-)
 
 
-class FaultTolerantBackup(KerascaleCallback):
+class FaultTolerantBackup(Resume, KerascaleCallback):
     """Checkpoints training so that rerunning the same command resumes it.
 
     Unlike `keras.callbacks.BackupAndRestore`, it resumes mid-epoch at the
@@ -108,6 +103,7 @@ class FaultTolerantBackup(KerascaleCallback):
         self.verbose = verbose
         self.plan: Any = None  # set by kerascale.fit: its fingerprint is checked
         self._clock = time.monotonic  # a seam for tests
+        self._lease_timeout = lease_lib.DEFAULT_TIMEOUT  # a seam for tests
         self.resumed_from: dict[str, Any] | None = None  # the restored meta.json
         self._sigterm = SigtermWatch()
         self._wrapper: Wrapped | None = None
@@ -118,6 +114,16 @@ class FaultTolerantBackup(KerascaleCallback):
     def on_train_begin(self, logs=None):
         self.start_run()
         self._reset_run_state()
+        try:
+            self._begin()
+        except BaseException:
+            self.release()  # Keras will not call on_train_end
+            raise
+        # A fit that raises skips on_train_end: the lease and the agreement's
+        # thread are then given back within a fraction of a second.
+        self.run.watch(self.release)
+
+    def _begin(self) -> None:
         self._chief = meta_lib.is_chief(self.model)
         self._spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
         self._k = accumulation_steps(self.model)
@@ -126,8 +132,10 @@ class FaultTolerantBackup(KerascaleCallback):
         existing = (
             store.scan(self.directory) if tf.io.gfile.exists(self.directory) else []
         )
+        # Across workers, time-based saves and preemption are agreed on.
+        self._agreement = agreement_lib.for_run(self.model, self.run)
+        self._take_lease()
         if self._chief:
-            tf.io.gfile.makedirs(self.directory)
             for path in store.remove_leftovers(self.directory):
                 logger.info("Removed %s, a save that was interrupted.", path)
         self._next_number = 1 + max((f.number for f in existing), default=0)
@@ -154,16 +162,27 @@ class FaultTolerantBackup(KerascaleCallback):
         # Keras has yet to create the next epoch's: at an epoch's last batch,
         # saves (and a preemption's exit) wait for the epoch's end.
         at_end = self._position.used_up()
-        if self._sigterm.requested and not at_end:
-            self._preempt_exit(boundary=False)
-        # save_freq counts optimizer updates: k batches each under gradient
-        # accumulation, and a save waits for its window to end.
-        due = (
-            self._every_steps is not None
-            and self._global_step - self._last_save_step >= self._every_steps * self._k
-        ) or (
+        time_due = (
             self._every_seconds is not None
             and self._clock() - self._last_save_time >= self._every_seconds
+        )
+        preempt = self._sigterm.requested
+        if self._agreement is not None:  # every worker acts at the same step
+            if preempt:
+                self._agreement.want("preempt")
+            if time_due and not self._save_owed:
+                self._agreement.want("save")
+            decided = self._agreement.at_step(self._epoch, batch)
+            preempt, time_due = "preempt" in decided, "save" in decided
+        self._save_owed = self._save_owed or time_due
+        if preempt and not at_end:
+            self._preempt_exit(boundary=False)
+        self._preempt_due = self._preempt_due or preempt
+        # save_freq counts optimizer updates: k batches each under gradient
+        # accumulation, and a save waits for its window to end.
+        due = self._save_owed or (
+            self._every_steps is not None
+            and self._global_step - self._last_save_step >= self._every_steps * self._k
         )
         if due and self._global_step % self._k:
             return
@@ -173,7 +192,9 @@ class FaultTolerantBackup(KerascaleCallback):
             self._save(boundary=False)
 
     def on_test_batch_end(self, batch, logs=None):
-        if self._sigterm.requested and self._active:  # preempted during validation
+        # Preempted during validation: alone, exit now; across workers, the
+        # next training step agrees (or the run's end does).
+        if self._sigterm.requested and self._active and self._agreement is None:
             self._preempt_exit()
 
     def on_epoch_end(self, epoch, logs=None):
@@ -187,13 +208,18 @@ class FaultTolerantBackup(KerascaleCallback):
             self._completed_epochs = epoch + 1
             if self._epoch_steps is None:
                 self._epoch_steps = self._step  # learnt from a full epoch
-        if self._sigterm.requested:
+        if self._preempt_due or (self._agreement is None and self._sigterm.requested):
             self._preempt_exit()
         if self.save_freq == "epoch" or self._save_due:
             self._save()
 
     def on_train_end(self, logs=None):
         try:
+            # A SIGTERM after the last step (on any worker) still exits 143.
+            if self._agreement is not None:
+                preempted = "preempt" in self._agreement.finish()
+            else:
+                preempted = self._sigterm.requested
             # Also when the newest checkpoint holds an epoch's last batch but
             # not its end (a step save at the last batch of an input whose
             # length is unknown), so that a rerun finds the run finished.
@@ -202,6 +228,8 @@ class FaultTolerantBackup(KerascaleCallback):
             ):
                 self._save()
             meta_lib.prepend_history(self.model, self._history_before)
+            if preempted:
+                self._preempt_exit(save=False)
         finally:
             self.release()
 
@@ -209,6 +237,12 @@ class FaultTolerantBackup(KerascaleCallback):
         """Takes out the SIGTERM handler (where the main thread can) and the
         `train_function` wrapper, and the initial epoch set for a resume."""
         self._active = False
+        agreement, self._agreement = getattr(self, "_agreement", None), None
+        if agreement is not None:
+            agreement.close()
+        lease, self._lease = getattr(self, "_lease", None), None
+        if lease is not None:
+            lease.release()
         self._sigterm.release()
         wrapper, self._wrapper = self._wrapper, None
         model = getattr(self, "_model", None)
@@ -217,109 +251,6 @@ class FaultTolerantBackup(KerascaleCallback):
                 model.train_function = wrapper.real
             keras_compat.clear_initial_epoch(model)
         super().release()
-
-    # --- resume --------------------------------------------------------------
-
-    def saved_plan(self) -> Any:
-        """The `Plan` the newest usable checkpoint was written under, or None
-        (none, `start_over`, or written by a plain `model.fit`)."""
-        from kerascale.plan.plan import Plan
-
-        if self.start_over:
-            return None
-        for _, meta in store.verified(store.scan(self.directory)):
-            try:
-                return Plan.from_dict(meta["plan"]) if meta.get("plan") else None
-            except (TypeError, ValueError):
-                return None
-        return None
-
-    def _resume(self, candidates: list[store.Found], *, now: bool) -> None:
-        """Picks the newest usable checkpoint and restores it: `now` when the
-        model is built; else its files are verified now and its state is
-        restored at the first step, once the data has built the model."""
-        problems: list[str] = []
-
-        def unusable(found: store.Found, why: str, verb: str = "used") -> None:
-            problems.append(f"{found.path}: {why}")
-            self._damaged.add(found.path)
-            warn(
-                f"Checkpoint {found.path} cannot be {verb}: {why}. Trying the "
-                "previous one."
-            )
-
-        started = time.perf_counter()
-        for found, meta in store.verified(candidates, on_damaged=unusable):
-            self.restore_seconds += time.perf_counter() - started
-            if not now:
-                self._restore_pending = True
-            else:
-                self._check_fingerprint(meta, found)
-                try:
-                    self._restore_state(found, meta)
-                except _RESTORE_ERRORS as e:
-                    unusable(found, meta_lib.first_line(e), "restored")
-                    started = time.perf_counter()
-                    continue
-            self._resume_from(found, meta)
-            return
-        if problems:
-            listed = "\n  ".join(problems)
-            raise CheckpointError(
-                f"{self.directory} holds checkpoints, but none of them can be "
-                f"restored:\n  {listed}\nkerascale does not start from scratch "
-                "while a checkpoint exists. Move the directory aside, or pass "
-                "FaultTolerantBackup(..., start_over=True) to train from scratch."
-            )
-
-    def _restore_state(self, found: store.Found, meta: dict[str, Any]) -> None:
-        started = time.perf_counter()
-        try:
-            meta_lib.read_state(self.model, store.state_prefix(found), meta)
-        except meta_lib.StateMismatch as e:
-            raise store.CorruptCheckpoint(str(e)) from None
-        finally:
-            self.restore_seconds += time.perf_counter() - started
-
-    def _resume_from(self, found: store.Found, meta: dict[str, Any]) -> None:
-        self.resumed_from = meta
-        saved = meta.get("history") or {"epoch": [], "logs": {}}
-        self._history = json.loads(json.dumps(saved))
-        self._history_before = json.loads(json.dumps(saved))
-        self._global_step = self._last_save_step = meta["global_step"]
-        self._epoch_steps = self._epoch_steps or meta["epoch_steps"]
-        self._completed_epochs = meta["epoch"]
-        self._restored_finished_run = (
-            meta["finished"] and self._epochs <= meta["epochs"]
-        )
-        epoch = meta["epoch"]
-        if self._restored_finished_run:
-            epoch = max(epoch, self._epochs)
-        keras_compat.set_initial_epoch(self.model, epoch, self.run.alive)
-        self._epoch, self._step = epoch, meta["step"]
-        self._saved_at_boundary = meta["step"] == 0
-        self._skip_calls = meta["step"] // self._spe
-        self._pending_data = meta["data"]
-        self._restored_metrics = meta["step"] > 0
-        where = f"epoch {meta['epoch'] + 1}" + (
-            f", step {meta['step']}" if meta["step"] else ""
-        )
-        if self._restored_finished_run:
-            message = (
-                f"Training already finished in {found.path} ({meta['epochs']} "
-                "epochs): weights restored, nothing left to train. Pass "
-                "start_over=True to train again."
-            )
-        else:
-            done = meta["global_step"]
-            message = f"Resuming from {found.path} at {where} ({done} steps done)."
-        logger.info(message)
-        if self.verbose:
-            print(f"kerascale: {message}", flush=True)
-
-    def _check_fingerprint(self, meta: dict[str, Any], found: store.Found) -> None:
-        now = meta_lib.fingerprint(self.model, self.plan)
-        meta_lib.check_fingerprint(meta["fingerprint"], now, found.path)
 
     # --- the train-function wrapper: data position and skipped steps -------
 
@@ -361,7 +292,7 @@ class FaultTolerantBackup(KerascaleCallback):
             self._check_fingerprint(self.resumed_from, found)
             try:
                 self._restore_state(found, self.resumed_from)
-            except _RESTORE_ERRORS as e:
+            except RESTORE_ERRORS as e:
                 raise CheckpointError(
                     f"Checkpoint {found.path} passed its checks but cannot be "
                     f"restored: {meta_lib.first_line(e)}. Move it aside to resume "
@@ -425,7 +356,11 @@ class FaultTolerantBackup(KerascaleCallback):
         started = time.perf_counter()
         if self._chief:
             path = store.publish(
-                self.directory, self._next_number, checkpoint.write, meta
+                self.directory,
+                self._next_number,
+                checkpoint.write,
+                meta,
+                before_commit=self._lease.check,
             )
             store.prune(self.directory, self.keep, frozenset(self._damaged))
             self._next_number += 1
@@ -436,19 +371,42 @@ class FaultTolerantBackup(KerascaleCallback):
         self.last_checkpoint = path
         self._last_save_step = self._global_step
         self._last_save_time = self._clock()
-        self._save_due = False
+        self._save_due = self._save_owed = False
         self._saved_at_boundary = step == 0
+
+    def _take_lease(self) -> None:
+        """The chief takes the directory's lease (one writer per directory);
+        across workers, every worker raises the chief's error."""
+        problem = None
+        if self._chief:
+            tf.io.gfile.makedirs(self.directory)
+            try:
+                self._lease = lease_lib.Lease(self.directory, self._lease_timeout)
+                self._lease.acquire()
+            except CheckpointError as e:
+                self._lease, problem = None, str(e)
+        if self._agreement is not None:
+            problem = self._agreement.from_chief("lease", problem)
+        if problem is not None:
+            self.release()
+            raise CheckpointError(problem)
 
     # --- preemption -----------------------------------------------------------
 
-    def _preempt_exit(self, *, boundary: bool = True) -> None:
-        self._save(boundary=boundary)
+    def _preempt_exit(self, *, boundary: bool = True, save: bool = True) -> None:
+        """Saves, and exits with code 143: on this worker's own SIGTERM, or
+        (across workers) on another's, at the step all of them agreed on."""
+        if save:
+            self._save(boundary=boundary)
+        own = self._sigterm.requested
         self.release()
+        whose = "SIGTERM" if own else "SIGTERM to another worker"
         warn(
-            f"Preempted (SIGTERM): saved {self.last_checkpoint}; exiting with code "
+            f"Preempted ({whose}): saved {self.last_checkpoint}; exiting with code "
             f"{PREEMPTED_EXIT_CODE}. Rerun the same command to resume."
         )
-        self._sigterm.pass_on()
+        if own:
+            self._sigterm.pass_on()
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
     # --- bookkeeping ----------------------------------------------------------
@@ -473,6 +431,10 @@ class FaultTolerantBackup(KerascaleCallback):
         self._order_warned = False
         self._position = InputPosition(self._warn_order_once)
         self._save_due = False
+        self._save_owed = False  # an agreed time-based save, at a window's end
+        self._preempt_due = False  # decided at an epoch's last batch: at its end
+        self._agreement: agreement_lib.Agreement | None = None
+        self._lease: lease_lib.Lease | None = None
         self._damaged: set[str] = set()
         self._next_number = 1
         self.last_checkpoint: str | None = None

@@ -42,6 +42,7 @@ INCOMPLETE = ".incomplete"
 _NAME = re.compile(r"^ckpt-(\d{8})$")
 _MAX_EPOCH = 10**7  # a week of 1-second epochs is 6e5; beyond this is damage
 _DATA_MODES = ("iterator", "advance", "replay", "none")
+_CHUNK = 1 << 22
 
 
 class CorruptCheckpoint(Exception):
@@ -99,24 +100,23 @@ def publish(
     number: int,
     write_state: Callable[[str], None],
     meta: dict[str, Any],
+    before_commit: Callable[[], None] | None = None,
 ) -> str:
     """Writes checkpoint ``number``: the state, then ``meta.json`` as commit.
 
-    ``write_state(prefix)`` writes TensorFlow's files under ``prefix``.
+    ``write_state(prefix)`` writes TensorFlow's files under ``prefix``;
+    ``before_commit()`` may raise to stop the commit (a lost lease).
     Returns the checkpoint's directory.
     """
     path = _join(directory, name(number))
     tf.io.gfile.makedirs(path)
     _write_bytes(_join(path, INCOMPLETE), b"")
-    write_state(_join(path, STATE_PREFIX))
-    files = {}
-    for entry in sorted(tf.io.gfile.listdir(path)):
-        entry = entry.rstrip("/")
-        if entry == INCOMPLETE or not entry.startswith(STATE_PREFIX):
-            continue
-        full = _join(path, entry)
-        _fsync(full)
-        files[entry] = {"bytes": tf.io.gfile.stat(full).length, "sha256": _sha256(full)}
+    if _is_local(path):
+        files = _write_local(path, write_state)
+    else:
+        files = _write_remote(path, write_state)
+    if before_commit is not None:
+        before_commit()
     record = dict(meta, format=FORMAT, number=number, files=files)
     record["checksum"] = _checksum(record)
     temp = _join(path, f"{META}.tmp-{uuid.uuid4().hex}")
@@ -126,6 +126,45 @@ def publish(
     _fsync_dir(path)
     tf.io.gfile.remove(_join(path, INCOMPLETE))
     return path
+
+
+def _write_local(path: str, write_state: Callable[[str], None]) -> dict[str, Any]:
+    """TensorFlow writes into the checkpoint's directory; each file is then
+    flushed to disk and hashed from the bytes just written (the OS's page
+    cache: no disk read)."""
+    write_state(_join(path, STATE_PREFIX))
+    files = {}
+    for entry in sorted(os.listdir(path)):
+        if entry == INCOMPLETE or not entry.startswith(STATE_PREFIX):
+            continue
+        full = _join(path, entry)
+        _fsync(full)
+        files[entry] = {"bytes": os.path.getsize(full), "sha256": _sha256(full)}
+    return files
+
+
+def _write_remote(path: str, write_state: Callable[[str], None]) -> dict[str, Any]:
+    """TensorFlow writes into a local staging directory; each file is hashed
+    as it is uploaded. Nothing is read back from the remote store."""
+    import tempfile
+
+    files = {}
+    with tempfile.TemporaryDirectory(prefix="kerascale-staging-") as staging:
+        write_state(os.path.join(staging, STATE_PREFIX))
+        for entry in sorted(os.listdir(staging)):
+            if not entry.startswith(STATE_PREFIX):
+                continue
+            digest, size = hashlib.sha256(), 0
+            with (
+                open(os.path.join(staging, entry), "rb") as source,
+                tf.io.gfile.GFile(_join(path, entry), "wb") as target,
+            ):
+                while chunk := source.read(_CHUNK):
+                    digest.update(chunk)
+                    target.write(chunk)
+                    size += len(chunk)
+            files[entry] = {"bytes": size, "sha256": digest.hexdigest()}
+    return files
 
 
 def verify(found: Found) -> dict[str, Any]:
@@ -273,7 +312,7 @@ def _checksum(record: dict[str, Any]) -> str:
 def _sha256(path: str) -> str:
     digest = hashlib.sha256()
     with tf.io.gfile.GFile(path, "rb") as f:
-        while chunk := f.read(1 << 22):
+        while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
 

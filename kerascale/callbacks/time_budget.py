@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kerascale import _validation as v
+from kerascale.apply import agreement as agreement_lib
 from kerascale.apply.model import accumulation_steps, core_optimizer
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.errors import warn
@@ -67,6 +68,11 @@ class TimeBudget(KerascaleCallback):
         self.projected_seconds: float | None = None
 
     def on_train_begin(self, logs=None):
+        self.start_run()
+        # Across workers, the stop is agreed on: every worker stops at the
+        # same step, one step after the one that asked for it.
+        self._agreement = agreement_lib.for_run(self.model, self.run)
+        self._stop_owed = False
         self._start = self._clock()
         self._epoch_seconds: list[float] = []
         self._step_seconds: float | None = None
@@ -108,17 +114,38 @@ class TimeBudget(KerascaleCallback):
         self._last_batch_end = now
         self._steps = batch + 1
         self._micro += self._spe
+        agreed = self._agreement is not None
+        if agreed and "stop" in self._agreement.at_step(self._epoch, batch):
+            self._stop_owed = True
         if self._micro % self._k:
             return  # mid-window: the decision waits for the window's end
+        what = "step" if self._k == 1 else f"optimizer update ({self._k} batches)"
+        if self._stop_owed:
+            self._stop(now, f"the next {what} would not finish in time (agreed)")
+            return
+        # Across workers a stop comes one step after the wish: look one further.
+        ahead = self._k * (2 if agreed else 1)
         next_ends_epoch = (
-            self._epoch_steps is not None and batch + 1 + self._k >= self._epoch_steps
+            self._epoch_steps is not None and batch + 1 + ahead >= self._epoch_steps
         )
-        needed = self._k * self._step_seconds + (
+        needed = ahead * self._step_seconds + (
             self._end_overhead if next_ends_epoch else 0.0
         )
         if now - self._start + needed + self._reserve() >= self.budget:
-            what = "step" if self._k == 1 else f"optimizer update ({self._k} batches)"
-            self._stop(now, f"the next {what} would not finish in time")
+            if agreed:  # proposed now, for the next step
+                self._agreement.want("stop")
+                self._agreement.at_step(self._epoch, batch)
+            else:
+                self._stop(now, f"the next {what} would not finish in time")
+
+    def on_train_end(self, logs=None):
+        self.release()
+
+    def release(self) -> None:
+        agreement, self._agreement = getattr(self, "_agreement", None), None
+        if agreement is not None:
+            agreement.close()
+        super().release()
 
     def on_epoch_end(self, epoch, logs=None):
         now = self._clock()

@@ -1,0 +1,254 @@
+"""Decisions that every worker of a cluster takes at the same step.
+
+Under `MultiWorkerMirroredStrategy` every training step all-reduces across
+the workers, and so does reading the metrics (which a save does). A decision
+that one worker takes alone, from its own clock or signal (a time-based save,
+a SIGTERM, `TimeBudget`'s stop), would make it save or stop while the others
+train: it would wait in a collective that never comes. So a worker that wants
+one *proposes* it, and every worker acts on it at the same step.
+
+Learnt from TensorFlow's `PreemptionCheckpointHandler`
+(tensorflow/python/distribute/failure_handling/failure_handling.py), which
+solves this for SIGTERM alone:
+
+- The proposer, having finished step s, writes "kind at step s+1" under the
+  next round's key in the coordination service's key-value store (a key can be
+  written once, so the first proposer of a round wins), and waits until every
+  worker has acknowledged it before it runs step s+1. No worker can have
+  finished step s+1 by then, since that step's all-reduce needs the proposer;
+  so every worker acts at the end of step s+1.
+- A watcher thread on each worker waits for the next round's key and
+  acknowledges it. The training thread reads one local variable per step:
+  until some worker raises a flag, the agreement costs nothing.
+
+kerascale does not use the handler itself: it saves through its own
+`CheckpointManager` into per-worker directories, owns the training loop
+(`run()`), keeps its SIGTERM handler for good, and knows nothing of
+`FaultTolerantBackup`'s atomic commit or input position. Unlike it, rounds
+here carry any of several kinds ("save", "stop", "preempt"); a worker whose
+wish another's proposal overtook proposes again after it; and the run's end
+is a last round every worker posts to, so that a SIGTERM after the last step
+still stops every worker with exit code 143.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import weakref
+from typing import Any
+
+from kerascale import _tf_compat as tfc
+
+logger = logging.getLogger("kerascale")
+
+KINDS = ("save", "stop", "preempt")
+# The watcher waits this long per request, then looks whether the run is over.
+_POLL_SECONDS = 1.0
+
+
+class Agreement:
+    """The rounds of decisions of one `fit` call on one worker.
+
+    Each callback that needs agreed decisions calls `want(kind)` for its own
+    wish and `at_step(epoch, batch)` at every training batch's end; the
+    latter returns the kinds every worker acts on at that step.
+    """
+
+    def __init__(self, prefix: str, worker_id: int, num_workers: int, timeout: float):
+        self.prefix = prefix
+        self.worker_id = worker_id
+        self.num_workers = num_workers
+        self.timeout = timeout
+        self.wishes: set[str] = set()
+        self.proposed = 0  # rounds this worker proposed (for tests, benchmarks)
+        self._count = 0  # training batch ends seen in this run
+        self._boundary: tuple[int, int] | None = None
+        self._now: frozenset[str] = frozenset()
+        self._pending: dict[str, Any] | None = None  # decided, step not reached
+        self._round = 1  # the round the next proposal goes in
+        self._received: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._finished: set[str] | None = None
+        self._thread = threading.Thread(
+            target=self._watch, name="kerascale-agreement", daemon=True
+        )
+        self._thread.start()
+
+    # --- the training thread ------------------------------------------------
+
+    def want(self, kind: str) -> None:
+        """Raises this worker's wish for `kind`, proposed at the next step."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown decision {kind!r}")
+        self.wishes.add(kind)
+
+    def at_step(self, epoch: int, batch: int) -> frozenset[str]:
+        """The kinds decided for the training step that just ended (the same
+        on every worker); proposes this worker's wishes for the next step.
+        Several callbacks may call it at one step: they get the same answer."""
+        if (epoch, batch) != self._boundary:
+            self._boundary = (epoch, batch)
+            self._count += 1
+            self._now = frozenset()
+            pending = self._next_decision()
+            if pending is not None and pending["step"] <= self._count:
+                if pending["step"] < self._count:  # cannot happen; say so if it does
+                    logger.warning(
+                        "Decision %r for step %d reached at step %d.",
+                        pending["kind"],
+                        pending["step"],
+                        self._count,
+                    )
+                self._pending = None
+                self._now = frozenset([pending["kind"]])
+                self.wishes -= _satisfied_by(pending["kind"])
+        if self.wishes and self._next_decision() is None and not self._closed.is_set():
+            self._propose()
+        return self._now
+
+    def finish(self) -> set[str]:
+        """The run's last round, at its end, on every worker (all must call
+        it): what any worker still wishes, or proposed for a step that never
+        came. Then closes. Idempotent."""
+        if self._finished is not None:
+            return self._finished
+        left = set(self.wishes)
+        pending = self._next_decision()
+        if pending is not None and pending["step"] > self._count:
+            left.add(pending["kind"])
+        try:
+            tfc.kv_set(f"{self.prefix}/final{self.worker_id}", json.dumps(sorted(left)))
+            for i in range(self.num_workers):
+                left.update(
+                    json.loads(tfc.kv_get(f"{self.prefix}/final{i}", self.timeout))
+                )
+        finally:
+            self.close()
+        self._finished = left
+        return left
+
+    def from_chief(self, name: str, value: Any = None) -> Any:
+        """The chief's `value` (JSON-able) for `name`, on every worker; the
+        chief passes it, the others wait for it. Once per name and run."""
+        key = f"{self.prefix}/chief/{name}"
+        if self.worker_id == 0:
+            tfc.kv_set(key, json.dumps(value))
+            return value
+        return json.loads(tfc.kv_get(key, self.timeout))
+
+    def close(self) -> None:
+        """Stops the watcher thread (idempotent; within `_POLL_SECONDS`)."""
+        self._closed.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(_POLL_SECONDS + 1)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    # --- proposing -----------------------------------------------------------
+
+    def _propose(self) -> None:
+        kind = "preempt" if "preempt" in self.wishes else sorted(self.wishes)[0]
+        decision = {"kind": kind, "step": self._count + 1, "by": self.worker_id}
+        n = self._round
+        try:
+            tfc.kv_set(self._key(n), json.dumps(decision))
+        except tfc.KV_TAKEN:
+            # Another worker proposed in this round first: every worker acts
+            # on its decision, then this one proposes again if still wanted.
+            self._record(n, json.loads(tfc.kv_get(self._key(n), self.timeout)))
+            self._next_decision()
+            return
+        self.proposed += 1
+        logger.info("Worker %d proposed %r at step %d.", *decision.values())
+        self._record(n, decision)
+        self._next_decision()
+        for i in range(self.num_workers):  # every worker knows before step + 1
+            tfc.kv_get(f"{self._key(n)}/ack{i}", self.timeout)
+
+    def _next_decision(self) -> dict[str, Any] | None:
+        """The oldest decision received and not yet acted on, or None."""
+        if self._pending is None:
+            with self._lock:
+                if self._received:
+                    n = min(self._received)
+                    self._pending = self._received.pop(n)
+                    self._round = max(self._round, n + 1)
+        return self._pending
+
+    def _record(self, n: int, decision: dict[str, Any]) -> None:
+        with self._lock:
+            if n >= self._round and decision.get("kind") in KINDS:
+                self._received.setdefault(n, decision)
+
+    def _key(self, n: int) -> str:
+        return f"{self.prefix}/round{n}"
+
+    # --- the watcher thread --------------------------------------------------
+
+    def _watch(self) -> None:
+        n = 1
+        while not self._closed.is_set():
+            try:
+                raw = tfc.kv_get(self._key(n), _POLL_SECONDS)
+            except tfc.KV_TIMEOUT:
+                continue
+            except tfc.KV_ERRORS:
+                return  # the cluster is gone; the training thread finds out
+            self._record(n, json.loads(raw))
+            try:
+                tfc.kv_set(f"{self._key(n)}/ack{self.worker_id}", "1")
+            except tfc.KV_ERRORS:
+                return
+            n += 1
+
+
+def _satisfied_by(kind: str) -> set[str]:
+    """The wishes a decision of `kind` fulfils when every worker acts on it."""
+    return set(KINDS) if kind == "preempt" else {kind}
+
+
+# One agreement per `fit` call: the callbacks of one run share it.
+_runs: weakref.WeakKeyDictionary[Any, tuple[Any, Agreement]] = (
+    weakref.WeakKeyDictionary()
+)
+_fits = 0  # agreements made in this process: the same count on every worker
+
+
+def for_run(model: Any, run: Any) -> Agreement | None:
+    """The agreement of the `fit` call `run` serves, made at its first
+    request; None unless `model` trains under a `MultiWorkerMirroredStrategy`
+    of two or more workers (joined by kerascale or not)."""
+    import tensorflow as tf
+
+    from kerascale.apply import cluster
+
+    global _fits
+    strategy = getattr(model, "distribute_strategy", None)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return None
+    worker_id, num_workers = tfc.worker_position(strategy)
+    if num_workers < 2:
+        return None
+    held = _runs.get(model)
+    if held is not None:
+        owner, agreement = held
+        if owner.alive() and not agreement.closed:
+            return agreement
+        agreement.close()
+    _fits += 1
+    connection = cluster.connection()
+    timeouts = (
+        connection.timeouts
+        if connection is not None
+        else cluster.Timeouts.for_worker_timeout(cluster.DEFAULT_WORKER_TIMEOUT)
+    )
+    agreement = Agreement(
+        f"kerascale/agree/fit{_fits}", worker_id, num_workers, timeouts.exchange
+    )
+    _runs[model] = (run, agreement)
+    return agreement

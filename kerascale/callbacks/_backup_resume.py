@@ -1,0 +1,134 @@
+"""`FaultTolerantBackup`'s resume: which checkpoint, and restoring it.
+
+A mixin of `FaultTolerantBackup` (it reads the callback's run state), kept
+apart so that each module reads in one sitting.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import tensorflow as tf
+
+from kerascale.apply import keras_compat
+from kerascale.callbacks import _backup_meta as meta_lib
+from kerascale.callbacks import checkpoint_store as store
+from kerascale.errors import CheckpointError, warn
+
+logger = logging.getLogger("kerascale")
+
+# What reading a checkpoint that passed its checks can still raise.
+RESTORE_ERRORS = (
+    store.CorruptCheckpoint,
+    tf.errors.OpError,
+    ValueError,
+    AssertionError,
+)
+
+
+class Resume:
+    """The resume half of `FaultTolerantBackup`."""
+
+    def saved_plan(self) -> Any:
+        """The `Plan` the newest usable checkpoint was written under, or None
+        (none, `start_over`, or written by a plain `model.fit`)."""
+        from kerascale.plan.plan import Plan
+
+        if self.start_over:
+            return None
+        for _, meta in store.verified(store.scan(self.directory)):
+            try:
+                return Plan.from_dict(meta["plan"]) if meta.get("plan") else None
+            except (TypeError, ValueError):
+                return None
+        return None
+
+    def _resume(self, candidates: list[store.Found], *, now: bool) -> None:
+        """Picks the newest usable checkpoint and restores it: `now` when the
+        model is built; else its files are verified now and its state is
+        restored at the first step, once the data has built the model."""
+        problems: list[str] = []
+
+        def unusable(found: store.Found, why: str, verb: str = "used") -> None:
+            problems.append(f"{found.path}: {why}")
+            self._damaged.add(found.path)
+            warn(
+                f"Checkpoint {found.path} cannot be {verb}: {why}. Trying the "
+                "previous one."
+            )
+
+        started = time.perf_counter()
+        for found, meta in store.verified(candidates, on_damaged=unusable):
+            self.restore_seconds += time.perf_counter() - started
+            if not now:
+                self._restore_pending = True
+            else:
+                self._check_fingerprint(meta, found)
+                try:
+                    self._restore_state(found, meta)
+                except RESTORE_ERRORS as e:
+                    unusable(found, meta_lib.first_line(e), "restored")
+                    started = time.perf_counter()
+                    continue
+            self._resume_from(found, meta)
+            return
+        if problems:
+            listed = "\n  ".join(problems)
+            raise CheckpointError(
+                f"{self.directory} holds checkpoints, but none of them can be "
+                f"restored:\n  {listed}\nkerascale does not start from scratch "
+                "while a checkpoint exists. Move the directory aside, or pass "
+                "FaultTolerantBackup(..., start_over=True) to train from scratch."
+            )
+
+    def _restore_state(self, found: store.Found, meta: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        try:
+            meta_lib.read_state(self.model, store.state_prefix(found), meta)
+        except meta_lib.StateMismatch as e:
+            raise store.CorruptCheckpoint(str(e)) from None
+        finally:
+            self.restore_seconds += time.perf_counter() - started
+
+    def _resume_from(self, found: store.Found, meta: dict[str, Any]) -> None:
+        self.resumed_from = meta
+        saved = meta.get("history") or {"epoch": [], "logs": {}}
+        self._history = json.loads(json.dumps(saved))
+        self._history_before = json.loads(json.dumps(saved))
+        self._global_step = self._last_save_step = meta["global_step"]
+        self._epoch_steps = self._epoch_steps or meta["epoch_steps"]
+        self._completed_epochs = meta["epoch"]
+        self._restored_finished_run = (
+            meta["finished"] and self._epochs <= meta["epochs"]
+        )
+        epoch = meta["epoch"]
+        if self._restored_finished_run:
+            epoch = max(epoch, self._epochs)
+        keras_compat.set_initial_epoch(self.model, epoch, self.run.alive)
+        self._epoch, self._step = epoch, meta["step"]
+        self._saved_at_boundary = meta["step"] == 0
+        self._skip_calls = meta["step"] // self._spe
+        self._pending_data = meta["data"]
+        self._restored_metrics = meta["step"] > 0
+        where = f"epoch {meta['epoch'] + 1}" + (
+            f", step {meta['step']}" if meta["step"] else ""
+        )
+        if self._restored_finished_run:
+            message = (
+                f"Training already finished in {found.path} ({meta['epochs']} "
+                "epochs): weights restored, nothing left to train. Pass "
+                "start_over=True to train again."
+            )
+        else:
+            done = meta["global_step"]
+            message = f"Resuming from {found.path} at {where} ({done} steps done)."
+        logger.info(message)
+        if self.verbose:
+            print(f"kerascale: {message}", flush=True)
+
+    def _check_fingerprint(self, meta: dict[str, Any], found: store.Found) -> None:
+        now = meta_lib.fingerprint(self.model, self.plan)
+        meta_lib.check_fingerprint(meta["fingerprint"], now, found.path)

@@ -1,0 +1,230 @@
+"""One writer per checkpoint directory: a lease.
+
+Two processes writing into one checkpoint directory (an old pod draining
+while its replacement starts, the same command launched twice) would number
+their checkpoints alike and interleave their files, and each one's start-up
+cleanup would delete the other's save in progress. So a writer first takes
+the directory's lease, ``writer.lease``: a small JSON file naming the host,
+the pid, the start time and a random token.
+
+- Taking it is atomic on a local or shared POSIX file system: the file is
+  created exclusively (``O_CREAT | O_EXCL``). On object stores (``gs://``),
+  which `tf.io.gfile` cannot create exclusively, the lease is written and
+  read back after `SETTLE_SECONDS`: of two writers that start within that
+  time, the last one written wins and the other stops.
+- A live holder renews it every `timeout / 4` seconds (a daemon thread), and
+  removes it when its run ends. A second writer gets `CheckpointError` naming
+  the holder.
+- A lease is stale, and taken over with a warning, when its holder is a dead
+  process on this host, or when it was not renewed for `timeout` seconds (a
+  killed or frozen process elsewhere; `DEFAULT_TIMEOUT`, 2 minutes, judged by
+  the hosts' wall clocks, which must agree to within it).
+- Before each commit the writer checks the lease is still its own, so a
+  writer whose lease was taken over (it froze for longer than the timeout)
+  stops with `CheckpointError` instead of committing over the new writer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import tensorflow as tf
+
+from kerascale.errors import CheckpointError, warn
+
+NAME = "writer.lease"
+DEFAULT_TIMEOUT = 120.0
+SETTLE_SECONDS = 2.0
+
+
+class Lease:
+    """This process's lease on `directory` (see the module doc)."""
+
+    def __init__(self, directory: str, timeout: float = DEFAULT_TIMEOUT):
+        self.directory = directory
+        self.path = f"{directory.rstrip('/')}/{NAME}"
+        self.timeout = timeout
+        now = time.time()
+        self.record = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": now,
+            "renewed": now,
+            "token": uuid.uuid4().hex,
+        }
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost: str | None = None  # why the lease is no longer ours
+
+    # --- taking, checking, giving back --------------------------------------
+
+    def acquire(self) -> Lease:
+        """Takes the lease, or raises CheckpointError naming the holder."""
+        for _ in range(3):
+            holder = read(self.path)
+            if holder is not None:
+                why = stale(holder, self.timeout)
+                if why is None:
+                    raise CheckpointError(
+                        f"{self.directory} is being written by another run: "
+                        f"{describe(holder)}. Two writers would interleave "
+                        "their checkpoints. Stop that run, or pass another "
+                        f"directory. A lease not renewed for {self.timeout:g} s "
+                        "(its process killed or frozen) is taken over."
+                    )
+                warn(
+                    f"Taking over the checkpoint directory {self.directory} from "
+                    f"{describe(holder)}: {why}."
+                )
+                if read(self.path) == holder:  # not another taker's new lease
+                    _remove(self.path)
+            if self._create():
+                self._start_renewing()
+                return self
+        raise CheckpointError(
+            f"Could not take the lease on {self.directory}: other runs keep "
+            "taking it. Run one writer per checkpoint directory."
+        )
+
+    def check(self) -> None:
+        """Raises CheckpointError unless the lease is still this process's."""
+        if self.lost is None:
+            holder = read(self.path)
+            if holder is None or holder.get("token") != self.record["token"]:
+                self.lost = (
+                    "it was removed"
+                    if holder is None
+                    else f"it was taken over by {describe(holder)}"
+                )
+        if self.lost is not None:
+            raise CheckpointError(
+                f"This run no longer holds the lease on {self.directory} "
+                f"({self.lost}), so it stops without committing: another run "
+                "writes there now."
+            )
+
+    def release(self) -> None:
+        """Stops renewing and removes the lease if it is still ours."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
+        self._thread = None
+        holder = read(self.path)
+        if holder is not None and holder.get("token") == self.record["token"]:
+            _remove(self.path)
+
+    # --- internals -----------------------------------------------------------
+
+    def _create(self) -> bool:
+        data = json.dumps(self.record).encode()
+        if _is_local(self.path):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return True
+        if tf.io.gfile.exists(self.path):
+            return False
+        _write(self.path, data)
+        time.sleep(SETTLE_SECONDS)  # a writer that started meanwhile wins
+        holder = read(self.path)
+        return holder is not None and holder.get("token") == self.record["token"]
+
+    def _start_renewing(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._renew, name="kerascale-lease", daemon=True
+        )
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.timeout / 4):
+            try:
+                holder = read(self.path)
+                if holder is None or holder.get("token") != self.record["token"]:
+                    self.lost = (
+                        "it was removed"
+                        if holder is None
+                        else f"it was taken over by {describe(holder)}"
+                    )
+                    return
+                self.record["renewed"] = time.time()
+                temp = f"{self.path}.tmp-{self.record['token']}"
+                _write(temp, json.dumps(self.record).encode())
+                tf.io.gfile.rename(temp, self.path, overwrite=True)
+            except (OSError, tf.errors.OpError):
+                continue  # storage hiccup: the next renewal tries again
+
+
+def read(path: str) -> dict[str, Any] | None:
+    """The lease at `path`, or None when there is none. An unreadable lease
+    (a writer killed while writing it) counts as renewed long ago."""
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            raw = f.read()
+    except tf.errors.NotFoundError:
+        return None
+    try:
+        holder = json.loads(raw.decode("utf-8"))
+        if isinstance(holder, dict):
+            return holder
+    except (UnicodeDecodeError, ValueError):
+        pass
+    return {"host": "?", "pid": -1, "started": 0.0, "renewed": 0.0, "token": ""}
+
+
+def stale(holder: dict[str, Any], timeout: float) -> str | None:
+    """Why `holder`'s lease may be taken over, or None while it is live."""
+    if holder.get("host") == socket.gethostname() and not _alive(holder.get("pid")):
+        return f"process {holder.get('pid')} on this host is no longer running"
+    age = time.time() - float(holder.get("renewed") or 0.0)
+    if age > timeout:
+        return f"its lease was last renewed {age:.0f} s ago (more than {timeout:g} s)"
+    return None
+
+
+def describe(holder: dict[str, Any]) -> str:
+    started = time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started") or 0))
+    )
+    return (
+        f"process {holder.get('pid')} on host {holder.get('host')!r}, started {started}"
+    )
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def _write(path: str, data: bytes) -> None:
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(data)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(tf.errors.NotFoundError):
+        tf.io.gfile.remove(path)
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path
