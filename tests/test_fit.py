@@ -299,7 +299,7 @@ def test_cluster_environment_fails_clearly(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
     # TensorFlow is running in this process already: it cannot join a cluster.
     with pytest.raises(
-        kerascale.ClusterConfigError, match="connect_cluster\\(\\) at the top"
+        kerascale.ClusterConfigError, match="Import kerascale at the top"
     ):
         kerascale.fit(dense_model(), x, y, verbose=0, batch_size=32)
     monkeypatch.setenv("TF_CONFIG", "{oops")
