@@ -96,13 +96,7 @@ class Lease:
     def check(self) -> None:
         """Raises CheckpointError unless the lease is still this process's."""
         if self.lost is None:
-            holder = read(self.path)
-            if holder is None or holder.get("token") != self.record["token"]:
-                self.lost = (
-                    "it was removed"
-                    if holder is None
-                    else f"it was taken over by {describe(holder)}"
-                )
+            self.lost = self._not_ours()
         if self.lost is not None:
             raise CheckpointError(
                 f"This run no longer holds the lease on {self.directory} "
@@ -142,6 +136,15 @@ class Lease:
         holder = read(self.path)
         return holder is not None and holder.get("token") == self.record["token"]
 
+    def _not_ours(self) -> str | None:
+        """Why the lease file is no longer this process's, or None."""
+        holder = read(self.path)
+        if holder is None:
+            return "it was removed"
+        if holder.get("token") != self.record["token"]:
+            return f"it was taken over by {describe(holder)}"
+        return None
+
     def _start_renewing(self) -> None:
         self._stop.clear()
         self._thread = threading.Thread(
@@ -152,13 +155,8 @@ class Lease:
     def _renew(self) -> None:
         while not self._stop.wait(self.timeout / 4):
             try:
-                holder = read(self.path)
-                if holder is None or holder.get("token") != self.record["token"]:
-                    self.lost = (
-                        "it was removed"
-                        if holder is None
-                        else f"it was taken over by {describe(holder)}"
-                    )
+                self.lost = self._not_ours()
+                if self.lost is not None:
                     return
                 self.record["renewed"] = time.time()
                 temp = f"{self.path}.tmp-{self.record['token']}"
