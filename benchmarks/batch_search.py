@@ -1,12 +1,20 @@
-"""Batch-size search benchmark: kerascale's search against Lightning's.
+"""Batch-size search benchmark: kerascale's search against the truth, and
+against Lightning's.
 
-    python benchmarks/batch_search.py [--limit 1200MiB] [--out benchmarks/results]
+    python benchmarks/batch_search.py [--limit 2GiB] [--lightning]
+        [--precisions float32,mixed_bfloat16] [--out benchmarks/results]
 
-For two models under the same real memory limit (RLIMIT_DATA in child
-processes, as `find_batch_size` enforces it on CPU), it reports:
+For two models under the same real resident-memory limit (child processes
+watched as `find_batch_size` watches them on CPU: what a container counts),
+it reports:
 
-- the largest batch each search found, against the true largest batch;
-- the number of probes and the seconds each search took.
+- the batch kerascale's search found, against the true largest batch: the
+  largest whose peak resident memory stays under the limit, found by
+  bisection with fresh children that run with no limit at all and report
+  their peak (Linux's VmHWM), so the truth does not depend on kerascale's
+  own enforcement;
+- the number of probes and the seconds the search took;
+- with --lightning, the same for Lightning's algorithm (below).
 
 The baseline is Lightning's `scale_batch_size(mode="binsearch")` algorithm,
 written here as the reference: start at 2, double until a batch runs out of
@@ -25,6 +33,7 @@ and prove nothing more for a memory use that grows with the batch.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -85,16 +94,43 @@ def lightning_binsearch(run, *, init=2, max_trials=25):
     return low
 
 
-def measure(name, build, limit, cap):
+def rss_truth(model, spec, limit, fits, fails):
+    """The largest batch whose peak resident memory, in a fresh child with
+    no limit, is at most `limit`: bisection between a batch that fits and
+    one that does not. Returns (truth, probes)."""
+    free = dataclasses.replace(spec, memory_limit=None)
+    count = 0
+    with child.IsolatedProber(model, free) as prober:
+
+        def under(b):
+            nonlocal count
+            count += 1
+            r = prober(b)
+            return r.outcome == "ok" and r.peak_bytes <= limit
+
+        while not under(fits):
+            fits, fails = fits // 2, fits
+        while fails is None or under(fails):
+            fits, fails = (fails or fits), (fails or fits) * 2
+        while fails - fits > 1:
+            mid = (fits + fails) // 2
+            if under(mid):
+                fits = mid
+            else:
+                fails = mid
+    return fits, count
+
+
+def measure(name, build, limit, cap, policy="float32", lightning=False):
     keras.utils.set_random_seed(0)
     model, shape = build()
     x = np.zeros((1, *shape), "float32")
     y = np.zeros(1, "int64")
     element = data_facts.element_structure(x, y, data_facts.inspect(x, y))
     spec = probe.ProbeSpec(
-        element=probe.encode_structure(element), memory_limit=limit, policy="float32"
+        element=probe.encode_structure(element), memory_limit=limit, policy=policy
     )
-    row = {"model": name, "limit_bytes": limit}
+    row = {"model": name, "precision": policy, "limit_bytes": limit}
     with child.IsolatedProber(model, spec) as prober:
         start = time.perf_counter()
         found = search(
@@ -113,6 +149,15 @@ def measure(name, build, limit, cap):
             "seconds": round(time.perf_counter() - start, 1),
             "sequence": [p.batch for p in found.probes],
         }
+        if not lightning:
+            truth, count = rss_truth(
+                model, spec, limit, found.largest_fitting, found.smallest_failing
+            )
+            row["true_largest"] = truth
+            row["truth_probes"] = count
+            row["chosen_vs_truth"] = round(found.batch_size / truth, 3)
+            row["found_vs_truth"] = round(found.largest_fitting / truth, 3)
+            return row
         seen = []
 
         def run(b):
@@ -139,6 +184,22 @@ def measure(name, build, limit, cap):
     return row
 
 
+def truth_markdown(rows) -> str:
+    lines = [
+        "| model | precision | true largest (RSS, no limit) | kerascale fits / fails "
+        "| chosen (3% margin) | chosen / truth | probes | s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        k = r["kerascale"]
+        lines.append(
+            f"| {r['model']} | {r['precision']} | {r['true_largest']} | "
+            f"{k['bracket'][0]} / {k['bracket'][1]} | {k['chosen']} | "
+            f"{r['chosen_vs_truth']} | {k['probes']} | {k['seconds']} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(rows) -> str:
     lines = [
         "| model | true largest | kerascale fits / fails | chosen (3% margin) | "
@@ -158,20 +219,32 @@ def markdown(rows) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", default="1200MiB")
+    parser.add_argument("--limit", default="2GiB")
+    parser.add_argument("--precisions", default="float32,mixed_bfloat16")
+    parser.add_argument(
+        "--lightning", action="store_true", help="compare with Lightning instead"
+    )
     parser.add_argument("--cap", type=int, default=16384)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)
     limit = parse_bytes("--limit", args.limit)
-    rows = [
-        measure(n, b, limit, args.cap) for n, b in (("convnet", convnet), ("mlp", mlp))
-    ]
+    models = (("convnet", convnet), ("mlp", mlp))
+    if args.lightning:
+        rows = [measure(n, b, limit, args.cap, lightning=True) for n, b in models]
+    else:
+        rows = [
+            measure(n, b, limit, args.cap, policy)
+            for policy in args.precisions.split(",")
+            for n, b in models
+        ]
+        for row in rows:
+            print(json.dumps(row), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "batch_search.json").write_text(json.dumps(rows, indent=2))
-    table = markdown(rows)
+    table = markdown(rows) if args.lightning else truth_markdown(rows)
     (out / "batch_search.md").write_text(
-        f"# Batch-size search, limit {args.limit} (data memory, CPU)\n\n{table}\n"
+        f"# Batch-size search, limit {args.limit} (resident memory, CPU)\n\n{table}\n"
     )
     print(table)
     return 0

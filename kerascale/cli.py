@@ -286,7 +286,7 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
         "--memory-limit",
         type=_size,
         default=None,
-        help='e.g. "4GiB"; per GPU, or the data memory on CPU',
+        help='e.g. "4GiB"; per GPU, or the resident memory (RSS) on CPU',
     )
     p.add_argument(
         "--precision",

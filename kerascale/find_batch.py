@@ -52,9 +52,11 @@ def find_batch_size(
         isolate: True: probes in child processes; False: in this process;
             "auto": children where the model can be shipped. Defaults to
             "auto".
-        memory_limit: Bytes, or a size like "6GiB": per GPU on GPUs, the
-            probe process's data memory on CPU. Defaults to `None`: the GPU's
-            memory, or 80% of the memory available on CPU.
+        memory_limit: Bytes, or a size like "6GiB": per GPU on GPUs; on CPU,
+            the process's resident memory (RSS: what a container's limit and
+            the kernel's out-of-memory killer count), TensorFlow's own ~0.6
+            GiB included. Defaults to `None`: the GPU's memory, or 80% of the
+            memory available on CPU.
         max_batch_size: The largest global batch to consider. Defaults to
             `None` (the dataset size, at most 65536).
         steps_per_trial: Training steps per probe (the first warms up).

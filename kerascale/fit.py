@@ -64,8 +64,10 @@ _ARGUMENTS = """\
             `batch_size` is split into micro-batches of at most this size.
             Defaults to `None`: measured where memory is tight (GPUs, TPUs,
             or with `memory_limit`), else no bound.
-        memory_limit: Memory training must fit in: bytes or "6GiB" (per GPU
-            on GPUs; the process's data memory on CPU). Defaults to `None`:
+        memory_limit: Memory training must fit in: bytes or "6GiB". Per GPU
+            on GPUs; on CPU, the training process's resident memory (RSS:
+            what a container's limit and the kernel's out-of-memory killer
+            count), TensorFlow's own ~0.6 GiB included. Defaults to `None`:
             the GPU's memory, or 80% of the memory available on CPU.
         accumulation_steps: Micro-batches per optimizer update, to state the
             split yourself (`batch_size` must then be divisible by it times

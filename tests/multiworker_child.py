@@ -187,7 +187,7 @@ elif mode in ("timesave", "budget"):
             return real_save(**kwargs)
 
         callback._save = recording_save
-        epochs = 25
+        epochs = 15
     else:
         callback = kerascale.callbacks.TimeBudget(6.0, reserve=0.5, clock=clock)
         epochs = 10_000

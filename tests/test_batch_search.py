@@ -358,40 +358,58 @@ def test_model_bug_is_an_error_not_a_smaller_batch():
     assert "batch was not shrunk" in str(info.value)
 
 
-def test_real_memory_limit_in_child_processes():
-    """A small convnet under a real 700 MiB data-memory limit: the found batch
-    trains and the bracket the search reports is real, by fresh probes. (How
-    close the found batch is to the true largest, found by exhaustive
-    probing, is measured in benchmarks/batch_search.py.)"""
+REAL_LIMIT = 1536 << 20
+
+
+def test_real_resident_memory_limit_in_child_processes():
+    """A small convnet under a real 1.5 GiB resident-memory limit (what a
+    container counts): the found batch trains, the bracket is real, and the
+    found batch is within 10% below the truth, which fresh children with no
+    limit at all confirm from their own peak resident memory."""
     keras.utils.set_random_seed(0)
     model = small_convnet()
-    x = np.zeros((1024, 32, 32, 3), "float32")
-    y = np.zeros(1024, "int64")
+    x = np.zeros((4096, 32, 32, 3), "float32")
+    y = np.zeros(4096, "int64")
     before_dirs = _probe_dirs()
     r = kerascale.find_batch_size(
         model,
         x,
         y,
-        memory_limit="700MiB",
+        memory_limit=REAL_LIMIT,
         precision="float32",
         verbose=0,
         cache=False,
-        margin=0.06,
+        margin=0.03,
     )
-    assert (
-        r.granularity == 1 and r.reasons["isolate"] == "each probe in a child process"
-    )
+    assert r.reasons["isolate"] == "each probe in a child process"
+    assert "resident memory" in r.reasons["limit"], r.reasons
     lo, hi = r.largest_fitting, r.smallest_failing
-    assert hi is not None and 0 < hi - lo <= max(1, 0.02 * lo)  # margin / 3
-    assert r.batch_size == int(lo * 0.94)
+    assert hi is not None and 0 < hi - lo <= max(r.granularity, 0.01 * lo)
+    assert 0.96 * lo <= r.batch_size <= 0.97 * lo  # the 3% margin
     assert len(r.probes) <= 12
-    # Confirm with fresh probes, as training would meet it.
-    spec = spec_for(x, y, memory_limit=700 << 20)
+    # The truth, from children that run with no limit and report their peak
+    # resident memory: the found batch fits, and one 10% larger does not.
+    spec = spec_for(x, y)  # no memory_limit
     with child.IsolatedProber(model, spec) as prober:
-        assert prober(r.batch_size).outcome == "ok"
-        assert prober(lo).outcome == "ok"
-        assert prober(hi).outcome == "oom"
+        fits = prober(r.batch_size)
+        beyond = prober(int(r.batch_size / 0.9) + 1)
+    assert fits.outcome == "ok" and fits.peak_bytes <= REAL_LIMIT
+    assert beyond.outcome == "ok" and beyond.peak_bytes > REAL_LIMIT
     assert _probe_dirs() == before_dirs
+
+
+def test_a_thread_that_cannot_be_created_is_not_out_of_memory(tmp_path):
+    """pthread_create's EAGAIN aborts TensorFlow with "Check failed: ret == 0
+    (11 vs. 0) Thread ...": an error, never taken for memory running out."""
+    prober = child.IsolatedProber(dense_model(), spec_for(*toy_data(8)))
+    stderr = (
+        "F0000 thread.cc:25] Check failed: ret == 0 (11 vs. 0)Thread tf_data_"
+        "private_threadpool creation via pthread_create() failed.\n"
+        "Fatal Python error: Aborted"
+    )
+    r = prober._crash(64, -6, False, stderr, 1.0)
+    assert r.outcome == "error" and "not memory" in r.message
+    assert prober._crash(64, -9, False, "", 1.0).outcome == "oom"  # OOM killer
 
 
 def test_gpu_peak_is_read_from_the_allocator(monkeypatch):

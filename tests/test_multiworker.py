@@ -267,7 +267,7 @@ def test_time_decisions_are_taken_at_one_step_by_every_worker(tmp_path, mode):
         assert r0["saves"] == r1["saves"]
         # Worker 1's clock made saves about every 1/3 s of real time: more
         # than worker 0's own clock would have (and at the run's end one more).
-        assert len(r0["saves"]) >= 4, r0["saves"]
+        assert len(r0["saves"]) >= 3, r0["saves"]
     else:  # stopped by the budget, long before its 10,000 epochs
         assert 0 < r0["iterations"] < 10_000 * 8
 

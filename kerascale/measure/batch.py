@@ -84,7 +84,7 @@ class SearchOptions:
 
 def _limit_for(hw: Any, options: SearchOptions) -> tuple[int | None, str]:
     if options.memory_limit:
-        where = "per GPU" if hw.accelerator == "gpu" else "data memory per probe"
+        where = "per GPU" if hw.accelerator == "gpu" else "resident memory"
         return options.memory_limit, f"memory_limit you passed ({where})"
     if hw.accelerator == "gpu":
         sizes = [g.memory_total for g in hw.gpus]
@@ -293,7 +293,7 @@ def _probe(
             if baseline and str(e).startswith("Even a batch of 1"):
                 raise BatchSizeSearchError(
                     f"{e}\nTensorFlow and the model alone took "
-                    f"{format_bytes(baseline)} of data memory before the first "
+                    f"{format_bytes(baseline)} of resident memory before the first "
                     "batch; memory_limit must leave room above that.",
                     out_of_memory=True,
                 ) from None

@@ -3,8 +3,11 @@
 `IsolatedProber` saves the model once into a private temp dir, and runs each
 probe (or an increasing sweep of them) in a child process
 (`python -m kerascale.measure.child`) that loads the model from that
-`.keras` file under a real memory limit on CPU (`RLIMIT_DATA`) or a
-logical-device memory limit on GPU. TensorFlow gets all GPU memory back when
+`.keras` file under a real memory limit: on CPU, its resident memory (what a
+container limit and the kernel's out-of-memory killer count), watched every
+millisecond and checked against Linux's exact peak after each probe, with
+`RLIMIT_DATA` only as a generous safety net; on GPU, a logical-device memory
+limit. TensorFlow gets all GPU memory back when
 the child exits (it cannot otherwise: tensorflow#36465). `custom_objects`
 says whether a model's own classes and functions can be imported there.
 """
@@ -45,11 +48,13 @@ from kerascale.sense.model_facts import gist
 
 
 def _child_main(argv: list[str]) -> int:
-    """`python -m kerascale.measure.child DIR B1,B2,...`: DIR holds spec.json,
-    model.keras and objects.json. Probes the batches in order, writing
+    """`python -m kerascale.measure.child DIR B1,B2,... [LIMIT]`: DIR holds
+    spec.json, model.keras and objects.json; LIMIT is the resident memory
+    allowed on CPU (bytes; 0 for none). Probes the batches in order, writing
     result-B.json after each, and stops at the first that does not fit."""
     workdir, batches = argv[0], [int(b) for b in argv[1].split(",")]
     spec = ProbeSpec.from_json(_read(os.path.join(workdir, "spec.json")))
+    limit = int(argv[2]) if len(argv) > 2 and not spec.on_gpu else 0
 
     def write(batch, payload):
         path = os.path.join(workdir, f"result-{batch}.json")
@@ -64,18 +69,65 @@ def _child_main(argv: list[str]) -> int:
         payload = {"outcome": outcome, "message": text[-2000:], "traceback": tb}
         write(batch, {**payload, **extra})
 
+    current = {"batch": batches[0]}
+    if limit:
+        _watch_resident(limit, current, write)
     try:
         model = _child_setup(workdir, spec)
     except BaseException as e:  # reported against the first batch
         failure(batches[0], e, stage="setup")
         return 0
     for batch in batches:
+        current["batch"] = batch
         try:
-            write(batch, {"outcome": OK, **train_probe(model, spec, batch)})
+            result = train_probe(model, spec, batch)
         except BaseException as e:
             failure(batch, e)
             return 0
+        if limit and result["peak_bytes"] > limit:
+            write(
+                batch,
+                {
+                    "outcome": OOM,
+                    **result,
+                    "message": _over(result["peak_bytes"], limit),
+                },
+            )
+            return 0
+        write(batch, {"outcome": OK, **result})
     return 0
+
+
+def _over(peak: int, limit: int) -> str:
+    return (
+        f"resident memory reached {peak / 2**20:.0f} MiB, above memory_limit "
+        f"{limit / 2**20:.0f} MiB"
+    )
+
+
+def _watch_resident(limit: int, current: dict[str, int], write: Any) -> None:
+    """Stops the child the moment its resident memory passes `limit`, as a
+    container's limit would (the exact peak is also checked after each
+    probe: a spike shorter than the watch's millisecond is not lost)."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            now = memory.resident_bytes()
+            if now is not None and now > limit:
+                write(
+                    current["batch"],
+                    {
+                        "outcome": OOM,
+                        "peak_bytes": now,
+                        "message": _over(now, limit)
+                        + " (stopped by kerascale's watch)",
+                    },
+                )
+                os._exit(0)
+            time.sleep(0.001)
+
+    threading.Thread(target=watch, name="kerascale-resident-watch", daemon=True).start()
 
 
 def _child_setup(workdir: str, spec: ProbeSpec) -> Any:
@@ -103,7 +155,7 @@ def _child_setup(workdir: str, spec: ProbeSpec) -> Any:
     # session is left open on purpose.
     model = build_probe_model(Session(), model, spec, own_copy=True)
     with open(os.path.join(workdir, "baseline.json"), "w") as f:
-        json.dump({"data_bytes": memory.data_bytes()}, f)
+        json.dump({"resident_bytes": memory.resident_bytes()}, f)
     return model
 
 
@@ -201,7 +253,7 @@ def _all_layers(model: Any) -> Iterator[Any]:
         stack.extend(getattr(layer, "layers", ()) or ())
 
 
-# The child sets its own limit before anything else is imported (a preexec_fn
+# The child sets its safety net before anything else is imported (a preexec_fn
 # would run between fork and exec, which is unsafe in a threaded parent).
 _BOOTSTRAP = (
     "import resource, runpy, sys\n"
@@ -211,6 +263,14 @@ _BOOTSTRAP = (
     "sys.argv = ['kerascale.measure.child', *sys.argv[2:]]\n"
     "runpy.run_module('kerascale.measure.child', run_name='__main__', alter_sys=True)\n"
 )
+
+
+def safety_net(limit: int) -> int:
+    """The child's `RLIMIT_DATA` under a resident `limit`: far above it, so
+    that only a runaway allocation meets it. Virtual data memory runs ahead
+    of resident memory by the threads' stacks and the allocators' reserved
+    arenas (about 1 GiB for TensorFlow on 2 cores)."""
+    return 4 * limit + (4 << 30)
 
 
 class CannotShip(Exception):
@@ -301,11 +361,11 @@ class IsolatedProber:
         return results
 
     def baseline_bytes(self) -> int | None:
-        """Data memory of the last child after loading the model, before any
-        batch: TensorFlow's own baseline, which no batch can go below."""
+        """Resident memory of the last child after loading the model, before
+        any batch: TensorFlow's own baseline, which no batch can go below."""
         try:
             return json.loads(_read(os.path.join(self.workdir, "baseline.json")))[
-                "data_bytes"
+                "resident_bytes"
             ]
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -324,12 +384,15 @@ class IsolatedProber:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         # Absolute: the child runs in its own directory.
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in sys.path if p)
-        rlimit = 0 if self.spec.on_gpu or not limit else limit
+        limit = 0 if self.spec.on_gpu or not limit else limit
         arg = ",".join(str(b) for b in batches)
         start = time.perf_counter()
         with open(os.path.join(workdir, "stderr.txt"), "w+b") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOTSTRAP, str(rlimit), workdir, arg],
+                [
+                    *(sys.executable, "-c", _BOOTSTRAP),
+                    *(str(safety_net(limit) if limit else 0), workdir, arg, str(limit)),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
@@ -389,6 +452,13 @@ class IsolatedProber:
                 message=f"timed out after {self.timeout:g}s per batch and was killed",
             )
         detail = _stderr_summary(stderr)
+        if "Check failed: ret == 0 (11 vs. 0)" in stderr and "Thread" in stderr:
+            # pthread_create's EAGAIN: too many threads, not memory running out.
+            return ProbeResult(
+                batch,
+                ERROR,
+                message=f"a thread could not be created (EAGAIN), not memory: {detail}",
+            )
         if code is not None and code < 0:
             sig = signal.Signals(-code).name
             if looks_like_oom(stderr):

@@ -73,8 +73,8 @@ class ProbeResult:
     Attributes:
         batch: The per-replica batch tried.
         outcome: "ok", "oom" (memory ran out) or "error" (anything else).
-        peak_bytes: Peak memory: per device on GPU, the process's data memory
-            on CPU; None when unknown (e.g. after a crash).
+        peak_bytes: Peak memory: per device on GPU, the process's resident
+            memory on CPU; None when unknown (e.g. after a crash).
         seconds: Wall time of the probe, start-up included.
         samples_per_s: Training throughput across replicas, after warm-up.
         message: Why it failed, for "oom" and "error".
@@ -162,7 +162,7 @@ class ProbeSpec:
         steps: Training steps per probe (the first is a warm-up).
         validate: Also run one validation step at the batch.
         accumulation_steps: Gradient accumulation on the optimizer.
-        memory_limit: Bytes a probe may use (data memory on CPU, per device
+        memory_limit: Bytes a probe may use (resident memory on CPU, per device
             on GPU); None for no limit of kerascale's own.
         on_gpu: Whether the plan trains on GPUs.
         timed_seconds: The least time the timed steps take (more steps are
@@ -195,11 +195,14 @@ class ProbeSpec:
 
 
 class _PeakSampler:
-    """Samples this process's data memory in a thread: Linux keeps no peak of
-    VmData, and it falls again when TensorFlow frees a step's tensors."""
+    """This process's peak resident memory over a block: Linux's own peak
+    (VmHWM), reset at the start where the kernel allows it, and else sampled
+    in a thread every 2 ms (resident memory falls again when TensorFlow frees
+    a step's tensors)."""
 
     def __init__(self, interval: float = 0.002):
-        self._read = memory.data_bytes
+        self._read = memory.resident_bytes
+        self._exact = memory.reset_resident_peak()
         self.interval = interval
         self.peak = self._read() or 0
         self._stop = threading.Event()
@@ -219,6 +222,8 @@ class _PeakSampler:
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, self._read() or 0)
+        if self._exact:
+            self.peak = max(self.peak, memory.resident_peak_bytes() or 0)
 
 
 def _reset_cpu_stats() -> bool:
@@ -242,9 +247,8 @@ def train_probe(model: Any, spec: ProbeSpec, batch: int) -> dict[str, Any]:
     `spec.steps` steps on a synthetic per-replica `batch`; returns
     {peak_bytes, samples_per_s}. Raises whatever training raises.
 
-    On CPU the peak is sampled every 2 ms (Linux keeps no high-water mark of
-    data memory alone), so a short spike can be missed: the search treats the
-    memory model as a guide and confirms by probing.
+    On CPU the peak is the process's resident memory (Linux's VmHWM, reset
+    before the probe), the quantity `memory_limit` limits there.
     """
     import tensorflow as tf
 

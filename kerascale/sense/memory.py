@@ -1,12 +1,19 @@
 """Memory: what this process uses, and what the machine (or container) has.
 
-On CPU, kerascale limits and measures a probe's *data memory* (Linux's
-`RLIMIT_DATA` / `VmData`: the heap and anonymous mappings in which TensorFlow
-allocates tensors), not its code and shared libraries, which a limit on
-resident memory could not be enforced on without root.
+On CPU, `memory_limit` means *resident memory* (Linux's RSS, `VmRSS`): what a
+container's memory limit (cgroups) and the kernel's out-of-memory killer
+count. Virtual data memory (`VmData`, what `RLIMIT_DATA` caps) is not it:
+thread stacks and allocator arenas that are reserved but never touched count
+there and not against a container, so a limit on it stops well short of the
+memory that actually runs out (and makes a thread that cannot be created look
+like memory running out).
 """
 
 from __future__ import annotations
+
+import os
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _status() -> dict[str, int]:
@@ -25,8 +32,33 @@ def _status() -> dict[str, int]:
 
 
 def data_bytes() -> int | None:
-    """This process's data memory (VmData), the quantity RLIMIT_DATA caps."""
+    """This process's virtual data memory (VmData), what RLIMIT_DATA caps."""
     return _status().get("VmData")
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now (VmRSS), read cheaply from statm."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def resident_peak_bytes() -> int | None:
+    """The highest resident memory of this process (VmHWM), kept by Linux."""
+    return _status().get("VmHWM")
+
+
+def reset_resident_peak() -> bool:
+    """Resets VmHWM to the resident memory now (Linux >= 4.0); False where
+    it cannot, when the peak then covers the process's whole life."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
 
 
 def available_bytes() -> int | None:
