@@ -50,12 +50,10 @@ def find_batch_size(
             "throughput": the smallest batch within 3% of the best measured
             samples/s under the memory bound. Defaults to "max".
         isolate: True: probes in child processes; False: in this process;
-            "auto": children where the model can be shipped. Defaults to
-            "auto".
-        memory_limit: Bytes, or a size like "6GiB": per GPU on GPUs; on CPU,
-            the process's resident memory (RSS: what a container's limit and
-            the kernel's out-of-memory killer count), TensorFlow's own ~0.6
-            GiB included. Defaults to `None`: the GPU's memory, or 80% of the
+            "auto" (default): children where the model can be shipped.
+        memory_limit: Bytes, or "6GiB": per GPU on GPUs; on CPU, resident
+            memory (RSS, as containers count it; TensorFlow's ~0.6 GiB
+            included). Defaults to `None`: the GPU's memory, or 80% of the
             memory available on CPU.
         max_batch_size: The largest global batch to consider. Defaults to
             `None` (the dataset size, at most 65536).
