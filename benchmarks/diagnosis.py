@@ -44,9 +44,9 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from quickstart import make_data, make_model  # noqa: E402
 from test_diagnosis import (  # noqa: E402
-    MEMORY_BOUND,
     compute_bound_workload,
     input_bound_data,
+    memory_bound_limit,
     memory_bound_workload,
     small_model,
 )
@@ -68,7 +68,15 @@ def verdicts() -> dict:
         model, ds, precision="float32", optimize_data=False, steps=10, verbose=0
     )
     model, ds = memory_bound_workload()
-    out["memory"] = kerascale.diagnose(model, ds, steps=3, verbose=0, **MEMORY_BOUND)
+    out["memory"] = kerascale.diagnose(
+        model,
+        ds,
+        steps=3,
+        verbose=0,
+        batch_size=2048,
+        memory_limit=memory_bound_limit(model),
+        precision="float32",
+    )
     return {k: v.to_dict() for k, v in out.items()}
 
 

@@ -1,6 +1,6 @@
 """Trials wasted on batches that do not fit: keras-tuner alone vs kerascale.tuner.
 
-    python benchmarks/tuner.py [--trials 8] [--memory-limit 900MiB]
+    python benchmarks/tuner.py [--trials 8] [--memory-limit 1.2GiB]
 
 The search of examples/tune_batch_size.py (width 256 or 2048, batch 32 to
 16384, two precisions; RandomSearch, seed 0), run twice under the same memory
@@ -133,7 +133,7 @@ def scaled(trials: int, memory_limit: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=8)
-    parser.add_argument("--memory-limit", default="900MiB")
+    parser.add_argument("--memory-limit", default="1.2GiB")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

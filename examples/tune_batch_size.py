@@ -1,7 +1,7 @@
 """Tune batch size, layer width and precision with keras-tuner, without OOM crashes.
 
     python examples/tune_batch_size.py                    # a few minutes on CPU
-    python examples/tune_batch_size.py --memory-limit 900MiB --trials 12
+    python examples/tune_batch_size.py --memory-limit 1.2GiB --trials 12
 
 The search space asks for batches from 32 to 16384. kerascale measures the
 largest batch that fits (probes in child processes under `--memory-limit`, a
@@ -65,7 +65,7 @@ def make_hypermodel(memory_limit: str) -> ScaledHyperModel:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=8)
-    parser.add_argument("--memory-limit", default="900MiB")
+    parser.add_argument("--memory-limit", default="1.2GiB")
     parser.add_argument("--directory", default="kerascale_tuning")
     args = parser.parse_args()
 

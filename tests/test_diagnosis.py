@@ -90,7 +90,20 @@ def memory_bound_workload():
     return model, tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
 
 
-MEMORY_BOUND = {"batch_size": 2048, "memory_limit": "830MiB", "precision": "float32"}
+def memory_bound_limit(model):
+    """A resident-memory limit between the peaks of batches 64 and 2048 of
+    `memory_bound_workload`, measured by children with no limit: batch 2048
+    is then memory-bound on any machine, whatever TensorFlow's own
+    footprint there."""
+    from test_batch_search import spec_for
+
+    from kerascale.measure import child
+
+    x, y = np.zeros((1, 1024), "float32"), np.zeros((1, 1), "float32")
+    with child.IsolatedProber(model, spec_for(x, y)) as prober:
+        small, large = prober(64).peak_bytes, prober(2048).peak_bytes
+    assert large > small
+    return int(small + 0.5 * (large - small))
 
 
 def test_compute_bound_workload():
@@ -105,10 +118,19 @@ def test_compute_bound_workload():
 
 
 def test_memory_bound_workload_with_a_real_memory_limit():
-    """A batch at the limit: the probe in a child process, under a real
-    RLIMIT_DATA, peaks within 10% of it (or does not fit at all)."""
+    """A batch above a real resident-memory limit: the probe in a child
+    process does not fit, or peaks within 10% of the limit."""
     model, ds = memory_bound_workload()
-    d = kerascale.diagnose(model, ds, steps=2, verbose=0, **MEMORY_BOUND)
+    limit = memory_bound_limit(model)
+    d = kerascale.diagnose(
+        model,
+        ds,
+        steps=2,
+        verbose=0,
+        batch_size=2048,
+        memory_limit=limit,
+        precision="float32",
+    )
     assert d.bound == "memory"
     assert d.plan.accumulation_steps > 1 or d.memory_headroom < 0.10
     assert any("accumulation" in r.action for r in d.recommendations)
