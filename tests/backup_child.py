@@ -146,7 +146,7 @@ def install_fault(point, nth):
                     f.truncate(os.path.getsize(data) // 2)
                 die()
         elif point == "meta-temp":
-            real_write_bytes = store._write_bytes
+            real_write_bytes = store.write_bytes
 
             def write_bytes(path, data):
                 if ".tmp-" in path:
@@ -155,7 +155,7 @@ def install_fault(point, nth):
                     die()
                 real_write_bytes(path, data)
 
-            store._write_bytes = write_bytes
+            store.write_bytes = write_bytes
         elif point == "after-commit":
             real_remove = tf.io.gfile.remove
 

@@ -311,6 +311,22 @@ class Batches(keras.utils.PyDataset):
         return self.x[s], self.y[s]
 
 
+class Widened(keras.layers.Layer):
+    """Its width is set after construction, outside its config: its config
+    round-trips, so the model looks re-creatable, and re-creating it fails
+    late, when the weights do not fit."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.units = 2
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1], self.units))
+
+    def call(self, x):
+        return x @ self.w
+
+
 def make_pydataset():
     model = keras.Sequential(
         [keras.Input((4,)), layers.Dense(8, activation="relu"), layers.Dense(1)]

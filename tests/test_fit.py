@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import dense_model, toy_data
+from realworld import Batches, Widened
 
 import kerascale
 
@@ -416,19 +417,6 @@ def test_plan_on_a_fake_gpu_box_through_the_hardware_seam(monkeypatch):
     assert p.hardware == "4x NVIDIA A100 (40.0 GiB, cc 8.0)"
 
 
-class Batches(keras.utils.PyDataset):
-    def __init__(self, x, y, batch):
-        super().__init__()
-        self.x, self.y, self.batch = x, y, batch
-
-    def __len__(self):
-        return len(self.x) // self.batch
-
-    def __getitem__(self, i):
-        s = slice(i * self.batch, (i + 1) * self.batch)
-        return self.x[s], self.y[s]
-
-
 def test_pydataset_trains_with_its_own_batches():
     x, y = toy_data(64)
     model = dense_model()
@@ -473,30 +461,21 @@ def test_a_layer_that_does_not_re_create_is_found_before_anything_runs():
     outputs = keras.layers.Dense(2, activation="softmax")(
         Apply(lambda t: t * 2)(inputs)
     )
-    model = keras.Model(inputs, outputs)
+    why = "layer 'apply' (Apply) does not re-create from its config"
+    trains_as_it_is(keras.Model(inputs, outputs), x, y, why)
+
+
+def trains_as_it_is(model, x, y, why):
+    """`model` cannot be re-created: asked for mixed_bfloat16, it trains as
+    it is, in float32, with one warning saying `why`."""
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     history = kerascale.fit(
         model, x, y, precision="mixed_bfloat16", epochs=1, verbose=0, batch_size=32
     )
     assert not history.plan.rebuild and history.plan.precision == "float32"
     (w,) = [w for w in history.plan.warnings if w.startswith("Not applied")]
-    assert "layer 'apply' (Apply) does not re-create from its config" in w
+    assert why in w
     assert int(model.optimizer.iterations) == 2
-
-
-class Widened(keras.layers.Layer):
-    """Its width is set after construction, outside its config: the config
-    round-trips, but the re-created layer's weights do not fit."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.units = 2
-
-    def build(self, shape):
-        self.w = self.add_weight(shape=(shape[-1], self.units))
-
-    def call(self, x):
-        return x @ self.w
 
 
 def test_model_whose_re_creation_fails_late_still_trains():
@@ -505,15 +484,9 @@ def test_model_whose_re_creation_fails_late_still_trains():
     widened.units = 3
     inputs = keras.Input((4,))
     outputs = keras.layers.Dense(2, activation="softmax")(widened(inputs))
-    model = keras.Model(inputs, outputs)
-    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    history = kerascale.fit(
-        model, x, y, precision="mixed_bfloat16", epochs=1, verbose=0, batch_size=32
+    trains_as_it_is(
+        keras.Model(inputs, outputs), x, y, "re-creating it failed: ValueError"
     )
-    assert not history.plan.rebuild and history.plan.precision == "float32"
-    (w,) = [w for w in history.plan.warnings if w.startswith("Not applied")]
-    assert "re-creating it failed: ValueError" in w
-    assert int(model.optimizer.iterations) == 2
 
 
 def test_auto_batch_of_unbatched_data_is_searched_and_cached(capsys):

@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from realworld import Widened
 
 import kerascale
 from kerascale.apply import keras_compat
@@ -272,22 +273,6 @@ def test_the_session_undoes_newest_first_and_never_hides_the_error():
     # With nothing else going wrong, a failed undo is the error itself.
     with pytest.raises(OSError, match="cannot undo"), Session() as session:
         session.undo("the broken step", broken)
-
-
-class Widened(keras.layers.Layer):
-    """Its width is set after construction, outside its config: its config
-    round-trips, so the model looks re-creatable, and re-creating it fails
-    late, when the weights do not fit."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.units = 2
-
-    def build(self, shape):
-        self.w = self.add_weight(shape=(shape[-1], self.units))
-
-    def call(self, x):
-        return x @ self.w
 
 
 def uncopyable():

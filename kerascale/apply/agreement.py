@@ -62,7 +62,6 @@ class Agreement:
         self.num_workers = num_workers
         self.timeout = timeout
         self.wishes: set[str] = set()
-        self.proposed = 0  # rounds this worker proposed (for tests, benchmarks)
         self._count = 0  # training batch ends seen in this run
         self._boundary: tuple[int, int] | None = None
         self._now: frozenset[str] = frozenset()
@@ -163,7 +162,6 @@ class Agreement:
             self._record(n, json.loads(tfc.kv_get(self._key(n), self.timeout)))
             self._next_decision()
             return
-        self.proposed += 1
         logger.info("Worker %d proposed %r at step %d.", *decision.values())
         self._record(n, decision)
         self._next_decision()

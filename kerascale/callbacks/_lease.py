@@ -37,6 +37,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import CheckpointError, warn
 
 NAME = "writer.lease"
@@ -118,7 +119,7 @@ class Lease:
 
     def _create(self) -> bool:
         data = json.dumps(self.record).encode()
-        if _is_local(self.path):
+        if store.is_local(self.path):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
@@ -131,7 +132,7 @@ class Lease:
             return True
         if tf.io.gfile.exists(self.path):
             return False
-        _write(self.path, data)
+        store.write_bytes(self.path, data)
         time.sleep(SETTLE_SECONDS)  # a writer that started meanwhile wins
         holder = read(self.path)
         return holder is not None and holder.get("token") == self.record["token"]
@@ -159,8 +160,8 @@ class Lease:
                 if self.lost is not None:
                     return
                 self.record["renewed"] = time.time()
-                temp = f"{self.path}.tmp-{self.record['token']}"
-                _write(temp, json.dumps(self.record).encode())
+                temp = f"{self.path}.renew-{self.record['token']}"
+                store.write_bytes(temp, json.dumps(self.record).encode())
                 tf.io.gfile.rename(temp, self.path, overwrite=True)
             except (OSError, tf.errors.OpError):
                 continue  # storage hiccup: the next renewal tries again
@@ -214,15 +215,6 @@ def _alive(pid: Any) -> bool:
     return True
 
 
-def _write(path: str, data: bytes) -> None:
-    with tf.io.gfile.GFile(path, "wb") as f:
-        f.write(data)
-
-
 def _remove(path: str) -> None:
     with contextlib.suppress(tf.errors.NotFoundError):
         tf.io.gfile.remove(path)
-
-
-def _is_local(path: str) -> bool:
-    return "://" not in path

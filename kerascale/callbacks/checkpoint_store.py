@@ -110,8 +110,8 @@ def publish(
     """
     path = _join(directory, name(number))
     tf.io.gfile.makedirs(path)
-    _write_bytes(_join(path, INCOMPLETE), b"")
-    if _is_local(path):
+    write_bytes(_join(path, INCOMPLETE), b"")
+    if is_local(path):
         files = _write_local(path, write_state)
     else:
         files = _write_remote(path, write_state)
@@ -120,7 +120,7 @@ def publish(
     record = dict(meta, format=FORMAT, number=number, files=files)
     record["checksum"] = _checksum(record)
     temp = _join(path, f"{META}.tmp-{uuid.uuid4().hex}")
-    _write_bytes(temp, json.dumps(record, indent=1, sort_keys=True).encode())
+    write_bytes(temp, json.dumps(record, indent=1, sort_keys=True).encode())
     _fsync(temp)
     tf.io.gfile.rename(temp, _join(path, META), overwrite=True)
     _fsync_dir(path)
@@ -317,19 +317,19 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _write_bytes(path: str, data: bytes) -> None:
+def write_bytes(path: str, data: bytes) -> None:
     with tf.io.gfile.GFile(path, "wb") as f:
         f.write(data)
 
 
-def _is_local(path: str) -> bool:
+def is_local(path: str) -> bool:
     return "://" not in path
 
 
 def _fsync(path: str) -> None:
     """Flushes a local file to disk, so a power cut cannot reorder the commit
     before the data (a killed process loses nothing already written)."""
-    if _is_local(path):
+    if is_local(path):
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -338,7 +338,7 @@ def _fsync(path: str) -> None:
 
 
 def _fsync_dir(path: str) -> None:
-    if _is_local(path) and hasattr(os, "O_DIRECTORY"):
+    if is_local(path) and hasattr(os, "O_DIRECTORY"):
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(fd)

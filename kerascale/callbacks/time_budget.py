@@ -72,6 +72,8 @@ class TimeBudget(KerascaleCallback):
         # Across workers, the stop is agreed on: every worker stops at the
         # same step, one step after the one that asked for it.
         self._agreement = agreement_lib.for_run(self.model, self.run)
+        if self._agreement is not None:  # a fit that raises skips on_train_end
+            self.run.watch(self.release)
         self._stop_owed = False
         self._start = self._clock()
         self._epoch_seconds: list[float] = []
