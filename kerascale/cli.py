@@ -240,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
         "find-batch",
         help="find the largest batch a saved model trains at without OOM",
         description="Probes real training steps of MODEL.keras on synthetic "
-        "inputs of --input-shape, in child processes, and reports the "
+        "inputs of --input-shape (in child processes on CPU, in this one on "
+        "GPU), and reports the "
         "largest batch that fits (or, with --mode throughput, the fastest).",
     )
     find.add_argument("model", help="a model saved with model.save('....keras')")

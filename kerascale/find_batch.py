@@ -35,11 +35,11 @@ def find_batch_size(
 
     Each probe is a real training step (forward, backward, optimizer update,
     then a validation step) on a synthetic batch shaped like your data, under
-    the precision and strategy `kerascale.fit` would use, in a child process
-    where the model can be shipped there, so running out of memory never harms
-    this process. The search fits a memory model to a few small probes, jumps
-    to its prediction, and confirms the boundary by probing around it. Results
-    are cached per model, hardware, precision and input shape.
+    the precision and strategy `kerascale.fit` would use: on CPU in child
+    processes (running out of memory there never harms this one), on GPU in
+    this process, whose allocator training will use. A memory model fitted to
+    a few small probes predicts the boundary; probes around it confirm it.
+    Results are cached per model, hardware, precision and input shape.
 
     Args:
         model: A compiled Keras model, or a function that builds one.
@@ -50,11 +50,11 @@ def find_batch_size(
             "throughput": the smallest batch within 3% of the best measured
             samples/s under the memory bound. Defaults to "max".
         isolate: True: probes in child processes; False: in this process;
-            "auto" (default): children where the model can be shipped.
+            "auto" (default): on CPU, children where the model can be shipped.
         memory_limit: Bytes, or "6GiB": per GPU on GPUs; on CPU, resident
             memory (RSS, as containers count it; TensorFlow's ~0.6 GiB
-            included). Defaults to `None`: the GPU's memory, or 80% of the
-            memory available on CPU.
+            included). Defaults to `None`: on GPU, what TensorFlow's allocator
+            gives; on CPU, 80% of the memory available.
         max_batch_size: The largest global batch to consider. Defaults to
             `None` (the dataset size, at most 65536).
         steps_per_trial: Training steps per probe (the first warms up).

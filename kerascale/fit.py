@@ -68,7 +68,8 @@ _ARGUMENTS = """\
             on GPUs; on CPU, the training process's resident memory (RSS:
             what a container's limit and the kernel's out-of-memory killer
             count), TensorFlow's own ~0.6 GiB included. Defaults to `None`:
-            the GPU's memory, or 80% of the memory available on CPU.
+            on GPU, what TensorFlow's allocator in this process gives (it is
+            measured there); on CPU, 80% of the memory available.
         accumulation_steps: Micro-batches per optimizer update, to state the
             split yourself (`batch_size` must then be divisible by it times
             the replicas). Defaults to `None`: chosen from what fits.

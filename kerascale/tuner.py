@@ -9,9 +9,9 @@ learning-rate scaling rule) taken from the trial's hyperparameters:
     tuner.search(x, y, epochs=3, validation_split=0.2)
 
 - The batch range is bounded by the largest batch that fits, measured by
-  `kerascale.find_batch_size` (probes in child processes, cached per model
-  configuration), the first time the search sees the data: values that cannot
-  fit are never proposed.
+  `kerascale.find_batch_size` (probes in child processes on CPU, in this
+  process on GPU; cached per model configuration), the first time the search
+  sees the data: values that cannot fit are never proposed.
 - A model configuration that holds less (a wider layer, say) is measured too;
   a trial whose batch exceeds its bound is not trained, and one that still
   runs out of memory (`ResourceExhaustedError`) is caught. Either is recorded

@@ -419,10 +419,11 @@ class ThresholdProber:
 
 @pytest.fixture
 def gpu_seam(monkeypatch):
-    from kerascale.measure import child
+    from kerascale.measure import probe
 
     monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: gpu_box(1))
-    monkeypatch.setattr(child, "IsolatedProber", ThresholdProber)
+    # On a GPU the probes run in this process (its allocator is training's).
+    monkeypatch.setattr(probe, "InProcessProber", ThresholdProber)
     ThresholdProber.calls = []
     return ThresholdProber
 

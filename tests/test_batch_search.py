@@ -382,7 +382,8 @@ def test_real_resident_memory_limit_in_child_processes():
         margin=0.03,
     )
     assert r.reasons["isolate"] == "each probe in a child process"
-    assert "resident memory" in r.reasons["limit"], r.reasons
+    assert r.reasons["memory"] == "resident memory (RSS) of child processes"
+    assert r.reasons["limit"] == "memory_limit you passed"
     lo, hi = r.largest_fitting, r.smallest_failing
     assert hi is not None and 0 < hi - lo <= max(r.granularity, 0.01 * lo)
     assert 0.96 * lo <= r.batch_size <= 0.97 * lo  # the 3% margin

@@ -74,8 +74,10 @@ class _FakeNVMLError(Exception):
     pass
 
 
-def _fake_pynvml(devices, init_error=None):
-    """A stand-in for nvidia-ml-py with the calls hardware.py makes."""
+def fake_nvml(devices, init_error=None):
+    """A stand-in for nvidia-ml-py with the calls kerascale.sense makes. A
+    device: {name, uuid, mem (total), cc}, and optionally free (bytes) and
+    processes ([(pid, bytes)])."""
     m = types.ModuleType("pynvml")
 
     def init():
@@ -88,8 +90,14 @@ def _fake_pynvml(devices, init_error=None):
     m.nvmlDeviceGetHandleByIndex = lambda i: devices[i]
     m.nvmlDeviceGetName = lambda h: h["name"].encode()
     m.nvmlDeviceGetUUID = lambda h: h["uuid"]
-    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=h["mem"])
+    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
+        total=h["mem"], free=h.get("free", h["mem"])
+    )
     m.nvmlDeviceGetCudaComputeCapability = lambda h: h["cc"]
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [
+        types.SimpleNamespace(pid=pid, usedGpuMemory=used)
+        for pid, used in h.get("processes", ())
+    ]
     return m
 
 
@@ -128,7 +136,7 @@ NVML_DEVICES = [
 
 def test_gpus_enriched_with_nvml_memory(monkeypatch, fake_gpus):
     fake_gpus([("NVIDIA A100", (8, 0)), ("Tesla V100", (7, 0))])
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(NVML_DEVICES))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(NVML_DEVICES))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     hw = kerascale.detect_hardware()
     assert [g.memory_total for g in hw.gpus] == [40 << 30, 16 << 30]
@@ -141,7 +149,7 @@ def test_gpus_enriched_with_nvml_memory(monkeypatch, fake_gpus):
 def test_cuda_visible_devices_maps_tf_order_to_nvml(monkeypatch, fake_gpus):
     # TF's GPU:0 is the physical GPU 1 when CUDA_VISIBLE_DEVICES=1.
     fake_gpus([("Tesla V100", (7, 0))])
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(NVML_DEVICES))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(NVML_DEVICES))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert kerascale.detect_hardware().gpus[0].memory_total == 16 << 30
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaa")
@@ -152,7 +160,7 @@ def test_cuda_visible_devices_maps_tf_order_to_nvml(monkeypatch, fake_gpus):
 def test_missing_driver_does_not_crash(monkeypatch, fake_gpus):
     fake_gpus([("NVIDIA A100", (8, 0))])
     monkeypatch.setitem(
-        sys.modules, "pynvml", _fake_pynvml([], init_error="Driver Not Loaded")
+        sys.modules, "pynvml", fake_nvml([], init_error="Driver Not Loaded")
     )
     hw = kerascale.detect_hardware()
     assert hw.gpus[0].memory_total is None
@@ -169,7 +177,7 @@ def test_nvml_not_installed_is_noted(monkeypatch, fake_gpus):
 
 
 def test_gpus_nvml_sees_but_tf_cannot_use(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(NVML_DEVICES))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(NVML_DEVICES))
     hw = kerascale.detect_hardware()
     assert hw.gpus == ()
     assert any("TensorFlow cannot use them" in n for n in hw.notes)

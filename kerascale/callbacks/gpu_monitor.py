@@ -12,7 +12,7 @@ import time
 from kerascale import _validation as v
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._scalars import Scalars, optional_dir
-from kerascale.sense.hardware import visible_nvml_indices
+from kerascale.sense.hardware import visible_nvml_handles
 
 logger = logging.getLogger("kerascale")
 
@@ -54,14 +54,7 @@ class GPUMonitor(KerascaleCallback):
         except Exception as e:  # ImportError, NVMLError_LibraryNotFound, ...
             return self._inactive(f"NVML is not available ({type(e).__name__}: {e})")
         try:
-            count = pynvml.nvmlDeviceGetCount()
-            handles = []
-            for key in visible_nvml_indices(count):
-                if isinstance(key, int):
-                    if key < count:
-                        handles.append(pynvml.nvmlDeviceGetHandleByIndex(key))
-                else:
-                    handles.append(pynvml.nvmlDeviceGetHandleByUUID(key))
+            handles = visible_nvml_handles(pynvml)
         except Exception as e:
             with contextlib.suppress(Exception):
                 pynvml.nvmlShutdown()

@@ -17,7 +17,7 @@ from kerascale.measure.probe import ProbeResult, ProbeSpec
 from kerascale.measure.result import BatchSearchResult, describe_probe
 from kerascale.measure.search import MODES, granularity_for, search
 from kerascale.plan import strategy as strategy_rules
-from kerascale.sense import data_facts
+from kerascale.sense import data_facts, gpu_memory
 from kerascale.sense.memory import available_bytes
 from kerascale.sense.model_facts import is_builder
 
@@ -82,25 +82,94 @@ class SearchOptions:
         return dataclasses.replace(o, memory_limit=limit)
 
 
-def _limit_for(hw: Any, options: SearchOptions) -> tuple[int | None, str]:
-    if options.memory_limit:
-        where = "per GPU" if hw.accelerator == "gpu" else "resident memory"
-        return options.memory_limit, f"memory_limit you passed ({where})"
+@dataclasses.dataclass(frozen=True)
+class _Memory:
+    """The memory a search works against.
+
+    Attributes:
+        enforce: What a probe may use (`ProbeSpec.memory_limit`); None where
+            the device itself decides (a GPU's allocator).
+        predict: The memory model's limit for predictions (the search's
+            `limit_bytes`); None to search by doubling and bisection alone.
+        why: The limit and where it comes from, for the result's reasons.
+        measured: Which memory the probes measured, for the plan.
+    """
+
+    enforce: int | None
+    predict: int | None
+    why: str
+    measured: str
+
+
+def _memory_for(hw: Any, plan: Any, options: SearchOptions, isolate: bool) -> _Memory:
+    where = "child processes" if isolate else "this process"
     if hw.accelerator == "gpu":
-        sizes = [g.memory_total for g in hw.gpus]
-        if all(sizes):
-            return min(sizes), "GPU memory from NVML (smallest GPU)"
-        return None, "GPU memory unknown (no NVML): found by probing alone"
+        return _gpu_memory(hw, plan, options, isolate)
+    measured = (
+        f"resident memory (RSS) of {where}"
+        if hw.accelerator == "cpu"
+        else f"TPU memory, in {where}"
+    )
+    if options.memory_limit:
+        limit = options.memory_limit
+        return _Memory(limit, limit, "memory_limit you passed", measured)
     if hw.accelerator == "tpu":
-        return None, "TPU memory unknown: found by probing alone"
+        return _Memory(None, None, "TPU memory unknown: found by probing", measured)
     avail = available_bytes()
     if avail is None:
-        return None, "available memory unknown: found by probing alone"
+        why = "available memory unknown: found by probing alone"
+        return _Memory(None, None, why, measured)
     limit = int(avail * CPU_DEFAULT_SHARE)
-    return limit, (
+    why = (
         f"{CPU_DEFAULT_SHARE:.0%} of the memory available now "
         f"({format_bytes(avail)}), so that probing cannot exhaust the machine"
     )
+    return _Memory(limit, limit, why, measured)
+
+
+def _gpu_memory(hw: Any, plan: Any, options: SearchOptions, isolate: bool) -> _Memory:
+    """On GPUs, probes in this process measure the allocator training will
+    use (see `_isolation`); a child's allocator gets only what is free."""
+    measured = (
+        "GPU memory of child processes' TensorFlow allocators"
+        if isolate
+        else "GPU memory of this process's TensorFlow allocator"
+    )
+    indices = [int(d.rsplit(":", 1)[1]) for d in plan.devices if "gpu" in d.lower()]
+    by_index = {g.index: g for g in hw.gpus}
+    ccs = [
+        (by_index[i].compute_capability or (None,))[0] if i in by_index else None
+        for i in indices
+    ]
+    now = gpu_memory.read(indices, ccs) if indices else None
+    if options.memory_limit:
+        limit = options.memory_limit
+        return _Memory(limit, limit, "memory_limit you passed (per GPU)", measured)
+    if not now:
+        why = "GPU memory unknown (no NVML): found by probing alone"
+        return _Memory(None, None, why, measured)
+    if isolate:
+        m = min(now, key=lambda g: g.for_new_process)
+        why = (
+            f"about {format_bytes(m.for_new_process)}: GPU:{m.index}'s "
+            f"{format_bytes(m.free)} free now (of {format_bytes(m.total)}) less "
+            "TensorFlow's reserve, what a child process's allocator gets"
+        )
+        if m.for_new_process < m.total // 4:
+            why += (
+                ". Most of the GPU is held, by this process if TensorFlow "
+                'already used it here: isolate="auto" probes in this process'
+            )
+        return _Memory(None, m.for_new_process, why, measured)
+    m = min(now, key=lambda g: g.allocator_size)
+    others = f", less {format_bytes(m.others)} other processes hold" if m.others else ""
+    why = (
+        f"about {format_bytes(m.allocator_size)}: GPU:{m.index}'s "
+        f"{format_bytes(m.total)}{others}, less TensorFlow's reserve; this "
+        f"process's tensors hold {format_bytes(m.in_use)} of it (a prediction: "
+        "running out of memory in TensorFlow's allocator decides)"
+    )
+    return _Memory(None, m.allocator_size, why, measured)
 
 
 def _cap_for(data: Any, plan: Any, options: SearchOptions) -> tuple[int, str]:
@@ -136,13 +205,19 @@ def run_search(
     """Searches the per-replica batch for `plan` (its precision, strategy and
     accumulation, or `accumulation_steps`) on this hardware, with real
     probes, probing `first` before anything else. Uses the cache."""
-    limit, why_limit = _limit_for(hw, options)
+    isolate, why_isolate = _isolation(model, hw, options, instance)
+    # Where the probes run decides the memory they have (on GPUs); a child
+    # that cannot load the model falls back to this process.
+    here = _memory_for(hw, plan, options, False)
+    memory = _memory_for(hw, plan, options, True) if isolate else here
     cap, why_cap = _cap_for(data, plan, options)
     mode = options.mode
     if mode == "auto":
         mode = "throughput" if hw.accelerator == "cpu" else "max"
-    spec = _spec(x, y, data, plan, hw, options, mode, limit, accumulation_steps)
-    key = _key(model, spec, hw, options, mode=mode, cap=cap, first=first)
+    spec = _spec(x, y, data, plan, hw, options, mode, memory, accumulation_steps)
+    key = _key(
+        model, spec, hw, options, mode=mode, cap=cap, first=first, isolate=isolate
+    )
     if options.cache and not options.force:
         cached = _cache_load(key)
         if cached is not None:
@@ -157,18 +232,22 @@ def run_search(
     if verbose != 0:
         print(
             f"kerascale: searching the batch size ({mode}, up to {cap} per replica, "
-            f"limit {format_bytes(limit)})...",
+            f"limit {format_bytes(memory.predict)})...",
             flush=True,
         )
-    args = dict(mode=mode, cap=cap, limit=limit, hw=hw, first=first, verbose=verbose)
-    found, why_isolate = _found(model, spec, options, instance, args)
+    args = dict(mode=mode, cap=cap, hw=hw, first=first, verbose=verbose)
+    found, why_isolate, isolated = _found(
+        model, spec, options, instance, args, (isolate, why_isolate), (memory, here)
+    )
+    memory = memory if isolated else here
     seconds = sum(p.seconds for p in found.probes)
     reasons = {
         **found.reasons,
-        "limit": why_limit,
+        "limit": memory.why,
         "cap": why_cap,
         "isolate": why_isolate,
-        "search": f"{len(found.probes)} probes, {seconds:.0f}s",
+        "memory": memory.measured,
+        "search": f"{len(found.probes)} probes, {seconds:.0f}s, {memory.measured}",
     }
     result = dataclasses.replace(
         found,
@@ -201,18 +280,26 @@ def _key(model, spec, hw, options, **parts) -> str:
 
 
 def _found(
-    model: Any, spec: ProbeSpec, options: SearchOptions, instance: Any, args: dict
-) -> tuple[BatchSearchResult, str]:
-    """The search, with probes in child processes where the model can be
-    shipped there, else (or when a child cannot load it) in this process;
-    and where the probes ran, in words."""
-    isolate, why = _isolation(model, args["hw"], options, instance)
+    model: Any,
+    spec: ProbeSpec,
+    options: SearchOptions,
+    instance: Any,
+    args: dict,
+    isolation: tuple[bool, str],
+    memories: tuple[_Memory, _Memory],
+) -> tuple[BatchSearchResult, str, bool]:
+    """The search, with probes in child processes when isolation says so,
+    in this process otherwise or when a child cannot load the model; where
+    they ran, in words, and whether in children. `memories`: the limits
+    for children and for this process."""
+    isolate, why = isolation
     if isolate:
         # A child needs a model instance to save; a builder is called once.
         shipped = model() if is_builder(model) else model
         prober = child.IsolatedProber(shipped, spec, timeout=options.timeout)
         try:
-            return _probe(prober, options, **args), why
+            found = _probe(prober, options, memory=memories[0], **args)
+            return found, why, True
         except child.CannotShip as e:
             if options.isolate is True:
                 raise BatchSizeSearchError(
@@ -223,10 +310,12 @@ def _found(
                 ) from e
             why = f"in this process: the model cannot be shipped ({e})"
     prober = probe_lib.InProcessProber(model, spec, strategy=instance)
-    return _probe(prober, options, **args), why
+    return _probe(prober, options, memory=memories[1], **args), why, False
 
 
-def _spec(x, y, data, plan, hw, options, mode, limit, accumulation_steps) -> ProbeSpec:
+def _spec(
+    x, y, data, plan, hw, options, mode, memory: _Memory, accumulation_steps
+) -> ProbeSpec:
     element = data_facts.element_structure(x, y, data)
     return ProbeSpec(
         element=probe_lib.encode_structure(element),
@@ -238,7 +327,7 @@ def _spec(x, y, data, plan, hw, options, mode, limit, accumulation_steps) -> Pro
         steps=options.steps_per_trial,
         validate=True,
         accumulation_steps=accumulation_steps or plan.accumulation_steps,
-        memory_limit=limit,
+        memory_limit=memory.enforce,
         on_gpu=hw.accelerator == "gpu",
         # Speed decides in throughput mode: time each probe long enough.
         timed_seconds=THROUGHPUT_TIMED_SECONDS
@@ -259,6 +348,17 @@ def _isolation(
         return False, "your strategy instance lives in this process"
     if hw.accelerator == "tpu":
         return False, "a TPU serves one process at a time"
+    if hw.accelerator == "gpu":
+        # TensorFlow sizes a GPU's allocator once per process and keeps it
+        # (kerascale.sense.gpu_memory): the memory training will have is this
+        # process's, and a child would get only what it left free. Running
+        # out of it here is a ResourceExhaustedError, which the process
+        # survives (the allocator refuses; nothing is corrupted).
+        return False, (
+            "in this process: on a GPU, this process's allocator holds the "
+            "memory training will use, and running out of it is an error "
+            "the process survives"
+        )
     if is_builder(model):
         return True, "each probe in a child process"
     _, problem = child.custom_objects(model)
@@ -268,7 +368,7 @@ def _isolation(
 
 
 def _probe(
-    prober, options, *, mode, cap, limit, hw, first, verbose
+    prober, options, *, memory: _Memory, mode, cap, hw, first, verbose
 ) -> BatchSearchResult:
     def progress(r: ProbeResult) -> None:
         if verbose != 0:
@@ -279,7 +379,7 @@ def _probe(
             return search(
                 prober,
                 cap=cap,
-                limit_bytes=limit,
+                limit_bytes=memory.predict,
                 granularity=granularity_for(hw.accelerator, cap),
                 margin=options.margin,
                 mode=mode,
@@ -289,15 +389,20 @@ def _probe(
                 first=first,
             )
         except BatchSizeSearchError as e:
+            if not str(e).startswith("Even a batch of 1"):
+                raise
             baseline = prober.baseline_bytes()
-            if baseline and str(e).startswith("Even a batch of 1"):
-                raise BatchSizeSearchError(
-                    f"{e}\nTensorFlow and the model alone took "
-                    f"{format_bytes(baseline)} of resident memory before the first "
-                    "batch; memory_limit must leave room above that.",
-                    out_of_memory=True,
-                ) from None
-            raise
+            if hw.accelerator == "gpu":
+                hint = f"The GPU memory the probes had: {memory.why}."
+            elif baseline:
+                hint = (
+                    f"TensorFlow and the model alone took {format_bytes(baseline)} "
+                    "of resident memory before the first batch; memory_limit must "
+                    "leave room above that."
+                )
+            else:
+                raise
+            raise BatchSizeSearchError(f"{e}\n{hint}", out_of_memory=True) from None
 
 
 def _cache_load(key: str) -> BatchSearchResult | None:

@@ -8,14 +8,15 @@ peak memory and the speed.
 
 Two ways to run one:
 
-- `kerascale.measure.child.IsolatedProber` (the default where the model can be
-  shipped): each probe is a child process under a real memory limit. A crash
-  there never harms the caller, and TensorFlow gets all GPU memory back when
-  it exits (it cannot otherwise: tensorflow#36465).
-- `InProcessProber` (here): trains a copy in this process (or, when no copy
-  can be made, the model itself, put back afterwards) and catches
-  `ResourceExhaustedError`. It cannot survive a CPU out-of-memory abort, so on
-  CPU it treats a peak above the limit as out of memory instead.
+- `kerascale.measure.child.IsolatedProber` (the default on CPU where the model
+  can be shipped): each probe is a child process under a real memory limit.
+  A crash there never harms the caller.
+- `InProcessProber` (here; the default on GPU, see `kerascale.sense.gpu_memory`
+  for why): trains a copy in this process (or, when no copy can be made, the
+  model itself, put back afterwards) and catches the error of memory running
+  out, which a GPU's allocator raises and the process survives. A CPU
+  out-of-memory abort cannot be survived, so on CPU it treats a peak above
+  the limit as out of memory instead.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ _OOM_TEXT = (
     "cannot allocate memory",
     "failed to allocate",
     "unable to allocate",  # NumPy's MemoryError, also when Keras wraps it
+    # A copy to a GPU whose allocator cannot hold the destination (an
+    # InternalError, not ResourceExhaustedError, in TensorFlow's copy code).
+    "dst tensor is not initialized",
 )
 
 
@@ -371,8 +375,6 @@ class InProcessProber:
     def __call__(self, batch: int) -> ProbeResult:
         import gc
 
-        import tensorflow as tf
-
         start = time.perf_counter()
         try:
             with Session() as session:
@@ -380,21 +382,19 @@ class InProcessProber:
                 clone = build_probe_model(session, self.model, self.spec, self.strategy)
                 r = train_probe(clone, self.spec, batch)
                 del clone
-        except (tf.errors.ResourceExhaustedError, MemoryError) as e:
-            return ProbeResult(
-                batch,
-                OOM,
-                seconds=time.perf_counter() - start,
-                message=f"{type(e).__name__}: {str(e)[:500]}",
-            )
         except model_lib.CannotRecreate:
             raise  # no copy can be made: the caller plans without one
         except Exception as e:  # as a child reports it: the search decides
+            # On GPU, memory running out is an error raised here (the
+            # allocator refuses), after which the process goes on; the
+            # exception is dropped with this block, and the clone's tensors
+            # with it (gc below).
+            oom = is_oom_exception(e)
             return ProbeResult(
                 batch,
-                ERROR,
+                OOM if oom else ERROR,
                 seconds=time.perf_counter() - start,
-                message=f"{type(e).__name__}: {str(e)[:2000]}",
+                message=f"{type(e).__name__}: {str(e)[: 500 if oom else 2000]}",
             )
         finally:
             gc.collect()

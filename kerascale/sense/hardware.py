@@ -361,6 +361,20 @@ def visible_nvml_indices(count: int) -> list[int | str]:
     return out
 
 
+def visible_nvml_handles(pynvml: Any) -> list[Any]:
+    """NVML handles of the GPUs TensorFlow sees, in TensorFlow's order (NVML
+    already initialised)."""
+    count = pynvml.nvmlDeviceGetCount()
+    handles = []
+    for key in visible_nvml_indices(count):
+        if isinstance(key, int):
+            if key < count:
+                handles.append(pynvml.nvmlDeviceGetHandleByIndex(key))
+        else:
+            handles.append(pynvml.nvmlDeviceGetHandleByUUID(key))
+    return handles
+
+
 def _nvml_gpus(notes: list[str]) -> list[dict[str, Any]] | None:
     """Every GPU NVML sees as {index, uuid, name, memory_total, cc}; None
     when NVML cannot be used."""
