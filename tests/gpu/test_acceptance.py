@@ -20,7 +20,15 @@ import tensorflow as tf
 import kerascale
 from kerascale.callbacks import GPUMonitor
 
-pytestmark = pytest.mark.gpu
+# Listing physical devices does not initialise them: elsewhere every test
+# here is skipped without touching a device.
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not tf.config.list_physical_devices("GPU"),
+        reason="no GPU visible to TensorFlow (tests/gpu is for GPU machines)",
+    ),
+]
 
 SHAPE = (224, 224, 3)
 CLASSES = 1000
