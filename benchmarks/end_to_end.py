@@ -1,6 +1,8 @@
-"""End-to-end speed: naive Keras, kerascale's defaults, and an expert's grid.
+"""End-to-end: kerascale's default decision against an expert's grid, and
+what deciding costs.
 
-    python benchmarks/end_to_end.py [--workloads cnn,bn] [--out benchmarks/results]
+    python benchmarks/end_to_end.py [--workloads cnn,bn] [--rounds 3]
+        [--epochs 20] [--busy] [--cost] [--out benchmarks/results]
 
 Two CPU workloads, each on synthetic 32x32x3 uint8 images with 10 classes and an
 augmenting `tf.data` map (random flip, pad-and-crop, brightness):
@@ -10,29 +12,31 @@ augmenting `tf.data` map (random flip, pad-and-crop, brightness):
   blocks) on 2048 images, where a parallel map competes with the model for the
   same cores and bf16 gains little.
 
-Contestants, each timed over one epoch after a warm-up epoch (tracing, the
-first pass of the pipeline), in samples/s. The grid runs rounds - 1 times
-(median per point) to find the expert's configuration; then naive, kerascale
-and that configuration run side by side for `--rounds` rounds in rotating
-order, and the medians are reported:
+Speed, in samples/s over one epoch after a warm-up epoch: the expert's grid
+(batch {32, 128, 256, 512} x precision {float32, mixed_bfloat16} x pipeline
+{plain, parallel map + prefetch}, each point the median of rounds - 1 runs)
+gives the best configuration. Then, each round, kerascale decides from a fresh
+cache for a run of `--epochs` epochs (`kerascale.plan(model, ds,
+epochs=...)`: its batch search and trials), and what it chose and the
+expert's point are timed side by side, in alternating order. `--busy` adds a
+round whose decision is taken while a process spins on core 0.
+Goal (issue 18): kerascale / expert >= 0.95 in every round.
 
-- naive: `model.fit(ds.map(aug).batch(32))`, float32, no prefetch;
-- kerascale: `kerascale.fit(model, ds.map(aug))` with every default (its
-  one-time batch search is reported separately; a second fit reads the cache);
-- expert: the best point of the grid batch {32, 128, 256, 512} x precision
-  {float32, mixed_bfloat16} x pipeline {plain, parallel map + prefetch}.
-
-Goals (issue 4), on a bf16-capable CPU: kerascale >= 1.8x naive and >= 0.95x
-expert on the reference workload, and never slower than naive on any workload.
+Cost (`--cost`): on the quickstart (examples/quickstart.py), the seconds
+kerascale's first decision takes (fresh cache) against plain Keras's run of 10
+epochs and of 1 epoch. Goal: at most 10%, or the trials skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -139,19 +143,57 @@ def timed_fit(model, ds, n, **kwargs):
     return n / timer.seconds[-1]
 
 
-def naive(arch, x, y):
-    return timed_fit(build(arch), pipeline(x, y, "plain", 32), len(x))
+@contextlib.contextmanager
+def fresh_cache():
+    """kerascale decides from nothing: its cache in a new empty directory."""
+    previous = os.environ.get("KERASCALE_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as d:
+        os.environ["KERASCALE_CACHE_DIR"] = d
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop("KERASCALE_CACHE_DIR", None)
+            else:
+                os.environ["KERASCALE_CACHE_DIR"] = previous
 
 
-def kerascale_defaults(arch, x, y):
+@contextlib.contextmanager
+def busy_core(on: bool):
+    """A process spinning on core 0 while the block runs (if `on`)."""
+    if not on:
+        yield
+        return
+    spin = "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass"
+    proc = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def kerascale_decides(arch, x, y, epochs, *, busy=False):
+    """kerascale's decision (search and trials, on a busy core or not) for a
+    run of `epochs`: (plan, seconds it took). Cached for `chosen_speed`."""
     model = build(arch)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).map(augment)
     start = time.perf_counter()
-    plan = kerascale.plan(model, ds, verbose=0)  # the search, once; then cached
-    setup = time.perf_counter() - start
+    with busy_core(busy):
+        plan = kerascale.plan(model, ds, epochs=epochs, verbose=0)
+    return plan, time.perf_counter() - start
+
+
+def chosen_speed(arch, x, y, plan):
+    """samples/s of `kerascale.fit` with every default, which reads the
+    decision from the cache (checked against `plan`)."""
+    model = build(arch)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).map(augment)
     timer = EpochTimer()
     history = kerascale.fit(model, ds, epochs=2, verbose=0, callbacks=[timer])
-    return len(x) / timer.seconds[-1], history.plan, setup, plan
+    if describe(history.plan) != describe(plan):
+        print(f"  (fit decided {describe(history.plan)}, not {describe(plan)})")
+    return len(x) / timer.seconds[-1]
 
 
 def grid(arch, x, y):
@@ -169,66 +211,109 @@ def expert_config(arch, x, y, key):
     return timed_fit(build(arch, policy), pipeline(x, y, kind, int(batch)), len(x))
 
 
-def run(name: str, rounds: int) -> dict:
+def run(name: str, rounds: int, epochs: int, busy: bool) -> dict:
     arch, n = WORKLOADS[name]
     x, y = images(n)
-    row = {"workload": name, "samples": n, "rounds": rounds}
-    # kerascale's one-time cost: the batch search and the trials (then cached).
-    _, plan, setup, _ = kerascale_defaults(arch, x, y)
-    row["kerascale_setup_s"] = setup
+    row = {"workload": name, "samples": n, "rounds": rounds, "epochs": epochs}
     # The expert's grid, each point the median of rounds - 1 runs.
     runs = [grid(arch, x, y) for _ in range(max(1, rounds - 1))]
     row["grid"] = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
     best = max(row["grid"], key=row["grid"].get)
     row["expert_config"] = best
-    # The contest: the three side by side, in rotating order, so that drift
-    # and noise hit all alike; the expert's point is re-measured here rather
-    # than taken as the maximum of 16 noisy grid figures (which flatters it).
-    contestants = {
-        "naive": lambda: naive(arch, x, y),
-        "kerascale": lambda: kerascale_defaults(arch, x, y)[0],
-        "expert": lambda: expert_config(arch, x, y, best),
-    }
-    measured = {k: [] for k in contestants}
-    names = list(contestants)
-    for i in range(rounds):
-        for k in names[i % 3 :] + names[: i % 3]:
-            measured[k].append(contestants[k]())
-    for k, v in measured.items():
-        row[k] = float(np.median(v))
-        row[f"{k}_runs"] = v
-    speed = row["kerascale"]
-    row["kerascale_plan"] = {
-        "batch": plan.global_batch_size,
-        "precision": plan.precision,
-        "data": list(plan.data_changes),
-        "reasons": dict(plan.reasons),
-    }
-    row["kerascale_vs_naive"] = row["kerascale"] / row["naive"]
-    row["kerascale_vs_expert"] = row["kerascale"] / row["expert"]
-    print(
-        f"{name}: naive {row['naive']:.0f}, kerascale {speed:.0f} "
-        f"({plan.global_batch_size}/{plan.precision}), expert {row['expert']:.0f} "
-        f"({best}) samples/s",
-        flush=True,
-    )
+    # Each round: kerascale decides from a fresh cache, then its choice and
+    # the expert's point are timed side by side, in alternating order.
+    row["rounds_detail"] = []
+    for i in range(rounds + (1 if busy else 0)):
+        noisy = busy and i == rounds
+        with fresh_cache():
+            plan, setup = kerascale_decides(arch, x, y, epochs, busy=noisy)
+            if i % 2:  # alternating order
+                expert = expert_config(arch, x, y, best)
+                speed = chosen_speed(arch, x, y, plan)
+            else:
+                speed = chosen_speed(arch, x, y, plan)
+                expert = expert_config(arch, x, y, best)
+        row["rounds_detail"].append(
+            {
+                "busy": noisy,
+                "kerascale": speed,
+                "expert": expert,
+                "ratio": speed / expert,
+                "setup_s": setup,
+                "chose": describe(plan),
+                "reasons": dict(plan.reasons),
+            }
+        )
+        print(
+            f"{name} round {i + 1}{' (busy core)' if noisy else ''}: kerascale "
+            f"{speed:.0f} ({describe(plan)}, decided in {setup:.0f}s), expert "
+            f"{expert:.0f} ({best}): {speed / expert:.2f}",
+            flush=True,
+        )
     return row
+
+
+def describe(plan) -> str:
+    return (
+        f"{plan.global_batch_size}, {plan.precision}, "
+        f"{', '.join(plan.data_changes) or 'as is'}"
+    )
+
+
+def cost(epochs_long: int = 10) -> dict:
+    """The quickstart's first-run cost: kerascale's decision (search and
+    trials, fresh cache) against plain Keras's run, for 10 epochs and for a
+    run as short as the first epoch."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
+    import quickstart
+
+    images_, labels = quickstart.make_data()
+    out = {}
+    for epochs in (epochs_long, 1):
+        keras.utils.set_random_seed(0)
+        ds = tf.data.Dataset.from_tensor_slices((images_, labels)).shuffle(2048, seed=0)
+        model = quickstart.make_model()
+        start = time.perf_counter()
+        model.fit(ds.batch(32), epochs=epochs, verbose=0)
+        plain = time.perf_counter() - start
+        with fresh_cache():
+            model = quickstart.make_model()
+            start = time.perf_counter()
+            plan = kerascale.plan(model, ds, epochs=epochs, verbose=0)
+            decision = time.perf_counter() - start
+            start = time.perf_counter()
+            kerascale.fit(model, ds, epochs=epochs, verbose=0)
+            trained = time.perf_counter() - start
+        out[f"epochs_{epochs}"] = {
+            "plain_keras_s": plain,
+            "kerascale_decision_s": decision,
+            "kerascale_training_s": trained,
+            "decision_share_of_plain_run": decision / plain,
+            "reasons": dict(plan.reasons),
+        }
+        print(
+            f"quickstart, {epochs} epoch(s): plain Keras {plain:.1f}s; kerascale "
+            f"decided in {decision:.1f}s ({decision / plain:.0%} of the plain run), "
+            f"then trained in {trained:.1f}s",
+            flush=True,
+        )
+    return out
 
 
 def markdown(rows) -> str:
     lines = [
-        "| workload | naive | kerascale | kerascale chose | expert | expert config | "
-        "vs naive | vs expert |",
+        "| workload | round | kerascale | kerascale chose | decided in | expert | "
+        "expert config | vs expert |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        p = r["kerascale_plan"]
-        chose = f"{p['batch']}, {p['precision']}, {', '.join(p['data']) or 'as is'}"
-        lines.append(
-            f"| {r['workload']} | {r['naive']:.0f} | {r['kerascale']:.0f} | {chose} | "
-            f"{r['expert']:.0f} | {r['expert_config']} | "
-            f"{r['kerascale_vs_naive']:.2f} | {r['kerascale_vs_expert']:.2f} |"
-        )
+        for i, d in enumerate(r["rounds_detail"]):
+            label = f"{i + 1}" + (" (busy core)" if d["busy"] else "")
+            lines.append(
+                f"| {r['workload']} | {label} | {d['kerascale']:.0f} | {d['chose']} | "
+                f"{d['setup_s']:.0f} s | {d['expert']:.0f} | {r['expert_config']} | "
+                f"{d['ratio']:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -236,11 +321,21 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="cnn,bn")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--epochs", type=int, default=20, help="the run kerascale decides for"
+    )
+    parser.add_argument("--busy", action="store_true", help="add a busy-core round")
+    parser.add_argument("--cost", action="store_true", help="the quickstart's cost")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)
-    rows = [run(w, args.rounds) for w in args.workloads.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.cost:
+        (out / "end_to_end_cost.json").write_text(json.dumps(cost(), indent=2))
+    workloads = [w for w in args.workloads.split(",") if w]
+    if not workloads:
+        return 0
+    rows = [run(w, args.rounds, args.epochs, args.busy) for w in workloads]
     (out / "end_to_end.json").write_text(json.dumps(rows, indent=2))
     table = markdown(rows)
     (out / "end_to_end.md").write_text(f"# End to end (samples/s)\n\n{table}\n")

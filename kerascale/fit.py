@@ -367,6 +367,7 @@ class _Deciding:
             self.y,
             options or self.options,
             steps_per_epoch=self.fit_kwargs.get("steps_per_epoch"),
+            epochs=_epochs(self.fit_kwargs),
             search=self.request.search,
             hardware=self.hardware,
             not_rebuildable=not_rebuildable,
@@ -404,3 +405,12 @@ class _Deciding:
         return with_notes(
             self.decide(options=options), reasons=reasons, warnings=(why,)
         )
+
+
+def _epochs(fit_kwargs: dict[str, Any]) -> int:
+    """The epochs `model.fit` will train with these arguments (Keras's
+    defaults: epochs=1, initial_epoch=0), for the trials' budget."""
+    epochs, initial = fit_kwargs.get("epochs", 1), fit_kwargs.get("initial_epoch", 0)
+    if isinstance(epochs, int) and isinstance(initial, int):
+        return max(0, epochs - initial)
+    return 1  # Keras will reject the value itself

@@ -17,14 +17,22 @@ def _private_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _short_trials(monkeypatch):
-    """Trials time 0.2 s per candidate instead of 2.5 s (and warm up for 0.1 s):
-    the same code, with noisier figures, so that the suite stays short (every
-    fit on a bf16 CPU runs them). Their timing is benchmarked in
-    benchmarks/end_to_end.py."""
-    from kerascale.measure import trials
+    """Trials time windows of 0.05 s instead of 0.6 s (and warm up for 0.1 s):
+    the same code, with noisier figures, so that the suite stays short. Their
+    timing is benchmarked in benchmarks/end_to_end.py."""
+    from kerascale.measure import trial_bench
 
-    monkeypatch.setattr(trials, "TRIAL_SECONDS", 0.2)
-    monkeypatch.setattr(trials, "WARMUP_SECONDS", 0.1)
+    monkeypatch.setattr(trial_bench, "WINDOW_SECONDS", 0.05)
+    monkeypatch.setattr(trial_bench, "WARMUP_SECONDS", 0.1)
+
+
+@pytest.fixture
+def trials_always(monkeypatch):
+    """No budget: trials run whatever the run's length (the suite's runs are
+    a second long, far shorter than 10x their trials)."""
+    from kerascale.measure import trial_bench
+
+    monkeypatch.setattr(trial_bench, "BUDGET_SHARE", float("inf"))
 
 
 @pytest.fixture(autouse=True)

@@ -99,22 +99,22 @@ def test_a_failing_search_probe_is_tried_again_in_float32():
     assert history.plan.reasons["global_batch_size"].startswith("searched (")
 
 
-def test_a_failing_trial_drops_its_candidate(monkeypatch):
+def test_a_failing_trial_drops_its_candidate(monkeypatch, trials_always):
     from conftest import CPU_BF16
 
-    from kerascale.measure import trials
+    from kerascale.measure import trial_bench
     from kerascale.sense import hardware
 
     bf16_host = hardware.Hardware(cpu=CPU_BF16)
     monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: bf16_host)
-    real = trials._measure
+    real = trial_bench.Prepared
 
-    def bf16_breaks(model, x, y, data, plan, batch, policy, optimize):
+    def bf16_breaks(session, model, x, y, data, plan, batch, policy, optimize):
         if policy == "mixed_bfloat16":
             raise tf.errors.InvalidArgumentError(None, None, "bfloat16 mismatch")
-        return real(model, x, y, data, plan, batch, policy, optimize)
+        return real(session, model, x, y, data, plan, batch, policy, optimize)
 
-    monkeypatch.setattr(trials, "_measure", bf16_breaks)
+    monkeypatch.setattr(trial_bench, "Prepared", bf16_breaks)
     model, x, y, _ = make("loss_closure")
     p = kerascale.plan(model, x, y, batch_size=32, verbose=0)
     assert p.precision == "float32"

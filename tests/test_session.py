@@ -292,7 +292,9 @@ def mapped(n=256):
     return ds.map(lambda a, b: (a * 2.0, b))
 
 
-def test_trials_fall_back_like_fit_for_a_model_that_cannot_be_copied(monkeypatch):
+def test_trials_fall_back_like_fit_for_a_model_that_cannot_be_copied(
+    monkeypatch, trials_always
+):
     """On a bf16 CPU the trials copy the model; when that fails, the plan is
     fit's fallback (the model as it is), not a crash."""
     from conftest import CPU_BF16

@@ -26,6 +26,7 @@ from kerascale.measure import batch as batch_lib
 from kerascale.measure import trials as trials_lib
 from kerascale.measure.batch import SearchOptions
 from kerascale.measure.result import BatchSearchResult
+from kerascale.measure.search import fastest_small
 from kerascale.plan.options import Options, say_pinned
 from kerascale.plan.plan import Plan
 from kerascale.plan.rules import make_plan, searched_batch
@@ -105,6 +106,7 @@ def decide(
     options: Options,
     *,
     steps_per_epoch: Any = None,
+    epochs: int | None = None,
     search: SearchOptions | None = None,
     force_search: bool = False,
     hardware: Hardware | None = None,
@@ -119,7 +121,10 @@ def decide(
         model: The user's model or builder.
         x, y: The training data.
         options: Validated options.
-        steps_per_epoch: For the infinite-dataset check.
+        steps_per_epoch: For the infinite-dataset check and the trials'
+            budget.
+        epochs: The epochs the run will train, for the trials' budget; None
+            for no budget (nothing trains after: `diagnose`).
         search: Batch-search options; defaults apply when None.
         force_search: Search even when the data brings its own batch
             (`find_batch_size`).
@@ -139,7 +144,10 @@ def decide(
     # Through the module, so that tests can replace the hardware seam.
     hw = hardware or hardware_lib.detect_hardware()
     try:
-        decided = _measured(model, x, y, options, hw, facts, data, search, force_search)
+        run = (epochs, steps_per_epoch)
+        decided = _measured(
+            model, x, y, options, hw, facts, data, search, force_search, run
+        )
     except CannotRecreate as e:
         if not facts.rebuildable:
             raise
@@ -172,6 +180,7 @@ def _measured(
     data: DataFacts,
     search: SearchOptions | None,
     force_search: bool,
+    run: tuple = (None, None),
 ) -> Decided:
     """The plan with the batch search's and the trials' answers in it.
 
@@ -190,7 +199,7 @@ def _measured(
         if options.precision == "auto" and plan.precision != facts.policy:
             plain = dataclasses.replace(options, precision=facts.policy)
             decided = _measured(
-                model, x, y, plain, hw, facts, data, search, force_search
+                model, x, y, plain, hw, facts, data, search, force_search, run
             )
             why = (
                 f"{facts.policy}: {plan.precision} failed in the batch search's "
@@ -209,7 +218,7 @@ def _measured(
         options.optimize_data is not False,
     )  # fmt: skip
     if can_try:
-        decided = _tried(decided, model, x, y, ladder)
+        decided = _tried(decided, model, x, y, ladder, run)
     return with_notes(decided, warnings=(note,) if note else ())
 
 
@@ -312,18 +321,22 @@ def _searched(args: tuple, run: dict[str, Any], force: bool) -> BatchSearchResul
         raise _ProbeFailed(gist(RuntimeError(body))) from e
 
 
-def _tried(decided: Decided, model: Any, x: Any, y: Any, ladder: bool) -> Decided:
+def _tried(
+    decided: Decided, model: Any, x: Any, y: Any, ladder: bool, run: tuple
+) -> Decided:
     """The decision after timing, on the real data, the CPU choices left to
-    kerascale: the batch (the ladder's rungs), the pipeline, the precision."""
+    kerascale: the batch (the ladder's rungs), the pipeline, the precision,
+    each where the run is long enough to pay for it (`run`: its epochs, None
+    for no budget, and steps_per_epoch)."""
     options, plan, result = decided.options, decided.plan, decided.search
     try_pipeline, try_precision = trials_lib.wanted(options, plan, decided.data, x)
-    rungs = ()
+    rungs: dict[int, float] = {}
     if ladder:
-        rungs = tuple(
-            p.batch
+        rungs = {
+            p.batch: p.samples_per_s or 0.0
             for p in result.probes
             if p.outcome == "ok" and p.batch <= result.per_replica_batch_size
-        )
+        }
     if not (try_pipeline or try_precision or len(rungs) > 1):
         return decided
     measured = trials_lib.run(
@@ -339,33 +352,58 @@ def _tried(decided: Decided, model: Any, x: Any, y: Any, ladder: bool) -> Decide
         optimize=decided.optimize_data,
         verbose=options.verbose,
         fresh=options.remeasure,
+        run_samples=trials_lib.run_samples(decided.data, plan, *run),
+        unbudgeted=run[0] is None,
     )
     if len(rungs) > 1:
-        result = dataclasses.replace(
-            result,
-            per_replica_batch_size=measured.batch,
-            batch_size=measured.batch * plan.replicas,
-            reasons={**result.reasons, "batch_size": measured.why("batch")},
-        )
+        result = _batch_chosen(result, measured, rungs, plan.replicas)
     settled = dataclasses.replace(
         options,
-        precision=measured.precision if try_precision else options.precision,
-        optimize_data=measured.optimize_data if try_pipeline else options.optimize_data,
+        precision=measured.precision
+        if measured.measured("precision")
+        else options.precision,
+        optimize_data=measured.optimize_data
+        if measured.measured("data_changes")
+        else options.optimize_data,
     )
     hw, facts, data = decided.hardware, decided.model, decided.data
     plan = make_plan(hw, settled, facts, data, search=result)
     reasons = dict(plan.reasons)
-    if try_precision:
-        reasons["precision"] = measured.why("precision")
-    if try_pipeline:
-        reasons["data_changes"] = measured.why("data_changes")
+    for field, tried in (("precision", try_precision), ("data_changes", try_pipeline)):
+        if measured.measured(field):
+            reasons[field] = measured.why(field)
+        elif tried and measured.skip_reason(field):
+            reasons[field] += f" (trials skipped: {measured.skip_reason(field)})"
     return dataclasses.replace(
         decided,
         plan=dataclasses.replace(plan, reasons=reasons),
         options=settled,
         search=result,
-        optimize_data=measured.optimize_data,
+        optimize_data=measured.optimize_data
+        if measured.measured("data_changes")
+        else decided.optimize_data,
         trials=measured,
+    )
+
+
+def _batch_chosen(
+    result: BatchSearchResult, measured: Any, rungs: dict[int, float], replicas: int
+) -> BatchSearchResult:
+    """The search's result with the batch the trials chose, or, where they
+    did not time the rungs, the fastest by the probes' own (synthetic)
+    speeds: the smallest within 3% of the best."""
+    if measured.measured("batch"):
+        batch, why = measured.batch, measured.why("batch")
+    else:
+        batch, why = fastest_small(rungs)
+        skipped = measured.skip_reason("batch")
+        if skipped:
+            why += f" (trials skipped: {skipped})"
+    return dataclasses.replace(
+        result,
+        per_replica_batch_size=batch,
+        batch_size=batch * replicas,
+        reasons={**result.reasons, "batch_size": why},
     )
 
 

@@ -318,16 +318,7 @@ class _Search:
         if mode == "throughput":
             speeds = {b: s for b, s in self._speeds().items() if b <= best}
             if speeds:
-                top = max(speeds.values())
-                best = min(
-                    b
-                    for b, s in speeds.items()
-                    if s >= (1 - THROUGHPUT_TOLERANCE) * top
-                )
-                why = (
-                    f"smallest batch within {THROUGHPUT_TOLERANCE:.0%} of the best "
-                    f"measured throughput ({speeds[best]:.0f} vs {top:.0f} samples/s)"
-                )
+                best, why = fastest_small(speeds)
             else:
                 why = "no throughput measured: the memory bound"
             reasons["batch_size"] = f"{why}; memory: {bound}"
@@ -351,6 +342,18 @@ class _Search:
             margin=margin,
             reasons=reasons,
         )
+
+
+def fastest_small(speeds: dict[int, float]) -> tuple[int, str]:
+    """The smallest batch within THROUGHPUT_TOLERANCE of the best of
+    `speeds` ({batch: samples/s}, measured by the probes), and why."""
+    speeds = {b: s for b, s in speeds.items() if s} or dict.fromkeys(speeds, 0.0)
+    top = max(speeds.values())
+    best = min(b for b, s in speeds.items() if s >= (1 - THROUGHPUT_TOLERANCE) * top)
+    return best, (
+        f"smallest batch within {THROUGHPUT_TOLERANCE:.0%} of the best "
+        f"throughput the probes measured ({speeds[best]:.0f} vs {top:.0f} samples/s)"
+    )
 
 
 def _refit(probes: list[ProbeResult]) -> MemoryModel | None:

@@ -3,118 +3,134 @@
 On a CPU with native bf16, `mixed_bfloat16` usually steps faster, and a
 prefetched pipeline with parallel maps usually feeds the model faster. Not
 always: on 2 cores a parallel map competes with the model for the same cores,
-and a BatchNorm-heavy model gains little from bf16 (measured: every
-configuration within 10% of plain Keras, and plain Keras the fastest). So
-where the user left the choice to kerascale and the host is a CPU, the
-candidates train a copy of the model for about three seconds each, on the real data
-at the planned batch, and the fastest wins. The decision is cached, like the
-batch search, so a second `fit` measures nothing.
+and a BatchNorm-heavy model gains little from bf16. So where the user left
+the choice to kerascale and the host is a CPU, the candidates train copies of
+the model on the real data, and the measurements decide. Coordinate-wise: the
+batch first (the batch search's ladder), then the input pipeline, then the
+precision. On GPUs and TPUs the rules are kept.
 
-Trials are coordinate-wise: the batch first (each rung of the batch search's
-ladder, the two fastest timed twice), then the input pipeline (optimised or as
-given), then float32 against the rule's mixed policy. On GPUs and TPUs the rules are
-kept: mixed precision on tensor cores and a prefetching pipeline are reliably
-faster there, and trials would cost device memory.
+Trials must pay for themselves and survive a noisy machine:
+
+- **A budget.** They run only where the training run is expected to take at
+  least 1 / BUDGET_SHARE (10x) what they cost: its samples at a first speed
+  estimate (the search's probes, else the first candidate's warm-up), against
+  each candidate's preparation (copy, tracing, warm-up) and timed rounds. A
+  stage that does not fit is skipped and its rule kept, and the plan says so.
+- **Interleaved rounds.** A stage's candidates are prepared once, then timed
+  in ROUNDS rounds, A B A B A B, each a window of at least WINDOW_SECONDS and
+  MIN_WINDOW_STEPS steps after the warm-up of a new iterator: a busy moment
+  hits every candidate, and each has repeats to show its spread (the range
+  of its repeats over their mean).
+- **Evidence before change.** An alternative replaces the plain choice (what
+  `model.fit` does: float32, the pipeline as given, the smallest batch) only
+  when faster by more than the spread of both and by MIN_GAIN; a tie keeps
+  the plain choice.
+- **Confidence in the cache.** A decision taken within noise (spread above
+  MIN_GAIN and a difference inside it) is cached as uncertain and measured
+  again on a later run, up to MAX_ATTEMPTS runs.
+
+Keras's warm-up (tracing, and tf.data's autotuning of a new pipeline) stays
+out of the figures: a candidate's first fit is not timed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-import types
 from typing import Any
 
-import keras
-
-from kerascale.apply import model as model_lib
-from kerascale.apply.model import CannotRecreate
-from kerascale.apply.session import Session, prepare
 from kerascale.measure import cache
+from kerascale.measure.trial_bench import ROUNDS, Bench, Trial
 from kerascale.plan import strategy as strategy_rules
 from kerascale.sense import data_facts
-from kerascale.sense.model_facts import gist
 
-# Timed per candidate after a warm-up of at least WARMUP_STEPS steps and
-# WARMUP_SECONDS (tracing, then tf.data's autotuning of a fresh pipeline: 1 s
-# trials after 2 steps put batch 64 at half its real speed on 2 cores).
-TRIAL_SECONDS = 2.5
-WARMUP_STEPS = 2
-WARMUP_SECONDS = 0.5
-SPEED_TOLERANCE = 0.03  # a smaller batch within 3% of the fastest is preferred
-
-
-@dataclasses.dataclass(frozen=True)
-class Trial:
-    batch: int  # per replica
-    precision: str
-    optimize_data: bool
-    samples_per_s: float
-    failed: str = ""  # why the candidate could not train, if it could not
-
-    def describe(self) -> str:
-        pipe = "optimised pipeline" if self.optimize_data else "pipeline as given"
-        result = (
-            f"failed ({self.failed})"
-            if self.failed
-            else f"{self.samples_per_s:.0f} samples/s"
-        )
-        return f"{self.batch}, {self.precision}, {pipe}: {result}"
+MIN_GAIN = 0.03  # below this a difference is a tie, however quiet the machine
+MAX_ATTEMPTS = 3  # runs that re-measure a decision taken within noise
+MAX_BATCHES = 3  # the smallest rung and the two largest below the fastest
 
 
 @dataclasses.dataclass(frozen=True)
 class TrialResult:
+    """The choices, every trial behind them, and how far to trust them.
+
+    Attributes:
+        uncertain: The fields decided within noise (measured again later).
+        attempts: The runs that measured this decision.
+        seconds: What the trials took.
+        run_seconds: The expected run they were weighed against, if known.
+        skipped: The stages not measured, each with why.
+    """
+
     batch: int
     precision: str
     optimize_data: bool
     trials: tuple[Trial, ...]
     cached: bool = False
+    uncertain: tuple[str, ...] = ()
+    attempts: int = 1
+    seconds: float = 0.0
+    run_seconds: float | None = None
+    skipped: tuple[tuple[str, str], ...] = ()
+
+    def measured(self, field: str) -> bool:
+        """Whether trials decided `field` (else its rule stands)."""
+        return any(t.stage == field for t in self.trials)
+
+    def skip_reason(self, field: str) -> str:
+        return dict(self.skipped).get(field, "")
 
     def why(self, field: str) -> str:
-        """The reason for `field` of the plan, with every trial's figure."""
+        """The reason for `field` of the plan, with every figure behind it."""
         source = "cached trials" if self.cached else "trials"
+        figures = "; ".join(t.describe() for t in self.trials if t.stage == field)
         if field == "batch":
-            first = self.trials[0]
-            per_batch: dict[int, list[float]] = {}
-            for t in self.trials:
-                if (t.precision, t.optimize_data) == (
-                    first.precision,
-                    first.optimize_data,
-                ):
-                    per_batch.setdefault(t.batch, []).append(t.samples_per_s)
-            figures = ", ".join(
-                f"{b}: " + " & ".join(f"{v:.0f}" for v in vs)
-                for b, vs in per_batch.items()
+            rule = (
+                "the smallest batch not slower than the fastest by more than "
+                f"their spread or {MIN_GAIN:.0%}"
             )
-            return (
-                f"measured on your data ({source}, samples/s: {figures}; the two "
-                f"fastest timed twice): the smallest within {SPEED_TOLERANCE:.0%} "
-                "of the fastest mean"
+        else:
+            rule = (
+                "the alternative to what model.fit does only when faster by "
+                f"more than the spread and {MIN_GAIN:.0%}"
             )
-        ran = "; ".join(t.describe() for t in self.trials if t.batch == self.batch)
-        if field == "precision":
-            return f"measured fastest here ({source}: {ran})"
-        return (
-            f"{'optimised' if self.optimize_data else 'left as given'}: measured "
-            f"fastest here ({source}: {ran})"
+        doubt = ""
+        if field in self.uncertain:
+            doubt = (
+                f"; within noise: measured again on a later run ({self.attempts} "
+                f"of {MAX_ATTEMPTS})"
+                if self.attempts < MAX_ATTEMPTS
+                else f"; within noise in {MAX_ATTEMPTS} runs: a tie"
+            )
+        body = (
+            f"measured on your data ({source}, {ROUNDS} interleaved rounds, "
+            f"samples/s ± half their range: {figures}; {rule}){doubt}"
         )
+        if field == "data_changes":
+            return f"{'optimised' if self.optimize_data else 'left as given'}: {body}"
+        return body
+
+    def cost(self) -> str:
+        if self.run_seconds:
+            share = self.seconds / (self.seconds + self.run_seconds)
+            return (
+                f"trials took {self.seconds:.0f}s, {share:.0%} of a run of about "
+                f"{self.run_seconds + self.seconds:.0f}s"
+            )
+        return f"trials took {self.seconds:.0f}s"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "batch": self.batch,
-            "precision": self.precision,
-            "optimize_data": self.optimize_data,
-            "trials": [dataclasses.asdict(t) for t in self.trials],
-        }
+        d = dataclasses.asdict(self)
+        d.pop("cached")
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialResult:
-        return cls(
-            d["batch"],
-            d["precision"],
-            d["optimize_data"],
-            tuple(Trial(**t) for t in d["trials"]),
-            cached=True,
+        d = dict(d)
+        d["trials"] = tuple(
+            Trial(**{**t, "repeats": tuple(t["repeats"])}) for t in d["trials"]
         )
+        d["uncertain"] = tuple(d["uncertain"])
+        d["skipped"] = tuple(tuple(s) for s in d["skipped"])
+        return cls(**d, cached=True)
 
 
 def possible(options: Any, hw: Any, model: Any) -> bool:
@@ -155,180 +171,177 @@ def run(
     *,
     try_pipeline: bool,
     try_precision: bool,
-    batches: tuple[int, ...] = (),
+    batches: dict[int, float] | None = None,
     optimize: bool = True,
     verbose: Any = "auto",
     fresh: bool = False,
+    run_samples: int | None = None,
+    unbudgeted: bool = False,
 ) -> TrialResult:
-    """Measures the candidates and returns the fastest (cached).
+    """Measures the candidates and returns the choices (cached).
 
     Args:
-        batches: Per-replica batches known to fit (the batch search's rungs),
-            to time on the real data; empty to keep the plan's batch.
+        batches: Per-replica batches known to fit (the batch search's rungs)
+            with their synthetic samples/s, to time on the real data; empty
+            to keep the plan's batch.
         optimize: The pipeline setting when it is not tried.
-        fresh: Measure again even when the cache has an answer (which the
-            new measurement then replaces).
+        fresh: Measure again even when the cache has an answer.
+        run_samples: The samples the run will train (epochs x samples per
+            epoch), for the budget; None when unknown (then nothing is
+            measured), unless `unbudgeted`.
+        unbudgeted: No budget (no run to weigh against: `diagnose`).
     """
+    batches = dict(batches or {})
     key = cache.cache_key(
         {
-            "trials": 2,
+            "trials": 3,
             "model": cache.model_fingerprint(model),
             "data": data_facts.signature(x),
             "plan": [plan.precision, plan.step_batch_size, plan.strategy],
-            "candidates": [try_pipeline, try_precision, list(batches), optimize],
+            "candidates": [try_pipeline, try_precision, sorted(batches), optimize],
             "hardware": hw.to_dict(),
         }
     )
-    cached = None if fresh else cache.cache_read("trials", key)
-    if cached is not None:
-        try:
-            return TrialResult.from_dict(cached)
-        except (KeyError, TypeError):
-            pass  # an entry from another version: measure again
-    if verbose != 0:
-        print(
-            "kerascale: timing the candidates on your data, about 3 s each (cached)...",
-            flush=True,
-        )
-
-    def measure(batch, policy, pipe):
-        try:
-            t = _measure(model, x, y, data, plan, batch, policy, pipe)
-        except CannotRecreate:
-            raise  # the model cannot be copied at all: decide re-plans
-        except Exception as e:  # the candidate cannot train: it is dropped
-            t = Trial(batch, policy, pipe, 0.0, f"{type(e).__name__}: {gist(e)}")
-        if verbose != 0:
-            print(f"kerascale: trial: {t.describe()}", flush=True)
-        trials.append(t)
-        return t
-
-    trials: list[Trial] = []
-    batch, policy, pipe = plan.micro_batch_size, plan.precision, optimize
-    if try_pipeline:
-        pipe = True
-    if len(batches) > 1:
-        batch = _fastest(batches, lambda b: measure(b, policy, pipe), batch)
-    if try_pipeline:
-        here = _find(trials, batch, policy, True) or measure(batch, policy, True)
-        other = measure(batch, policy, False)
-        pipe = here.samples_per_s >= other.samples_per_s
-    if try_precision:
-        here = _find(trials, batch, policy, pipe) or measure(batch, policy, pipe)
-        other = measure(batch, "float32", pipe)
-        if other.samples_per_s > here.samples_per_s:
-            policy = "float32"
-    result = TrialResult(batch, policy, pipe, tuple(trials))
-    cache.cache_write("trials", key, result.to_dict())
+    cached = None if fresh else _read(key)
+    if cached is not None and not (cached.uncertain and cached.attempts < MAX_ATTEMPTS):
+        return cached
+    bench = Bench(model, x, y, data, plan, verbose)
+    bench.budget_for(run_samples, unbudgeted, _estimate(batches, plan))
+    with bench:
+        result = _stages(bench, plan, try_pipeline, try_precision, batches, optimize)
+    if cached is not None and not result.trials:
+        return cached  # a later run too short to measure again: keep it
+    result = dataclasses.replace(
+        result,
+        attempts=(cached.attempts + 1) if cached is not None else 1,
+        seconds=bench.spent,
+        run_seconds=bench.run_seconds,
+    )
+    if result.trials:
+        cache.cache_write("trials", key, result.to_dict())
+    if verbose != 0 and result.trials:
+        print(f"kerascale: {result.cost()}", flush=True)
     return result
 
 
-def _fastest(batches: tuple[int, ...], measure: Any, default: int) -> int:
-    """The smallest batch within SPEED_TOLERANCE of the fastest mean, each
-    rung timed once and the two fastest again; `default` if all failed."""
-    speeds = {b: [measure(b).samples_per_s] for b in batches}
-    # One timing of a few seconds varies by 15% on a busy 2-core machine:
-    # the two fastest rungs are timed again, in the other order, and each
-    # rung is judged by its mean.
-    leaders = sorted(batches, key=lambda b: -speeds[b][0])[:2]
-    for b in reversed(leaders):
-        speeds[b].append(measure(b).samples_per_s)
-    mean = {b: sum(v) / len(v) for b, v in speeds.items()}
-    top = max(mean.values())
-    if top <= 0:  # every rung failed: the search's batch stands
-        return default
-    return min(b for b, v in mean.items() if v >= (1 - SPEED_TOLERANCE) * top)
+def run_samples(
+    data: Any, plan: Any, epochs: int | None, steps_per_epoch: Any
+) -> int | None:
+    """The samples the run will train, for the trials' budget; None when
+    unknown."""
+    if epochs is None:
+        return None
+    if isinstance(steps_per_epoch, int) and steps_per_epoch > 0:
+        return epochs * steps_per_epoch * plan.global_batch_size
+    if data.num_samples:
+        return epochs * data.num_samples
+    return None
 
 
-def _find(trials: list[Trial], batch: int, policy: str, pipe: bool) -> Trial | None:
-    return next(
-        (
-            t
-            for t in trials
-            if (t.batch, t.precision, t.optimize_data) == (batch, policy, pipe)
-        ),
-        None,
+def _read(key: str) -> TrialResult | None:
+    d = cache.cache_read("trials", key)
+    try:
+        return TrialResult.from_dict(d) if d is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None  # an entry from another version: measure again
+
+
+def _estimate(batches: dict[int, float], plan: Any) -> float | None:
+    """samples/s before anything is timed: the search's synthetic speed at
+    the plan's batch (or the fastest rung), if it ran."""
+    speeds = {b: s for b, s in batches.items() if s}
+    if not speeds:
+        return None
+    return speeds.get(plan.micro_batch_size) or max(speeds.values())
+
+
+def _stages(bench, plan, try_pipeline, try_precision, batches, optimize):
+    """Batch, pipeline, precision in turn, each within the budget."""
+    batch, policy = plan.micro_batch_size, plan.precision
+    pipe = True if try_pipeline else optimize
+    uncertain: list[str] = []
+    if len(batches) > 1:
+        rungs = _candidates(batches)
+        trials = bench.compare([(b, policy, pipe) for b in rungs], "batch")
+        if trials:
+            batch, doubt = _smallest_fast(trials)
+            uncertain += ["batch"] if doubt else []
+    if try_pipeline:
+        pair = [(batch, policy, False), (batch, policy, True)]
+        trials = bench.compare(pair, "data_changes")
+        if trials:
+            chosen, doubt = _better(*trials)
+            pipe = chosen[2]
+            uncertain += ["data_changes"] if doubt else []
+    if try_precision:
+        pair = [(batch, "float32", pipe), (batch, policy, pipe)]
+        trials = bench.compare(pair, "precision")
+        if trials:
+            chosen, doubt = _better(*trials)
+            policy = chosen[1]
+            uncertain += ["precision"] if doubt else []
+    return TrialResult(
+        batch,
+        policy,
+        pipe,
+        tuple(bench.trials),
+        uncertain=tuple(uncertain),
+        skipped=tuple(bench.skipped),
     )
 
 
-def _measure(
-    model: Any,
-    x: Any,
-    y: Any,
-    data: Any,
-    plan: Any,
-    batch: int,
-    policy: str,
-    optimize: bool,
-) -> Trial:
-    """Trains a copy of `model` under `policy` on the real data for about
-    TRIAL_SECONDS after a warm-up, and returns its samples/s. The copy is
-    prepared on `fit`'s own path; the user's model, random state and dtype
-    policy are left as they were.
-
-    Raises:
-        model.CannotRecreate: When the candidate needs a re-created model
-            and it cannot be made (`decide` then plans without one).
-    """
-    import gc
-
-    view = dataclasses.replace(
-        plan,
-        precision=policy,
-        micro_batch_size=batch,
-        accumulation_steps=1,
-        global_batch_size=batch * plan.replicas,
-        lr_factor=1.0,
-        rebuild=plan.rebuild or policy != plan.precision,
-    )
-    decided = types.SimpleNamespace(
-        plan=view, data=data, instance=None, optimize_data=optimize
-    )
-    clock = _Clock()
-    with Session() as session:
-        session.enter(model_lib.preserved_state())
-        prepared = prepare(session, model, x, y, decided, copy=True, as_dataset=True)
-        ds = prepared.x
-        # Timed as training runs: whole epochs, each with the start-up of its
-        # input pipeline (which matters when epochs are short and batches
-        # large), unless the data never ends.
-        finite = int(ds.cardinality()) >= 0
-        prepared.model.fit(
-            ds if finite else ds.repeat(),
-            epochs=100_000 if finite else 1,
-            steps_per_epoch=None if finite else 100_000,
-            verbose=0,
-            shuffle=False,  # Keras ignores it for a dataset, with a warning
-            callbacks=[clock],
-        )
-        del prepared
-    gc.collect()
-    return Trial(batch, policy, optimize, clock.speed(batch * plan.replicas))
+def _candidates(batches: dict[int, float]) -> list[int]:
+    """The rungs worth timing on the real data: the smallest (Keras's
+    default, the plain choice) and the two largest not above the fastest
+    synthetic rung (a larger, slower-computing batch cannot be faster with a
+    pipeline in front of it: the pipeline's cost per sample does not shrink)."""
+    order = sorted(batches)
+    speeds = {b: s for b, s in batches.items() if s}
+    top = max(speeds, key=speeds.get) if speeds else order[-1]
+    below = [b for b in order if b <= top]
+    return sorted({below[0], *below[-(MAX_BATCHES - 1) :]})
 
 
-class _Clock(keras.callbacks.Callback):
-    """Marks each batch's end; stops training TRIAL_SECONDS after a warm-up
-    of at least WARMUP_STEPS steps and WARMUP_SECONDS."""
+def _paired(slow: Trial, fast: Trial) -> tuple[float, float, bool]:
+    """How much faster `fast` ran than `slow`, round by round (they were
+    timed in the same rounds, so a busy moment hits both): (mean gain,
+    half the range of the per-round gains, whether `fast` won every round)."""
+    rounds = min(len(slow.repeats), len(fast.repeats))
+    pairs = zip(slow.repeats[:rounds], fast.repeats[:rounds], strict=True)
+    ratios = [f / s for s, f in pairs if s > 0 and f > 0]
+    if not ratios:
+        return 0.0, 0.0, False
+    gain = sum(ratios) / len(ratios) - 1
+    return gain, (max(ratios) - min(ratios)) / 2, min(ratios) > 1
 
-    def __init__(self):
-        super().__init__()
-        self.marks: list[float] = []
-        self.start: int | None = None
 
-    def on_train_batch_end(self, batch, logs=None):
-        marks = self.marks
-        marks.append(time.perf_counter())
-        if self.start is None:
-            warm = marks[-1] - marks[0] >= WARMUP_SECONDS
-            if len(marks) >= WARMUP_STEPS and warm:
-                self.start = len(marks) - 1
-        elif marks[-1] - marks[self.start] >= TRIAL_SECONDS:
-            self.model.stop_training = True
+def _faster(slow: Trial, fast: Trial) -> tuple[bool, bool]:
+    """(whether `fast` is faster beyond noise: a mean gain above half the
+    range of the per-round gains and MIN_GAIN, and a win in every round;
+    whether the comparison fell within noise)."""
+    gain, noise, every_round = _paired(slow, fast)
+    clear = every_round and gain > max(noise, MIN_GAIN)
+    return clear, not clear and noise > MIN_GAIN and abs(gain) <= 2 * noise
 
-    def speed(self, samples_per_step: int) -> float:
-        """Samples/s over the timed steps."""
-        marks = self.marks
-        first = self.start if self.start is not None else len(marks) - 1
-        steps = len(marks) - 1 - first
-        seconds = marks[-1] - marks[first] if steps > 0 else 0.0
-        return steps * samples_per_step / seconds if seconds > 0 else 0.0
+
+def _better(plain: Trial, other: Trial) -> tuple[tuple, bool]:
+    """(the chosen key, whether the decision was within noise): `other` only
+    when faster than `plain` beyond noise (`_faster`)."""
+    if plain.failed or other.failed:
+        return (plain if not plain.failed else other).key, False
+    clear, doubt = _faster(plain, other)
+    return (other if clear else plain).key, doubt
+
+
+def _smallest_fast(trials: list[Trial]) -> tuple[int, bool]:
+    """The smallest batch the fastest does not beat beyond noise, and
+    whether that was within noise."""
+    ok = [t for t in trials if not t.failed and t.samples_per_s > 0]
+    if not ok:
+        return trials[0].batch, False
+    best = max(ok, key=lambda t: t.samples_per_s)
+    for t in sorted(ok, key=lambda t: t.batch):
+        clear, doubt = _faster(t, best) if t is not best else (False, False)
+        if not clear:
+            return t.batch, doubt
+    return best.batch, False

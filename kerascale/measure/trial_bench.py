@@ -1,0 +1,274 @@
+"""The trials' bench: candidates prepared once (copies of the model on the
+real data, in one session that puts everything back at its exit), timed in
+interleaved rounds, within a budget. The decisions are `kerascale.measure.trials`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+import types
+from typing import Any
+
+import keras
+
+from kerascale.apply import model as model_lib
+from kerascale.apply.model import CannotRecreate
+from kerascale.apply.session import Session, prepare
+from kerascale.sense.model_facts import gist
+
+# A timed window. Measured on 2 cores (benchmarks/README.md, "Trials"): 0.6 s
+# windows of the reference CNN spread 2-4% between repeats on a quiet
+# machine; 0.2 s windows 10-15%; longer ones gained little.
+WINDOW_SECONDS = 0.6
+MIN_WINDOW_STEPS = 4
+ROUNDS = 3  # repeats per candidate: two give one difference, three a range
+# A candidate's first fit, untimed: tracing, then tf.data's autotuning of a
+# fresh pipeline (1 s trials after 2 steps put batch 64 at half its real
+# speed on 2 cores). Later rounds start a new iterator: ROUND_WARMUP_STEPS.
+WARMUP_STEPS = 2
+WARMUP_SECONDS = 0.5
+ROUND_WARMUP_STEPS = 2
+BUDGET_SHARE = 0.10  # trials may cost this share of the expected run
+PREPARE_GUESS_SECONDS = 1.5  # a candidate's preparation, before one is timed
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One candidate's measurement.
+
+    Attributes:
+        samples_per_s: The mean over its repeats.
+        spread: (max - min) / mean of the repeats; 0 with one repeat.
+        repeats: Each timed window's samples/s.
+        failed: Why the candidate could not train, if it could not.
+    """
+
+    batch: int  # per replica
+    precision: str
+    optimize_data: bool
+    samples_per_s: float
+    spread: float = 0.0
+    repeats: tuple[float, ...] = ()
+    failed: str = ""
+    stage: str = ""  # "batch", "data_changes" or "precision"
+
+    @property
+    def key(self) -> tuple[int, str, bool]:
+        return (self.batch, self.precision, self.optimize_data)
+
+    def figure(self) -> str:
+        if self.failed:
+            return f"failed ({self.failed})"
+        return f"{self.samples_per_s:.0f} ± {self.spread / 2:.0%}"
+
+    def describe(self) -> str:
+        pipe = "optimised pipeline" if self.optimize_data else "pipeline as given"
+        unit = "" if self.failed else " samples/s"
+        return f"{self.batch}, {self.precision}, {pipe}: {self.figure()}{unit}"
+
+
+class Bench:
+    """Prepared candidates (copies of the model on the real data, in one
+    session that puts everything back at its exit), the timing, the budget."""
+
+    def __init__(self, model, x, y, data, plan, verbose):
+        self.args = (model, x, y, data, plan)
+        self.verbose = verbose
+        self.session = Session()
+        self.prepared: dict[tuple, Any] = {}
+        self.trials: list[Trial] = []
+        self.skipped: list[tuple[str, str]] = []
+        self.spent = 0.0
+        self.prepare_seconds: float | None = None
+        self.samples: int | None = None
+        self.unbudgeted = False
+        self.speed: float | None = None  # samples/s, for the run's length
+        self.run_seconds: float | None = None
+
+    def __enter__(self) -> Bench:
+        self.session.__enter__()
+        self.session.enter(model_lib.preserved_state())
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.prepared.clear()
+        try:
+            return self.session.__exit__(*exc)
+        finally:
+            gc.collect()
+
+    def budget_for(self, samples, unbudgeted, speed) -> None:
+        self.samples, self.unbudgeted, self.speed = samples, unbudgeted, speed
+
+    # The budget.
+    def _cost(self, new: int, timed: int) -> float:
+        """Seconds to prepare `new` candidates and time `timed` ones."""
+        step = self.args[4].micro_batch_size / self.speed if self.speed else 0.05
+        window = max(WINDOW_SECONDS, MIN_WINDOW_STEPS * step)
+        prep = self.prepare_seconds or PREPARE_GUESS_SECONDS
+        return new * prep + ROUNDS * timed * (window + ROUND_WARMUP_STEPS * step)
+
+    def _skip(self, keys: list[tuple]) -> str | None:
+        """Why a stage timing `keys` cannot be afforded, or None."""
+        if self.unbudgeted:
+            return None
+        if self.samples is None:
+            return (
+                "the run's length is unknown (a dataset of unknown size); pass "
+                "steps_per_epoch= to let kerascale weigh them"
+            )
+        if not self.speed:
+            return "no first speed to weigh them against (the first candidate failed)"
+        self.run_seconds = self.samples / self.speed
+        new = sum(k not in self.prepared for k in keys)
+        cost = self.spent + self._cost(new, len(keys))
+        if cost <= BUDGET_SHARE * self.run_seconds:
+            return None
+        return (
+            f"the run (about {self.run_seconds:.0f}s) is shorter than "
+            f"{1 / BUDGET_SHARE:.0f}x what they would take (about {cost:.0f}s)"
+        )
+
+    # Measuring.
+    def compare(self, keys: list[tuple], field: str) -> list[Trial]:
+        """Prepares the candidates `keys` and times them in interleaved
+        rounds; [] when the stage is not afforded (recorded in `skipped`)."""
+        if self.speed is None and not self.unbudgeted and self.samples is not None:
+            # No first estimate: the first candidate's warm-up gives one.
+            self._prepare(keys[0])
+        why = self._skip(keys)
+        if why is not None:
+            self.skipped.append((field, why))
+            return []
+        for k in keys:
+            self._prepare(k)
+        repeats: dict[tuple, list[float]] = {k: [] for k in keys}
+        for _ in range(ROUNDS):
+            for k in keys:
+                if isinstance(self.prepared[k], Prepared):
+                    repeats[k].append(self._timed(k))
+        out = []
+        for k in keys:
+            out.append(dataclasses.replace(self._trial(k, repeats[k]), stage=field))
+            if self.verbose != 0:
+                print(f"kerascale: trial: {out[-1].describe()}", flush=True)
+        self.trials += out
+        return out
+
+    def _trial(self, key: tuple, speeds: list[float]) -> Trial:
+        entry = self.prepared[key]
+        if not isinstance(entry, Prepared):
+            return Trial(*key, 0.0, failed=entry)
+        mean = sum(speeds) / len(speeds) if speeds else 0.0
+        spread = (max(speeds) - min(speeds)) / mean if len(speeds) > 1 and mean else 0.0
+        return Trial(*key, mean, spread, tuple(speeds))
+
+    def _prepare(self, key: tuple) -> None:
+        if key in self.prepared:
+            return
+        start = time.perf_counter()
+        try:
+            self.prepared[key] = Prepared(self.session, *self.args, *key)
+        except CannotRecreate:
+            raise  # the model cannot be copied at all: decide re-plans
+        except Exception as e:  # the candidate cannot train: it is dropped
+            self.prepared[key] = f"{type(e).__name__}: {gist(e)}"
+        seconds = time.perf_counter() - start
+        self.spent += seconds
+        self.prepare_seconds = max(self.prepare_seconds or 0.0, seconds)
+        entry = self.prepared[key]
+        if self.speed is None and isinstance(entry, Prepared):
+            self.speed = entry.warm_speed
+
+    def _timed(self, key: tuple) -> float:
+        start = time.perf_counter()
+        try:
+            return self.prepared[key].time(WINDOW_SECONDS)
+        except CannotRecreate:
+            raise
+        except Exception as e:  # it trained once, then failed: dropped too
+            self.prepared[key] = f"{type(e).__name__}: {gist(e)}"
+            return 0.0
+        finally:
+            self.spent += time.perf_counter() - start
+
+
+class Prepared:
+    """One candidate: a copy of the model under its precision, on the real
+    data at its batch and pipeline, prepared on `fit`'s own path inside the
+    bench's session, then warmed up (untimed)."""
+
+    def __init__(self, session, model, x, y, data, plan, batch, policy, optimize):
+        view = dataclasses.replace(
+            plan,
+            precision=policy,
+            micro_batch_size=batch,
+            accumulation_steps=1,
+            global_batch_size=batch * plan.replicas,
+            lr_factor=1.0,
+            rebuild=plan.rebuild or policy != plan.precision,
+        )
+        decided = types.SimpleNamespace(
+            plan=view, data=data, instance=None, optimize_data=optimize
+        )
+        prepared = prepare(session, model, x, y, decided, copy=True, as_dataset=True)
+        self.model, ds = prepared.model, prepared.x
+        self.samples_per_step = batch * plan.replicas
+        # Timed as training runs: whole epochs, each with the start-up of its
+        # input pipeline, unless the data never ends.
+        self.finite = int(ds.cardinality()) >= 0
+        self.ds = ds if self.finite else ds.repeat()
+        clock = self._fit(_Clock(WARMUP_STEPS, WARMUP_SECONDS, WINDOW_SECONDS / 2))
+        self.warm_speed = clock.speed(self.samples_per_step)
+
+    def _fit(self, clock: _Clock) -> _Clock:
+        self.model.fit(
+            self.ds,
+            epochs=100_000 if self.finite else 1,
+            steps_per_epoch=None if self.finite else 100_000,
+            verbose=0,
+            shuffle=False,  # Keras ignores it for a dataset, with a warning
+            callbacks=[clock],
+        )
+        return clock
+
+    def time(self, window: float) -> float:
+        """samples/s over one window after a new iterator's warm-up."""
+        clock = self._fit(_Clock(ROUND_WARMUP_STEPS, 0.0, window, MIN_WINDOW_STEPS))
+        return clock.speed(self.samples_per_step)
+
+
+class _Clock(keras.callbacks.Callback):
+    """Marks each batch's end; stops training `window` seconds (and at least
+    `min_steps` steps) after a warm-up of `warm_steps` steps and
+    `warm_seconds`."""
+
+    def __init__(self, warm_steps, warm_seconds, window, min_steps=1):
+        super().__init__()
+        self.warm_steps, self.warm_seconds = warm_steps, warm_seconds
+        self.window, self.min_steps = window, min_steps
+        self.marks: list[float] = []
+        self.start: int | None = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        marks = self.marks
+        marks.append(time.perf_counter())
+        if self.start is None:
+            warm = marks[-1] - marks[0] >= self.warm_seconds
+            if len(marks) >= self.warm_steps and warm:
+                self.start = len(marks) - 1
+        elif (
+            marks[-1] - marks[self.start] >= self.window
+            and len(marks) - 1 - self.start >= self.min_steps
+        ):
+            self.model.stop_training = True
+
+    def speed(self, samples_per_step: int) -> float:
+        """Samples/s over the timed steps."""
+        marks = self.marks
+        first = self.start if self.start is not None else len(marks) - 1
+        steps = len(marks) - 1 - first
+        seconds = marks[-1] - marks[first] if steps > 0 else 0.0
+        return steps * samples_per_step / seconds if seconds > 0 else 0.0
