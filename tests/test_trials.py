@@ -228,6 +228,11 @@ def test_without_a_first_estimate_the_first_candidate_gives_one(monkeypatch):
                 fresh=True)  # fmt: skip
     assert m.prepared == [(32, "float32", True)] and not r.measured("precision")
     assert "shorter than 10x" in dict(r.skipped)["precision"]
+    # The speed it measured is kept: the next run is weighed without
+    # preparing anything (which would draw on the dataset's shuffle state).
+    m.prepared.clear()
+    again = run_all(batches={}, try_pipeline=False, unbudgeted=False, run_samples=600)
+    assert m.prepared == [] and not again.measured("precision")
 
 
 def test_real_trials_time_copies_and_leave_the_model_alone():

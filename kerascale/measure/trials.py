@@ -70,6 +70,7 @@ class TrialResult:
     seconds: float = 0.0
     run_seconds: float | None = None
     skipped: tuple[tuple[str, str], ...] = ()
+    speed: float | None = None  # the first samples/s estimate, kept for later runs
 
     def measured(self, field: str) -> bool:
         """Whether trials decided `field` (else its rule stands)."""
@@ -203,21 +204,26 @@ def run(
         }
     )
     cached = None if fresh else _read(key)
-    if cached is not None and not (cached.uncertain and cached.attempts < MAX_ATTEMPTS):
+    decided = cached is not None and bool(cached.trials)
+    if decided and not (cached.uncertain and cached.attempts < MAX_ATTEMPTS):
         return cached
+    # A first speed: the search's probes, else one a shorter run measured
+    # (so that weighing a run never needs a candidate prepared again).
+    speed = _estimate(batches, plan) or (cached.speed if cached else None)
     bench = Bench(model, x, y, data, plan, verbose)
-    bench.budget_for(run_samples, unbudgeted, _estimate(batches, plan))
+    bench.budget_for(run_samples, unbudgeted, speed)
     with bench:
         result = _stages(bench, plan, try_pipeline, try_precision, batches, optimize)
-    if cached is not None and not result.trials:
+    if decided and not result.trials:
         return cached  # a later run too short to measure again: keep it
     result = dataclasses.replace(
         result,
-        attempts=(cached.attempts + 1) if cached is not None else 1,
+        attempts=(cached.attempts + 1) if decided else 1,
         seconds=bench.spent,
         run_seconds=bench.run_seconds,
+        speed=bench.speed,
     )
-    if result.trials:
+    if result.trials or result.speed:
         cache.cache_write("trials", key, result.to_dict())
     if verbose != 0 and result.trials:
         print(f"kerascale: {result.cost()}", flush=True)
