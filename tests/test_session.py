@@ -314,6 +314,20 @@ def test_trials_fall_back_like_fit_for_a_model_that_cannot_be_copied(
     assert q.warnings == p.warnings and int(m.optimizer.iterations) == 8
 
 
+def test_the_plan_without_a_copy_keeps_the_trials_budget(monkeypatch):
+    """The re-plan after a failed copy weighs the trials against the same
+    short run: its pipeline trial is skipped too, not run without a budget."""
+    from conftest import CPU_BF16
+
+    from kerascale.sense import hardware
+
+    bf16_host = hardware.Hardware(cpu=CPU_BF16)
+    monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: bf16_host)
+    p = kerascale.plan(uncopyable(), mapped(), batch_size=32, epochs=1, verbose=0)
+    assert p.precision == "float32" and not p.rebuild
+    assert "(trials skipped: the run (about" in p.reasons["data_changes"]
+
+
 def test_measurements_borrow_a_model_that_cannot_be_copied():
     """diagnose and an in-process batch search train the model itself when no
     copy can be made, and put every variable back."""

@@ -157,6 +157,7 @@ def decide(
             y,
             options,
             steps_per_epoch=steps_per_epoch,
+            epochs=epochs,
             search=search,
             force_search=force_search,
             hardware=hw,

@@ -147,7 +147,7 @@ class Bench:
         repeats: dict[tuple, list[float]] = {k: [] for k in keys}
         for _ in range(ROUNDS):
             for k in keys:
-                if isinstance(self.prepared[k], Prepared):
+                if not isinstance(self.prepared[k], str):
                     repeats[k].append(self._timed(k))
         out = []
         for k in keys:
@@ -159,7 +159,7 @@ class Bench:
 
     def _trial(self, key: tuple, speeds: list[float]) -> Trial:
         entry = self.prepared[key]
-        if not isinstance(entry, Prepared):
+        if isinstance(entry, str):  # why it could not train
             return Trial(*key, 0.0, failed=entry)
         mean = sum(speeds) / len(speeds) if speeds else 0.0
         spread = (max(speeds) - min(speeds)) / mean if len(speeds) > 1 and mean else 0.0
@@ -179,7 +179,7 @@ class Bench:
         self.spent += seconds
         self.prepare_seconds = max(self.prepare_seconds or 0.0, seconds)
         entry = self.prepared[key]
-        if self.speed is None and isinstance(entry, Prepared):
+        if self.speed is None and not isinstance(entry, str):
             self.speed = entry.warm_speed
 
     def _timed(self, key: tuple) -> float:

@@ -83,16 +83,14 @@ class TrialResult:
         """The reason for `field` of the plan, with every figure behind it."""
         source = "cached trials" if self.cached else "trials"
         figures = "; ".join(t.describe() for t in self.trials if t.stage == field)
+        beyond = (
+            f"in every round, by more than {MIN_GAIN:.0%} and half the range of "
+            "the per-round gains"
+        )
         if field == "batch":
-            rule = (
-                "the smallest batch not slower than the fastest by more than "
-                f"their spread or {MIN_GAIN:.0%}"
-            )
+            rule = f"the smallest batch the fastest does not beat {beyond}"
         else:
-            rule = (
-                "the alternative to what model.fit does only when faster by "
-                f"more than the spread and {MIN_GAIN:.0%}"
-            )
+            rule = f"the alternative to what model.fit does only when it wins {beyond}"
         doubt = ""
         if field in self.uncertain:
             doubt = (
