@@ -18,9 +18,11 @@ from kerascale.apply.model import CannotRecreate
 from kerascale.apply.session import Session, prepare
 from kerascale.sense.model_facts import gist
 
-# A timed window. Measured on 2 cores (benchmarks/README.md, "Trials"): 0.6 s
-# windows of the reference CNN spread 2-4% between repeats on a quiet
-# machine; 0.2 s windows 10-15%; longer ones gained little.
+# A timed window (benchmarks/trial_noise.py, 2 cores, the reference CNN's
+# float32 against bf16 in 3 interleaved rounds, 3 times): 0.6 s windows (one
+# 4096-image epoch, timed whole) gave mean gains of +49%, +43%, +53%, the
+# per-round gains spreading by 8.8% (half-range, median); 1.5 s windows
+# +16%, +8%, +94% (35%), as an epoch's pipeline start-up varies 2x.
 WINDOW_SECONDS = 0.6
 MIN_WINDOW_STEPS = 4
 ROUNDS = 3  # repeats per candidate: two give one difference, three a range
@@ -30,6 +32,7 @@ ROUNDS = 3  # repeats per candidate: two give one difference, three a range
 WARMUP_STEPS = 2
 WARMUP_SECONDS = 0.5
 ROUND_WARMUP_STEPS = 2
+WHOLE_EPOCH_SECONDS = 3.0  # shorter epochs are timed whole
 BUDGET_SHARE = 0.10  # trials may cost this share of the expected run
 PREPARE_GUESS_SECONDS = 1.5  # a candidate's preparation, before one is timed
 
@@ -106,9 +109,14 @@ class Bench:
     def _cost(self, new: int, timed: int) -> float:
         """Seconds to prepare `new` candidates and time `timed` ones."""
         step = self.args[4].micro_batch_size / self.speed if self.speed else 0.05
-        window = max(WINDOW_SECONDS, MIN_WINDOW_STEPS * step)
+        window = (
+            max(WINDOW_SECONDS, MIN_WINDOW_STEPS * step) + ROUND_WARMUP_STEPS * step
+        )
+        epoch = self.args[3].num_samples
+        if epoch and whole_epochs(epoch, self.speed):
+            window = max(WINDOW_SECONDS, epoch / self.speed)
         prep = self.prepare_seconds or PREPARE_GUESS_SECONDS
-        return new * prep + ROUNDS * timed * (window + ROUND_WARMUP_STEPS * step)
+        return new * prep + ROUNDS * timed * window
 
     def _skip(self, keys: list[tuple]) -> str | None:
         """Why a stage timing `keys` cannot be afforded, or None."""
@@ -216,12 +224,16 @@ class Prepared:
         prepared = prepare(session, model, x, y, decided, copy=True, as_dataset=True)
         self.model, ds = prepared.model, prepared.x
         self.samples_per_step = batch * plan.replicas
-        # Timed as training runs: whole epochs, each with the start-up of its
-        # input pipeline, unless the data never ends.
-        self.finite = int(ds.cardinality()) >= 0
+        steps = int(ds.cardinality())
+        self.finite = steps >= 0
         self.ds = ds if self.finite else ds.repeat()
         clock = self._fit(_Clock(WARMUP_STEPS, WARMUP_SECONDS, WINDOW_SECONDS / 2))
         self.warm_speed = clock.speed(self.samples_per_step)
+        # A short epoch is timed whole, with the start-up of its input
+        # pipeline, as training runs it: a window that caught an epoch's
+        # start only now and then measured 10x below its neighbours.
+        self.epoch_samples = data.num_samples or max(0, steps) * self.samples_per_step
+        self.whole = self.finite and whole_epochs(self.epoch_samples, self.warm_speed)
 
     def _fit(self, clock: _Clock) -> _Clock:
         self.model.fit(
@@ -235,9 +247,47 @@ class Prepared:
         return clock
 
     def time(self, window: float) -> float:
-        """samples/s over one window after a new iterator's warm-up."""
+        """samples/s over one window: whole epochs (at least `window`
+        seconds) where an epoch is short, else steps within the first epoch
+        after a new iterator's warm-up."""
+        if self.whole:
+            clock = self._fit(_EpochClock(window))
+            return clock.speed(self.epoch_samples)
         clock = self._fit(_Clock(ROUND_WARMUP_STEPS, 0.0, window, MIN_WINDOW_STEPS))
         return clock.speed(self.samples_per_step)
+
+
+def whole_epochs(epoch_samples: int, speed: float | None) -> bool:
+    """Whether epochs are short enough (WHOLE_EPOCH_SECONDS) to time whole."""
+    return (
+        bool(epoch_samples and speed) and epoch_samples / speed <= WHOLE_EPOCH_SECONDS
+    )
+
+
+class _EpochClock(keras.callbacks.Callback):
+    """Times whole epochs from the fit's start, stopping at the first
+    epoch's end `window` seconds or more after it."""
+
+    def __init__(self, window: float):
+        super().__init__()
+        self.window = window
+        self.start: float | None = None
+        self.end: float | None = None
+        self.epochs = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.start is None:
+            self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.end = time.perf_counter()
+        self.epochs += 1
+        if self.end - self.start >= self.window:
+            self.model.stop_training = True
+
+    def speed(self, epoch_samples: int) -> float:
+        seconds = (self.end or 0.0) - (self.start or 0.0)
+        return self.epochs * epoch_samples / seconds if seconds > 0 else 0.0
 
 
 class _Clock(keras.callbacks.Callback):
