@@ -21,10 +21,10 @@ Trials must pay for themselves and survive a noisy machine:
   MIN_WINDOW_STEPS steps after the warm-up of a new iterator: a busy moment
   hits every candidate, and each has repeats to show its spread (the range
   of its repeats over their mean).
-- **Evidence before change.** An alternative replaces the plain choice (what
-  `model.fit` does: float32, the pipeline as given, the smallest batch) only
-  when faster by more than the spread of both and by MIN_GAIN; a tie keeps
-  the plain choice.
+- **Evidence before change.** An alternative replaces the plain choice
+  (float32 and the pipeline as given, what `model.fit` does; the batch the
+  probes found fastest) only when it wins every round, by more than MIN_GAIN
+  and half the range of the per-round gains; a tie keeps the plain choice.
 - **Confidence in the cache.** A decision taken within noise (spread above
   MIN_GAIN and a difference inside it) is cached as uncertain and measured
   again on a later run, up to MAX_ATTEMPTS runs.
@@ -39,13 +39,13 @@ import dataclasses
 from typing import Any
 
 from kerascale.measure import cache
+from kerascale.measure.search import fastest_small
 from kerascale.measure.trial_bench import ROUNDS, Bench, Trial
 from kerascale.plan import strategy as strategy_rules
 from kerascale.sense import data_facts
 
 MIN_GAIN = 0.03  # below this a difference is a tie, however quiet the machine
 MAX_ATTEMPTS = 3  # runs that re-measure a decision taken within noise
-MAX_BATCHES = 3  # the smallest rung and the two largest below the fastest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +88,10 @@ class TrialResult:
             "the per-round gains"
         )
         if field == "batch":
-            rule = f"the smallest batch the fastest does not beat {beyond}"
+            rule = (
+                "the probes' fastest (smallest within 3%) unless another batch "
+                f"beats it {beyond}"
+            )
         else:
             rule = f"the alternative to what model.fit does only when it wins {beyond}"
         doubt = ""
@@ -265,10 +268,11 @@ def _stages(bench, plan, try_pipeline, try_precision, batches, optimize):
     pipe = True if try_pipeline else optimize
     uncertain: list[str] = []
     if len(batches) > 1:
-        rungs = _candidates(batches)
+        rule, rungs = _candidates(batches)
+        batch = rule
         trials = bench.compare([(b, policy, pipe) for b in rungs], "batch")
         if trials:
-            batch, doubt = _smallest_fast(trials)
+            batch, doubt = _batch_choice(trials, rule)
             uncertain += ["batch"] if doubt else []
     if try_pipeline:
         pair = [(batch, policy, False), (batch, policy, True)]
@@ -294,16 +298,16 @@ def _stages(bench, plan, try_pipeline, try_precision, batches, optimize):
     )
 
 
-def _candidates(batches: dict[int, float]) -> list[int]:
-    """The rungs worth timing on the real data: the smallest (Keras's
-    default, the plain choice) and the two largest not above the fastest
-    synthetic rung (a larger, slower-computing batch cannot be faster with a
-    pipeline in front of it: the pipeline's cost per sample does not shrink)."""
+def _candidates(batches: dict[int, float]) -> tuple[int, list[int]]:
+    """(the rule's batch, the rungs to time): the rule's is what kerascale
+    takes without trials (the smallest within 3% of the fastest synthetic
+    speed); its neighbours on the ladder are timed against it, since the
+    real pipeline and each epoch's start-up can move the best a rung
+    either way."""
     order = sorted(batches)
-    speeds = {b: s for b, s in batches.items() if s}
-    top = max(speeds, key=speeds.get) if speeds else order[-1]
-    below = [b for b in order if b <= top]
-    return sorted({below[0], *below[-(MAX_BATCHES - 1) :]})
+    rule, _ = fastest_small(batches)
+    i = order.index(rule)
+    return rule, order[max(0, i - 1) : i + 2]
 
 
 def _paired(slow: Trial, fast: Trial) -> tuple[float, float, bool]:
@@ -337,15 +341,15 @@ def _better(plain: Trial, other: Trial) -> tuple[tuple, bool]:
     return (other if clear else plain).key, doubt
 
 
-def _smallest_fast(trials: list[Trial]) -> tuple[int, bool]:
-    """The smallest batch the fastest does not beat beyond noise, and
-    whether that was within noise."""
+def _batch_choice(trials: list[Trial], rule: int) -> tuple[int, bool]:
+    """The rule's batch unless another rung beats it beyond noise (then the
+    fastest of those), and whether a comparison fell within noise."""
     ok = [t for t in trials if not t.failed and t.samples_per_s > 0]
-    if not ok:
-        return trials[0].batch, False
-    best = max(ok, key=lambda t: t.samples_per_s)
-    for t in sorted(ok, key=lambda t: t.batch):
-        clear, doubt = _faster(t, best) if t is not best else (False, False)
-        if not clear:
-            return t.batch, doubt
-    return best.batch, False
+    base = next((t for t in ok if t.batch == rule), None)
+    if base is None:  # the rule's batch failed: the fastest that trained
+        return (max(ok, key=lambda t: t.samples_per_s).batch if ok else rule), False
+    verdicts = {t.batch: _faster(base, t) for t in ok if t is not base}
+    clear = [t for t in ok if t is not base and verdicts[t.batch][0]]
+    if clear:
+        return max(clear, key=lambda t: t.samples_per_s).batch, False
+    return rule, any(doubt for _, doubt in verdicts.values())
