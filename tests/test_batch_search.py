@@ -358,18 +358,18 @@ def test_model_bug_is_an_error_not_a_smaller_batch():
     assert "batch was not shrunk" in str(info.value)
 
 
-REAL_LIMIT = 1536 << 20
+REAL_LIMIT = 2 << 30
 
 
 def test_real_resident_memory_limit_in_child_processes():
-    """A small convnet under a real 1.5 GiB resident-memory limit (what a
+    """A small convnet under a real 2 GiB resident-memory limit (what a
     container counts): the found batch trains, the bracket is real, and the
     found batch is within 10% below the truth, which fresh children with no
     limit at all confirm from their own peak resident memory."""
     keras.utils.set_random_seed(0)
     model = small_convnet()
-    x = np.zeros((4096, 32, 32, 3), "float32")
-    y = np.zeros(4096, "int64")
+    x = np.zeros((16384, 32, 32, 3), "float32")
+    y = np.zeros(16384, "int64")
     before_dirs = _probe_dirs()
     r = kerascale.find_batch_size(
         model,
