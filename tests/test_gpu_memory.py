@@ -159,15 +159,14 @@ def test_a_child_on_a_gpu_would_get_only_what_is_free(fake_gpu):
     )
     hw = hardware.detect_hardware()
     options = batch.SearchOptions.validate()
-    in_child = batch._memory_for(hw, plan, options, True)
+    in_child, here = batch._memories(hw, plan, options)
     assert in_child.predict == TOTAL // 10 - 225 * MiB  # under 2 GiB free
     assert "Most of the GPU is held" in in_child.why
     assert in_child.enforce is None  # the child's own allocator decides
-    here = batch._memory_for(hw, plan, options, False)
     assert here.predict == TOTAL - 2 * GiB - 1536 * MiB
     assert here.enforce is None
-    given = batch._memory_for(
-        hw, plan, batch.SearchOptions.validate(memory_limit="6GiB"), False
+    _, given = batch._memories(
+        hw, plan, batch.SearchOptions.validate(memory_limit="6GiB")
     )
     assert (given.enforce, given.predict) == (6 * GiB, 6 * GiB)
 

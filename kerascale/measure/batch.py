@@ -101,40 +101,41 @@ class _Memory:
     measured: str
 
 
-def _memory_for(hw: Any, plan: Any, options: SearchOptions, isolate: bool) -> _Memory:
-    where = "child processes" if isolate else "this process"
+def _memories(hw: Any, plan: Any, options: SearchOptions) -> tuple[_Memory, _Memory]:
+    """The memory probes have in child processes, and in this process (one
+    reading of the device: the search may fall back from one to the other)."""
     if hw.accelerator == "gpu":
-        return _gpu_memory(hw, plan, options, isolate)
-    measured = (
-        f"resident memory (RSS) of {where}"
-        if hw.accelerator == "cpu"
-        else f"TPU memory, in {where}"
-    )
+        return _gpu_memories(hw, plan, options)
+    kind = "resident memory (RSS)" if hw.accelerator == "cpu" else "TPU memory"
+    measured = {True: f"{kind} of child processes", False: f"{kind} of this process"}
     if options.memory_limit:
-        limit = options.memory_limit
-        return _Memory(limit, limit, "memory_limit you passed", measured)
-    if hw.accelerator == "tpu":
-        return _Memory(None, None, "TPU memory unknown: found by probing", measured)
-    avail = available_bytes()
-    if avail is None:
-        why = "available memory unknown: found by probing alone"
-        return _Memory(None, None, why, measured)
-    limit = int(avail * CPU_DEFAULT_SHARE)
-    why = (
-        f"{CPU_DEFAULT_SHARE:.0%} of the memory available now "
-        f"({format_bytes(avail)}), so that probing cannot exhaust the machine"
+        limit, why = options.memory_limit, "memory_limit you passed"
+    elif hw.accelerator == "tpu":
+        limit, why = None, "TPU memory unknown: found by probing"
+    elif (avail := available_bytes()) is None:
+        limit, why = None, "available memory unknown: found by probing alone"
+    else:
+        limit = int(avail * CPU_DEFAULT_SHARE)
+        why = (
+            f"{CPU_DEFAULT_SHARE:.0%} of the memory available now "
+            f"({format_bytes(avail)}), so that probing cannot exhaust the machine"
+        )
+    return (
+        _Memory(limit, limit, why, measured[True]),
+        _Memory(limit, limit, why, measured[False]),
     )
-    return _Memory(limit, limit, why, measured)
 
 
-def _gpu_memory(hw: Any, plan: Any, options: SearchOptions, isolate: bool) -> _Memory:
+def _gpu_memories(
+    hw: Any, plan: Any, options: SearchOptions
+) -> tuple[_Memory, _Memory]:
     """On GPUs, probes in this process measure the allocator training will
     use (see `_isolation`); a child's allocator gets only what is free."""
-    measured = (
-        "GPU memory of child processes' TensorFlow allocators"
-        if isolate
-        else "GPU memory of this process's TensorFlow allocator"
-    )
+    children = "GPU memory of child processes' TensorFlow allocators"
+    here = "GPU memory of this process's TensorFlow allocator"
+    if options.memory_limit:
+        limit, why = options.memory_limit, "memory_limit you passed (per GPU)"
+        return _Memory(limit, limit, why, children), _Memory(limit, limit, why, here)
     indices = [int(d.rsplit(":", 1)[1]) for d in plan.devices if "gpu" in d.lower()]
     by_index = {g.index: g for g in hw.gpus}
     ccs = [
@@ -142,34 +143,32 @@ def _gpu_memory(hw: Any, plan: Any, options: SearchOptions, isolate: bool) -> _M
         for i in indices
     ]
     now = gpu_memory.read(indices, ccs) if indices else None
-    if options.memory_limit:
-        limit = options.memory_limit
-        return _Memory(limit, limit, "memory_limit you passed (per GPU)", measured)
     if not now:
         why = "GPU memory unknown (no NVML): found by probing alone"
-        return _Memory(None, None, why, measured)
-    if isolate:
-        m = min(now, key=lambda g: g.for_new_process)
-        why = (
-            f"about {format_bytes(m.for_new_process)}: GPU:{m.index}'s "
-            f"{format_bytes(m.free)} free now (of {format_bytes(m.total)}) less "
-            "TensorFlow's reserve, what a child process's allocator gets"
+        return _Memory(None, None, why, children), _Memory(None, None, why, here)
+    c = min(now, key=lambda g: g.for_new_process)
+    why = (
+        f"about {format_bytes(c.for_new_process)}: GPU:{c.index}'s "
+        f"{format_bytes(c.free)} free now (of {format_bytes(c.total)}) less "
+        "TensorFlow's reserve, what a child process's allocator gets"
+    )
+    if c.for_new_process < c.total // 4:
+        why += (
+            ". Most of the GPU is held, by this process if TensorFlow "
+            'already used it here: isolate="auto" probes in this process'
         )
-        if m.for_new_process < m.total // 4:
-            why += (
-                ". Most of the GPU is held, by this process if TensorFlow "
-                'already used it here: isolate="auto" probes in this process'
-            )
-        return _Memory(None, m.for_new_process, why, measured)
     m = min(now, key=lambda g: g.allocator_size)
     others = f", less {format_bytes(m.others)} other processes hold" if m.others else ""
-    why = (
+    why_here = (
         f"about {format_bytes(m.allocator_size)}: GPU:{m.index}'s "
         f"{format_bytes(m.total)}{others}, less TensorFlow's reserve; this "
         f"process's tensors hold {format_bytes(m.in_use)} of it (a prediction: "
         "running out of memory in TensorFlow's allocator decides)"
     )
-    return _Memory(None, m.allocator_size, why, measured)
+    return (
+        _Memory(None, c.for_new_process, why, children),
+        _Memory(None, m.allocator_size, why_here, here),
+    )
 
 
 def _cap_for(data: Any, plan: Any, options: SearchOptions) -> tuple[int, str]:
@@ -208,8 +207,8 @@ def run_search(
     isolate, why_isolate = _isolation(model, hw, options, instance)
     # Where the probes run decides the memory they have (on GPUs); a child
     # that cannot load the model falls back to this process.
-    here = _memory_for(hw, plan, options, False)
-    memory = _memory_for(hw, plan, options, True) if isolate else here
+    in_children, here = _memories(hw, plan, options)
+    memory = in_children if isolate else here
     cap, why_cap = _cap_for(data, plan, options)
     mode = options.mode
     if mode == "auto":
@@ -237,7 +236,13 @@ def run_search(
         )
     args = dict(mode=mode, cap=cap, hw=hw, first=first, verbose=verbose)
     found, why_isolate, isolated = _found(
-        model, spec, options, instance, args, (isolate, why_isolate), (memory, here)
+        model,
+        spec,
+        options,
+        instance,
+        args,
+        (isolate, why_isolate),
+        (in_children, here),
     )
     memory = memory if isolated else here
     seconds = sum(p.seconds for p in found.probes)

@@ -6,8 +6,9 @@ probe (or an increasing sweep of them) in a child process
 `.keras` file under a real memory limit: on CPU, its resident memory (what a
 container limit and the kernel's out-of-memory killer count), watched every
 millisecond and checked against Linux's exact peak after each probe, with
-`RLIMIT_DATA` only as a generous safety net; on GPU, a logical-device memory
-limit. TensorFlow gets all GPU memory back when
+`RLIMIT_DATA` only as a generous safety net; on GPU (`isolate=True`), its own
+allocator, under a logical-device limit where `memory_limit` is given.
+TensorFlow gets all GPU memory back when
 the child exits (it cannot otherwise: tensorflow#36465). `custom_objects`
 says whether a model's own classes and functions can be imported there.
 """
@@ -80,7 +81,7 @@ def _child_main(argv: list[str]) -> int:
     for batch in batches:
         current["batch"] = batch
         try:
-            result = train_probe(model, spec, batch)
+            result = train_probe(model, spec, batch, in_child=True)
         except BaseException as e:
             failure(batch, e)
             return 0

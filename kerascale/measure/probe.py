@@ -199,14 +199,16 @@ class ProbeSpec:
 
 
 class _PeakSampler:
-    """This process's peak resident memory over a block: Linux's own peak
-    (VmHWM), reset at the start where the kernel allows it, and else sampled
-    in a thread every 2 ms (resident memory falls again when TensorFlow frees
-    a step's tensors)."""
+    """This process's peak resident memory over a block, sampled in a thread
+    every 2 ms (resident memory falls again when TensorFlow frees a step's
+    tensors); with `exact`, also Linux's own peak (VmHWM), reset at the start
+    where the kernel allows it. Only a probe child resets it: the reset
+    cannot be undone, and in the user's process it would lower the peak that
+    `getrusage` and /proc report to them."""
 
-    def __init__(self, interval: float = 0.002):
+    def __init__(self, interval: float = 0.002, *, exact: bool = False):
         self._read = memory.resident_bytes
-        self._exact = memory.reset_resident_peak()
+        self._exact = exact and memory.reset_resident_peak()
         self.interval = interval
         self.peak = self._read() or 0
         self._stop = threading.Event()
@@ -246,13 +248,16 @@ def _gpu_names(spec: ProbeSpec) -> list[str]:
     return [d.strip("/").upper() for d in spec.devices if "gpu" in d.lower()]
 
 
-def train_probe(model: Any, spec: ProbeSpec, batch: int) -> dict[str, Any]:
+def train_probe(
+    model: Any, spec: ProbeSpec, batch: int, *, in_child: bool = False
+) -> dict[str, Any]:
     """Trains `model` (already under the plan's policy and strategy) for
     `spec.steps` steps on a synthetic per-replica `batch`; returns
     {peak_bytes, samples_per_s}. Raises whatever training raises.
 
-    On CPU the peak is the process's resident memory (Linux's VmHWM, reset
-    before the probe), the quantity `memory_limit` limits there.
+    On CPU the peak is the process's resident memory, the quantity
+    `memory_limit` limits there: in a probe child (`in_child`), Linux's exact
+    peak (VmHWM, reset before the probe); in this process, sampled.
     """
     import tensorflow as tf
 
@@ -266,7 +271,7 @@ def train_probe(model: Any, spec: ProbeSpec, batch: int) -> dict[str, Any]:
         tf.config.experimental.reset_memory_stats(g)
     cpu_stats = not gpus and _reset_cpu_stats()
     timed_steps = max(1, spec.steps - 1)
-    with _PeakSampler() as sampler:
+    with _PeakSampler(exact=in_child) as sampler:
         fit = dict(epochs=1, verbose=0, shuffle=False)
         model.fit(ds, steps_per_epoch=1, **fit)  # warm-up: tracing
         start = time.perf_counter()

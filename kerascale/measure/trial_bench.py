@@ -78,6 +78,7 @@ class Bench:
 
     def __init__(self, model, x, y, data, plan, verbose):
         self.args = (model, x, y, data, plan)
+        self.data, self.plan = data, plan
         self.verbose = verbose
         self.session = Session()
         self.prepared: dict[tuple, Any] = {}
@@ -108,11 +109,11 @@ class Bench:
     # The budget.
     def _cost(self, new: int, timed: int) -> float:
         """Seconds to prepare `new` candidates and time `timed` ones."""
-        step = self.args[4].micro_batch_size / self.speed if self.speed else 0.05
+        step = self.plan.micro_batch_size / self.speed if self.speed else 0.05
         window = (
             max(WINDOW_SECONDS, MIN_WINDOW_STEPS * step) + ROUND_WARMUP_STEPS * step
         )
-        epoch = self.args[3].num_samples
+        epoch = self.data.num_samples
         if epoch and whole_epochs(epoch, self.speed):
             window = max(WINDOW_SECONDS, epoch / self.speed)
         prep = self.prepare_seconds or PREPARE_GUESS_SECONDS
