@@ -282,7 +282,7 @@ def _install_callbacks(
         *(prepared.fit_kwargs.get("callbacks") or []),
         *for_fit.for_fit(
             *monitor,
-            samples_per_step=plan.step_batch_size,
+            samples_per_step=plan.step_batch_size or None,
             gpus=len(prepared.decided.hardware.gpus),
             backup=backup,
         ),

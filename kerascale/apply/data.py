@@ -239,9 +239,6 @@ def prepare_validation(
                     f"sample ({n})."
                 )
         return validation_data, plan.global_batch_size
-    raise DataError(
-        "validation_data must be a tf.data.Dataset, a keras.utils.PyDataset, or "
-        "a tuple (x, y) or (x, y, sample_weight). Received: validation_data of "
-        "type "
-        f"{type(validation_data).__name__}"
-    )
+    # A generator, a grain or torch loader...: Keras reads it as it is (and
+    # raises its own error for what it cannot read).
+    return validation_data, None

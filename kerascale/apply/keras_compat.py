@@ -31,7 +31,9 @@ where Keras has no public way (listed in `PRIVATE_NAMES`, which
   resume.
 - `Model._symbolic_build`, `Model._flatten_layers`, `Model._compile_metrics`:
   building the variables the first step would create, so that a checkpoint
-  can be restored before that step runs.
+  can be restored before that step runs. `_flatten_layers` also lists every
+  layer a precision set in place must reach (a subclassed model's sublayers
+  are listed nowhere public).
 - `Model._compile_config`: the arguments `compile` received, to re-compile a
   re-created model when the compile config does not round-trip (unregistered
   custom losses).
@@ -259,6 +261,13 @@ def build_like_first_step(model: Any, element_spec: Any) -> None:
             model._symbolic_build(data_batch=element_spec)
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
+
+
+def all_layers(model: Any) -> list[Any]:
+    """The model and every layer it holds, nested ones included, in a fixed
+    order (`Layer._flatten_layers`): Keras lists a subclassed model's
+    sublayers nowhere public, and a precision set in place must reach them."""
+    return list(model._flatten_layers(include_self=True, recursive=True))
 
 
 def tracked_layers(layer: Any) -> list[Any]:

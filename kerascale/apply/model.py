@@ -1,14 +1,15 @@
-"""The model that trains: re-created under the plan's dtype policy and
-strategy scope, and its weights put back into the user's model afterwards.
+"""The model that trains when it cannot be the user's own: a copy under a
+strategy's scope, and its weights put back into the user's model afterwards.
 
-A Keras dtype policy is fixed when a layer is constructed, and variables must
-be created under the strategy's scope, so a float32 model built outside any
-scope is re-created: cloned under the policy and strategy scope, weights
-copied, re-compiled with the user's own compile settings. The layers that
-produce the model's outputs stay float32 (Keras's mixed-precision guide: a
-softmax in float16 is numerically unsafe). Re-creating draws initializer
-seeds from Python's random module, so it runs under `preserved_state`: the
-global dtype policy and the random state are left as they were found.
+Variables must be created under the strategy's scope, so a model built
+outside a multi-replica strategy is re-created inside it: copied as its own
+class (the same class, the same weights by shape, checked), weights and
+optimizer state copied, re-compiled with the user's own compile settings.
+Measurements (the batch search, the trials) train such a copy too, so that
+the user's weights do not move. Precision is not a reason to copy: it is set
+in place (`kerascale.apply.precision`). Re-creating draws initializer seeds
+from Python's random module, so it runs under `preserved_state`: the global
+dtype policy and the random state are left as they were found.
 
 `borrow` is the other way to measure on a model: train it as it is, and put
 every variable back afterwards (what Lightning's batch-size finder does with
@@ -18,7 +19,6 @@ its trainer's state). It serves models that cannot be re-created.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 import keras
 
 from kerascale._state import preserved_state
-from kerascale.apply import keras_compat
+from kerascale.apply import keras_compat, precision
 from kerascale.errors import ModelError, warn
 from kerascale.sense.model_facts import gist, is_builder, is_functional
 
@@ -49,76 +49,36 @@ def global_policy(policy: str) -> Iterator[None]:
         keras.config.set_dtype_policy(before)
 
 
-def _output_layer_ids(model: keras.Model) -> set[int]:
-    """ids of the layers that produce `model`'s outputs, looking through nested
-    Sequential and Functional models."""
-    if isinstance(model, keras.Sequential):
-        last = [model.layers[-1]] if model.layers else []
-    elif is_functional(model):
-        names = [entry[0] for entry in _as_list_of_entries(model)]
-        last = [model.get_layer(n) for n in names]
-    else:
-        return set()
-    out = set()
-    for layer in last:
-        out.add(id(layer))
-        if isinstance(layer, keras.Model):
-            out |= _output_layer_ids(layer)
-    return out
-
-
-def _as_list_of_entries(model: keras.Model) -> list:
-    entries = model.get_config()["output_layers"]
-    # A single output is [name, node, tensor]; several are [[...], [...]].
-    if entries and isinstance(entries[0], str):
-        return [entries]
-    return list(entries)
-
-
-def _pinned(model: keras.Model, default: Any) -> set[int]:
-    """ids of the layers whose dtype policy the user set: Keras gives a layer
-    built without `dtype` the global policy object itself, and one built with
-    `dtype=...` a policy object of its own. Only where some layers share the
-    global one can the others be told apart (a loaded model shares none)."""
-    layers = list(_cloned_layers(model))
-    if not any(layer.dtype_policy is default for layer in layers):
-        return set()
-    return {id(layer) for layer in layers if layer.dtype_policy is not default}
-
-
-def _cloned_layers(model: keras.Model) -> Any:
-    """The layers cloning re-creates from their configs (nested Sequential
-    and Functional models looked through), input layers left out."""
-    for layer in getattr(model, "layers", ()):
-        if isinstance(layer, keras.Sequential) or is_functional(layer):
-            yield from _cloned_layers(layer)
-        elif not isinstance(layer, keras.layers.InputLayer):
-            yield layer
-
-
-def _clone(model: keras.Model, policy: str, default: Any) -> keras.Model:
-    keep_float32 = _output_layer_ids(model)
-    pinned = _pinned(model, default)
-
-    def clone_layer(layer):
-        config = layer.get_config()
-        if id(layer) in keep_float32:
-            config["dtype"] = "float32"
-        elif layer.dtype_policy.name == "float32" and id(layer) not in pinned:
-            config["dtype"] = policy
-        return layer.__class__.from_config(config)
-
+def _copy(model: keras.Model) -> keras.Model:
+    """A new model of `model`'s own class from its config (Keras's
+    serialization, not `clone_model`, which turns a subclass of Functional
+    such as a keras-hub task into a plain Functional model). Keras's own
+    Functional and Sequential classes are cloned layer by layer, which also
+    re-creates unregistered custom layers."""
     # clone_model also compiles the clone through a serialised compile config,
     # which fails on unregistered custom losses; `compile_like` does it better.
     compiled, model.compiled = model.compiled, False
     try:
-        if isinstance(model, keras.Sequential) or is_functional(model):
-            return keras.models.clone_model(
-                model, clone_function=clone_layer, recursive=True
-            )
-        return keras.models.clone_model(model)
+        if type(model) is keras.Sequential or is_functional(model):
+            return keras.models.clone_model(model, recursive=True)
+        return type(model).from_config(model.get_config())
     finally:
         model.compiled = compiled
+
+
+def _check_same(model: keras.Model, new: keras.Model) -> None:
+    """Raises unless `new` is `model`'s class with the same weights by shape."""
+    if type(new) is not type(model):
+        raise TypeError(
+            f"the copy is a {type(new).__name__}, not a {type(model).__name__}"
+        )
+    mine = [tuple(v.shape) for v in model.weights]
+    theirs = [tuple(v.shape) for v in new.weights]
+    if mine != theirs:
+        raise ValueError(
+            f"the copy has {len(theirs)} weights, the model {len(mine)}, or "
+            "their shapes differ"
+        )
 
 
 def recreate(
@@ -126,39 +86,42 @@ def recreate(
     policy: str,
     strategy: Any,
 ) -> keras.Model:
-    """Re-creates `model` under `policy` and `strategy`'s scope, compiled.
+    """A new model like `model` under `strategy`'s scope, compiled.
 
-    Runs under `preserved_state`: the global dtype policy and the random
-    state are unchanged afterwards.
+    A model is copied as its own class, in its own dtype policies (the plan's
+    precision is then set in place, `kerascale.apply.precision`), and checked:
+    the same class and the same weights by shape, then the weights, the
+    optimizer state and the compile settings copied. A builder is called
+    under `policy` as Keras's global policy. Runs under `preserved_state`:
+    the global dtype policy and the random state are unchanged afterwards.
 
     Args:
-        model: A compiled Keras model (cloned, weights and optimizer state
-            copied), or a zero-argument function that builds and compiles one
-            (called under the policy and scope).
-        policy: The dtype policy name.
+        model: A compiled Keras model, or a zero-argument function that
+            builds and compiles one.
+        policy: The dtype policy a builder builds under.
         strategy: A `tf.distribute.Strategy`.
 
     Returns:
         The new, compiled model.
 
     Raises:
-        CannotRecreate: When a model cannot be cloned or its weights copied.
+        CannotRecreate: When a model cannot be copied as its own class with
+            the same weights.
         ModelError: When a builder does not return a compiled model.
     """
-    default = keras.config.dtype_policy()  # what unpinned layers were given
-    with preserved_state(), strategy.scope(), global_policy(policy):
+    with preserved_state(), strategy.scope():
         if is_builder(model):
-            return _float32_outputs(_built(model), policy)
+            with global_policy(policy):
+                return _float32_outputs(_built(model), policy)
         try:
-            new = _clone(model, policy, default)
+            new = _copy(model)
             if model.built and model.weights:
                 if not new.built:
                     new.build_from_config(model.get_build_config())
+                _check_same(model, new)
                 new.set_weights(model.get_weights())
             compile_like(model, new)
             copy_optimizer_state(model, new)
-            if not (isinstance(new, keras.Sequential) or is_functional(new)):
-                _float32_outputs(new, policy)
         except Exception as e:
             raise CannotRecreate(
                 f"re-creating it failed: {type(e).__name__}: {gist(e)}"
@@ -172,23 +135,9 @@ def _float32_outputs(model: keras.Model, policy: str) -> keras.Model:
     what a builder returns): its `call` casts them (Keras's mixed-precision
     guide: outputs in float32). A layer you pinned to float32 computes in
     float32 as it is."""
-    if not policy.startswith("mixed"):
-        return model
-    call = model.call
-
-    @functools.wraps(call)
-    def float32_call(*args, **kwargs):
-        return keras.tree.map_structure(_as_float32, call(*args, **kwargs))
-
-    model.call = float32_call
+    if policy.startswith("mixed"):
+        precision.float32_outputs(model)
     return model
-
-
-def _as_float32(t: Any) -> Any:
-    dtype = getattr(t, "dtype", None)
-    if dtype is not None and "float" in str(dtype) and "32" not in str(dtype):
-        return keras.ops.cast(t, "float32")
-    return t
 
 
 def _built(builder: Callable[[], keras.Model]) -> keras.Model:

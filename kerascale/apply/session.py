@@ -9,10 +9,11 @@ preemption, a TimeBudget stop) undoes them, newest first. `kerascale.fit`,
 probes all prepare what trains here, so they cannot drift apart:
 
 - the strategy (`apply.strategy.build`);
-- the model: re-created under the plan's dtype policy and strategy scope
-  when the plan says so, or when a measurement needs a copy; when that
-  fails, the model as it is (`replan` gives the plan without re-creation,
-  and a measurement borrows the model and puts it back afterwards);
+- the model: re-created under the strategy's scope when the plan says so
+  (several replicas), or when a measurement needs a copy; when that fails,
+  the model as it is (`replan` gives the plan without re-creation, and a
+  measurement borrows the model and puts it back afterwards); then the
+  plan's precision, set in place (`apply.precision`);
 - gradient accumulation and learning-rate scaling (undone on exit);
 - the data: batched, re-batched and optimised as the plan says, validation
   data alike; arrays get the plan's batch through `fit`'s `batch_size`;
@@ -38,6 +39,7 @@ import tensorflow as tf
 from kerascale.apply import accumulation, cluster
 from kerascale.apply import data as data_lib
 from kerascale.apply import model as model_lib
+from kerascale.apply import precision as precision_lib
 from kerascale.apply import strategy as strategy_lib
 from kerascale.errors import ConfigurationError, warn
 from kerascale.sense import data_facts
@@ -102,31 +104,43 @@ class Session:
     ) -> tuple[keras.Model, Any]:
         """The model that trains under `plan`, and its strategy.
 
-        The model is re-created under `plan.precision` and the strategy's
-        scope when `plan.rebuild` says so, or when `copy` asks for a model
-        that is not the user's (measurements must not train the user's
-        weights). Without `copy`, a re-created model's weights go back into
-        the user's model on exit. A copy that cannot be made of a model the
-        plan keeps as it is is the model itself, borrowed: its variables are
-        put back on exit.
+        The model is re-created under the strategy's scope when `plan.rebuild`
+        says so (a multi-replica strategy whose scope the model's variables
+        are not in), or when `copy` asks for a model that is not the user's
+        (measurements must not train the user's weights). Without `copy`, a
+        re-created model's weights go back into the user's model on exit. A
+        copy that cannot be made of a model the plan keeps as it is is the
+        model itself, borrowed: its variables are put back on exit.
+
+        The plan's precision is then set in place on the model that trains
+        (`kerascale.apply.precision`), and undone on exit.
 
         Raises:
             model.CannotRecreate: When the plan needs a re-created model and
                 it cannot be made (the caller falls back).
         """
         dist = strategy_lib.build(plan, instance)
-        if not (plan.rebuild or copy) and not is_builder(model):
-            return model, dist
-        try:
-            new = model_lib.recreate(model, plan.precision, dist)
-        except model_lib.CannotRecreate:
-            if plan.rebuild or not copy or borrow_problem(model):
-                raise
-            return self.enter(model_lib.borrow(model)), dist
-        if not copy and not is_builder(model):
-            self.undo(
-                "copying the trained weights back", model_lib.copy_back, new, model
-            )
+        if is_builder(model):
+            return model_lib.recreate(model, plan.precision, dist), dist
+        change = precision_lib.layers_to_change(model)
+        new = model
+        if plan.rebuild or copy:
+            try:
+                new = model_lib.recreate(model, plan.precision, dist)
+            except model_lib.CannotRecreate:
+                if plan.rebuild or not copy or borrow_problem(model):
+                    raise
+                new = self.enter(model_lib.borrow(model))
+            else:
+                if not copy:
+                    self.undo(
+                        "copying the trained weights back",
+                        model_lib.copy_back,
+                        new,
+                        model,
+                    )
+        undo = precision_lib.apply(new, plan.precision, change)
+        self.undo(f"the {plan.precision} policy set on the model", undo)
         return new, dist
 
     def accumulate(self, model: keras.Model, plan: Any, *, final: bool) -> None:
@@ -253,7 +267,7 @@ def _prepare_data(
         ds = data_facts.as_structure(x if y is None else (x, y))
         ds = tf.data.Dataset.from_tensor_slices(ds)
         x, y = ds.batch(plan.step_batch_size).prefetch(tf.data.AUTOTUNE), None
-    elif kind == "arrays":
+    elif kind == "arrays" or (kind == "other" and plan.step_batch_size):
         kwargs["batch_size"] = plan.step_batch_size
     if "validation_data" in kwargs:
         kwargs["validation_data"], own = data_lib.prepare_validation(

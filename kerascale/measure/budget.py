@@ -31,6 +31,7 @@ from kerascale.apply import keras_compat
 from kerascale.measure.probe import MIN_TIMED_SECONDS, synthetic_batch
 from kerascale.measure.search import LADDER_CHUNK
 from kerascale.sense import data_facts
+from kerascale.sense.model_facts import is_trainer
 
 BUDGET_SHARE = 0.10  # the measurements may cost this share of the expected run
 TRAIN_PER_FORWARD = 2.0  # a training step, in forward passes
@@ -99,7 +100,7 @@ def train_seconds_per_sample(model: Any, x: Any, y: Any, data: Any) -> float | N
     (statistics, seed generators), Keras's global seed generator, Python's
     and NumPy's random state and the dtype policy are put back.
     """
-    if not isinstance(model, keras.Model) or not model.built:
+    if not is_trainer(model) or not model.built:
         return None
     try:
         element = data_facts.element_structure(x, y, data)

@@ -92,7 +92,9 @@ def needs_check(
     is small and fixed, or wherever `memory_limit` is given; not when the
     split is already stated (accumulation_steps, max_batch_size) or the data
     makes its own batches (a PyDataset)."""
-    if searched_batch(options, data) or data.kind == "pydataset":
+    if searched_batch(options, data) or data.kind in ("pydataset", "other"):
+        return False
+    if not data.measurable:
         return False
     if options.accumulation_steps or options.max_batch_size:
         return False
@@ -145,7 +147,7 @@ def decide(
     # Through the module, so that tests can replace the hardware seam.
     hw = hardware or hardware_lib.detect_hardware()
     budget = None
-    if epochs is not None:  # a run to weigh the measurements against
+    if epochs is not None and data.measurable:  # a run to weigh measurements against
         budget = budget_lib.RunBudget(
             data,
             epochs,
@@ -284,6 +286,13 @@ def _batch(
     run = dict(instance=instance, verbose=options.verbose)
     wanted = force_search or searched_batch(options, data)
     check = not wanted and needs_check(options, data, hw, search)
+    if wanted and not data.measurable:
+        if force_search:
+            raise BatchSizeSearchError(
+                f"The data cannot be probed: {data.why_not_measurable}. Pass a "
+                "tf.data.Dataset or NumPy arrays of numbers."
+            )
+        return None, False, ""  # the plan's warning says what was skipped
     if (wanted or check) and not facts.measurable:
         why = (
             "kerascale can neither copy your model nor put back what a probe "

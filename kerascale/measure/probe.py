@@ -314,28 +314,26 @@ def build_probe_model(
     `model` under the spec's policy and strategy (or the user's strategy
     `instance`), compiled, with the spec's gradient accumulation.
 
-    With `own_copy` (a child's freshly loaded model), a model that already
-    matches the plan is trained as it is, as `fit` would: a needless clone
-    would double its weights in memory and make the probe pessimistic.
-    Otherwise a copy trains (or the model itself, borrowed, when it cannot be
-    copied and the plan keeps it as it is).
+    With `own_copy` (a child's freshly loaded model), a model that needs no
+    strategy scope trains as it is, its precision set in place, as `fit`
+    would: a needless copy would double its weights in memory and make the
+    probe pessimistic. Otherwise a copy trains (or the model itself,
+    borrowed, when it cannot be copied and the plan keeps it as it is).
     """
-    matches = (
-        not is_builder(model)
-        and spec.policy == model.dtype_policy.name
-        and spec.strategy == "default"
-        and instance is None
-    )
+    in_scope = spec.strategy == "default" and instance is None
     plan = types.SimpleNamespace(
         strategy=spec.strategy,
         devices=spec.devices,
         precision=spec.policy,
-        rebuild=not matches,
+        rebuild=not in_scope,
         accumulation_steps=spec.accumulation_steps,
         lr_factor=1.0,
     )
     new, _ = session.model_for(
-        model, plan, instance=instance, copy=not (own_copy and matches)
+        model,
+        plan,
+        instance=instance,
+        copy=is_builder(model) or not (own_copy and in_scope),
     )
     session.accumulate(new, plan, final=False)
     return new

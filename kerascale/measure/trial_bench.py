@@ -213,7 +213,6 @@ class Prepared:
             accumulation_steps=1,
             global_batch_size=batch * plan.replicas,
             lr_factor=1.0,
-            rebuild=plan.rebuild or policy != plan.precision,
         )
         decided = types.SimpleNamespace(
             plan=view, data=data, instance=None, optimize_data=optimize

@@ -163,6 +163,7 @@ def wanted(options: Any, plan: Any, data: Any, x: Any) -> tuple[bool, bool]:
         options.precision == "auto"
         and plan.precision != "float32"
         and data.kind != "pydataset"
+        and data.measurable
     )
     return pipeline, precision
 

@@ -136,7 +136,7 @@ class Plan:
         rows.append(
             (
                 "model",
-                "re-created" if self.rebuild else "used as is",
+                "re-created" if self.rebuild else "yours, as it is",
                 self.reasons.get("rebuild", ""),
             )
         )

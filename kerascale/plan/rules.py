@@ -15,6 +15,7 @@ from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.options import Options
 from kerascale.plan.plan import Plan
+from kerascale.sense import data_facts
 from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
 from kerascale.sense.model_facts import ModelFacts
@@ -53,6 +54,15 @@ def make_plan(
     where = _placement(hardware, options, model)
     replicas = where.replicas
     reasons, warnings = dict(where.reasons), list(where.warnings)
+    if data.kind == "pydataset" and options.batch_size not in ("auto", data.batch_size):
+        warnings.append(
+            f"batch_size={options.batch_size} is ignored for a keras.utils.PyDataset, "
+            f"as model.fit ignores it: the PyDataset's own batches of "
+            f"{data.batch_size} train. Change its batch size to change them."
+        )
+        options = dataclasses.replace(options, batch_size="auto")
+    if data_facts.passthrough_reason(data):
+        warnings.append(data_facts.passthrough_reason(data))
 
     requested, why_batch = _choose_batch(options, data, replicas, search)
     requested, why_batch, capped = _within_data(
@@ -107,18 +117,23 @@ def _placement(hardware: Hardware, options: Options, model: ModelFacts) -> _Plac
     )
     warnings = [*choice.warnings, *policy_warnings]
     needs_new_scope = choice.name != "default" and not model.in_strategy_scope
-    rebuild = model.builder or needs_new_scope or policy != model.policy
+    rebuild = model.builder or needs_new_scope
     if rebuild and not model.rebuildable:
         return _as_it_is(hardware, choice, policy, why_policy, model, warnings)
+    in_place = (
+        f"; dtype policy {model.policy} -> {policy} set in place"
+        if policy != model.policy and not model.builder
+        else ""
+    )
     if model.builder:
         why_rebuild = "built by your function under the plan's policy and scope"
     elif rebuild:
-        parts = []
-        if policy != model.policy:
-            parts.append(f"dtype policy {model.policy} -> {policy}")
-        if needs_new_scope:
-            parts.append(f"variables must live in the {choice.name} scope")
-        why_rebuild = "; ".join(parts) + "; weights copied, compile settings kept"
+        why_rebuild = (
+            f"variables must live in the {choice.name} scope: copied as its own "
+            f"class, weights and compile settings kept{in_place}"
+        )
+    elif in_place:
+        why_rebuild = in_place[2:] + " (put back when fit ends)"
     else:
         why_rebuild = "already matches the plan: zero overhead"
     reasons = {
@@ -149,10 +164,6 @@ def _as_it_is(
     choices that need a re-created model are dropped, and said so."""
     why = model.why_not_rebuildable
     needs_new_scope = choice.name != "default" and not model.in_strategy_scope
-    choice_policy, dropped = policy, []
-    if policy != model.policy:
-        dropped.append(f"precision {policy}")
-        policy, why_policy = model.policy, f"kept the model's {model.policy}: {why}"
     if needs_new_scope and choice.name == "multi_worker":
         # Training alone on each worker would silently diverge.
         raise ModelError(
@@ -162,26 +173,25 @@ def _as_it_is(
             "builds and compiles it, or build it under "
             "`with kerascale.connect_cluster().scope():`."
         )
-    why_strategy = choice.reason
-    if needs_new_scope:
-        dropped.append(f"strategy {choice.name}")
-        choice = strategy_rules.choose(hardware, "default")
-        why_strategy = f"kept the default strategy: {why}"
-    keep = []
-    if policy != choice_policy:
-        keep.append(f"precision={policy!r}")
-    if needs_new_scope:
-        keep.append("strategy='default'")
+    dropped = choice.name
+    choice = strategy_rules.choose(hardware, "default")
     warnings.append(
-        f"Not applied: {' and '.join(dropped)}, because the model cannot be "
-        f"re-created ({why}). To get it, pass a zero-argument function that "
-        "builds and compiles the model instead of the model; to say you want "
-        f"it as it is, pass {' and '.join(keep)}."
+        f"Not applied: strategy {dropped}, because the model cannot be "
+        f"re-created in its scope ({why}): trained on one replica. To get it, "
+        "pass a zero-argument function that builds and compiles the model "
+        "instead of the model, or build it under the strategy's scope; to say "
+        "you want it as it is, pass strategy='default'."
     )
+    in_place = policy != model.policy
     reasons = {
-        "strategy": why_strategy,
+        "strategy": f"kept the default strategy: {why}",
         "precision": why_policy,
-        "rebuild": "already matches the plan: zero overhead",
+        "rebuild": (
+            f"dtype policy {model.policy} -> {policy} set in place (put back when "
+            "fit ends)"
+            if in_place
+            else "already matches the plan: zero overhead"
+        ),
     }
     return _Placement(
         choice.name,
@@ -206,7 +216,9 @@ def _accumulation(
     """How each replica reaches its share of `requested`: micro x k."""
     per_replica = requested // replicas
     k = options.accumulation_steps
-    if k and k > 1 and data.kind == "pydataset":
+    if data.kind == "other" and (not k or k == 1):
+        return accumulation_rules.Split(per_replica, 1, True, "not split"), []
+    if k and k > 1 and data.kind in ("pydataset", "other"):
         raise ConfigurationError(
             "accumulation_steps cannot split the batches of a keras.utils.PyDataset "
             "(it makes its own): make its batches the micro-batch and pass "
@@ -274,11 +286,12 @@ def _lr_factor(options: Options, data: DataFacts, effective: int) -> tuple[float
 def _choose_batch(
     options: Options, data: DataFacts, replicas: int, search: Any
 ) -> tuple[int, str]:
-    if data.kind == "pydataset" and options.batch_size not in ("auto", data.batch_size):
-        raise ConfigurationError(
-            f"batch_size cannot re-batch a keras.utils.PyDataset: it makes its own "
-            f"batches of {data.batch_size}. Change the PyDataset's batch size, or "
-            f'pass batch_size="auto". Received: batch_size={options.batch_size}'
+    if data.kind == "other":
+        if options.batch_size != "auto":
+            return options.batch_size, "batch_size you passed, given to Keras as is"
+        return 0, (
+            "your data makes its own batches, of a size kerascale does not read "
+            "(0 stands for unknown)"
         )
     if options.batch_size != "auto":
         batch, why = options.batch_size, "batch_size you passed"
@@ -332,6 +345,8 @@ def _data_changes(
         return [], "arrays are batched and prefetched by Keras itself"
     if data.kind == "pydataset":
         return [], "a PyDataset makes its own batches; Keras reads it"
+    if data.kind == "other":
+        return [], "your data goes to Keras as it is (kerascale does not read it)"
     changes = []
     if not data.batched:
         changes.append(f"batch({global_batch})")

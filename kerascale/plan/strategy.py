@@ -1,7 +1,7 @@
 """Which `tf.distribute` strategy to train under. Pure.
 
-TPU -> TPUStrategy; several GPUs -> Mirrored; one GPU -> OneDevice; CPU -> the
-default strategy; a cluster of two or more workers -> MultiWorkerMirrored.
+TPU -> TPUStrategy; several GPUs -> Mirrored; one GPU or a CPU -> the default
+strategy (one replica needs no scope, so the model trains as it is); a cluster of two or more workers -> MultiWorkerMirrored.
 Building the strategy object is `kerascale.apply.strategy`'s job.
 """
 
@@ -192,7 +192,11 @@ def _choose_auto(hw: Hardware) -> StrategyChoice:
             "mirrored", devices, len(devices), reason, _mixed_gpu_warning(hw)
         )
     if len(hw.gpus) == 1:
-        return StrategyChoice("one_device", ("/gpu:0",), 1, "one GPU")
+        # One replica needs no strategy scope: TensorFlow places the model on
+        # the GPU, and the model trains as it is (no copy of its variables).
+        return StrategyChoice(
+            "default", ("/gpu:0",), 1, "one GPU: TensorFlow's default strategy"
+        )
     return StrategyChoice(
         "default", ("/cpu:0",), 1, "CPU only: TensorFlow's default strategy"
     )

@@ -37,7 +37,10 @@ class DataFacts:
     """What planning needs to know about the training data.
 
     Attributes:
-        kind: "dataset", "pydataset" or "arrays".
+        kind: "dataset", "pydataset", "arrays", or "other": anything else
+            Keras's `fit` takes (a generator, a grain or torch loader, an
+            iterator), which kerascale passes to Keras unread: reading it
+            would consume it.
         batched: Whether a dataset arrives already batched.
         batch_size: The batch of an already-batched dataset, else None.
         num_samples: Samples per epoch where known (arrays; datasets of known
@@ -56,6 +59,13 @@ class DataFacts:
     num_samples: int | None = None
     from_files: bool = False
     cacheable: bool = False
+    why_not_measurable: str = ""
+
+    @property
+    def measurable(self) -> bool:
+        """Whether kerascale can read or synthesise this data for its
+        measurements (the batch search, the trials, the run's estimate)."""
+        return not self.why_not_measurable
 
 
 def as_structure(data: Any) -> Any:
@@ -77,6 +87,8 @@ def is_dataset(x: Any) -> bool:
 def leading_dims(structure: Any) -> list[int]:
     dims = []
     for a in tf.nest.flatten(structure):
+        if a is None:  # an optional input left out
+            continue
         shape = getattr(a, "shape", None)
         if shape is None:
             a = np.asarray(a)
@@ -92,8 +104,95 @@ def leading_dims(structure: Any) -> list[int]:
 
 def _array_like(x: Any) -> bool:
     return all(
-        isinstance(a, np.ndarray | tf.Tensor | list | tuple) or hasattr(a, "__array__")
-        for a in tf.nest.flatten(x)
+        leaf is None
+        or isinstance(leaf, np.ndarray | tf.Tensor | list | tuple | int | float | str)
+        or _is_composite(leaf)
+        or hasattr(leaf, "__array__")
+        for leaf in tf.nest.flatten(x)
+    )
+
+
+_SCALARS = (str, bytes, int, float, bool, np.generic)
+
+
+def _is_scalar_list(x: Any) -> bool:
+    return (
+        isinstance(x, list | tuple)
+        and len(x) > 0
+        and all(isinstance(e, _SCALARS) for e in x)
+    )
+
+
+def _scalar_lists(x: Any) -> bool:
+    """Whether `x` holds a Python list of values (one array to Keras)."""
+    if _is_scalar_list(x):
+        return True
+    if isinstance(x, Mapping):
+        return any(_scalar_lists(v) for v in x.values())
+    if isinstance(x, list | tuple):
+        return any(_scalar_lists(v) for v in x)
+    return False
+
+
+def _lists_as_arrays(x: Any) -> Any:
+    """`x` with its Python lists of values as NumPy arrays, as Keras reads
+    them (a list of arrays stays a list: several inputs)."""
+    if _is_scalar_list(x):
+        return np.asarray(x)
+    if isinstance(x, Mapping):
+        return {k: _lists_as_arrays(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(_lists_as_arrays(v) for v in x)
+    return x
+
+
+def _is_composite(leaf: Any) -> bool:
+    return isinstance(leaf, tf.RaggedTensor | tf.SparseTensor)
+
+
+def _unsynthesisable(x: Any, y: Any) -> str:
+    """Why arrays that Keras trains cannot be read for a probe (which makes
+    up batches of the same shapes and dtypes), or "": ragged or sparse
+    tensors, strings, Python objects, or an input left None."""
+    leaves = tf.nest.flatten(x) + ([] if y is None else tf.nest.flatten(y))
+    for leaf in leaves:
+        if leaf is None:
+            return "an input is None (an optional input left out)"
+        if _is_composite(leaf):
+            return f"it holds a {type(leaf).__name__}"
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None:
+            try:
+                dtype = np.asarray(leaf).dtype
+            except Exception:
+                return f"it holds a {type(leaf).__name__} that is not an array"
+        if isinstance(dtype, tf.DType):
+            numeric = dtype.is_floating or dtype.is_integer or dtype.is_bool
+        else:
+            try:
+                numeric = np.dtype(dtype).kind in "biuf"
+            except TypeError:
+                numeric = False
+        if not numeric:
+            return f"it holds {dtype} values (not numbers)"
+    return ""
+
+
+def passthrough_reason(facts: DataFacts) -> str:
+    """What kerascale skipped for data it cannot read, and how to get it, or
+    "" (the plan's one warning about it)."""
+    if facts.measurable:
+        return ""
+    what = (
+        "its batch size, the input-pipeline changes, the batch-size search and "
+        "the CPU trials"
+        if facts.kind == "other"
+        else "the batch-size search and the CPU trials"
+    )
+    return (
+        f"kerascale passes your data to Keras as it is, because "
+        f"{facts.why_not_measurable}; skipped: {what}. To get them, pass a "
+        "tf.data.Dataset (or NumPy arrays of numbers)."
     )
 
 
@@ -109,8 +208,9 @@ def inspect(
 
     Args:
         x: A `tf.data.Dataset` (batched or not, yielding `(x, y)` or
-            `(x, y, sample_weight)`), or arrays (NumPy, tensors, or a dict or
-            list of them).
+            `(x, y, sample_weight)`), a `keras.utils.PyDataset`, arrays
+            (NumPy, tensors, Python lists, or a dict or list of them), or
+            anything else Keras's `fit` takes (kind "other", not read).
         y: Targets when `x` is arrays; must be None for a dataset.
         steps_per_epoch: Needed when the dataset is infinite.
         name: How to name `x` in errors (e.g. "validation_data").
@@ -118,7 +218,7 @@ def inspect(
 
     Raises:
         DataError: For empty data, an infinite dataset without
-            `steps_per_epoch`, mismatched lengths or an unsupported type.
+            `steps_per_epoch`, or mismatched lengths.
     """
     if x is None:
         raise DataError(f"{name} is required. Received: {name}=None")
@@ -134,13 +234,21 @@ def inspect(
     if isinstance(x, keras.utils.PyDataset):
         return _inspect_pydataset(x, y, name=name)
     if isinstance(x, Mapping) or _array_like(x):
-        return _inspect_arrays(x, y, name=name)
-    raise DataError(
-        f"{name} must be a tf.data.Dataset, a keras.utils.PyDataset or arrays "
-        "(NumPy, tensors, or a dict or list of them). Received: "
-        f"{name} of type {type(x).__name__}. Wrap a Python generator with "
-        "tf.data.Dataset.from_generator(gen, output_signature=...) so that "
-        "kerascale can batch it and every epoch can read it again."
+        listed = _scalar_lists(x) or (y is not None and _scalar_lists(y))
+        x, y = _lists_as_arrays(x), _lists_as_arrays(y)
+        facts = _inspect_arrays(x, y, name=name)
+        why = _unsynthesisable(x, y) or (
+            "it holds Python lists of values (pass NumPy arrays)" if listed else ""
+        )
+        return dataclasses.replace(facts, why_not_measurable=why) if why else facts
+    # A generator, a grain or torch loader, an iterator: Keras reads it, and
+    # raises its own error for what it cannot.
+    return DataFacts(
+        kind="other",
+        batched=True,
+        why_not_measurable=(
+            f"a {type(x).__name__} cannot be read ahead without consuming it"
+        ),
     )
 
 

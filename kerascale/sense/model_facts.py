@@ -63,9 +63,26 @@ class ModelFacts:
         return dataclasses.replace(self, rebuildable=False, why_not_rebuildable=why)
 
 
+def is_trainer(model: Any) -> bool:
+    """Whether `model` trains with Keras's own trainer: a `keras.Model`, or a
+    layer with Keras's `Trainer` mixed in (Keras's own tests train such
+    objects; they are not `keras.Model`s)."""
+    if isinstance(model, keras.Model):
+        return True
+    return isinstance(model, keras.layers.Layer) and all(
+        callable(getattr(model, name, None))
+        for name in ("fit", "compile", "make_train_function")
+    )
+
+
 def is_builder(model: Any) -> bool:
-    """True for a zero-argument function that builds and compiles a model."""
-    return callable(model) and not isinstance(model, keras.Model)
+    """True for a function that builds and compiles a model: a plain function,
+    a `functools.partial`, or a callable object that is not a Keras layer."""
+    return (
+        callable(model)
+        and not isinstance(model, keras.layers.Layer | keras.Operation)
+        and not is_trainer(model)
+    )
 
 
 def is_functional(model: Any) -> bool:
@@ -92,10 +109,11 @@ def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> Mode
     """
     if is_builder(model):
         return ModelFacts(policy=keras.config.dtype_policy().name, builder=True)
-    if not isinstance(model, keras.Model):
+    if not is_trainer(model):
         raise ModelError(
-            "model must be a keras.Model or a zero-argument function that builds "
-            f"and compiles one. Received: model of type {type(model).__name__}"
+            "model must be a keras.Model (or a layer with Keras's Trainer mixed "
+            "in) or a zero-argument function that builds and compiles one. "
+            f"Received: model of type {type(model).__name__}"
         )
     if not model.compiled:
         raise ModelError(

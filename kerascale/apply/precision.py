@@ -1,0 +1,193 @@
+"""The plan's precision, set in place on the model that trains.
+
+A built Keras layer reads its dtype policy at call time, so a model's
+precision can change without copying it: `layer.dtype_policy =
+"mixed_bfloat16"` on a built, compiled, trained model trains next with
+float32 variables, bf16 activations and whatever the output layers compute
+in. The model keeps its class, compiled metrics, optimizer and preprocessor
+(a keras-hub `Task` stays one), where re-creating it did not.
+
+What changes, and what does not:
+
+- every layer whose policy is float32 and that the user did not pin gets the
+  plan's policy; a layer built with its own `dtype=` keeps it (Keras gives a
+  layer built without `dtype` the global policy object itself, so the pinned
+  ones are the others, where some share it);
+- the layers that produce a Functional or Sequential model's outputs stay
+  float32 (Keras's mixed-precision guide: a softmax in float16 is unsafe);
+  every model's `call` also casts its floating outputs to float32 (on the
+  instance), which covers subclassed models, keras-hub tasks and outputs that
+  an operation rather than a layer makes;
+- under mixed_float16 the optimizer is wrapped in Keras's own
+  `LossScaleOptimizer` (what `compile` does under that global policy); its
+  inner optimizer is the user's, so its state trains on;
+- Keras's traced train/test/predict functions are dropped, so that the next
+  step traces under the new policies.
+
+`apply` returns what undoes it all: `fit` restores the user's policies, call,
+optimizer and traced functions when training ends, however it ends. The
+model is then what it was before `fit`, plus the trained weights (Keras's own
+mixed precision is a global setting the user chose before building; here
+the choice was kerascale's, so it is not left behind).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from kerascale.apply import keras_compat
+from kerascale.sense.model_facts import is_functional
+
+_TRACED = ("train_function", "test_function", "predict_function")
+
+
+def layers_to_change(model: keras.Model, default: Any = None) -> list[bool]:
+    """For each layer of `keras_compat.all_layers(model)`, in order, whether
+    the plan's mixed policy goes on it: float32, not pinned by the user, and
+    not an output layer of a Functional or Sequential model.
+
+    Args:
+        model: The user's model.
+        default: The global policy object unpinned layers share (Keras's
+            current one by default).
+    """
+    default = keras.config.dtype_policy() if default is None else default
+    layers = keras_compat.all_layers(model)
+    keep = _output_layer_ids(model)
+    shared = any(layer.dtype_policy is default for layer in layers)
+    out = []
+    for layer in layers:
+        policy = layer.dtype_policy
+        pinned = shared and policy is not default
+        out.append(
+            policy.name == "float32"
+            and policy.quantization_mode is None
+            and not pinned
+            and id(layer) not in keep
+            and not (layer is model and _keeps_outputs(model))
+        )
+    return out
+
+
+def apply(
+    model: keras.Model, policy: str, change: list[bool] | None = None
+) -> Callable[[], None]:
+    """Sets `policy` in place on `model` and returns what undoes it.
+
+    Args:
+        model: The model that trains.
+        policy: A Keras dtype policy name ("mixed_bfloat16", ...).
+        change: `layers_to_change` of the model whose layers these mirror
+            (a copy of the user's model), else computed on `model`.
+
+    Returns:
+        A function of no arguments that puts back the policies, the `call`,
+        the optimizer and the traced functions found here.
+    """
+    layers = keras_compat.all_layers(model)
+    if change is None or len(change) != len(layers):
+        change = layers_to_change(model)
+    saved_policies = [(layer, layer.dtype_policy) for layer in layers]
+    saved_traced = {name: getattr(model, name, None) for name in _TRACED}
+    saved_call = model.__dict__.get("call", _MISSING)
+    saved_optimizer = getattr(model, "optimizer", None)
+
+    def undo() -> None:
+        for layer, before in saved_policies:
+            if layer.dtype_policy is not before:
+                layer.dtype_policy = before
+        if saved_call is _MISSING:
+            model.__dict__.pop("call", None)
+        else:
+            model.__dict__["call"] = saved_call
+        if getattr(model, "optimizer", None) is not saved_optimizer:
+            model.optimizer = saved_optimizer
+        for name, fn in saved_traced.items():
+            setattr(model, name, fn)
+
+    if policy == "float32" or not any(change):
+        return undo
+    try:
+        for layer, yes in zip(layers, change, strict=True):
+            if yes:
+                layer.dtype_policy = policy
+        float32_outputs(model)  # a no-op where the output layers stay float32
+        if policy == "mixed_float16":
+            _scale_loss(model)
+        for name in _TRACED:
+            setattr(model, name, None)
+    except BaseException:
+        undo()
+        raise
+    return undo
+
+
+def float32_outputs(model: keras.Model) -> None:
+    """Makes `model`'s `call` cast its floating outputs to float32 (on the
+    instance: its class is untouched)."""
+    call = model.call
+
+    @functools.wraps(call)
+    def float32_call(*args: Any, **kwargs: Any) -> Any:
+        return keras.tree.map_structure(_as_float32, call(*args, **kwargs))
+
+    model.__dict__["call"] = float32_call
+
+
+def _scale_loss(model: keras.Model) -> None:
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or isinstance(
+        optimizer, keras.optimizers.LossScaleOptimizer
+    ):
+        return
+    model.optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+
+
+def _as_float32(t: Any) -> Any:
+    dtype = getattr(t, "dtype", None)
+    if dtype is not None and "float" in str(dtype) and "32" not in str(dtype):
+        return keras.ops.cast(t, "float32")
+    return t
+
+
+def _keeps_outputs(model: keras.Model) -> bool:
+    """Whether `model`'s output layers can be told (and kept float32): a
+    Functional or Sequential model of Keras's own classes."""
+    return isinstance(model, keras.Sequential) or is_functional(model)
+
+
+def _output_layer_ids(model: keras.Model) -> set[int]:
+    """ids of the layers that produce `model`'s outputs, looking through
+    nested Sequential and Functional models."""
+    if isinstance(model, keras.Sequential):
+        last = [model.layers[-1]] if model.layers else []
+    elif is_functional(model):
+        last = [_layer_named(model, name) for name in model.output_names]
+    else:
+        return set()
+    out = set()
+    for layer in last:
+        if layer is None:
+            continue
+        out.add(id(layer))
+        if isinstance(layer, keras.Model):
+            out |= _output_layer_ids(layer)
+    return out
+
+
+def _layer_named(model: keras.Model, name: str) -> Any:
+    try:
+        return model.get_layer(name)
+    except ValueError:  # an output made by an operation, not a layer
+        return None
+
+
+class _Missing:
+    pass
+
+
+_MISSING = _Missing()
