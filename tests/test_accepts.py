@@ -356,3 +356,32 @@ def test_an_error_in_the_first_step_is_keras_own_after_the_fallback():
         kerascale.fit(make(), X, Y, epochs=1, verbose=0)
     assert type(ours.value) is type(theirs.value)
     assert "broken on purpose" in str(ours.value)
+
+
+class Counting(keras.Model):
+    """Counts its calls in a variable: any eager call kerascale makes shows."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+        self.calls = self.add_weight(
+            shape=(), initializer="zeros", trainable=False, name="calls"
+        )
+
+    def call(self, x):
+        self.calls.assign_add(1.0)
+        return self.dense(x)
+
+
+def test_planning_leaves_no_trace_on_an_unbuilt_model():
+    model = Counting()
+    model.compile(optimizer="sgd", loss="mse")
+    kerascale.plan(model, X, Y, verbose=0)
+    assert model.built and float(model.calls.numpy()) == 0.0
+    keras.utils.set_random_seed(0)
+    plain = Counting()
+    plain.compile(optimizer="sgd", loss="mse")
+    plain.fit(X, Y, batch_size=16, epochs=1, verbose=0)
+    kerascale.fit(model, X, Y, batch_size=16, epochs=1, verbose=0)
+    # Only the training steps counted, as in model.fit.
+    assert float(model.calls.numpy()) == float(plain.calls.numpy()) == 4.0

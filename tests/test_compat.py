@@ -34,11 +34,31 @@ def test_two_workers_train_like_one_process(tmp_path):
 
 def test_the_model_internals_kerascale_uses_still_do_what_it_relies_on():
     """Fails when Keras renames or changes them (see PRIVATE_NAMES)."""
-    assert len(compat.PRIVATE_NAMES) == 15
+    assert len(compat.PRIVATE_NAMES) == 16
     x, y = np.zeros((8, 2), "float32"), np.zeros((8, 1), "float32")
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
     assert compat.compile_arguments(model)["loss"] == "mse"
+    # compile makes its config anew: its identity tells a second compile.
+    token = compat.compile_token(model)
+    assert token is not None and compat.compile_token(model) is token
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    assert compat.compile_token(model) is not token
+    # Every layer, nested ones and the model itself, in a fixed order.
+    inner = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
+    inputs = keras.Input((2,))
+    outer = keras.Model(inputs, keras.layers.Dense(1)(inner(inputs)))
+    kinds = [type(layer).__name__ for layer in compat.all_layers(outer)]
+    assert kinds[0] == "Functional" and kinds.count("Dense") == 2
+    assert "Sequential" in kinds
+    # Functional and its subclasses are told apart from subclassed models.
+    assert compat.is_graph_model(outer) and not compat.is_graph_model(inner)
+
+    class Task(type(outer)):  # as keras-hub's tasks subclass Functional
+        pass
+
+    assert compat.is_graph_model(Task(inputs, outer.outputs))
+    assert not compat.is_graph_model(keras.layers.Dense(1))
 
     class Holder(keras.layers.Layer):  # holds a layer as an attribute
         def __init__(self):

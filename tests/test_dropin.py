@@ -19,6 +19,7 @@ import tensorflow as tf
 
 import kerascale
 from kerascale.apply import model as model_lib
+from kerascale.apply import precision as precision_lib
 from kerascale.measure import cache
 from kerascale.sense import data_facts
 
@@ -67,9 +68,15 @@ def test_a_gan_with_its_own_train_step_trains_as_it_is():
     with pytest.warns(kerascale.KerascaleWarning) as said:
         history = kerascale.fit(model, x, epochs=1, verbose=0)
     texts = " ".join(str(w.message) for w in said)
-    assert "No batch search" in texts and "does not have a `call()`" in texts
+    assert "No batch search" in texts and "its own train_step (GAN)" in texts
     assert history.plan.global_batch_size == 32  # Keras's default
     assert not history.plan.rebuild and model.built
+    # bf16 set in place, the generator's and discriminator's outputs float32
+    # (what one model hands another), so the example's concat trains as is.
+    assert "failed at the first" not in texts
+    assert {layer.dtype_policy.name for layer in model.generator.layers} == {
+        "float32"
+    }  # put back
 
 
 def test_a_choice_that_fails_at_the_first_step_is_tried_again_plain():
@@ -126,11 +133,13 @@ def test_a_failing_trial_drops_its_candidate(monkeypatch, no_budget):
 
 def test_layers_pinned_by_the_user_keep_their_policy_and_outputs_are_float32():
     model, x, _, _ = make("pinned")
-    new = model_lib.recreate(model, "mixed_bfloat16", tf.distribute.get_strategy())
-    policies = {layer.name: layer.dtype_policy.name for layer in new.layers}
+    undo = precision_lib.apply(model, "mixed_bfloat16")
+    policies = {layer.name: layer.dtype_policy.name for layer in model.layers}
     assert policies["pinned"] == "float32" and policies["head"] == "float32"
     assert policies["dense"] == "mixed_bfloat16"
-    assert new(x[:2]).dtype == tf.float32
+    assert model(x[:2]).dtype == tf.float32
+    undo()
+    assert {layer.dtype_policy.name for layer in model.layers} == {"float32"}
 
     def build():
         inputs = keras.Input((6,))
@@ -154,13 +163,14 @@ def test_layers_pinned_by_the_user_keep_their_policy_and_outputs_are_float32():
     sub = Sub()
     sub.compile("sgd", "mse")
     sub(x[:2])
-    copy = model_lib.recreate(sub, "mixed_bfloat16", tf.distribute.get_strategy())
-    assert copy.d.dtype_policy.name == "mixed_bfloat16"
-    assert copy(x[:2]).dtype == tf.float32
-    # A model loaded from disk shares no policy object: nothing looks pinned,
-    # and every float32 layer but the output takes the mixed policy.
-    loaded = _saved_and_loaded(make("noisy")[0])
-    copy = model_lib.recreate(loaded, "mixed_bfloat16", tf.distribute.get_strategy())
+    precision_lib.apply(sub, "mixed_bfloat16")
+    assert sub.d.dtype_policy.name == "mixed_bfloat16"
+    assert sub(x[:2]).dtype == tf.float32
+    # A model loaded from disk shares no policy object (but its input layer's,
+    # which computes nothing): nothing looks pinned, and every float32 layer
+    # but the output takes the mixed policy.
+    copy = _saved_and_loaded(make("noisy")[0])
+    precision_lib.apply(copy, "mixed_bfloat16")
     assert [layer.dtype_policy.name for layer in copy.layers[1:]] == [
         "mixed_bfloat16",
         "mixed_bfloat16",

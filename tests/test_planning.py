@@ -36,7 +36,7 @@ MIXED_GPUS = Hardware(
         (TPU_HOST, "tpu", 8, ("my-tpu",)),
         (gpu_box(4), "mirrored", 4, ("/gpu:0", "/gpu:1", "/gpu:2", "/gpu:3")),
         (MIXED_GPUS, "mirrored", 2, ("/gpu:0", "/gpu:1")),
-        (gpu_box(1), "one_device", 1, ("/gpu:0",)),
+        (gpu_box(1), "default", 1, ("/gpu:0",)),
         (CPU_ONLY, "default", 1, ("/cpu:0",)),
     ],
 )
@@ -128,22 +128,27 @@ def test_auto_keeps_a_mixed_policy_the_user_chose():
     assert p.precision == "mixed_float16" and not p.rebuild
 
 
-def test_rebuild_only_when_needed():
+def test_rebuild_only_when_a_strategy_needs_its_scope():
     assert not plan_for(CPU_ONLY).rebuild  # float32 on the default strategy
-    assert plan_for(Hardware(cpu=CPU_BF16)).rebuild  # policy changes
-    assert plan_for(gpu_box(1, cc=(6, 0))).rebuild  # new strategy scope
+    bf16 = plan_for(Hardware(cpu=CPU_BF16))
+    assert not bf16.rebuild and bf16.precision == "mixed_bfloat16"  # in place
+    assert "set in place" in bf16.reasons["rebuild"]
+    assert not plan_for(gpu_box(1, cc=(6, 0))).rebuild  # one GPU: default strategy
+    assert plan_for(gpu_box(2)).rebuild  # mirrored: variables in its scope
+    assert plan_for(gpu_box(1), strategy="one_device").rebuild  # you asked
     assert plan_for(
         gpu_box(1), model=ModelFacts(builder=True), precision="float32"
     ).rebuild
 
 
-def test_unrebuildable_model_falls_back_and_says_why():
+def test_unrebuildable_model_keeps_its_precision_and_drops_the_strategy():
     facts = ModelFacts(rebuildable=False, why_not_rebuildable="subclassed model Net")
     p = plan_for(gpu_box(2), model=facts)
-    assert (p.strategy, p.replicas, p.precision) == ("default", 1, "float32")
+    # The precision is set in place; only the strategy needs a copy.
+    assert (p.strategy, p.replicas, p.precision) == ("default", 1, "mixed_bfloat16")
     assert not p.rebuild
     (w,) = [w for w in p.warnings if w.startswith("Not applied")]
-    assert "precision mixed_bfloat16" in w and "strategy mirrored" in w
+    assert "strategy mirrored" in w and "precision" not in w
     assert "subclassed model Net" in w and "zero-argument function" in w
 
 

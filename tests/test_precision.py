@@ -5,6 +5,7 @@ import tensorflow as tf
 from conftest import dense_model, toy_data
 
 from kerascale.apply import model as model_lib
+from kerascale.apply import precision as precision_lib
 from kerascale.sense.model_facts import recreation_problem
 
 
@@ -30,20 +31,31 @@ def cnn():
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
-def test_rebuild_keeps_weights_and_predictions_with_float32_outputs(policy):
+def test_in_place_keeps_weights_and_predictions_with_float32_outputs(policy):
     model = cnn()
     x = np.random.default_rng(0).normal(size=(16, 8, 8, 3)).astype("float32")
-    before = model.predict(x, verbose=0)
-    new = model_lib.recreate(model, policy, default_strategy())
-    assert new is not model
-    for a, b in zip(model.get_weights(), new.get_weights(), strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert new.layers[1].dtype_policy.name == policy  # the conv
-    assert new.layers[-1].dtype_policy.name == "float32"  # the output layer
-    after = new.predict(x, verbose=0)
+    before, weights = model.predict(x, verbose=0), model.get_weights()
+    undo = precision_lib.apply(model, policy)
+    assert model.layers[1].dtype_policy.name == policy  # the conv
+    assert model.layers[-1].dtype_policy.name == "float32"  # the output layer
+    after = model.predict(x, verbose=0)
     assert after.dtype == np.float32
     np.testing.assert_allclose(after, before, atol=2e-2)  # bf16 has 8 bits of mantissa
+    undo()
+    assert {layer.dtype_policy.name for layer in model.layers} == {"float32"}
+    for a, b in zip(weights, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(model.predict(x, verbose=0), before)
     assert keras.config.dtype_policy().name == "float32"  # global policy unchanged
+
+
+def test_recreate_copies_the_model_as_its_own_class_in_its_own_policy():
+    model = cnn()
+    new = model_lib.recreate(model, "mixed_bfloat16", default_strategy())
+    assert new is not model and type(new) is type(model)
+    assert {layer.dtype_policy.name for layer in new.layers} == {"float32"}
+    for a, b in zip(model.get_weights(), new.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_rebuild_keeps_compile_settings():
@@ -60,16 +72,21 @@ def test_rebuild_keeps_compile_settings():
     assert set(logs) == {"loss", "accuracy"}
 
 
-def test_float16_gets_loss_scaling():
-    new = model_lib.recreate(dense_model(), "mixed_float16", default_strategy())
-    assert isinstance(new.optimizer, keras.optimizers.LossScaleOptimizer)
+def test_float16_gets_loss_scaling_around_the_users_optimizer():
+    model = dense_model()
+    optimizer = model.optimizer
+    undo = precision_lib.apply(model, "mixed_float16")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert model.optimizer.inner_optimizer is optimizer
+    undo()
+    assert model.optimizer is optimizer
 
 
 def test_optimizer_state_is_carried_over_both_ways():
     model = dense_model(optimizer="adam")
     x, y = toy_data()
     model.fit(x, y, epochs=1, batch_size=16, verbose=0)
-    new = model_lib.recreate(model, "mixed_float16", default_strategy())
+    new = model_lib.recreate(model, "float32", default_strategy())
     inner = model_lib.core_optimizer(new.optimizer)
     assert int(inner.iterations) == 4
     for a, b in zip(model.optimizer.variables, inner.variables, strict=True):
@@ -90,9 +107,10 @@ def test_nested_model_output_stays_float32():
     outer_in = keras.Input((4,))
     model = keras.Model(outer_in, inner(keras.layers.Dense(4)(outer_in)))
     model.compile(optimizer="sgd", loss="mse")
-    new = model_lib.recreate(model, "mixed_bfloat16", default_strategy())
-    assert new.predict(np.zeros((2, 4), "float32"), verbose=0).dtype == np.float32
-    assert new.layers[1].dtype_policy.name == "mixed_bfloat16"
+    precision_lib.apply(model, "mixed_bfloat16")
+    assert model.predict(np.zeros((2, 4), "float32"), verbose=0).dtype == np.float32
+    assert model.layers[1].dtype_policy.name == "mixed_bfloat16"
+    assert inner.layers[-1].dtype_policy.name == "float32"  # the nested output
 
 
 def test_sequential_model():
@@ -100,8 +118,8 @@ def test_sequential_model():
         [keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(2)]
     )
     model.compile(optimizer="sgd", loss="mse")
-    new = model_lib.recreate(model, "mixed_bfloat16", default_strategy())
-    assert [layer.dtype_policy.name for layer in new.layers] == [
+    precision_lib.apply(model, "mixed_bfloat16")
+    assert [layer.dtype_policy.name for layer in model.layers] == [
         "mixed_bfloat16",
         "float32",
     ]

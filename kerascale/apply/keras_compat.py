@@ -33,10 +33,13 @@ where Keras has no public way (listed in `PRIVATE_NAMES`, which
   building the variables the first step would create, so that a checkpoint
   can be restored before that step runs. `_flatten_layers` also lists every
   layer a precision set in place must reach (a subclassed model's sublayers
-  are listed nowhere public).
+  are listed nowhere public). `keras.src.models.functional.Functional`: the
+  class a keras-hub task or backbone subclasses, whose output layers stay
+  float32 when a precision is set in place (Keras exports no such class).
 - `Model._compile_config`: the arguments `compile` received, to re-compile a
   re-created model when the compile config does not round-trip (unregistered
-  custom losses).
+  custom losses); made anew by each `compile`, so its identity also tells a
+  second `kerascale.fit` whether its traced functions still hold.
 - `Layer._layers`: the layers a custom layer holds as attributes, for the
   probe child's search of every class the model uses.
 
@@ -179,6 +182,7 @@ PRIVATE_NAMES = (
     "keras.Model._compile_metrics (after compile)",
     "keras.Model._compile_config (after compile)",
     "keras.Layer._layers (the layers it tracks)",
+    "keras.src.models.functional.Functional",
     "keras.src.random.seed_generator.global_seed_generator",
     "keras.src.backend.common.global_state.get_global_attribute",
     "keras.Optimizer._learning_rate, _trainable_variables (after build)",
@@ -270,10 +274,24 @@ def all_layers(model: Any) -> list[Any]:
     return list(model._flatten_layers(include_self=True, recursive=True))
 
 
+def is_graph_model(layer: Any) -> bool:
+    """Whether `layer` is a Functional model or a subclass of it (a keras-hub
+    task or backbone): Keras exports no public class to test against."""
+    from keras.src.models.functional import Functional
+
+    return isinstance(layer, Functional)
+
+
 def tracked_layers(layer: Any) -> list[Any]:
     """The layers a layer tracks as attributes (`Layer._layers`), which a
     custom layer that is not a model lists nowhere public."""
     return list(getattr(layer, "_layers", None) or ())
+
+
+def compile_token(model: Any) -> Any:
+    """An object that `compile` makes anew each time (`_compile_config`), so
+    that its identity tells whether the model was compiled again."""
+    return getattr(model, "_compile_config", None)
 
 
 def compile_arguments(model: Any) -> dict[str, Any]:

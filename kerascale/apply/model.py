@@ -76,8 +76,8 @@ def _check_same(model: keras.Model, new: keras.Model) -> None:
     theirs = [tuple(v.shape) for v in new.weights]
     if mine != theirs:
         raise ValueError(
-            f"the copy has {len(theirs)} weights, the model {len(mine)}, or "
-            "their shapes differ"
+            f"the copy's weights differ from the model's: shapes {theirs[:4]} "
+            f"against {mine[:4]}{' ...' if len(mine) > 4 else ''}"
         )
 
 

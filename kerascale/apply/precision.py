@@ -22,7 +22,9 @@ What changes, and what does not:
   `LossScaleOptimizer` (what `compile` does under that global policy); its
   inner optimizer is the user's, so its state trains on;
 - Keras's traced train/test/predict functions are dropped, so that the next
-  step traces under the new policies.
+  step traces under the new policies; those traced under kerascale's policy
+  are kept on the model (`_kerascale_traced`) for the next `fit` with the same
+  plan, which reuses them unless the model was compiled again.
 
 `apply` returns what undoes it all: `fit` restores the user's policies, call,
 optimizer and traced functions when training ends, however it ends. The
@@ -40,9 +42,12 @@ from typing import Any
 import keras
 
 from kerascale.apply import keras_compat
-from kerascale.sense.model_facts import is_functional
 
 _TRACED = ("train_function", "test_function", "predict_function")
+# Where a model keeps the functions Keras traced under kerascale's policy, for
+# the next `fit` with the same plan (`apply(reuse=True)`). Kept on the model,
+# so that they go when it goes (the functions hold the model).
+_CACHE = "_kerascale_traced"
 
 
 def layers_to_change(model: keras.Model, default: Any = None) -> list[bool]:
@@ -58,23 +63,39 @@ def layers_to_change(model: keras.Model, default: Any = None) -> list[bool]:
     default = keras.config.dtype_policy() if default is None else default
     layers = keras_compat.all_layers(model)
     keep = _output_layer_ids(model)
-    shared = any(layer.dtype_policy is default for layer in layers)
+    # Input layers and Functional/Sequential containers compute nothing of
+    # their own: they keep their policy, and do not tell pinned layers apart
+    # (a loaded model's input layer shares the global policy, its other
+    # layers do not).
+    computes = [
+        not isinstance(layer, keras.layers.InputLayer) and not _keeps_outputs(layer)
+        for layer in layers
+    ]
+    shared = any(
+        layer.dtype_policy is default
+        for layer, yes in zip(layers, computes, strict=True)
+        if yes
+    )
     out = []
-    for layer in layers:
+    for layer, yes in zip(layers, computes, strict=True):
         policy = layer.dtype_policy
         pinned = shared and policy is not default
         out.append(
-            policy.name == "float32"
+            yes
+            and policy.name == "float32"
             and policy.quantization_mode is None
             and not pinned
             and id(layer) not in keep
-            and not (layer is model and _keeps_outputs(model))
         )
     return out
 
 
 def apply(
-    model: keras.Model, policy: str, change: list[bool] | None = None
+    model: keras.Model,
+    policy: str,
+    change: list[bool] | None = None,
+    *,
+    reuse: bool = False,
 ) -> Callable[[], None]:
     """Sets `policy` in place on `model` and returns what undoes it.
 
@@ -83,6 +104,11 @@ def apply(
         policy: A Keras dtype policy name ("mixed_bfloat16", ...).
         change: `layers_to_change` of the model whose layers these mirror
             (a copy of the user's model), else computed on `model`.
+        reuse: Keep the functions Keras traces under `policy` for the next
+            `apply` with the same policy on the same model, not compiled
+            again since: a second `kerascale.fit` then costs what a second
+            `model.fit` costs. Only for a run whose optimizer kerascale does
+            not otherwise change (no accumulation, no loss scaling).
 
     Returns:
         A function of no arguments that puts back the policies, the `call`,
@@ -96,7 +122,13 @@ def apply(
     saved_call = model.__dict__.get("call", _MISSING)
     saved_optimizer = getattr(model, "optimizer", None)
 
+    # Compiled again since? `compile` makes its token anew (told by identity).
+    key, token = (policy, tuple(change)), keras_compat.compile_token(model)
+
     def undo() -> None:
+        if reuse and policy != "float32" and any(change):
+            traced = {name: getattr(model, name, None) for name in _TRACED}
+            model.__dict__[_CACHE] = (key, token, traced)
         for layer, before in saved_policies:
             if layer.dtype_policy is not before:
                 layer.dtype_policy = before
@@ -118,8 +150,10 @@ def apply(
         float32_outputs(model)  # a no-op where the output layers stay float32
         if policy == "mixed_float16":
             _scale_loss(model)
+        kept, kept_token, traced = model.__dict__.get(_CACHE, (None, None, {}))
+        same = reuse and kept == key and kept_token is token
         for name in _TRACED:
-            setattr(model, name, None)
+            setattr(model, name, traced.get(name) if same else None)
     except BaseException:
         undo()
         raise
@@ -154,28 +188,27 @@ def _as_float32(t: Any) -> Any:
     return t
 
 
-def _keeps_outputs(model: keras.Model) -> bool:
-    """Whether `model`'s output layers can be told (and kept float32): a
-    Functional or Sequential model of Keras's own classes."""
-    return isinstance(model, keras.Sequential) or is_functional(model)
+def _keeps_outputs(model: Any) -> bool:
+    """Whether `model` is a graph of layers (Sequential, Functional or a
+    subclass of it such as a keras-hub task): its output layers can be told
+    and kept float32, and it computes nothing of its own."""
+    return isinstance(model, keras.Sequential) or keras_compat.is_graph_model(model)
 
 
 def _output_layer_ids(model: keras.Model) -> set[int]:
-    """ids of the layers that produce `model`'s outputs, looking through
-    nested Sequential and Functional models."""
-    if isinstance(model, keras.Sequential):
-        last = [model.layers[-1]] if model.layers else []
-    elif is_functional(model):
-        last = [_layer_named(model, name) for name in model.output_names]
-    else:
-        return set()
-    out = set()
-    for layer in last:
-        if layer is None:
+    """ids of the layers that produce the outputs of `model` and of every
+    Functional or Sequential model nested in it (a GAN's generator and
+    discriminator, a VAE's encoder, a keras-hub backbone): what one model
+    hands another stays float32, as a model's own outputs do."""
+    out: set[int] = set()
+    for layer in keras_compat.all_layers(model):
+        if isinstance(layer, keras.Sequential):
+            last = [layer.layers[-1]] if layer.layers else []
+        elif keras_compat.is_graph_model(layer):
+            last = [_layer_named(layer, name) for name in layer.output_names]
+        else:
             continue
-        out.add(id(layer))
-        if isinstance(layer, keras.Model):
-            out |= _output_layer_ids(layer)
+        out |= {id(x) for x in last if x is not None}
     return out
 
 

@@ -139,7 +139,13 @@ class Session:
                         new,
                         model,
                     )
-        undo = precision_lib.apply(new, plan.precision, change)
+        reuse = (
+            new is model
+            and plan.precision != "mixed_float16"
+            and plan.accumulation_steps <= 1
+            and plan.lr_factor == 1.0
+        )
+        undo = precision_lib.apply(new, plan.precision, change, reuse=reuse)
         self.undo(f"the {plan.precision} policy set on the model", undo)
         return new, dist
 

@@ -3,7 +3,8 @@
 `model_facts` reads the model's dtype policy, whether it can be re-created
 under another policy or strategy scope, and whether its variables already
 live in the scope of a strategy the user passed. It builds an unbuilt model
-from one sample of the data, as its first `fit` step would.
+symbolically from the data's shapes, as Keras's `fit` does before its first
+step: nothing `call()` does to the model's state runs.
 """
 
 from __future__ import annotations
@@ -123,14 +124,16 @@ def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> Mode
     unbuilt = ""
     if not model.built:
         try:
-            model(sample())
+            build_symbolically(model, sample())
         except Exception as e:
             unbuilt = (
                 "it is not built, and building it from the data's shape failed "
                 f"({type(e).__name__}: {gist(e)})"
             )
     why = unbuilt or recreation_problem(model)
-    not_borrowable = unbuilt or borrow_problem(model)
+    not_borrowable = borrow_problem(model)
+    if unbuilt and not_borrowable in ("", "it is not built"):
+        not_borrowable = unbuilt
     in_scope = not isinstance(strategy, str) and model.distribute_strategy is strategy
     return ModelFacts(
         policy=model.dtype_policy.name,
@@ -142,11 +145,27 @@ def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> Mode
     )
 
 
+def build_symbolically(model: Any, sample: Any) -> None:
+    """Builds `model` by calling it on symbolic tensors shaped like `sample`
+    (batch dimension unknown), as Keras's own `fit` builds it before its
+    first step: `call()` runs in a scratch graph, so nothing it assigns or
+    draws (a counter, a seed) moves in the user's model."""
+    import numpy as np
+
+    def symbolic(a: Any) -> Any:
+        if a is None:
+            return None
+        a = a if hasattr(a, "shape") and hasattr(a, "dtype") else np.asarray(a)
+        dtype = keras.backend.standardize_dtype(a.dtype)
+        return keras.KerasTensor((None, *tuple(a.shape)[1:]), dtype)
+
+    model(keras.tree.map_structure(symbolic, sample))
+
+
 def borrow_problem(model: keras.Model) -> str:
     """ "" when a measurement can train `model` itself and put it back (it is
-    built, and Keras's own train_step and test_step train it), else why not."""
-    if not model.built:
-        return "it is not built"
+    built, and Keras's own train_step and test_step train it), else why not
+    (its own steps first: the more lasting reason)."""
     own = [
         name
         for name in ("train_step", "test_step")
@@ -157,6 +176,8 @@ def borrow_problem(model: keras.Model) -> str:
             f"it trains with its own {' and '.join(own)} "
             f"({type(model).__name__}), which may keep state elsewhere"
         )
+    if not model.built:
+        return "it is not built"
     return ""
 
 

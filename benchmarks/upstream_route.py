@@ -1,0 +1,63 @@
+"""A pytest plugin that routes every `model.fit` to `kerascale.fit`.
+
+Loaded by `benchmarks/upstream_fit.py` (`-p upstream_route`) into a run of
+Keras's own test files: each `fit` a test calls on a model (or on a layer
+with Keras's Trainer mixed in) goes through `kerascale.fit(model, ...)`
+with the same arguments, Keras's positional ones named. The `fit` calls
+kerascale makes itself (the real run, probes, trials) reach Keras's own.
+
+`KERASCALE_ROUTE_OPTIONS` (JSON) adds kerascale options to every call, e.g.
+'{"precision": "float32"}'.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import threading
+
+import keras
+
+_inside = threading.local()
+
+
+def _trainer_classes() -> list[type]:
+    from keras.src.trainers.trainer import Trainer
+
+    found, todo = [], [Trainer]
+    while todo:
+        cls = todo.pop()
+        if "fit" in vars(cls):
+            found.append(cls)
+        todo += cls.__subclasses__()
+    return found
+
+
+def _route(original):
+    names = list(inspect.signature(original).parameters)[1:]  # after self
+
+    def fit(self, *args, **kwargs):
+        if getattr(_inside, "active", False):
+            return original(self, *args, **kwargs)
+        import kerascale
+
+        kwargs.update(zip(names, args, strict=False))
+        x, y = kwargs.pop("x", None), kwargs.pop("y", None)
+        if kwargs.get("batch_size") is None:
+            kwargs["batch_size"] = "auto"
+        kwargs.update(json.loads(os.environ.get("KERASCALE_ROUTE_OPTIONS", "{}")))
+        _inside.active = True
+        try:
+            return kerascale.fit(self, x, y, **kwargs)
+        finally:
+            _inside.active = False
+
+    fit.__wrapped__ = original
+    return fit
+
+
+def pytest_configure(config):
+    keras.utils.set_random_seed(0)
+    for cls in _trainer_classes():
+        cls.fit = _route(vars(cls)["fit"])
