@@ -18,7 +18,7 @@ import tensorflow as tf
 from conftest import dense_model, toy_data
 
 import kerascale
-from kerascale.apply import keras_compat
+from kerascale.apply import precision as precision_lib
 from kerascale.sense import data_facts
 from kerascale.sense.model_facts import is_builder, is_trainer
 
@@ -283,7 +283,7 @@ def test_pinned_layers_and_a_subclassed_models_outputs_stay_float32():
         def on_train_batch_end(self, batch, logs=None):
             seen["policies"] = {
                 layer.name: layer.dtype_policy.name
-                for layer in keras_compat.all_layers(model)
+                for layer in precision_lib.forward_layers(model)
             }
             seen["output"] = model(X[:2]).dtype
 

@@ -274,6 +274,12 @@ def all_layers(model: Any) -> list[Any]:
     return list(model._flatten_layers(include_self=True, recursive=True))
 
 
+def child_layers(layer: Any) -> list[Any]:
+    """The layers `layer` holds directly (`Layer._flatten_layers`, not
+    recursive): a custom layer's sublayers, which it lists nowhere public."""
+    return list(layer._flatten_layers(include_self=False, recursive=False))
+
+
 def is_graph_model(layer: Any) -> bool:
     """Whether `layer` is a Functional model or a subclass of it (a keras-hub
     task or backbone): Keras exports no public class to test against."""

@@ -9,8 +9,9 @@ in. The model keeps its class, compiled metrics, optimizer and preprocessor
 
 What changes, and what does not:
 
-- every layer whose policy is float32 and that the user did not pin gets the
-  plan's policy; a layer built with its own `dtype=` keeps it (Keras gives a
+- every layer the forward pass runs (a graph model's graph, a custom layer's
+  sublayers; not a keras-hub task's preprocessor) whose policy is float32 and
+  that the user did not pin gets the plan's policy; a layer built with its own `dtype=` keeps it (Keras gives a
   layer built without `dtype` the global policy object itself, so the pinned
   ones are the others, where some share it);
 - the layers that produce a Functional or Sequential model's outputs stay
@@ -50,10 +51,32 @@ _TRACED = ("train_function", "test_function", "predict_function")
 _CACHE = "_kerascale_traced"
 
 
+def forward_layers(model: Any) -> list[Any]:
+    """The model and the layers its forward pass runs, in a fixed order: a
+    graph model's (Functional, Sequential, a keras-hub task) are the layers
+    of its graph, not what it merely holds (a keras-hub task's preprocessor
+    and tokenizer, which must keep their own dtypes); any other layer's are
+    the sublayers it holds."""
+    seen: dict[int, Any] = {}
+
+    def walk(layer: Any) -> None:
+        if id(layer) in seen:
+            return
+        seen[id(layer)] = layer
+        graph = isinstance(layer, keras.Sequential) or keras_compat.is_graph_model(
+            layer
+        )
+        for child in layer.layers if graph else keras_compat.child_layers(layer):
+            walk(child)
+
+    walk(model)
+    return list(seen.values())
+
+
 def layers_to_change(model: keras.Model, default: Any = None) -> list[bool]:
-    """For each layer of `keras_compat.all_layers(model)`, in order, whether
-    the plan's mixed policy goes on it: float32, not pinned by the user, and
-    not an output layer of a Functional or Sequential model.
+    """For each layer of `forward_layers(model)`, in order, whether the plan's
+    mixed policy goes on it: float32, not pinned by the user, and not (inside)
+    an output layer of a graph model.
 
     Args:
         model: The user's model.
@@ -61,12 +84,11 @@ def layers_to_change(model: keras.Model, default: Any = None) -> list[bool]:
             current one by default).
     """
     default = keras.config.dtype_policy() if default is None else default
-    layers = keras_compat.all_layers(model)
-    keep = _output_layer_ids(model)
-    # Input layers and Functional/Sequential containers compute nothing of
-    # their own: they keep their policy, and do not tell pinned layers apart
-    # (a loaded model's input layer shares the global policy, its other
-    # layers do not).
+    layers = forward_layers(model)
+    keep = _output_layer_ids(layers)
+    # Input layers and graph containers compute nothing of their own: they
+    # keep their policy, and do not tell pinned layers apart (a loaded
+    # model's input layer shares the global policy, its other layers do not).
     computes = [
         not isinstance(layer, keras.layers.InputLayer) and not _keeps_outputs(layer)
         for layer in layers
@@ -114,7 +136,7 @@ def apply(
         A function of no arguments that puts back the policies, the `call`,
         the optimizer and the traced functions found here.
     """
-    layers = keras_compat.all_layers(model)
+    layers = forward_layers(model)
     if change is None or len(change) != len(layers):
         change = layers_to_change(model)
     saved_policies = [(layer, layer.dtype_policy) for layer in layers]
@@ -195,20 +217,24 @@ def _keeps_outputs(model: Any) -> bool:
     return isinstance(model, keras.Sequential) or keras_compat.is_graph_model(model)
 
 
-def _output_layer_ids(model: keras.Model) -> set[int]:
-    """ids of the layers that produce the outputs of `model` and of every
-    Functional or Sequential model nested in it (a GAN's generator and
-    discriminator, a VAE's encoder, a keras-hub backbone): what one model
-    hands another stays float32, as a model's own outputs do."""
+def _output_layer_ids(layers: list[Any]) -> set[int]:
+    """ids of the layers that produce the outputs of every graph model among
+    `layers` (the model itself, a GAN's generator and discriminator, a VAE's
+    encoder, a keras-hub backbone), and of all the layers inside them: what
+    one model hands another stays float32, as a model's own outputs do, and
+    a float32 block computes in float32 throughout (its residual adds mix
+    its input with its sublayers' outputs)."""
     out: set[int] = set()
-    for layer in keras_compat.all_layers(model):
+    for layer in layers:
         if isinstance(layer, keras.Sequential):
             last = [layer.layers[-1]] if layer.layers else []
         elif keras_compat.is_graph_model(layer):
             last = [_layer_named(layer, name) for name in layer.output_names]
         else:
             continue
-        out |= {id(x) for x in last if x is not None}
+        for kept in last:
+            if kept is not None:
+                out |= {id(x) for x in forward_layers(kept)}
     return out
 
 
