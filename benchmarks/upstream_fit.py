@@ -9,9 +9,10 @@ the tests that call `fit` and pass plainly, it lists each one that fails
 routed, with its error's first line, and writes JSON and a markdown table to
 `benchmarks/results/`.
 
-Run it on every change to the door or the model path (about 5 minutes on
-2 cores):
+Run it on every change to the door or the model path (about 10 minutes on
+2 cores; Keras's trainer_test.py imports jax, hence the `upstream` extra):
 
+    .venv/bin/pip install -e ".[test,upstream]"
     .venv/bin/python benchmarks/upstream_fit.py
     .venv/bin/python benchmarks/upstream_fit.py --options '{"precision": "float32"}'
 """
@@ -56,38 +57,43 @@ def _keras_src() -> pathlib.Path:
     return pathlib.Path(keras.__file__).parent / "src"
 
 
-def calls_fit(path: pathlib.Path) -> set[str]:
-    """The test functions in `path` whose source calls `.fit(`."""
-    import ast
-
-    tree = ast.parse(path.read_text())
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
-            if ".fit(" in ast.get_source_segment(path.read_text(), node):
-                out.add(node.name)
-    return out
-
-
 def run(files: list[pathlib.Path], routed: bool, options: str) -> dict[str, dict]:
-    """{test id: {"outcome", "message", "seconds"}} from one child pytest."""
+    """{"file_test::Class::test": {"outcome", "message", "seconds", "fit"}},
+    one child pytest per file (a crash costs one file, and names are clear);
+    "fit": whether the test called `fit`."""
+    results = {}
+    for path in files:
+        for name, r in _run_file(path, routed, options).items():
+            results[f"{path.stem}::{name}"] = r
+    return results
+
+
+def _run_file(path: pathlib.Path, routed: bool, options: str) -> dict[str, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         report = pathlib.Path(tmp) / "report.xml"
+        log = pathlib.Path(tmp) / "called.json"
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
         env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
         env["KERASCALE_CACHE_DIR"] = str(pathlib.Path(tmp) / "cache")
         env["KERASCALE_ROUTE_OPTIONS"] = options
+        env["KERASCALE_ROUTE"] = "1" if routed else "0"
+        env["KERASCALE_ROUTE_LOG"] = str(log)
         command = [
             sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
             f"--rootdir={tmp}", f"--junitxml={report}", "-o", "addopts=",
-            "-W", "ignore::DeprecationWarning",
-            *(["-p", "upstream_route"] if routed else []),
-            *map(str, files),
+            "-W", "ignore::DeprecationWarning", "-p", "upstream_route", str(path),
         ]  # fmt: skip
         subprocess.run(command, env=env, cwd=tmp, capture_output=True, check=False)
+        if not report.exists():
+            return {}
+        # node ids "path::Class::test[params]" -> "Class::test[params]"
+        ids = json.loads(log.read_text()) if log.exists() else []
+        called = {"::".join(n.split("::")[1:]) for n in ids}
         results = {}
         for case in ET.parse(report).iter("testcase"):
-            name = f"{case.get('classname')}::{case.get('name')}"
+            cls = (case.get("classname") or "").rsplit(".", 1)[-1]
+            module_level = not cls or cls.endswith("_test")
+            name = case.get("name") if module_level else f"{cls}::{case.get('name')}"
             outcome, message = "passed", ""
             for tag in ("failure", "error", "skipped"):
                 element = case.find(tag)
@@ -100,6 +106,7 @@ def run(files: list[pathlib.Path], routed: bool, options: str) -> dict[str, dict
                 "outcome": outcome,
                 "message": message,
                 "seconds": float(case.get("time") or 0),
+                "fit": name in called,
             }
         return results
 
@@ -111,24 +118,12 @@ def main() -> None:
     args = parser.parse_args()
     src = _keras_src()
     files = [src / f for f in FILES if (src / f).exists()]
-    fitting = {f"{p.stem}::{name}" for p in files for name in calls_fit(p)}
     start = time.perf_counter()
     plain = run(files, False, args.options)
     routed = run(files, True, args.options)
     elapsed = time.perf_counter() - start
-
-    def fits(test_id: str) -> bool:
-        # classname "keras.src.trainers.trainer_test.TestTrainer"; a
-        # parameterized test's name extends its function's name.
-        parts = test_id.split("::")[0].split(".")
-        module = next((p for p in parts if p.endswith("_test")), "")
-        name = test_id.rsplit("::", 1)[-1]
-        return any(
-            f == f"{module}::{name}" or f"{module}::{name}".startswith(f + "_")
-            for f in fitting
-        )
-
-    base = [t for t, r in plain.items() if r["outcome"] == "passed" and fits(t)]
+    # The tests that call fit (seen at run time) and pass plainly.
+    base = [t for t, r in plain.items() if r["outcome"] == "passed" and r["fit"]]
     failing = {t: routed.get(t, {"message": "not run"}) for t in base
                if routed.get(t, {}).get("outcome") != "passed"}  # fmt: skip
     both = [t for t in base if t not in failing]

@@ -7,7 +7,9 @@ with the same arguments, Keras's positional ones named. The `fit` calls
 kerascale makes itself (the real run, probes, trials) reach Keras's own.
 
 `KERASCALE_ROUTE_OPTIONS` (JSON) adds kerascale options to every call, e.g.
-'{"precision": "float32"}'.
+'{"precision": "float32"}'. `KERASCALE_ROUTE=0` only records: with
+`KERASCALE_ROUTE_LOG` set, the ids of the tests that called `fit` are
+written there as JSON, routed or not.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import threading
 import keras
 
 _inside = threading.local()
+_called: set[str] = set()  # tests that called fit
+_current = {"test": ""}
 
 
 def _trainer_classes() -> list[type]:
@@ -38,7 +42,9 @@ def _route(original):
     names = list(inspect.signature(original).parameters)[1:]  # after self
 
     def fit(self, *args, **kwargs):
-        if getattr(_inside, "active", False):
+        _called.add(_current["test"])
+        routing = os.environ.get("KERASCALE_ROUTE", "1") != "0"
+        if getattr(_inside, "active", False) or not routing:
             return original(self, *args, **kwargs)
         import kerascale
 
@@ -55,6 +61,17 @@ def _route(original):
 
     fit.__wrapped__ = original
     return fit
+
+
+def pytest_runtest_setup(item):
+    _current["test"] = item.nodeid
+
+
+def pytest_sessionfinish(session, exitstatus):
+    log = os.environ.get("KERASCALE_ROUTE_LOG")
+    if log:
+        with open(log, "w") as f:
+            json.dump(sorted(_called - {""}), f)
 
 
 def pytest_configure(config):

@@ -39,10 +39,16 @@ ModelOrBuilder = keras.Model | Callable[[], keras.Model]
 
 # The arguments `fit` and `plan` share, documented once for both.
 _ARGUMENTS = """\
-        model: A compiled Keras model, or a zero-argument function that builds
-            and compiles one (for subclassed models that cannot be cloned).
-        x: A `tf.data.Dataset` (batched or not) yielding `(inputs, targets)`,
-            or input arrays.
+        model: A compiled Keras model (or a layer with Keras's `Trainer`
+            mixed in), or a zero-argument function that builds and compiles
+            one (a plain function, a `functools.partial` or a callable object
+            that is not a layer).
+        x: Whatever `model.fit` takes: a `tf.data.Dataset` (batched or not)
+            yielding `(inputs, targets)`, input arrays, a
+            `keras.utils.PyDataset`, a Python generator, a grain dataset...
+            The batch search and trials need a dataset or arrays of numbers;
+            the rest goes to Keras unread, and one warning says what was
+            skipped.
         y: Target arrays when `x` is arrays; None for a dataset.
         batch_size: Samples per optimizer update (Keras's meaning). "auto":
             your batched dataset's batch size; for unbatched data, the batch
@@ -147,10 +153,13 @@ def fit(
     """Trains `model` at the scale of the hardware here; `model.fit`'s drop-in.
 
     kerascale picks the distribution strategy and the fastest safe precision,
-    re-creates the model under them where needed (weights, optimizer state and
-    compile settings kept), batches the data, and calls Keras's own `fit`.
-    Your `model` then holds the trained weights, however training ended. Each
-    decision is printed (unless `verbose=0`) and is in `history.plan`.
+    sets the precision in place on your model (put back when `fit` ends),
+    re-creates the model only where a multi-replica strategy needs its
+    variables in its scope (weights, optimizer state and compile settings
+    kept), batches the data, and calls Keras's own `fit`. Data it cannot read
+    without consuming it (a generator, a grain loader) goes to Keras as it
+    is. Your `model` then holds the trained weights, however training ended.
+    Each decision is printed (unless `verbose=0`) and is in `history.plan`.
 
     Args:
         {arguments}
@@ -241,9 +250,11 @@ def plan(
 
     It decides exactly as `fit` does, on a cluster too (every worker calls
     it, and they agree). Your model is not trained or changed (an unbuilt
-    model is built from the data's shape); only the batch-size search's
+    model is built symbolically from the data's shapes, as Keras's `fit`
+    builds it: its `call` runs on no values); only the batch-size search's
     probes and, on a CPU, the trials of the choices left to kerascale train
-    copies of it (both cached).
+    copies of it, or the model itself with every variable put back (both
+    cached).
 
     Args:
         {arguments}

@@ -42,7 +42,9 @@ def both(make_model, make_data, **kwargs):
     keras.utils.set_random_seed(0)  # the same weights and shuffles
     model, (x, y) = make_model(), make_data()
     theirs = model.fit(x, y, verbose=0, **kwargs)
-    ours_said = [str(w.message) for w in said if w.category is kerascale.KerascaleWarning]
+    ours_said = [
+        str(w.message) for w in said if w.category is kerascale.KerascaleWarning
+    ]
     return ours, theirs, ours_said
 
 
@@ -120,9 +122,11 @@ def test_ragged_tensor_inputs_train_as_in_keras():
         model = keras.Sequential(
             [
                 keras.layers.Lambda(
-                    lambda t: tf.reduce_mean(t, axis=1, keepdims=True)
-                    if isinstance(t, tf.RaggedTensor)
-                    else keras.ops.mean(t, axis=1, keepdims=True)
+                    lambda t: (
+                        tf.reduce_mean(t, axis=1, keepdims=True)
+                        if isinstance(t, tf.RaggedTensor)
+                        else keras.ops.mean(t, axis=1, keepdims=True)
+                    )
                 ),
                 keras.layers.Dense(1),
             ]
@@ -385,3 +389,27 @@ def test_planning_leaves_no_trace_on_an_unbuilt_model():
     kerascale.fit(model, X, Y, batch_size=16, epochs=1, verbose=0)
     # Only the training steps counted, as in model.fit.
     assert float(model.calls.numpy()) == float(plain.calls.numpy()) == 4.0
+
+
+def test_a_second_fit_with_the_same_plan_reuses_what_keras_traced():
+    model = regression_model()
+    used = []
+
+    class Peek(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            used.append(self.model.train_function)
+
+    def fit():
+        kerascale.fit(
+            model, X, Y, batch_size=16, precision="mixed_bfloat16", verbose=0,
+            callbacks=[Peek()],
+        )  # fmt: skip
+        return used[-1]
+
+    first = fit()
+    assert model.train_function is None  # the user's (none yet), put back
+    assert fit() is first  # the same traced function: no retrace
+    model.fit(X, Y, batch_size=16, verbose=0)  # plain fit: the user's own
+    assert fit() is first
+    model.compile(optimizer="sgd", loss="mse")  # compiled again: traced anew
+    assert fit() is not first

@@ -105,7 +105,7 @@ def trains_in_bf16(model, x, y=None, **kwargs):
 
 def test_a_text_classifier_with_its_preprocessor_trains_on_a_list_of_strings():
     model = text_classifier()
-    history, said = trains_in_bf16(model, TEXTS, LABELS, batch_size=8, epochs=2)
+    _, said = trains_in_bf16(model, TEXTS, LABELS, batch_size=8, epochs=2)
     assert any("passes your data to Keras" in w for w in said)
     # The task's own predict, with its preprocessor, still takes strings.
     out = model.predict(["great fun"], verbose=0)
@@ -119,9 +119,7 @@ def test_a_causal_lm_trains_on_strings():
     assert len(model.weights) == weights
 
 
-def test_an_image_classifier_gets_the_batch_search_and_checkpoints(
-    tmp_path, no_budget
-):
+def test_an_image_classifier_gets_the_batch_search_and_checkpoints(tmp_path, no_budget):
     rng = np.random.default_rng(0)
     x = rng.uniform(size=(64, 16, 16, 3)).astype("float32")
     y = rng.integers(0, 3, 64)

@@ -11,11 +11,14 @@ What changes, and what does not:
 
 - every layer the forward pass runs (a graph model's graph, a custom layer's
   sublayers; not a keras-hub task's preprocessor) whose policy is float32 and
-  that the user did not pin gets the plan's policy; a layer built with its own `dtype=` keeps it (Keras gives a
-  layer built without `dtype` the global policy object itself, so the pinned
-  ones are the others, where some share it);
-- the layers that produce a Functional or Sequential model's outputs stay
-  float32 (Keras's mixed-precision guide: a softmax in float16 is unsafe);
+  that the user did not pin gets the plan's policy; a layer built with its
+  own `dtype=` keeps it (Keras gives a layer built without `dtype` the global
+  policy object itself, so the pinned ones are the others, where some share
+  it);
+- the layers that produce a graph model's outputs stay float32, with
+  everything inside them, and so do those of every graph model nested in it
+  (Keras's mixed-precision guide: a softmax in float16 is unsafe; what a
+  GAN's generator hands its discriminator stays float32);
   every model's `call` also casts its floating outputs to float32 (on the
   instance), which covers subclassed models, keras-hub tasks and outputs that
   an operation rather than a layer makes;
@@ -196,9 +199,7 @@ def float32_outputs(model: keras.Model) -> None:
 
 def _scale_loss(model: keras.Model) -> None:
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or isinstance(
-        optimizer, keras.optimizers.LossScaleOptimizer
-    ):
+    if optimizer is None or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return
     model.optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
 

@@ -286,30 +286,9 @@ def _batch(
     run = dict(instance=instance, verbose=options.verbose)
     wanted = force_search or searched_batch(options, data)
     check = not wanted and needs_check(options, data, hw, search)
-    if wanted and not data.measurable:
-        if force_search:
-            raise BatchSizeSearchError(
-                f"The data cannot be probed: {data.why_not_measurable}. Pass a "
-                "tf.data.Dataset or NumPy arrays of numbers."
-            )
-        return None, False, ""  # the plan's warning says what was skipped
-    if (wanted or check) and not facts.measurable:
-        why = (
-            "kerascale can neither copy your model nor put back what a probe "
-            f"would change ({facts.why_not_measurable})"
-        )
-        if force_search:
-            raise BatchSizeSearchError(f"The model cannot be probed: {why}.")
-        if wanted:
-            return (
-                None,
-                False,
-                (
-                    f"No batch search: {why}. Training at Keras's default batch; "
-                    "pass batch_size= to choose."
-                ),
-            )
-        return None, False, f"batch_size was not checked against memory: {why}."
+    unmeasurable = _unmeasurable(facts, data, wanted, check, force_search)
+    if unmeasurable is not None:
+        return None, False, unmeasurable
     if wanted:
         search = search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
         ladder = not force_search and search.mode == "auto" and can_try
@@ -348,6 +327,38 @@ def _batch(
         )
         return None, False, f"memory_limit was not used (nothing was probed): {why}."
     return None, False, ""
+
+
+def _unmeasurable(
+    facts: ModelFacts, data: DataFacts, wanted: bool, check: bool, force: bool
+) -> str | None:
+    """The warning when a search or check is wanted and the data or the model
+    cannot be probed ("" where the plan's own warning says it), else None.
+
+    Raises:
+        BatchSizeSearchError: When `find_batch_size` forces the search.
+    """
+    if wanted and not data.measurable:
+        if force:
+            raise BatchSizeSearchError(
+                f"The data cannot be probed: {data.why_not_measurable}. Pass a "
+                "tf.data.Dataset or NumPy arrays of numbers."
+            )
+        return ""  # the plan's warning says what was skipped
+    if not (wanted or check) or facts.measurable:
+        return None
+    why = (
+        "kerascale can neither copy your model nor put back what a probe "
+        f"would change ({facts.why_not_measurable})"
+    )
+    if force:
+        raise BatchSizeSearchError(f"The model cannot be probed: {why}.")
+    if wanted:
+        return (
+            f"No batch search: {why}. Training at Keras's default batch; "
+            "pass batch_size= to choose."
+        )
+    return f"batch_size was not checked against memory: {why}."
 
 
 def _searched(args: tuple, run: dict[str, Any], force: bool) -> BatchSearchResult:

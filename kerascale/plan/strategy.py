@@ -1,7 +1,8 @@
 """Which `tf.distribute` strategy to train under. Pure.
 
 TPU -> TPUStrategy; several GPUs -> Mirrored; one GPU or a CPU -> the default
-strategy (one replica needs no scope, so the model trains as it is); a cluster of two or more workers -> MultiWorkerMirrored.
+strategy (one replica needs no scope, so the model trains as it is); a
+cluster of two or more workers -> MultiWorkerMirrored.
 Building the strategy object is `kerascale.apply.strategy`'s job.
 """
 

@@ -27,6 +27,7 @@ import tensorflow as tf
 from kerascale import _tf_compat as tfc
 from kerascale._units import format_bytes
 from kerascale.errors import DataError
+from kerascale.sense import arrays
 from kerascale.sense.memory import available_bytes
 
 logger = logging.getLogger("kerascale")
@@ -102,82 +103,6 @@ def leading_dims(structure: Any) -> list[int]:
     return dims
 
 
-def _array_like(x: Any) -> bool:
-    return all(
-        leaf is None
-        or isinstance(leaf, np.ndarray | tf.Tensor | list | tuple | int | float | str)
-        or _is_composite(leaf)
-        or hasattr(leaf, "__array__")
-        for leaf in tf.nest.flatten(x)
-    )
-
-
-_SCALARS = (str, bytes, int, float, bool, np.generic)
-
-
-def _is_scalar_list(x: Any) -> bool:
-    return (
-        isinstance(x, list | tuple)
-        and len(x) > 0
-        and all(isinstance(e, _SCALARS) for e in x)
-    )
-
-
-def _scalar_lists(x: Any) -> bool:
-    """Whether `x` holds a Python list of values (one array to Keras)."""
-    if _is_scalar_list(x):
-        return True
-    if isinstance(x, Mapping):
-        return any(_scalar_lists(v) for v in x.values())
-    if isinstance(x, list | tuple):
-        return any(_scalar_lists(v) for v in x)
-    return False
-
-
-def _lists_as_arrays(x: Any) -> Any:
-    """`x` with its Python lists of values as NumPy arrays, as Keras reads
-    them (a list of arrays stays a list: several inputs)."""
-    if _is_scalar_list(x):
-        return np.asarray(x)
-    if isinstance(x, Mapping):
-        return {k: _lists_as_arrays(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return type(x)(_lists_as_arrays(v) for v in x)
-    return x
-
-
-def _is_composite(leaf: Any) -> bool:
-    return isinstance(leaf, tf.RaggedTensor | tf.SparseTensor)
-
-
-def _unsynthesisable(x: Any, y: Any) -> str:
-    """Why arrays that Keras trains cannot be read for a probe (which makes
-    up batches of the same shapes and dtypes), or "": ragged or sparse
-    tensors, strings, Python objects, or an input left None."""
-    leaves = tf.nest.flatten(x) + ([] if y is None else tf.nest.flatten(y))
-    for leaf in leaves:
-        if leaf is None:
-            return "an input is None (an optional input left out)"
-        if _is_composite(leaf):
-            return f"it holds a {type(leaf).__name__}"
-        dtype = getattr(leaf, "dtype", None)
-        if dtype is None:
-            try:
-                dtype = np.asarray(leaf).dtype
-            except Exception:
-                return f"it holds a {type(leaf).__name__} that is not an array"
-        if isinstance(dtype, tf.DType):
-            numeric = dtype.is_floating or dtype.is_integer or dtype.is_bool
-        else:
-            try:
-                numeric = np.dtype(dtype).kind in "biuf"
-            except TypeError:
-                numeric = False
-        if not numeric:
-            return f"it holds {dtype} values (not numbers)"
-    return ""
-
-
 def passthrough_reason(facts: DataFacts) -> str:
     """What kerascale skipped for data it cannot read, and how to get it, or
     "" (the plan's one warning about it)."""
@@ -233,11 +158,11 @@ def inspect(
         )
     if isinstance(x, keras.utils.PyDataset):
         return _inspect_pydataset(x, y, name=name)
-    if isinstance(x, Mapping) or _array_like(x):
-        listed = _scalar_lists(x) or (y is not None and _scalar_lists(y))
-        x, y = _lists_as_arrays(x), _lists_as_arrays(y)
+    if isinstance(x, Mapping) or arrays.array_like(x):
+        listed = arrays.scalar_lists(x) or (y is not None and arrays.scalar_lists(y))
+        x, y = arrays.lists_as_arrays(x), arrays.lists_as_arrays(y)
         facts = _inspect_arrays(x, y, name=name)
-        why = _unsynthesisable(x, y) or (
+        why = arrays.unsynthesisable(x, y) or (
             "it holds Python lists of values (pass NumPy arrays)" if listed else ""
         )
         return dataclasses.replace(facts, why_not_measurable=why) if why else facts
@@ -270,8 +195,8 @@ def _inspect_pydataset(x: Any, y: Any, *, name: str) -> DataFacts:
 
 def _inspect_arrays(x: Any, y: Any, *, name: str) -> DataFacts:
     x_dims = leading_dims(x)
-    if not x_dims:
-        raise DataError(f"{name} holds no arrays. Received: {name}={x!r}")
+    if not x_dims:  # only None: Keras says which input it needs
+        return DataFacts(kind="arrays", why_not_measurable="it holds no arrays")
     lengths = {f"{name}": set(x_dims)}
     if y is not None:
         lengths["y"] = set(leading_dims(y))
