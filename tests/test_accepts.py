@@ -116,6 +116,14 @@ def test_grain_datasets_train_as_in_keras():
     np.testing.assert_allclose(ours.history["loss"], theirs.history["loss"], rtol=1e-5)
     assert any("MapDataset" in w for w in said)
 
+    def iterable():  # an IterDataset, read once per epoch as Keras reads it
+        source = [(X[i], Y[i]) for i in range(64)]
+        return grain.MapDataset.source(source).batch(16).to_iter_dataset(), None
+
+    ours, theirs, said = both(regression_model, iterable, epochs=1)
+    np.testing.assert_allclose(ours.history["loss"], theirs.history["loss"], rtol=1e-5)
+    assert any("IterDataset" in w for w in said)
+
 
 def test_ragged_tensor_inputs_train_as_in_keras():
     def make():
@@ -413,3 +421,30 @@ def test_a_second_fit_with_the_same_plan_reuses_what_keras_traced():
     assert fit() is first
     model.compile(optimizer="sgd", loss="mse")  # compiled again: traced anew
     assert fit() is not first
+
+
+def test_a_dict_output_model_with_a_raw_op_trains_and_keeps_keras_errors():
+    def make():
+        inputs = keras.Input((4,), name="x")
+        hidden = keras.layers.Dense(8)(inputs)
+        a = keras.layers.Dense(1, name="a")(hidden)
+        b = keras.layers.Dense(1, name="b")(hidden) + inputs[:, :1]  # a raw op
+        model = keras.Model(inputs, {"a": a, "b": b})
+        model.compile(optimizer="sgd", loss={"a": "mse", "b": "mse"})
+        return model
+
+    targets = {"a": Y, "b": Y}
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        history = kerascale.fit(
+            make(), X, targets, batch_size=16, precision="mixed_bfloat16", verbose=0
+        )
+    assert set(history.history) == {"loss", "a_loss", "b_loss"}
+    assert history.plan.precision == "mixed_bfloat16"
+    assert not [w for w in said if w.category is kerascale.KerascaleWarning]
+    # A target missing: the error model.fit raises, word for word.
+    with pytest.raises(ValueError) as theirs:
+        make().fit(X, {"a": Y}, verbose=0)
+    with pytest.raises(ValueError) as ours:
+        kerascale.fit(make(), X, {"a": Y}, verbose=0)
+    assert str(ours.value) == str(theirs.value)
