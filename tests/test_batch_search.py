@@ -15,14 +15,14 @@ from kerascale.measure import cache, child, probe
 from kerascale.measure.memory_model import MemoryModel
 from kerascale.measure.probe import ProbeResult
 from kerascale.measure.search import search
-from kerascale.sense import data_facts
+from kerascale.sense import data_facts, samples
 
 FIXED, PER = 500 << 20, 1 << 20
 
 
 def spec_for(x, y, **kwargs):
     """A probe spec for arrays x, y."""
-    element = data_facts.element_structure(x, y, data_facts.inspect(x, y))
+    element = samples.element_structure(x, y, data_facts.inspect(x, y))
     return probe.ProbeSpec(element=probe.encode_structure(element), **kwargs)
 
 

@@ -13,7 +13,7 @@ import kerascale
 from kerascale.apply import keras_compat
 from kerascale.measure import budget, child
 from kerascale.measure.search import ladder
-from kerascale.sense import data_facts
+from kerascale.sense import data_facts, samples
 
 
 def no_children(monkeypatch):
@@ -209,7 +209,7 @@ def test_peeking_at_variable_shapes_leaves_the_order_alone():
     expected = list(make().map(lambda s, n: n).as_numpy_iterator())
     ds = make()
     facts = data_facts.inspect(ds, None, steps_per_epoch=None)
-    data_facts.element_structure(ds, None, facts)
+    samples.element_structure(ds, None, facts)
     assert list(ds.map(lambda s, n: n).as_numpy_iterator()) == expected
 
 

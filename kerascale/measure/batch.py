@@ -17,7 +17,7 @@ from kerascale.measure.probe import ProbeResult, ProbeSpec
 from kerascale.measure.result import BatchSearchResult, describe_probe
 from kerascale.measure.search import MODES, granularity_for, ladder, search
 from kerascale.plan import strategy as strategy_rules
-from kerascale.sense import data_facts, gpu_memory
+from kerascale.sense import gpu_memory, samples
 from kerascale.sense.memory import available_bytes
 from kerascale.sense.model_facts import is_builder
 
@@ -341,7 +341,7 @@ def _found(
 def _spec(
     x, y, data, plan, hw, options, mode, memory: _Memory, accumulation_steps
 ) -> ProbeSpec:
-    element = data_facts.element_structure(x, y, data)
+    element = samples.element_structure(x, y, data)
     return ProbeSpec(
         element=probe_lib.encode_structure(element),
         policy=plan.precision,

@@ -30,7 +30,7 @@ from kerascale._state import preserved_state
 from kerascale.apply import keras_compat
 from kerascale.measure.probe import MIN_TIMED_SECONDS, synthetic_batch
 from kerascale.measure.search import LADDER_CHUNK
-from kerascale.sense import data_facts
+from kerascale.sense import data_facts, samples
 from kerascale.sense.model_facts import is_trainer
 
 BUDGET_SHARE = 0.10  # the measurements may cost this share of the expected run
@@ -103,7 +103,7 @@ def train_seconds_per_sample(model: Any, x: Any, y: Any, data: Any) -> float | N
     if not is_trainer(model) or not model.built:
         return None
     try:
-        element = data_facts.element_structure(x, y, data)
+        element = samples.element_structure(x, y, data)
     except Exception:  # no figure: the measurements decide
         return None
     held = list(model.non_trainable_variables)

@@ -31,7 +31,7 @@ from kerascale.measure.search import fastest_small
 from kerascale.plan.options import Options, say_pinned
 from kerascale.plan.plan import Plan
 from kerascale.plan.rules import make_plan, searched_batch
-from kerascale.sense import data_facts
+from kerascale.sense import data_facts, samples
 from kerascale.sense import hardware as hardware_lib
 from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
@@ -140,7 +140,7 @@ def decide(
     """
     data = data_facts.inspect(x, y, steps_per_epoch=steps_per_epoch)
     facts = model_facts(
-        model, options.strategy, sample=lambda: data_facts.sample_inputs(x, data)
+        model, options.strategy, sample=lambda: samples.sample_inputs(x, data)
     )
     if not_rebuildable:
         facts = facts.without_rebuild(not_rebuildable)
