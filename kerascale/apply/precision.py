@@ -136,8 +136,9 @@ def apply(
             not otherwise change (no accumulation, no loss scaling).
 
     Returns:
-        A function of no arguments that puts back the policies, the `call`,
-        the optimizer and the traced functions found here.
+        A function that puts back the policies, the `call`, the optimizer
+        and the traced functions found here; `undo(ok=False)` after a run
+        that raised keeps nothing for reuse.
     """
     layers = forward_layers(model)
     if change is None or len(change) != len(layers):
@@ -150,8 +151,10 @@ def apply(
     # Compiled again since? `compile` makes its token anew (told by identity).
     key, token = (policy, tuple(change)), keras_compat.compile_token(model)
 
-    def undo() -> None:
-        if reuse and policy != "float32" and any(change):
+    def undo(ok: bool = True) -> None:
+        # Only a run that ended well leaves traced functions worth reusing
+        # (a failed first step may leave a half-traced one).
+        if ok and reuse and policy != "float32" and any(change):
             traced = {name: getattr(model, name, None) for name in _TRACED}
             model.__dict__[_CACHE] = (key, token, traced)
         for layer, before in saved_policies:

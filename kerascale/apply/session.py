@@ -73,12 +73,16 @@ class Session:
     def __exit__(self, exc_type, exc, tb) -> bool:
         return self._stack.__exit__(exc_type, exc, tb)
 
-    def undo(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
-        """Registers `fn(*args)`, which undoes `what`, to run on exit."""
+    def undo(
+        self, what: str, fn: Callable[..., Any], *args: Any, outcome: bool = False
+    ) -> None:
+        """Registers `fn(*args)`, which undoes `what`, to run on exit; with
+        `outcome`, `fn(*args, ok)`, `ok` telling whether the session ended
+        without an exception."""
 
         def run(exc_type, exc, tb) -> bool:
             try:
-                fn(*args)
+                fn(*args, exc_type is None) if outcome else fn(*args)
             except Exception as e:
                 if exc_type is None:
                     raise
@@ -146,7 +150,7 @@ class Session:
             and plan.lr_factor == 1.0
         )
         undo = precision_lib.apply(new, plan.precision, change, reuse=reuse)
-        self.undo(f"the {plan.precision} policy set on the model", undo)
+        self.undo(f"the {plan.precision} policy set on the model", undo, outcome=True)
         return new, dist
 
     def accumulate(self, model: keras.Model, plan: Any, *, final: bool) -> None:
