@@ -8,14 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
-import tensorflow as tf
+from kerascale._tf import tf
 
 # The coordination service's key-value store (the same one TensorFlow's own
 # PreemptionCheckpointHandler and MultiWorkerMirroredStrategy use) has no
 # public API: tensorflow/python/eager/context.py only.
-KV_TAKEN = (tf.errors.AlreadyExistsError,)  # a key is written once
-KV_TIMEOUT = (tf.errors.DeadlineExceededError,)
-KV_ERRORS = (tf.errors.OpError,)  # the above, and a cluster that is gone
+# (Module attributes read on first use: this module imports without TensorFlow.)
+_KV = {
+    "KV_TAKEN": ("AlreadyExistsError",),  # a key is written once
+    "KV_TIMEOUT": ("DeadlineExceededError",),
+    "KV_ERRORS": ("OpError",),  # the above, and a cluster that is gone
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _KV:
+        return tuple(getattr(tf.errors, e) for e in _KV[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def tf_started() -> bool:

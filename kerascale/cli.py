@@ -19,9 +19,10 @@ from kerascale._version import __version__
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from kerascale.errors import KerascaleError
+    from kerascale.errors import KerascaleError, UnsupportedError
     from kerascale.plan.options import Options
     from kerascale.plan.rules import make_plan
+    from kerascale.sense import backend as backend_lib
     from kerascale.sense.data_facts import DataFacts
     from kerascale.sense.hardware import detect_hardware
     from kerascale.sense.model_facts import ModelFacts
@@ -29,6 +30,8 @@ def _doctor(args: argparse.Namespace) -> int:
     hw = detect_hardware()
     # The plan for a typical float32 model trained on arrays, all options "auto".
     try:
+        if not backend_lib.supported(hw.backend):
+            raise UnsupportedError(backend_lib.unsupported_warning(hw.backend, []))
         plan = make_plan(hw, Options.validate(), ModelFacts(), DataFacts("arrays"))
         error = None
     except KerascaleError as e:
@@ -44,6 +47,7 @@ def _doctor(args: argparse.Namespace) -> int:
         return 0
     print(f"kerascale {__version__}")
     print(f"hardware: {hw.summary()}")
+    print(f"backend:  {hw.backend} (Keras's, from KERAS_BACKEND or keras.json)")
     if hw.cluster is not None:
         c = hw.cluster
         state = f"error: {c.error}" if c.error else f"{c.num_workers} worker(s)"

@@ -15,13 +15,15 @@ import time
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from kerascale import _validation as v
+from kerascale._tf import tf
 from kerascale._units import format_bytes
 from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session, prepare
+from kerascale.errors import UnsupportedError
 from kerascale.measure.decide import decide, validate_options
+from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
 
 WARMUP_STEPS = 3
@@ -151,11 +153,21 @@ def diagnose(
     Returns:
         A `Diagnosis`; `print()` it for the report.
 
+    Raises:
+        UnsupportedError: On a backend other than TensorFlow (for now).
+
     Example:
 
     >>> print(kerascale.diagnose(model, ds))
     """
     v.positive_int("steps", steps)
+    if backend_lib.name() != "tensorflow":
+        raise UnsupportedError(
+            f"diagnose times a tf.data pipeline and runs on the TensorFlow backend "
+            f"for now, and Keras runs on {backend_lib.name()!r} here. "
+            "kerascale.callbacks.Throughput in fit's callbacks gives the step "
+            "times on every backend."
+        )
     options, search = validate_options(
         batch_size=batch_size,
         strategy=strategy,

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from kerascale import _validation
+from kerascale.errors import UnsupportedError
 from kerascale.measure.batch import DEFAULT_MARGIN, SearchOptions
 from kerascale.measure.decide import decide
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import MODES
 from kerascale.plan.options import Options
+from kerascale.sense import backend as backend_lib
 
 
 def find_batch_size(
@@ -38,14 +40,14 @@ def find_batch_size(
     the precision and strategy `kerascale.fit` would use: on CPU in child
     processes (running out of memory there never harms this one), on GPU in
     this process, whose allocator training will use. A memory model fitted to
-    a few small probes predicts the boundary; probes around it confirm it.
-    Results are cached per model, hardware, precision and input shape.
+    a few small probes predicts the boundary; probes around it confirm it
+    (cached per model, hardware, precision and input shape). On JAX, XLA's
+    memory analysis of the compiled step answers instead, in <= 5 compiles.
 
     Args:
         model: A compiled Keras model, or a function that builds one.
-        x: Training data as for `kerascale.fit` (a dataset or arrays); only
-            its shapes and size are used.
-        y: Targets, when `x` is arrays.
+        x, y: Training data as for `kerascale.fit` (a dataset, or arrays
+            and their targets); only its shapes and size are used.
         mode: "max": the largest batch that fits, less `margin`.
             "throughput": the smallest batch within 3% of the best measured
             samples/s under the memory bound. Defaults to "max".
@@ -75,6 +77,7 @@ def find_batch_size(
 
     Raises:
         ConfigurationError: For an invalid argument (the message names it).
+        UnsupportedError: On a backend other than TensorFlow and JAX.
         BatchSizeSearchError: If even a batch of 1 does not fit, or a probe
             fails for a reason other than memory.
 
@@ -88,7 +91,15 @@ def find_batch_size(
     search = SearchOptions.validate(
         mode=mode, isolate=isolate, memory_limit=memory_limit,
         max_batch_size=max_batch_size, steps_per_trial=steps_per_trial,
-        margin=margin, max_trials=max_trials, timeout=timeout, cache=cache,
-        force=force,
+        margin=margin, max_trials=max_trials, timeout=timeout, cache=cache, force=force,
     )  # fmt: skip
+    _supported_backend()
     return decide(model, x, y, options, search=search, force_search=True).search
+
+
+def _supported_backend() -> None:
+    if not backend_lib.supported():
+        raise UnsupportedError(
+            f"find_batch_size runs on the TensorFlow and JAX backends, and Keras "
+            f"runs on {backend_lib.name()!r} here. Pass batch_size= to fit yourself."
+        )

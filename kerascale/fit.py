@@ -12,6 +12,7 @@ the way and undoes it however training ends, and hands over to Keras's own
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from kerascale.measure.batch import SearchOptions
 from kerascale.measure.decide import Decided, decide, validate_options, with_notes
 from kerascale.plan.options import Options, pin, plain
 from kerascale.plan.plan import Plan
+from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
 from kerascale.sense import hardware as hardware_lib
 from kerascale.sense.model_facts import gist, is_builder
@@ -180,6 +182,8 @@ def fit(
     >>> print(history.plan)
     """
     request = _Request.from_arguments(locals())
+    if not backend_lib.supported():
+        return _plain_fit(model, x, y, locals(), fit_kwargs)
     deciding = _Deciding(model, x, y, request, fit_kwargs)
     decided = deciding.decide()
     try:
@@ -192,6 +196,29 @@ def fit(
         return _train(deciding, retry)
     except session_lib.FirstStepFailed as failed:
         raise failed.error from None
+
+
+def _plain_fit(
+    model: Any, x: Any, y: Any, arguments: dict[str, Any], fit_kwargs: dict
+) -> keras.callbacks.History:
+    """`model.fit` as the user would call it, on a backend kerascale does not
+    plan for, after one warning naming the options it ignored."""
+    defaults = inspect.signature(fit).parameters
+    skipped = [
+        f"{name}={value!r}"
+        for name, value in arguments.items()
+        if name in defaults
+        and name not in ("model", "x", "y", "batch_size", "verbose", "fit_kwargs")
+        and value != defaults[name].default
+    ]
+    warn(backend_lib.unsupported_warning(backend_lib.name(), skipped))
+    kwargs = dict(fit_kwargs)
+    if isinstance(arguments["batch_size"], int):
+        kwargs["batch_size"] = arguments["batch_size"]
+    trained = model() if is_builder(model) else model
+    history = trained.fit(x, y, verbose=arguments["verbose"], **kwargs)
+    history.plan = None
+    return history
 
 
 def _train(deciding: _Deciding, decided: Decided) -> keras.callbacks.History:
@@ -363,7 +390,7 @@ class _Deciding:
             fit_kwargs,
             request.options.verbose,
         )
-        self.options, self.pinned = request.options, []
+        self.options, self.pinned = _with_global_distribution(request.options), []
         if self.backup is not None:
             steps = fit_kwargs.get("steps_per_epoch")
             batched = data_facts.inspect(x, y, steps_per_epoch=steps).batched
@@ -416,6 +443,17 @@ class _Deciding:
         return with_notes(
             self.decide(options=options), reasons=reasons, warnings=(why,)
         )
+
+
+def _with_global_distribution(options: Options) -> Options:
+    """On JAX, "auto" means the `keras.distribution` the user set before
+    `fit` (`set_distribution`), where there is one: the user's choice wins."""
+    if options.strategy != "auto" or backend_lib.name() != "jax":
+        return options
+    current = keras.distribution.distribution()
+    if current is None:
+        return options
+    return dataclasses.replace(options, strategy=current)
 
 
 def _epochs(fit_kwargs: dict[str, Any]) -> int:

@@ -39,6 +39,7 @@ import threading
 import weakref
 from typing import Any
 
+from kerascale import _tf
 from kerascale import _tf_compat as tfc
 
 logger = logging.getLogger("kerascale")
@@ -221,13 +222,11 @@ def for_run(model: Any, run: Any) -> Agreement | None:
     """The agreement of the `fit` call `run` serves, made at its first
     request; None unless `model` trains under a `MultiWorkerMirroredStrategy`
     of two or more workers (joined by kerascale or not)."""
-    import tensorflow as tf
-
     from kerascale.apply import cluster
 
     global _fits
     strategy = getattr(model, "distribute_strategy", None)
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    if not _tf.is_instance(strategy, "distribute", "MultiWorkerMirroredStrategy"):
         return None
     worker_id, num_workers = tfc.worker_position(strategy)
     if num_workers < 2:

@@ -39,6 +39,7 @@ from kerascale.apply.model import core_optimizer
 from kerascale.apply.resolvers import cluster_resolver
 from kerascale.errors import ClusterConfigError, WorkerLostError, warn
 from kerascale.plan import strategy as strategy_rules
+from kerascale.sense import backend as backend_lib
 from kerascale.sense.cluster import (
     check_trainable,
     detect_cluster,
@@ -193,6 +194,8 @@ def join_at_import(environ: Mapping[str, str] | None = None) -> Any:
         The strategy, or None when it did not join.
     """
     env = os.environ if environ is None else environ
+    if backend_lib.name() != "tensorflow":
+        return None  # a TensorFlow cluster; JAX's processes join otherwise
     if env.get(AUTO_CONNECT_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     info = detect_cluster(env)
@@ -354,6 +357,8 @@ _TELLING = ("is down", "unhealthy", "heartbeat", "aborted")
 
 def translate_error(e: BaseException) -> WorkerLostError | None:
     """`WorkerLostError` for TensorFlow's errors that mean a peer is gone."""
+    if _connection is None:
+        return None
     import tensorflow as tf
 
     lost = (

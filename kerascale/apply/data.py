@@ -14,10 +14,10 @@ import logging
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from kerascale import _tf_compat as tfc
 from kerascale import _validation
+from kerascale._tf import tf
 from kerascale._units import parse_bytes
 from kerascale.errors import DataError
 from kerascale.plan.plan import Plan

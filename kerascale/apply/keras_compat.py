@@ -63,14 +63,30 @@ under tf.distribute (`kerascale.apply.accumulation` uses these; listed in
   (`_get_variable_index`, `_clip_gradients`, `_apply_weight_decay`,
   `_backend_update_step`, `_backend_increment_gradient_accumulators`,
   `_update_model_variables_moving_average`, `_distribution_strategy`).
+
+4. A model built before a `keras.distribution` was set, on JAX.
+
+Keras's JAX variables take their layout when they are created under a
+distribution (`Variable._layout`, read by `Variable._direct_assign`); a
+model built before `fit` holds variables on one device, and Keras's JAX
+trainer then fails at the first step ("Received incompatible devices for
+jitted computation"; its own warning asks to build the model under the
+distribution). Keras has no public way to lay out an existing variable.
+`lay_out` gives each such variable the layout the distribution would have
+given it and places its value so; the undo puts every variable back on the
+device it was on, so that the model is as before, plus the trained values.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import logging
+from collections.abc import Callable
 from typing import Any
+
+import keras
 
 from kerascale.errors import warn
 
@@ -194,6 +210,7 @@ PRIVATE_NAMES = (
     "keras.Optimizer._get_variable_index, _clip_gradients, _apply_weight_decay, "
     "_update_model_variables_moving_average",
     "keras.Optimizer._distribution_strategy (TensorFlow backend, after build)",
+    "keras.Variable._layout, _direct_assign, _value (JAX backend)",
 )
 ACCUMULATION_METHODS = (
     "_backend_apply_gradients",
@@ -260,7 +277,8 @@ def build_like_first_step(model: Any, element_spec: Any) -> None:
     (layers, compiled metrics, optimizer slots) under the model's strategy."""
     metrics = getattr(model, "_compile_metrics", None)
     unbuilt = not fully_built(model) or (metrics is not None and not metrics.built)
-    with model.distribute_strategy.scope():
+    strategy = getattr(model, "distribute_strategy", None)  # None on JAX
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
         if unbuilt and element_spec is not None:
             model._symbolic_build(data_batch=element_spec)
         if not model.optimizer.built:
@@ -328,12 +346,14 @@ def accumulators(optimizer: Any) -> list[Any]:
 def add_accumulators(opt: Any) -> None:
     """Makes a built optimizer's accumulators, as its `build` makes them
     when `gradient_accumulation_steps` is set, in the strategy it was built
-    in."""
-    import tensorflow as tf
-
+    in (TensorFlow; on JAX, the distribution set now lays them out)."""
     variables = opt._trainable_variables
-    dist = getattr(opt, "_distribution_strategy", None) or tf.distribute.get_strategy()
-    with dist.scope():
+    dist = getattr(opt, "_distribution_strategy", None)
+    if dist is None and keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        dist = tf.distribute.get_strategy()
+    with dist.scope() if dist is not None else contextlib.nullcontext():
         opt._accumulated_gradients = [
             opt.add_variable_from_reference(v, name="gradient_accumulator")
             for v in variables
@@ -423,3 +443,68 @@ def _built_under_a_strategy(opt: Any) -> bool:
     TensorFlow's default one, where Keras's path works)."""
     dist = getattr(opt, "_distribution_strategy", None)
     return dist is not None and type(dist).__name__ != "_DefaultDistributionStrategy"
+
+
+def model_variables(model: Any) -> list[Any]:
+    """Every variable Keras's JAX trainer carries through a step: the
+    model's, its optimizer's and its metrics', each once."""
+    optimizer = getattr(model, "optimizer", None)
+    found = [
+        *model.trainable_variables,
+        *model.non_trainable_variables,
+        *(getattr(optimizer, "variables", None) or []),
+        *getattr(model, "metrics_variables", []),
+    ]
+    return list({id(v): v for v in found}.values())
+
+
+def train_state(model: Any) -> tuple[list[Any], ...]:
+    """The values Keras's JAX `train_step` takes as its state, in its order:
+    trainable, non-trainable, optimizer and metrics variables (a built
+    model and optimizer)."""
+    optimizer = model.optimizer
+    return (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in optimizer.variables],
+        [v.value for v in model.metrics_variables],
+    )
+
+
+def lay_out(model: Any, distribution: Any) -> Callable[[], None]:
+    """Gives the model's variables that have no layout the one
+    `distribution` gives a new variable, with their values placed so (JAX
+    backend; see 4. above). Returns the undo: every variable of the model
+    that had no layout before, those the run created too (its optimizer's),
+    goes back to no layout, on the device it was on (the first local device
+    for a new one), keeping its value; the functions Keras traced before
+    the run are put back."""
+    import jax
+
+    before = {id(v) for v in model_variables(model) if v._layout is not None}
+    # Functions Keras traced earlier carry the earlier placement: traced anew.
+    traced = {name: getattr(model, name, None) for name in _JAX_TRACED}
+    for name in _JAX_TRACED:
+        setattr(model, name, None)
+    placed = {}
+    for v in model_variables(model):
+        if id(v) in before:
+            continue
+        placed[id(v)] = v.value.sharding
+        v._layout = distribution.get_variable_layout(v)
+        v._direct_assign(v.value)
+
+    def undo() -> None:
+        home = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        for v in model_variables(model):
+            if id(v) in before or v._layout is None:
+                continue
+            v._layout = None
+            v._value = jax.device_put(v.value, placed.get(id(v), home))
+        for name, fn in traced.items():
+            setattr(model, name, fn)
+
+    return undo
+
+
+_JAX_TRACED = ("train_function", "test_function", "predict_function")

@@ -34,8 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
-import tensorflow as tf
 
+from kerascale._tf import tf
 from kerascale.apply import accumulation, cluster
 from kerascale.apply import data as data_lib
 from kerascale.apply import model as model_lib
@@ -124,6 +124,7 @@ class Session:
                 it cannot be made (the caller falls back).
         """
         dist = strategy_lib.build(plan, instance)
+        self.enter(strategy_lib.activated(plan, dist))
         if is_builder(model):
             return model_lib.recreate(model, plan.precision, dist), dist
         change = precision_lib.layers_to_change(model)
@@ -143,8 +144,12 @@ class Session:
                         new,
                         model,
                     )
+        undo_placing = strategy_lib.place(plan, dist, new)
+        if undo_placing is not None:
+            self.undo("the variables' layout for the run", undo_placing)
         reuse = (
             new is model
+            and undo_placing is None  # traced for this run's placement only
             and plan.precision != "mixed_float16"
             and plan.accumulation_steps <= 1
             and plan.lr_factor == 1.0

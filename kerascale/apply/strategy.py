@@ -1,10 +1,13 @@
-"""Building the `tf.distribute` strategy a plan names: the only step of the
-strategy decision that touches TensorFlow."""
+"""Building the strategy a plan names: `tf.distribute`'s on the TensorFlow
+backend (the only step of the strategy decision that touches TensorFlow),
+`keras.distribution`'s on JAX (`kerascale.apply.jax.distribution`)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+from kerascale.apply.jax import distribution as jax_distribution
 from kerascale.errors import ConfigurationError
 
 
@@ -16,8 +19,11 @@ def build(plan: Any, instance: Any = None):
         instance: The user's own strategy, returned as is when given.
 
     Returns:
-        A `tf.distribute.Strategy`.
+        A `tf.distribute.Strategy`; on JAX a `keras.distribution.Distribution`
+        or None (Keras's default).
     """
+    if plan.backend == "jax":
+        return jax_distribution.build(plan, instance)
     import tensorflow as tf
 
     if instance is not None:
@@ -51,3 +57,21 @@ def build(plan: Any, instance: Any = None):
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
     raise ConfigurationError(f"Cannot build strategy {plan.strategy!r}.")
+
+
+def activated(plan: Any, built: Any) -> Any:
+    """A context manager under which Keras's `fit` trains with `built` (what
+    `build` returned for `plan`): on JAX the distribution set for the run; on
+    TensorFlow nothing (the model's variables carry their strategy)."""
+    if plan.backend == "jax":
+        return jax_distribution.activated(built)
+    return contextlib.nullcontext()
+
+
+def place(plan: Any, built: Any, model: Any) -> Any:
+    """Puts `model`'s variables where `built` trains them, where the backend
+    needs it done (JAX: a model built before its distribution); returns the
+    undo, or None."""
+    if plan.backend == "jax":
+        return jax_distribution.place(model, built)
+    return None

@@ -13,9 +13,9 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from kerascale import _validation as v
+from kerascale._tf import tf
 from kerascale.apply import keras_compat
 from kerascale.apply.model import core_optimizer
 from kerascale.errors import CheckpointError

@@ -11,8 +11,7 @@ import logging
 import time
 from typing import Any
 
-import tensorflow as tf
-
+from kerascale._tf import tf
 from kerascale.apply import keras_compat
 from kerascale.callbacks import _backup_meta as meta_lib
 from kerascale.callbacks import checkpoint_store as store
@@ -20,13 +19,15 @@ from kerascale.errors import CheckpointError, warn
 
 logger = logging.getLogger("kerascale")
 
-# What reading a checkpoint that passed its checks can still raise.
-RESTORE_ERRORS = (
-    store.CorruptCheckpoint,
-    tf.errors.OpError,
-    ValueError,
-    AssertionError,
-)
+
+def restore_errors() -> tuple[type[BaseException], ...]:
+    """What reading a checkpoint that passed its checks can still raise."""
+    return (
+        store.CorruptCheckpoint,
+        tf.errors.OpError,
+        ValueError,
+        AssertionError,
+    )
 
 
 class Resume:
@@ -69,7 +70,7 @@ class Resume:
                 self._check_fingerprint(meta, found)
                 try:
                     self._restore_state(found, meta)
-                except RESTORE_ERRORS as e:
+                except restore_errors() as e:
                     unusable(found, meta_lib.first_line(e), "restored")
                     started = time.perf_counter()
                     continue

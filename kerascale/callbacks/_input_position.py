@@ -25,9 +25,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-import tensorflow as tf
-
 from kerascale import _tf_compat as tfc
+from kerascale._tf import tf
 from kerascale.callbacks._backup_meta import first_line, nondeterminism
 
 

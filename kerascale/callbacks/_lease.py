@@ -35,8 +35,7 @@ import time
 import uuid
 from typing import Any
 
-import tensorflow as tf
-
+from kerascale._tf import tf
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import CheckpointError, warn
 

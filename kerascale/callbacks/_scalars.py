@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import tensorflow as tf
-
+from kerascale import _tf
 from kerascale import _validation as v
+from kerascale._tf import tf
+from kerascale.errors import warn
 
 
 class Scalars:
@@ -19,6 +20,14 @@ class Scalars:
 
     def write(self, values: dict[str, float], step: int) -> None:
         if self.log_dir is None or not values:
+            return
+        if not _tf.available():
+            warn(
+                f"No TensorBoard scalars are written to {self.log_dir!r}: event "
+                "files need TensorFlow, which is not installed (the figures are "
+                f"still in History). `{_tf.INSTALL_HINT}` writes them."
+            )
+            self.log_dir = None
             return
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(

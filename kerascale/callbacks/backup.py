@@ -16,20 +16,20 @@ import tempfile
 import time
 from typing import Any
 
-import tensorflow as tf
-
 from kerascale import _validation as v
+from kerascale._tf import tf
 from kerascale.apply import agreement as agreement_lib
 from kerascale.apply import keras_compat
 from kerascale.apply.model import accumulation_steps
 from kerascale.callbacks import _backup_meta as meta_lib
 from kerascale.callbacks import _lease as lease_lib
 from kerascale.callbacks import checkpoint_store as store
-from kerascale.callbacks._backup_resume import RESTORE_ERRORS, Resume
+from kerascale.callbacks._backup_resume import Resume, restore_errors
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._input_position import InputPosition, Wrapped
 from kerascale.callbacks._preemption import SigtermWatch
-from kerascale.errors import CheckpointError, warn
+from kerascale.errors import CheckpointError, UnsupportedError, warn
+from kerascale.sense import backend as backend_lib
 
 logger = logging.getLogger("kerascale")
 
@@ -93,6 +93,13 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         verbose: int = 1,
     ):
         super().__init__()
+        if backend_lib.name() != "tensorflow":
+            raise UnsupportedError(
+                f"FaultTolerantBackup writes TensorFlow checkpoints, and Keras runs "
+                f"on {backend_lib.name()!r} here: it is not yet available on this "
+                "backend. keras.callbacks.BackupAndRestore backs up at epoch ends "
+                "on every backend."
+            )
         self.directory = meta_lib.validate_directory(directory)
         self.save_freq = save_freq
         self._every_steps, self._every_seconds = meta_lib.validate_save_freq(save_freq)
@@ -292,7 +299,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             self._check_fingerprint(self.resumed_from, found)
             try:
                 self._restore_state(found, self.resumed_from)
-            except RESTORE_ERRORS as e:
+            except restore_errors() as e:
                 raise CheckpointError(
                     f"Checkpoint {found.path} passed its checks but cannot be "
                     f"restored: {meta_lib.first_line(e)}. Move it aside to resume "

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import tensorflow as tf
+from kerascale._tf import tf
 
 FORMAT = "kerascale.backup/1"
 META = "meta.json"

@@ -10,6 +10,7 @@ from typing import Any
 
 import keras
 
+from kerascale import _tf
 from kerascale import _validation as v
 from kerascale.callbacks._scalars import optional_dir
 from kerascale.callbacks.backup import FaultTolerantBackup
@@ -17,7 +18,8 @@ from kerascale.callbacks.gpu_monitor import GPUMonitor
 from kerascale.callbacks.profile import ProfileWindow
 from kerascale.callbacks.throughput import Throughput
 from kerascale.callbacks.time_budget import TimeBudget
-from kerascale.errors import ConfigurationError
+from kerascale.errors import ConfigurationError, warn
+from kerascale.sense import backend as backend_lib
 
 logger = logging.getLogger("kerascale")
 
@@ -55,6 +57,15 @@ def backup_for(
                 "checkpoint_freq needs checkpoint_dir. Received: "
                 f"checkpoint_freq={checkpoint_freq!r}, checkpoint_dir=None"
             )
+        return None
+    if backend_lib.name() != "tensorflow":
+        warn(
+            f"checkpoint_dir={os.fspath(checkpoint_dir)!r} was not used: kerascale's "
+            f"fault-tolerant checkpoints are not yet available on the "
+            f"{backend_lib.name()!r} backend, and training runs without them. "
+            "keras.callbacks.BackupAndRestore(backup_dir) in callbacks backs up "
+            "at epoch ends on every backend."
+        )
         return None
     backup = FaultTolerantBackup(
         checkpoint_dir, save_freq=checkpoint_freq, verbose=0 if verbose == 0 else 1
@@ -99,13 +110,29 @@ def for_fit(
     gpus: int,
     backup: Any,
 ) -> list[keras.callbacks.Callback]:
-    """The callbacks `kerascale.fit` installs for its monitoring arguments."""
+    """The callbacks `kerascale.fit` installs for its monitoring arguments.
+    Without TensorFlow (JAX), which writes TensorBoard's files, the monitors'
+    figures go to `History` only and the profile window is dropped, each
+    with one warning."""
     out: list[keras.callbacks.Callback] = []
+    writes = _tf.available()
     if log_dir is not None:
-        out.append(Throughput(samples_per_step, log_dir))
+        if not writes:
+            warn(
+                f"log_dir={log_dir!r}: TensorBoard event files need TensorFlow, "
+                "which is not installed: the throughput (and GPU) figures go to "
+                f"History only. `{_tf.INSTALL_HINT}` writes them."
+            )
+        out.append(Throughput(samples_per_step, log_dir if writes else None))
         if gpus:
-            out.append(GPUMonitor(log_dir))
-    if window is not None:
+            out.append(GPUMonitor(log_dir if writes else None))
+    if window is not None and not writes:
+        warn(
+            f"profile=True was not used: the profile window is written through "
+            f"Keras's TensorBoard callback, which needs TensorFlow, and it is not "
+            f"installed. `{_tf.INSTALL_HINT}` gets it."
+        )
+    elif window is not None:
         out.append(ProfileWindow(log_dir or DEFAULT_LOG_DIR, *window))
     if budget is not None:
         limit = TimeBudget(budget)

@@ -12,7 +12,7 @@ import time
 from kerascale import _validation as v
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._scalars import Scalars, optional_dir
-from kerascale.sense.hardware import visible_nvml_handles
+from kerascale.sense.nvml import visible_nvml_handles
 
 logger = logging.getLogger("kerascale")
 

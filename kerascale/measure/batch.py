@@ -34,6 +34,10 @@ class SearchSkipped(Exception):
     """The search would cost more than the run it tunes can repay; says why."""
 
 
+class SearchUnavailable(SearchSkipped):
+    """The search cannot answer here (this backend, this device); says why."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SearchOptions:
     """Validated batch-search options (see `find_batch_size`)."""
@@ -175,7 +179,8 @@ def _gpu_memories(
     )
 
 
-def _cap_for(data: Any, plan: Any, options: SearchOptions) -> tuple[int, str]:
+def cap_for(data: Any, plan: Any, options: SearchOptions) -> tuple[int, str]:
+    """The largest per-replica batch to search, and why."""
     caps = [(HARD_CAP, f"kerascale's ceiling of {HARD_CAP}")]
     if options.max_batch_size:
         caps.append((options.max_batch_size // plan.replicas or 1, "max_batch_size"))
@@ -218,7 +223,7 @@ def run_search(
     # that cannot load the model falls back to this process.
     in_children, here = _memories(hw, plan, options)
     memory = in_children if isolate else here
-    cap, why_cap = _cap_for(data, plan, options)
+    cap, why_cap = cap_for(data, plan, options)
     mode = options.mode
     if mode == "auto":
         mode = "throughput" if hw.accelerator == "cpu" else "max"

@@ -26,6 +26,7 @@ from kerascale.measure import budget as budget_lib
 from kerascale.measure import trials as trials_lib
 from kerascale.measure.agree import agree
 from kerascale.measure.batch import SearchOptions
+from kerascale.measure.jax import search as jax_search
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
 from kerascale.plan.options import Options, say_pinned
@@ -37,6 +38,10 @@ from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
 from kerascale.sense.model_facts import ModelFacts, gist, model_facts
 
+_SEARCH_ANYWAY = (
+    "to search anyway, pass batch_size=kerascale.find_batch_size(model, data)"
+    ".batch_size"
+)
 # An "auto" batch leaves an epoch at least this many optimizer updates.
 AUTO_MIN_STEPS = 8
 
@@ -203,7 +208,7 @@ def _measured(
     instance = options.strategy if not isinstance(options.strategy, str) else None
     plan = make_plan(hw, options, facts, data)
     can_try = trials_lib.possible(options, hw, facts)
-    skipped = ""
+    skipped, unavailable = "", False
     try:
         result, ladder, note = _batch(
             model, x, y, options, facts, hw, data, plan, search, force_search,
@@ -211,6 +216,7 @@ def _measured(
         )  # fmt: skip
     except batch_lib.SearchSkipped as e:
         result, ladder, note, skipped = None, False, "", str(e)
+        unavailable = isinstance(e, batch_lib.SearchUnavailable)
     except _ProbeFailed as e:
         if options.precision == "auto" and plan.precision != facts.policy:
             plain = dataclasses.replace(options, precision=facts.policy)
@@ -237,10 +243,10 @@ def _measured(
         decided = _tried(decided, model, x, y, ladder, budget)
     reasons = {}
     if skipped:
+        why = decided.plan.reasons["global_batch_size"]
+        hint = "pass batch_size= to choose" if unavailable else _SEARCH_ANYWAY
         reasons["global_batch_size"] = (
-            f"{decided.plan.reasons['global_batch_size']} (batch search skipped: "
-            f"{skipped}; to search anyway, pass batch_size="
-            "kerascale.find_batch_size(model, data).batch_size)"
+            f"{why} (batch search skipped: {skipped}; {hint})"
         )
     return with_notes(decided, reasons=reasons, warnings=(note,) if note else ())
 
@@ -362,8 +368,11 @@ def _unmeasurable(
 
 
 def _searched(args: tuple, run: dict[str, Any], force: bool) -> BatchSearchResult:
+    # One search per backend: probes in child processes (TensorFlow), or
+    # XLA's memory analysis of the compiled step (JAX). args[5]: Hardware.
+    search = jax_search.run_search if args[5].backend == "jax" else batch_lib.run_search
     try:
-        return batch_lib.run_search(*args, **run)
+        return search(*args, **run)
     except BatchSizeSearchError as e:
         if force or e.out_of_memory:
             raise

@@ -328,6 +328,7 @@ def build_probe_model(
         rebuild=not in_scope,
         accumulation_steps=spec.accumulation_steps,
         lr_factor=1.0,
+        backend="tensorflow",  # the probes' children run TensorFlow
     )
     new, _ = session.model_for(
         model,

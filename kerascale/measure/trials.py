@@ -145,6 +145,7 @@ def possible(options: Any, hw: Any, model: Any) -> bool:
     workers would time them differently and could choose differently."""
     return (
         hw.accelerator == "cpu"
+        and hw.backend == "tensorflow"  # JAX's trials: not yet
         and isinstance(options.strategy, str)
         and model.measurable
         and not strategy_rules.wants_cluster(hw, options.strategy)

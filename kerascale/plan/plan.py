@@ -33,6 +33,8 @@ class Plan:
         hardware: A one-line summary of the hardware.
         reasons: Field name -> why it has its value.
         warnings: Things the user should know (e.g. mixed GPU types).
+        backend: The Keras backend planned for: "tensorflow" (strategies
+            are `tf.distribute`'s) or "jax" (`keras.distribution`'s).
     """
 
     strategy: str
@@ -48,6 +50,7 @@ class Plan:
     hardware: str = ""
     reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    backend: str = "tensorflow"
 
     def __post_init__(self):
         # Frozen means frozen: the reasons cannot be edited behind the plan's back.
@@ -105,8 +108,15 @@ class Plan:
     def describe(self, *, warnings: bool = True) -> str:
         """The plan as a table, each decision with its reason; `warnings`:
         with the plan's warnings as last rows."""
+        engine = {"tensorflow": "tf.distribute", "jax": "keras.distribution"}
         rows = [
             ("hardware", self.hardware, ""),
+            (
+                "backend",
+                self.backend,
+                f"Keras's backend (KERAS_BACKEND); distributed with "
+                f"{engine.get(self.backend, 'nothing')}",
+            ),
             (
                 "strategy",
                 f"{self.strategy} ({self.replicas} replica"

@@ -93,6 +93,7 @@ def make_plan(
         hardware=hardware.summary(),
         reasons=reasons,
         warnings=tuple(warnings),
+        backend=hardware.backend,
     )
 
 
@@ -116,7 +117,9 @@ def _placement(hardware: Hardware, options: Options, model: ModelFacts) -> _Plac
         hardware, options.precision, model_policy=model.policy
     )
     warnings = [*choice.warnings, *policy_warnings]
-    needs_new_scope = choice.name != "default" and not model.in_strategy_scope
+    needs_new_scope = (
+        choice.scoped and choice.name != "default" and not model.in_strategy_scope
+    )
     rebuild = model.builder or needs_new_scope
     if rebuild and not model.rebuildable:
         return _as_it_is(hardware, choice, policy, why_policy, model, warnings)
@@ -163,7 +166,9 @@ def _as_it_is(
     """The model as it is, for a plan that would re-create it but cannot: the
     choices that need a re-created model are dropped, and said so."""
     why = model.why_not_rebuildable
-    needs_new_scope = choice.name != "default" and not model.in_strategy_scope
+    needs_new_scope = (
+        choice.scoped and choice.name != "default" and not model.in_strategy_scope
+    )
     if needs_new_scope and choice.name == "multi_worker":
         # Training alone on each worker would silently diverge.
         raise ModelError(

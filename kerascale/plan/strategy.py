@@ -1,4 +1,5 @@
-"""Which `tf.distribute` strategy to train under. Pure.
+"""Which `tf.distribute` strategy to train under (on the JAX backend, which
+`keras.distribution`: `strategy_jax`). Pure.
 
 TPU -> TPUStrategy; several GPUs -> Mirrored; one GPU or a CPU -> the default
 strategy (one replica needs no scope, so the model trains as it is); a
@@ -8,35 +9,28 @@ Building the strategy object is `kerascale.apply.strategy`'s job.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from kerascale import _validation
+from kerascale import _tf, _validation
 from kerascale.errors import ConfigurationError
+from kerascale.plan import strategy_jax
+from kerascale.plan.choice import StrategyChoice
+from kerascale.sense import backend as backend_lib
 from kerascale.sense.cluster import check_trainable
 from kerascale.sense.hardware import Hardware
 
 CHOICES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 
 
-@dataclasses.dataclass(frozen=True)
-class StrategyChoice:
-    name: str
-    devices: tuple[str, ...]
-    replicas: int
-    reason: str
-    warnings: tuple[str, ...] = ()
-    instance: Any = None  # the user's tf.distribute.Strategy, if one was passed
-
-
 def _is_strategy_instance(value: Any) -> bool:
-    import tensorflow as tf
-
-    return isinstance(value, tf.distribute.Strategy)
+    return _tf.is_instance(value, "distribute", "Strategy")
 
 
 def validate_request(strategy: Any) -> None:
-    """Accepts a name from `CHOICES` or a `tf.distribute.Strategy` instance."""
+    """Accepts a name from `CHOICES` or a `tf.distribute.Strategy` instance;
+    on the JAX backend, `strategy_jax`'s names or a Distribution."""
+    if backend_lib.name() == "jax":
+        return strategy_jax.validate_request(strategy)
     if _is_strategy_instance(strategy):
         return
     if not isinstance(strategy, str) or strategy not in CHOICES:
@@ -53,7 +47,8 @@ def _accelerator_devices(hw: Hardware) -> tuple[str, ...]:
 
 
 def choose(hw: Hardware, requested: Any) -> StrategyChoice:
-    """Picks the strategy for `requested` ("auto", a name, or an instance).
+    """Picks the strategy for `requested` ("auto", a name, or an instance);
+    on the JAX backend the `keras.distribution` (`strategy_jax.choose`).
 
     Raises:
         ClusterConfigError: If the environment describes a malformed cluster.
@@ -62,6 +57,8 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
         ConfigurationError: If a named strategy cannot run here (e.g. "tpu"
             without a TPU).
     """
+    if hw.backend == "jax":
+        return strategy_jax.choose(hw, requested)
     if _is_strategy_instance(requested):
         name = type(requested).__name__
         devices = tuple(getattr(requested.extended, "worker_devices", ()) or ())
@@ -118,6 +115,8 @@ def wants_cluster(hw: Hardware, requested: Any) -> bool:
     describes: "auto" or "multi_worker" with two or more workers (or a
     malformed description, which must be reported rather than ignored)."""
     cluster = hw.cluster
+    if hw.backend != "tensorflow":
+        return False  # multi-process JAX: jax.distributed, not a TF cluster
     if requested not in ("auto", "multi_worker") or cluster is None:
         return False
     return cluster.error is not None or cluster.is_multi_worker

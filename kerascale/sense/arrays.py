@@ -13,17 +13,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import keras
 import numpy as np
-import tensorflow as tf
+
+from kerascale import _tf
 
 
 def array_like(x: Any) -> bool:
     return all(
         leaf is None
-        or isinstance(leaf, np.ndarray | tf.Tensor | list | tuple | int | float | str)
+        or isinstance(leaf, np.ndarray | list | tuple | int | float | str)
+        or _tf.is_instance(leaf, "Tensor")
         or _is_composite(leaf)
         or hasattr(leaf, "__array__")
-        for leaf in tf.nest.flatten(x)
+        for leaf in keras.tree.flatten(x)
     )
 
 
@@ -63,14 +66,16 @@ def lists_as_arrays(x: Any) -> Any:
 
 
 def _is_composite(leaf: Any) -> bool:
-    return isinstance(leaf, tf.RaggedTensor | tf.SparseTensor)
+    return _tf.is_instance(leaf, "RaggedTensor") or _tf.is_instance(
+        leaf, "SparseTensor"
+    )
 
 
 def unsynthesisable(x: Any, y: Any) -> str:
     """Why arrays that Keras trains cannot be read for a probe (which makes
     up batches of the same shapes and dtypes), or "": ragged or sparse
     tensors, strings, Python objects, or an input left None."""
-    leaves = tf.nest.flatten(x) + ([] if y is None else tf.nest.flatten(y))
+    leaves = keras.tree.flatten(x) + ([] if y is None else keras.tree.flatten(y))
     for leaf in leaves:
         if leaf is None:
             return "an input is None (an optional input left out)"
@@ -82,7 +87,7 @@ def unsynthesisable(x: Any, y: Any) -> str:
                 dtype = np.asarray(leaf).dtype
             except Exception:
                 return f"it holds a {type(leaf).__name__} that is not an array"
-        if isinstance(dtype, tf.DType):
+        if _tf.is_instance(dtype, "DType"):
             numeric = dtype.is_floating or dtype.is_integer or dtype.is_bool
         else:
             try:

@@ -22,9 +22,10 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from kerascale import _tf
 from kerascale import _tf_compat as tfc
+from kerascale._tf import tf
 from kerascale._units import format_bytes
 from kerascale.errors import DataError
 from kerascale.sense import arrays
@@ -82,12 +83,12 @@ def as_structure(data: Any) -> Any:
 
 
 def is_dataset(x: Any) -> bool:
-    return isinstance(x, tf.data.Dataset)
+    return _tf.is_instance(x, "data", "Dataset")
 
 
 def leading_dims(structure: Any) -> list[int]:
     dims = []
-    for a in tf.nest.flatten(structure):
+    for a in keras.tree.flatten(structure):
         if a is None:  # an optional input left out
             continue
         shape = getattr(a, "shape", None)
@@ -346,7 +347,7 @@ def dataset_batch_size(ds: tf.data.Dataset) -> int | None:
 def has_map(x: Any) -> bool:
     """Whether a dataset maps a function over its elements (where a parallel
     map can matter)."""
-    if not isinstance(x, tf.data.Dataset):
+    if not is_dataset(x):
         return False
     return any("Map" in type(d).__name__ for d in chain(x))
 
@@ -355,7 +356,7 @@ def signature(x: Any) -> str:
     """What identifies the training data for caching a measured decision:
     its size, its element structure, and the chain of transformations with
     the graph of each function it maps (not the values it reads)."""
-    if isinstance(x, tf.data.Dataset):
+    if is_dataset(x):
         steps = []
         for d in chain(x):
             step: list[Any] = [type(d).__name__]
@@ -365,7 +366,7 @@ def signature(x: Any) -> str:
             step += [_function_graph(w) for w in tfc.dataset_functions(d)]
             steps.append(step)
         return repr((steps, x.element_spec, int(x.cardinality())))
-    leaves = tf.nest.flatten(x)
+    leaves = keras.tree.flatten(x)
     return repr(
         [(tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", ""))) for a in leaves]
     )

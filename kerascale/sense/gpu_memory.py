@@ -29,7 +29,7 @@ import dataclasses
 import os
 from typing import Any
 
-from kerascale.sense.hardware import visible_nvml_handles
+from kerascale.sense.nvml import visible_nvml_handles
 
 MiB = 1 << 20
 

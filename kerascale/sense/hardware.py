@@ -13,7 +13,6 @@ device *configuration*), so a user may still configure devices afterwards.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
 import logging
@@ -23,6 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kerascale import _validation
+from kerascale.sense import backend as backend_lib
+from kerascale.sense import jax_devices
+from kerascale.sense import nvml as nvml_lib
 from kerascale.sense.cluster import ClusterInfo, detect_cluster
 
 logger = logging.getLogger("kerascale")
@@ -106,6 +108,7 @@ class Hardware:
     tpu: TPUInfo | None = None
     cluster: ClusterInfo | None = None
     notes: tuple[str, ...] = ()
+    backend: str = "tensorflow"
 
     @property
     def num_gpus(self) -> int:
@@ -150,7 +153,9 @@ class Hardware:
             return " + ".join(parts)
         bf16 = "bf16" if self.cpu.bf16 else "no bf16"
         model = f"{self.cpu.model}, " if self.cpu.model else ""
-        return f"CPU ({model}{self.cpu.cores} cores, {bf16})"
+        n = self.cpu.logical_devices
+        devices = f", {n} devices" if n > 1 else ""
+        return f"CPU ({model}{self.cpu.cores} cores, {bf16}{devices})"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -174,7 +179,12 @@ class Hardware:
         tpu = TPUInfo(**d["tpu"]) if d.get("tpu") else None
         cluster = ClusterInfo(**d["cluster"]) if d.get("cluster") else None
         return cls(
-            cpu=cpu, gpus=gpus, tpu=tpu, cluster=cluster, notes=tuple(d["notes"])
+            cpu=cpu,
+            gpus=gpus,
+            tpu=tpu,
+            cluster=cluster,
+            notes=tuple(d["notes"]),
+            backend=d.get("backend", "tensorflow"),
         )
 
 
@@ -202,11 +212,46 @@ def detect_hardware(*, nvml: bool = True) -> Hardware:
     """
     _validation.boolean("nvml", nvml)
     notes: list[str] = []
-    cpu = _detect_cpu(notes)
-    gpus = _detect_gpus(notes, use_nvml=nvml)
-    tpu = _detect_tpu(os.environ)
+    backend = backend_lib.name()
+    if backend == "jax":
+        cpu, gpus, tpu = _detect_jax(notes, use_nvml=nvml)
+    elif backend == "tensorflow":
+        cpu = _detect_cpu(notes, logical_devices=_logical_device_count("CPU"))
+        gpus = _detect_gpus(notes, use_nvml=nvml)
+        tpu = _detect_tpu(os.environ)
+    else:  # kerascale plans nothing there; what Keras would use, unasked
+        cpu, gpus, tpu = _detect_cpu(notes), (), None
     cluster = detect_cluster(os.environ)
-    return Hardware(cpu=cpu, gpus=gpus, tpu=tpu, cluster=cluster, notes=tuple(notes))
+    return Hardware(
+        cpu=cpu,
+        gpus=gpus,
+        tpu=tpu,
+        cluster=cluster,
+        notes=tuple(notes),
+        backend=backend,
+    )
+
+
+def _detect_jax(
+    notes: list[str], *, use_nvml: bool
+) -> tuple[CPUInfo, tuple[GPUInfo, ...], TPUInfo | None]:
+    """The devices JAX trains on here (`sense.jax_devices`), with NVML's
+    names where it knows them."""
+    found = jax_devices.detect(notes)
+    cpu = _detect_cpu(notes, logical_devices=max(1, found["cpu_devices"]))
+    gpus = tuple(
+        GPUInfo(g["index"], g["name"], g["memory_total"], g["cc"])
+        for g in found["gpus"]
+    )
+    nvml_gpus = nvml_lib.nvml_gpus(notes) if gpus and use_nvml else None
+    if nvml_gpus:
+        gpus = tuple(
+            nvml_lib.enrich(g, nvml_gpus, notes, keep_memory=True) for g in gpus
+        )
+    tpu = None
+    if found["tpu_cores"]:
+        tpu = TPUInfo(name="local", source=f"JAX ({found['tpu_cores']} TPU cores)")
+    return cpu, gpus, tpu
 
 
 # --- CPU --------------------------------------------------------------------
@@ -261,7 +306,7 @@ def _cgroup_cpu_quota(text: str) -> int | None:
     return max(1, -(-quota // period)) if quota > 0 and period > 0 else None
 
 
-def _detect_cpu(notes: list[str]) -> CPUInfo:
+def _detect_cpu(notes: list[str], *, logical_devices: int = 1) -> CPUInfo:
     model, flags = parse_cpuinfo(_read_cpuinfo())
     if not flags:
         notes.append(
@@ -274,7 +319,7 @@ def _detect_cpu(notes: list[str]) -> CPUInfo:
         model=model or platform.processor(),
         bf16=bool(found),
         bf16_flags=found,
-        logical_devices=_logical_device_count("CPU"),
+        logical_devices=logical_devices,
     )
 
 
@@ -322,7 +367,7 @@ def _detect_gpus(notes: list[str], *, use_nvml: bool) -> tuple[GPUInfo, ...]:
             )
         )
     nvml_notes: list[str] = []
-    nvml_gpus = _nvml_gpus(nvml_notes) if use_nvml else None
+    nvml_gpus = nvml_lib.nvml_gpus(nvml_notes) if use_nvml else None
     if nvml_gpus is None:
         if gpus:
             why = (
@@ -345,96 +390,7 @@ def _detect_gpus(notes: list[str], *, use_nvml: bool) -> tuple[GPUInfo, ...]:
             "its CUDA libraries."
         )
         return ()
-    return tuple(_enrich(g, nvml_gpus, notes) for g in gpus)
-
-
-def visible_nvml_indices(count: int) -> list[int | str]:
-    """Maps TensorFlow's GPU order to NVML indices (or UUIDs) via
-    CUDA_VISIBLE_DEVICES, which TensorFlow honours and NVML ignores."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None or not visible.strip():
-        return list(range(count))
-    out: list[int | str] = []
-    for item in visible.split(","):
-        item = item.strip()
-        out.append(int(item) if item.isdigit() else item)
-    return out
-
-
-def visible_nvml_handles(pynvml: Any) -> list[Any]:
-    """NVML handles of the GPUs TensorFlow sees, in TensorFlow's order (NVML
-    already initialised)."""
-    count = pynvml.nvmlDeviceGetCount()
-    handles = []
-    for key in visible_nvml_indices(count):
-        if isinstance(key, int):
-            if key < count:
-                handles.append(pynvml.nvmlDeviceGetHandleByIndex(key))
-        else:
-            handles.append(pynvml.nvmlDeviceGetHandleByUUID(key))
-    return handles
-
-
-def _nvml_gpus(notes: list[str]) -> list[dict[str, Any]] | None:
-    """Every GPU NVML sees as {index, uuid, name, memory_total, cc}; None
-    when NVML cannot be used."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        notes.append(f"NVML unavailable: {e}")
-        return None
-    try:
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            uuid = pynvml.nvmlDeviceGetUUID(h)
-            out.append(
-                {
-                    "index": i,
-                    "uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
-                    "name": name.decode() if isinstance(name, bytes) else name,
-                    "memory_total": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
-                    "cc": tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
-                }
-            )
-        return out
-    except Exception as e:
-        notes.append(f"NVML query failed: {e}")
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-
-
-def _enrich(gpu: GPUInfo, nvml_gpus: list[dict[str, Any]], notes: list[str]) -> GPUInfo:
-    order = visible_nvml_indices(len(nvml_gpus))
-    if gpu.index >= len(order):
-        return gpu
-    key = order[gpu.index]
-    match = next(
-        (
-            g
-            for g in nvml_gpus
-            if (
-                g["index"] == key if isinstance(key, int) else g["uuid"].startswith(key)
-            )
-        ),
-        None,
-    )
-    if match is None:
-        notes.append(f"GPU {gpu.index}: no NVML device matches {key!r}.")
-        return gpu
-    return dataclasses.replace(
-        gpu,
-        name=match["name"] if gpu.name == "GPU" else gpu.name,
-        memory_total=match["memory_total"],
-        compute_capability=gpu.compute_capability or match["cc"],
-    )
+    return tuple(nvml_lib.enrich(g, nvml_gpus, notes) for g in gpus)
 
 
 # --- TPU --------------------------------------------------------------------

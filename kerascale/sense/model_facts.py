@@ -134,7 +134,10 @@ def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> Mode
     not_borrowable = borrow_problem(model)
     if unbuilt and not_borrowable in ("", "it is not built"):
         not_borrowable = unbuilt
-    in_scope = not isinstance(strategy, str) and model.distribute_strategy is strategy
+    in_scope = (
+        not isinstance(strategy, str)
+        and getattr(model, "distribute_strategy", None) is strategy
+    )
     return ModelFacts(
         policy=model.dtype_policy.name,
         rebuildable=not why,

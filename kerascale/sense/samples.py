@@ -12,20 +12,21 @@ import contextlib
 import weakref
 from typing import Any
 
+import keras
 import numpy as np
-import tensorflow as tf
 
+from kerascale._tf import tf
 from kerascale.sense.data_facts import DataFacts, peekable
 
 
 def sample_inputs(x: Any, facts: DataFacts) -> Any:
     """A one-sample batch of inputs, to build an unbuilt model."""
     if facts.kind == "arrays":
-        return tf.nest.map_structure(lambda a: np.asarray(a)[:1], x)
+        return keras.tree.map_structure(lambda a: np.asarray(a)[:1], x)
     if facts.kind == "pydataset":
         first = x[0]
         inputs = first[0] if isinstance(first, tuple) else first
-        return tf.nest.map_structure(lambda a: np.asarray(a)[:1], inputs)
+        return keras.tree.map_structure(lambda a: np.asarray(a)[:1], inputs)
     spec = x.element_spec
     inputs = spec[0] if isinstance(spec, tuple) else spec
 

@@ -1,0 +1,54 @@
+"""JAX's persistent compilation cache, on for kerascale's measurements and
+the run that follows them, so that a step compiled to read its memory is not
+compiled again when training starts at the same batch.
+
+A compile is found again when its program is the same: the batch search
+lowers Keras's own `train_step`, jitted as Keras's JAX trainer jits it, so
+the first training step at the batch the search chose reads the search's
+compile from the cache instead of paying it again (20 s and more on a GPU).
+
+The cache lives in a directory of this process's own, removed when the
+process exits, unless you set `jax_compilation_cache_dir` yourself (yours is
+then used). JAX's settings are put back when each block ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+_NAMES = (
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+)
+_directory: str | None = None
+
+
+def _process_directory() -> str:
+    global _directory
+    if _directory is None:
+        _directory = tempfile.mkdtemp(prefix="kerascale-xla-")
+        atexit.register(shutil.rmtree, _directory, True)
+    return _directory
+
+
+@contextlib.contextmanager
+def on() -> Iterator[str]:
+    """JAX's persistent compilation cache, every compile kept, for the
+    block; yields its directory."""
+    import jax
+
+    before = {name: getattr(jax.config, name) for name in _NAMES}
+    directory = before["jax_compilation_cache_dir"] or _process_directory()
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    try:
+        yield directory
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)

@@ -1,0 +1,74 @@
+"""Building and activating the `keras.distribution` a JAX plan names.
+
+Keras's JAX trainer splits each batch across the mesh when `fit` runs under
+a distribution, and lays out variables created under it (replicated for
+`DataParallel`). A model the user built before has its variables on one
+device, which Keras's step refuses; `place` lays them out as the
+distribution would have (`keras_compat.lay_out`), so the user's model
+trains as it is, with no copy. The distribution is set for the run only:
+`activated` puts back whatever was set before, and `place`'s undo the
+variables' devices, however the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+
+from kerascale.apply import keras_compat
+from kerascale.apply.jax import compile_cache
+from kerascale.errors import ConfigurationError
+
+
+def build(plan: Any, instance: Any = None) -> Any:
+    """The `keras.distribution.Distribution` for `plan`, or None for Keras's
+    default (one device, no distribution).
+
+    Args:
+        plan: A `Plan` (its `strategy` and `replicas` are read).
+        instance: The user's own distribution, returned as is when given.
+    """
+    if instance is not None:
+        return instance
+    if plan.strategy == "default":
+        return None
+    if plan.strategy == "data_parallel":
+        import jax
+
+        devices = jax.local_devices()
+        if len(devices) < plan.replicas:
+            raise ConfigurationError(
+                f"The plan trains {plan.replicas} replicas, and JAX sees "
+                f"{len(devices)} local device(s) now: plan again on this machine."
+            )
+        return keras.distribution.DataParallel(devices=devices[: plan.replicas])
+    raise ConfigurationError(
+        f"Cannot build {plan.strategy!r} on the JAX backend: one of 'default', "
+        "'data_parallel', or a keras.distribution.Distribution."
+    )
+
+
+@contextlib.contextmanager
+def activated(distribution: Any) -> Iterator[None]:
+    """Sets `distribution` (None: none) as Keras's for the block, and puts
+    back the one set before; JAX's compilation cache is on meanwhile
+    (`compile_cache`: a step the batch search compiled is not compiled
+    again)."""
+    before = keras.distribution.distribution()
+    keras.distribution.set_distribution(distribution)
+    try:
+        with compile_cache.on():
+            yield
+    finally:
+        keras.distribution.set_distribution(before)
+
+
+def place(model: Any, distribution: Any) -> Any:
+    """Lays out `model`'s variables for `distribution` (None: nothing to
+    do); returns the undo, or None."""
+    if distribution is None:
+        return None
+    return keras_compat.lay_out(model, distribution)

@@ -1,0 +1,1 @@
+"""Measurements on the JAX backend: what XLA says before anything runs."""

@@ -1,0 +1,248 @@
+"""The largest batch whose compiled train step fits a device, on JAX: from
+XLA's own memory analysis, in few compiles, with no step run.
+
+On JAX an out-of-memory is found before anything runs: XLA's compiler
+assigns every buffer of a step and reports them (`Compiled.memory_analysis`).
+The step is Keras's own `train_step`, jitted as Keras's JAX trainer jits it
+(state donated, the state's shardings kept under a distribution), on the
+model as it will train (its precision set in place, its variables laid out),
+lowered on abstract values: nothing is allocated or trained.
+
+What one step needs on a device, beyond the model's state already held
+there, is `arguments + outputs - aliases + temporaries - state`; it fits
+when that is at most what is free: `bytes_limit - bytes_in_use` of the
+device (GPU, TPU), or on a CPU the limit (`memory_limit`, else 80% of the
+memory available) less the process's resident memory.
+
+Memory is not linear in the batch (on a GPU, XLA rematerializes a large
+program toward the device's limit; on a CPU small batches fuse differently),
+so the search does not extrapolate a line from small batches: it steps on
+the compiled figures themselves (secant steps, then regula falsi between the
+largest batch that fits and the smallest that does not), at most
+`MAX_COMPILES` compiles. Compiles are the cost on a GPU (20 s and
+more each); JAX's persistent compilation cache, on for the search and the
+run that follows (`kerascale.apply.jax.compile_cache`), lets training reuse
+the compile of the batch it trains at instead of paying it twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from kerascale._units import format_bytes
+
+# At most this many compiles per search (the bracket is narrowed until then).
+MAX_COMPILES = 5
+# The bracket is narrow enough when its ends are within this fraction.
+TOLERANCE = 0.02
+# On a CPU without memory_limit: the share of the memory available now.
+CPU_DEFAULT_SHARE = 0.8
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """One compile's figures.
+
+    Attributes:
+        batch: The per-replica batch compiled.
+        need_bytes: What the step needs on one device beyond the state held
+            there.
+        seconds: The lowering and compile's wall time.
+    """
+
+    batch: int
+    need_bytes: int
+    seconds: float
+
+
+class StepMemory:
+    """Compiles Keras's train step of `model` at a batch and reads what it
+    needs on one device.
+
+    Args:
+        model: The model as it will train (precision set, distribution set,
+            variables laid out): the step traces what is there now.
+        element: The per-sample `(x, y)` structure, leaves with `.shape`
+            (without the batch) and `.dtype`.
+        distribution: The `keras.distribution` the run sets, or None.
+        replicas: How many ways the batch is split.
+    """
+
+    def __init__(self, model: Any, element: Any, distribution: Any, replicas: int):
+        import jax
+
+        from kerascale.apply import keras_compat
+
+        self._jax = jax
+        self.element, self.replicas = element, replicas
+        self.distribution = distribution
+        keras_compat.build_like_first_step(model, _one_sample(element))
+        state = keras_compat.train_state(model)
+        # Placed as Keras's trainer passes them: with their shardings under a
+        # distribution, else as plain values (the same program, so the same
+        # cache entry as training's).
+        self.state = jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct(
+                a.shape, a.dtype, sharding=a.sharding if distribution else None
+            ),
+            state,
+        )
+        self.state_bytes = sum(
+            _bytes_on_one_device(a) for a in jax.tree_util.tree_leaves(state)
+        )
+        shardings = None
+        if distribution is not None:
+            shardings = (None, jax.tree_util.tree_map(lambda a: a.sharding, state))
+        self._step = jax.jit(
+            model.train_step, donate_argnums=0, out_shardings=shardings
+        )
+        self.compiled: list[Compiled] = []
+
+    def need(self, batch: int) -> Compiled:
+        """Compiles the step at per-replica `batch`; its figures."""
+        start = time.perf_counter()
+        data = self._data(batch * self.replicas)
+        analysis = self._step.lower(self.state, data).compile().memory_analysis()
+        total = (
+            analysis.argument_size_in_bytes
+            + analysis.output_size_in_bytes
+            - analysis.alias_size_in_bytes
+            + analysis.temp_size_in_bytes
+        )
+        found = Compiled(
+            batch, max(0, total - self.state_bytes), time.perf_counter() - start
+        )
+        self.compiled.append(found)
+        return found
+
+    def _data(self, global_batch: int) -> Any:
+        jax = self._jax
+
+        def spec(leaf: Any) -> Any:
+            shape = (global_batch, *tuple(leaf.shape))
+            sharding = None
+            if self.distribution is not None:
+                layout = self.distribution.get_data_layout(shape)
+                sharding = getattr(layout, "backend_layout", layout)
+            dtype = jax.dtypes.canonicalize_dtype(leaf.dtype)
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+        return keras.tree.map_structure(spec, self.element)
+
+
+def search(
+    need: Callable[[int], Compiled],
+    free_bytes: int,
+    *,
+    start: int,
+    cap: int,
+    max_compiles: int = MAX_COMPILES,
+) -> tuple[int, int | None, list[Compiled]]:
+    """(the largest per-replica batch found to fit `free_bytes`, the
+    smallest found not to or None, every compile) in at most `max_compiles`
+    compiles of `need`, between 1 and `cap`.
+
+    Starts at `start` and doubles it (or halves it) for a second figure.
+    Until a batch fails, each next one is the secant step through the last
+    two figures toward `free_bytes` (at most `cap`); once the largest batch
+    that fits and the smallest that does not bracket the answer, it is the
+    secant between those two ends (regula falsi), bisecting where that would
+    land on an end. It stops when the ends are within `TOLERANCE`.
+    """
+    seen: list[Compiled] = []
+    fit: Compiled | None = None
+    fail: Compiled | None = None
+
+    def measure(batch: int) -> None:
+        nonlocal fit, fail
+        c = need(batch)
+        seen.append(c)
+        if c.need_bytes <= free_bytes:
+            fit = c if fit is None or batch > fit.batch else fit
+        elif fail is None or batch < fail.batch:
+            fail = c
+
+    measure(max(1, min(start, cap)))
+    while len(seen) < max_compiles:
+        low = fit.batch if fit else 0
+        high = fail.batch if fail else cap + 1
+        if high - low <= max(1, _tolerance(low)) or (fail is None and low >= cap):
+            break
+        guess = _guess(seen, fit, fail, free_bytes, cap)
+        if not low < guess < high:
+            guess = (low + high) // 2 if low else max(1, seen[-1].batch // 2)
+        if guess in {c.batch for c in seen} or not low < guess < high:
+            break
+        measure(guess)
+    return (fit.batch if fit else 0), (fail.batch if fail else None), seen
+
+
+def _tolerance(batch: int) -> int:
+    return max(1, math.floor(batch * TOLERANCE))
+
+
+def _guess(
+    seen: list[Compiled],
+    fit: Compiled | None,
+    fail: Compiled | None,
+    free_bytes: int,
+    cap: int,
+) -> int:
+    """The next batch to compile (before it is kept inside the bracket)."""
+    if fit is not None and fail is not None:
+        step = _secant(fit, fail, free_bytes)
+        return step if step is not None else (fit.batch + fail.batch) // 2
+    if fit is None:  # nothing fits yet: down
+        return max(1, seen[-1].batch // 2)
+    if len(seen) < 2:
+        return min(cap, 2 * seen[-1].batch)
+    step = _secant(seen[-2], seen[-1], free_bytes)
+    if step is None or step <= fit.batch:
+        step = 4 * fit.batch
+    return min(cap, step)
+
+
+def _secant(a: Compiled, b: Compiled, free_bytes: int) -> int | None:
+    """Where the line through two figures meets `free_bytes`; None for a
+    flat or falling pair."""
+    if b.batch == a.batch or (b.need_bytes - a.need_bytes) * (b.batch - a.batch) <= 0:
+        return None
+    slope = (b.need_bytes - a.need_bytes) / (b.batch - a.batch)
+    return int(a.batch + (free_bytes - a.need_bytes) / slope)
+
+
+def describe(found: list[Compiled], free_bytes: int) -> str:
+    """The compiles, for the plan's reason."""
+    steps = ", ".join(
+        f"{c.batch}: {format_bytes(c.need_bytes)}"
+        + ("" if c.need_bytes <= free_bytes else " (over)")
+        for c in found
+    )
+    seconds = sum(c.seconds for c in found)
+    return (
+        f"{len(found)} compile{'s' if len(found) != 1 else ''} of the train step "
+        f"({seconds:.1f}s), per replica: {steps}; {format_bytes(free_bytes)} free"
+    )
+
+
+def _one_sample(element: Any) -> Any:
+    import numpy as np
+
+    def zeros(leaf: Any) -> Any:
+        return np.zeros((1, *tuple(leaf.shape)), dtype=leaf.dtype)
+
+    return keras.tree.map_structure(zeros, element)
+
+
+def _bytes_on_one_device(array: Any) -> int:
+    """The bytes of `array` held on one device (its shard, or all of it)."""
+    shards = getattr(array, "addressable_shards", None)
+    if shards:
+        return int(shards[0].data.nbytes)
+    return int(array.nbytes)

@@ -1,0 +1,196 @@
+"""The batch-size search on the JAX backend: `compiled.search` on the model
+as it will train, against the memory free on one device, as a
+`BatchSearchResult` (the same record the TensorFlow path's probes give).
+
+The model is prepared on the one path (`Session.model_for`: its
+distribution set, its variables laid out, its precision set in place, all
+put back after), with no copy: a second copy of the weights on the device
+would take the memory the search is measuring. What the search leaves in the
+model is what Keras's first training step builds anyway: the optimizer's
+slots and the compiled metrics' variables (zeros).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kerascale._units import format_bytes
+from kerascale.apply.session import Session
+from kerascale.errors import BatchSizeSearchError
+from kerascale.measure import batch as batch_lib
+from kerascale.measure.jax import compiled
+from kerascale.measure.probe import OK, OOM, ProbeResult
+from kerascale.measure.result import BatchSearchResult
+from kerascale.sense import memory
+
+# Where the search starts when nothing else says (Keras's default batch).
+START = 32
+
+
+def run_search(
+    model: Any,
+    x: Any,
+    y: Any,
+    data: Any,
+    plan: Any,
+    hw: Any,
+    options: batch_lib.SearchOptions,
+    *,
+    instance: Any = None,
+    verbose: Any = "auto",
+    first: int | None = None,
+    accumulation_steps: int | None = None,
+    budget: Any = None,
+) -> BatchSearchResult:
+    """The largest per-replica batch whose compiled step fits, for `plan`
+    (its precision and distribution), starting at `first`. The arguments are
+    the TensorFlow search's (`batch.run_search`); `accumulation_steps` and
+    `budget` do not apply (the step compiled is the micro-batch's, and a
+    compile costs far less than a probe).
+
+    Raises:
+        SearchUnavailable: Where the compiler's analysis cannot answer (no
+            memory figure for the device, or on a CPU asked for the fastest
+            batch rather than the largest).
+        BatchSizeSearchError: When even a batch of 1 does not fit.
+    """
+    del accumulation_steps, budget, verbose
+    if hw.accelerator == "cpu" and options.mode != "max" and not options.memory_limit:
+        raise batch_lib.SearchUnavailable(
+            "on a CPU the largest batch that fits is not the fastest, and the "
+            "trials that time batches run on the TensorFlow backend only for now"
+        )
+    free, why_free = free_bytes(hw, options)
+    cap, why_cap = batch_lib.cap_for(data, plan, options)
+    start = first or min(cap, START)
+    with Session() as session:
+        # model_for sets the run's distribution, and JAX's compilation cache
+        # with it (`apply.jax.distribution.activated`): training finds there
+        # the compile of the batch it trains at.
+        trained, dist = session.model_for(model, plan, instance=instance)
+        step = compiled.StepMemory(trained, _element(x, y), dist, plan.replicas)
+        fits, fails, seen = compiled.search(step.need, free, start=start, cap=cap)
+    if fits == 0:
+        raise BatchSizeSearchError(
+            f"Even a batch of {seen[-1].batch} per replica needs "
+            f"{format_bytes(seen[-1].need_bytes)} per device by XLA's count, more "
+            f"than the {format_bytes(free)} free ({why_free}).",
+            out_of_memory=True,
+        )
+    chosen, granularity = _with_margin(fits, fails, cap, options.margin)
+    over = f"; {fails} does not" if fails is not None else f"; capped at {why_cap}"
+    why = (
+        f"the largest per-replica batch whose compiled train step fits: {fits} "
+        f"fits{over}"
+        + (f", less the {options.margin:.0%} margin" if chosen < fits else "")
+        + f" ({compiled.describe(seen, free)})"
+    )
+    return BatchSearchResult(
+        batch_size=chosen * plan.replicas,
+        per_replica_batch_size=chosen,
+        replicas=plan.replicas,
+        precision=plan.precision,
+        strategy=plan.strategy,
+        largest_fitting=fits,
+        smallest_failing=fails,
+        mode="max",
+        probes=tuple(_as_probe(c, free) for c in seen),
+        memory_model=None,
+        limit_bytes=free,
+        granularity=granularity,
+        margin=options.margin,
+        reasons={
+            "batch_size": why,
+            "search": f"XLA's memory analysis, {len(seen)} compiles",
+            "limit": why_free,
+        },
+    )
+
+
+def free_bytes(hw: Any, options: batch_lib.SearchOptions) -> tuple[int, str]:
+    """The bytes one step may take on one device, beyond what is held there
+    now, and where the figure comes from.
+
+    Raises:
+        SearchUnavailable: When the device reports no memory figures.
+    """
+    import jax
+
+    if hw.accelerator in ("gpu", "tpu"):
+        stats = None
+        try:
+            stats = jax.local_devices()[0].memory_stats()
+        except Exception:
+            stats = None
+        if not stats or not stats.get("bytes_limit"):
+            raise batch_lib.SearchUnavailable(
+                "the device reports no memory figures (memory_stats) to search under"
+            )
+        limit, why = int(stats["bytes_limit"]), "XLA's allocator limit"
+        if options.memory_limit and options.memory_limit < limit:
+            limit, why = options.memory_limit, "memory_limit you passed (per device)"
+        used = int(stats.get("bytes_in_use", 0))
+        return (
+            limit - used,
+            f"{why} {format_bytes(limit)} less {format_bytes(used)} in use",
+        )
+    if options.memory_limit:
+        limit, why = options.memory_limit, "memory_limit you passed"
+    else:
+        available = memory.available_bytes()
+        if available is None:
+            raise batch_lib.SearchUnavailable("the memory available here is unknown")
+        limit = int(available * compiled.CPU_DEFAULT_SHARE)
+        why = f"{compiled.CPU_DEFAULT_SHARE:.0%} of the memory available"
+    resident = memory.resident_bytes() or 0
+    return (
+        limit - resident,
+        f"{why} ({format_bytes(limit)}) less this process's "
+        f"{format_bytes(resident)} resident",
+    )
+
+
+def _element(x: Any, y: Any) -> Any:
+    """The per-sample `(x, y)` structure of arrays, as Keras's JAX trainer
+    passes a batch to `train_step`."""
+    import keras
+    import numpy as np
+
+    from kerascale.sense.data_facts import as_structure
+
+    def leaf(a: Any) -> Any:
+        a = a if hasattr(a, "shape") and hasattr(a, "dtype") else np.asarray(a)
+        return _Spec(tuple(a.shape)[1:], a.dtype)
+
+    inputs = keras.tree.map_structure(leaf, as_structure(x))
+    return (inputs,) if y is None else (inputs, keras.tree.map_structure(leaf, y))
+
+
+class _Spec:
+    """A leaf's per-sample shape and dtype."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any):
+        self.shape, self.dtype = shape, dtype
+
+
+def _with_margin(
+    fits: int, fails: int | None, cap: int, margin: float
+) -> tuple[int, int]:
+    """The batch to train at (the margin kept below the largest that fits,
+    unless the cap bounds it), rounded down to a multiple of 8 from 64 up;
+    and that granularity."""
+    chosen = fits if fails is None and fits >= cap else math.floor(fits * (1 - margin))
+    granularity = 8 if chosen >= 64 else 1
+    return max(1, chosen - chosen % granularity), granularity
+
+
+def _as_probe(c: compiled.Compiled, free: int) -> ProbeResult:
+    fits = c.need_bytes <= free
+    return ProbeResult(
+        batch=c.batch,
+        outcome=OK if fits else OOM,
+        peak_bytes=c.need_bytes,
+        seconds=c.seconds,
+        message="" if fits else "over the free memory by XLA's count (not run)",
+    )

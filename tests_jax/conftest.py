@@ -1,0 +1,56 @@
+"""The JAX backend's tests: run in a virtual environment with keras and jax
+and no TensorFlow (README, "Development"), on 1 and on 2 forced host devices
+(`XLA_FLAGS=--xla_force_host_platform_device_count=2`).
+"""
+
+import os
+
+os.environ["KERAS_BACKEND"] = "jax"
+
+import jax
+import keras
+import numpy as np
+import pytest
+
+assert keras.backend.backend() == "jax", "tests_jax must run on the JAX backend"
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERASCALE_CACHE_DIR", str(tmp_path / "kerascale-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras():
+    """A clean Keras session, a fixed seed, float32 and no distribution."""
+    keras.backend.clear_session()
+    keras.config.set_dtype_policy("float32")
+    keras.distribution.set_distribution(None)
+    keras.utils.set_random_seed(1234)
+    yield
+    keras.config.set_dtype_policy("float32")
+    keras.distribution.set_distribution(None)
+
+
+def devices() -> int:
+    return len(jax.local_devices())
+
+
+def dense_model(inputs=4, outputs=2, optimizer="sgd", seed=0, **compile_kwargs):
+    """A tiny functional model, compiled, float32, built outside any
+    distribution; the same weights for the same seed."""
+    keras.utils.set_random_seed(seed)
+    x_in = keras.Input((inputs,))
+    h = keras.layers.Dense(8, activation="relu", name="hidden")(x_in)
+    out = keras.layers.Dense(outputs, activation="softmax", name="out")(h)
+    model = keras.Model(x_in, out)
+    compile_kwargs.setdefault("loss", "sparse_categorical_crossentropy")
+    model.compile(optimizer=optimizer, **compile_kwargs)
+    return model
+
+
+def toy_data(n=64, inputs=4, classes=2, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, inputs)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("int32") % classes
+    return x, y

@@ -1,0 +1,125 @@
+"""The compiled-memory batch search on JAX: the algorithm on figures with
+the shapes real compilers give, and the whole search against real steps."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import devices
+
+import kerascale
+from kerascale.measure.jax import compiled
+
+
+def _need(curve):
+    calls = []
+
+    def need(batch):
+        calls.append(batch)
+        return compiled.Compiled(batch, int(curve(batch)), 0.0)
+
+    return need, calls
+
+
+CURVES = {
+    # constant gradients + a per-sample part
+    "linear": lambda b: 20e6 + 40e3 * b,
+    # small batches fuse into less per sample (what XLA:CPU gave an MLP)
+    "cheaper when small": lambda b: 20e6 + (10e3 if b < 1000 else 40e3) * b,
+    # XLA:GPU rematerializes toward the limit: the curve flattens near it
+    "flattening": lambda b: 1e9 + 8e6 * b if b < 200 else 2.6e9 + 2e6 * (b - 200),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CURVES))
+def test_finds_at_least_nine_tenths_of_the_truth_in_five_compiles(name):
+    curve = CURVES[name]
+    free = 3e9
+    truth = max(b for b in range(1, 70000) if curve(b) <= free)
+    need, calls = _need(curve)
+    fits, fails, _ = compiled.search(need, free, start=32, cap=65536)
+    assert len(calls) <= compiled.MAX_COMPILES
+    assert curve(fits) <= free, "what it calls fitting must fit"
+    assert fits >= 0.9 * truth, (fits, truth, calls)
+    assert fails is None or curve(fails) > free
+
+
+def test_stops_at_the_cap_when_everything_fits():
+    need, calls = _need(lambda b: 1e6 * b)
+    fits, fails, _ = compiled.search(need, 1e12, start=32, cap=100)
+    assert (fits, fails) == (100, None)
+    assert len(calls) <= 3
+
+
+def test_goes_down_when_the_start_does_not_fit():
+    need, calls = _need(lambda b: 1e6 + 1e6 * b)
+    fits, _, _ = compiled.search(need, 10.5e6, start=32, cap=1000)
+    assert fits >= 8 and fits <= 9 and len(calls) <= 5
+
+
+def test_nothing_fits():
+    need, _ = _need(lambda b: 1e9)
+    fits, fails, seen = compiled.search(need, 1e6, start=32, cap=1000)
+    assert fits == 0 and fails == min(c.batch for c in seen)
+
+
+def _mlp():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((256,)),
+            keras.layers.Dense(512, activation="relu"),
+            keras.layers.Dense(512, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
+    model.compile(
+        "adam",
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def test_find_batch_size_on_jax_fits_the_limit_by_xla_count_and_trains():
+    x = np.zeros((100_000, 256), "float32")
+    y = np.zeros(100_000, "int32")
+    model = _mlp()
+    before = [w.copy() for w in model.get_weights()]
+    result = kerascale.find_batch_size(model, x, y, memory_limit="1GiB")
+    assert len(result.probes) <= compiled.MAX_COMPILES
+    assert result.replicas == devices()
+    fits = [p for p in result.probes if p.outcome == "ok"]
+    assert max(p.batch for p in fits) >= result.per_replica_batch_size
+    assert "XLA" in result.reasons["search"]
+    # planning left the weights and Keras's global state as they were
+    for a, b in zip(before, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert keras.distribution.distribution() is None
+    history = kerascale.fit(
+        model, x, y, batch_size=result.batch_size, epochs=1, verbose=0
+    )
+    assert np.isfinite(history.history["loss"]).all()
+
+
+def test_training_reuses_the_search_compile():
+    """The step compiled at the found batch is read from JAX's cache when
+    training starts: the cache holds one train-step program per batch."""
+    import jax
+
+    from kerascale.apply.jax import compile_cache
+
+    x = np.zeros((4096, 256), "float32")
+    y = np.zeros(4096, "int32")
+    model = _mlp()
+    plan = kerascale.plan(model, x, y, memory_limit="1GiB", verbose=0)
+    assert "XLA" in plan.reasons["global_batch_size"]
+    with compile_cache.on() as directory:
+        pass
+    import os
+
+    before = {f for f in os.listdir(directory) if f.startswith("jit_train_step")}
+    kerascale.fit(model, x, y, memory_limit="1GiB", epochs=1, verbose=0)
+    after = {f for f in os.listdir(directory) if f.startswith("jit_train_step")}
+    assert after == before | (after - before)
+    assert len(after - before) == 0, "training compiled its step again"
+    assert jax.config.jax_compilation_cache_dir is None

@@ -1,0 +1,293 @@
+"""kerascale.fit on Keras's JAX backend: the same door, keras.distribution
+underneath, no TensorFlow, and the model left as it was."""
+
+import sys
+import warnings
+
+import jax
+import keras
+import numpy as np
+import pytest
+from conftest import dense_model, devices, toy_data
+
+import kerascale
+from kerascale.sense import backend as backend_lib
+
+TF_WORDS = ("tf.distribute", "TensorFlow", "Mirrored", "OneDevice", "MultiWorker")
+
+
+def _plain_fit(build, x, y, distribution, **kwargs):
+    """What a competent JAX user writes, as Keras's guide says: the
+    distribution set, then the model built, then fit."""
+    keras.distribution.set_distribution(distribution)
+    try:
+        model = build()
+        return model, model.fit(x, y, verbose=0, **kwargs)
+    finally:
+        keras.distribution.set_distribution(None)
+
+
+def test_imports_and_trains_without_tensorflow():
+    x, y = toy_data()
+    model = dense_model()
+    history = kerascale.fit(model, x, y, epochs=1, batch_size=16, verbose=0)
+    assert history.plan.backend == "jax"
+    assert "tensorflow" not in sys.modules
+
+
+def test_plan_names_the_backend_and_no_tf_distribute_strategy():
+    x, y = toy_data()
+    plan = kerascale.plan(dense_model(), x, y, batch_size=16, verbose=0)
+    text = plan.describe()
+    assert plan.backend == "jax" and "keras.distribution" in text
+    assert not [w for w in TF_WORDS if w in text], text
+    assert plan.replicas == devices()
+    if devices() > 1:
+        assert plan.strategy == "data_parallel"
+        assert f"{devices()} CPU devices" in plan.reasons["strategy"]
+    else:
+        assert plan.strategy == "default"
+
+
+def test_training_equals_plain_fit_under_the_same_distribution():
+    x, y = toy_data(n=96)
+    ours = dense_model(seed=3)  # built outside any distribution
+    history = kerascale.fit(
+        ours, x, y, epochs=3, batch_size=32, shuffle=False, verbose=0
+    )
+    theirs, plain = _plain_fit(
+        lambda: dense_model(seed=3),
+        x,
+        y,
+        keras.distribution.DataParallel(devices=jax.local_devices())
+        if devices() > 1
+        else None,
+        epochs=3,
+        batch_size=32,
+        shuffle=False,
+    )
+    np.testing.assert_allclose(
+        history.history["loss"], plain.history["loss"], rtol=1e-6, atol=1e-6
+    )
+    for a, b in zip(ours.get_weights(), theirs.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_leaves_nothing_behind():
+    """No distribution stays set, every variable is back on one device, the
+    policy is float32 again; only the weights changed."""
+    x, y = toy_data()
+    model = dense_model(optimizer="adam", metrics=["accuracy"])
+    before = [w.copy() for w in model.get_weights()]
+    kerascale.fit(
+        model, x, y, epochs=1, batch_size=16, precision="mixed_bfloat16", verbose=0
+    )
+    assert keras.distribution.distribution() is None
+    variables = [*model.variables, *model.optimizer.variables]
+    for v in variables:
+        assert isinstance(v.value.sharding, jax.sharding.SingleDeviceSharding), v.path
+    assert {layer.dtype_policy.name for layer in model.layers} == {"float32"}
+    assert any(
+        not np.allclose(a, b) for a, b in zip(before, model.get_weights(), strict=True)
+    )
+    # and plain Keras trains it afterwards, as before
+    model.fit(x, y, epochs=1, batch_size=16, verbose=0)
+
+
+def test_a_distribution_set_before_fit_wins_and_stays_set():
+    x, y = toy_data()
+    mine = keras.distribution.DataParallel(devices=jax.local_devices()[:1])
+    keras.distribution.set_distribution(mine)
+    model = dense_model()  # built under it, as Keras's guide says
+    history = kerascale.fit(model, x, y, epochs=1, batch_size=16, verbose=0)
+    assert history.plan.strategy == "DataParallel"
+    assert "set before fit" in history.plan.reasons["strategy"]
+    assert history.plan.replicas == 1
+    assert keras.distribution.distribution() is mine
+
+
+def test_precision_in_place_float32_outputs_and_put_back():
+    x, y = toy_data()
+    model = dense_model()
+    seen = {}
+
+    class Watch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen["hidden"] = self.model.get_layer("hidden").dtype_policy.name
+            seen["out"] = self.model.get_layer("out").dtype_policy.name
+
+    history = kerascale.fit(
+        model, x, y, epochs=1, batch_size=16, precision="mixed_bfloat16",
+        callbacks=[Watch()], verbose=0,
+    )  # fmt: skip
+    assert history.plan.precision == "mixed_bfloat16"
+    assert seen == {"hidden": "mixed_bfloat16", "out": "float32"}
+    assert model.get_layer("hidden").dtype_policy.name == "float32"
+    assert np.isfinite(history.history["loss"]).all()
+
+
+def test_float16_trains_with_loss_scaling_and_keeps_the_optimizer():
+    x, y = toy_data()
+    model = dense_model()
+    optimizer = model.optimizer
+    seen = {}
+
+    class Watch(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            seen["optimizer"] = type(self.model.optimizer).__name__
+
+    history = kerascale.fit(
+        model, x, y, epochs=1, batch_size=16, precision="mixed_float16",
+        callbacks=[Watch()], verbose=0,
+    )  # fmt: skip
+    assert seen["optimizer"] == "LossScaleOptimizer"
+    assert model.optimizer is optimizer
+    assert np.isfinite(history.history["loss"]).all()
+
+
+def test_accumulation_equals_one_large_batch():
+    """4 accumulated micro-batches of 16 (per update of 64) give the weights
+    of one SGD step on 64 samples, on every device count."""
+    x, y = toy_data(n=64)
+    ours, theirs = dense_model(seed=5), dense_model(seed=5)
+    history = kerascale.fit(
+        ours, x, y, epochs=1, batch_size=64, accumulation_steps=4,
+        shuffle=False, verbose=0,
+    )  # fmt: skip
+    assert history.plan.accumulation_steps == 4
+    assert history.plan.global_batch_size == 64
+    theirs.fit(x, y, epochs=1, batch_size=64, shuffle=False, verbose=0)
+    for a, b in zip(ours.get_weights(), theirs.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert ours.optimizer.gradient_accumulation_steps is None
+
+
+def test_pydataset_and_generator_train():
+    x, y = toy_data()
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return x[i * 16 : (i + 1) * 16], y[i * 16 : (i + 1) * 16]
+
+    def generator():
+        for i in range(4):
+            yield x[i * 16 : (i + 1) * 16], y[i * 16 : (i + 1) * 16]
+
+    for data in (Batches(), generator()):
+        history = kerascale.fit(dense_model(), data, epochs=1, verbose=0)
+        assert history.plan.backend == "jax"
+        assert np.isfinite(history.history["loss"]).all()
+
+
+def test_checkpoint_dir_is_dropped_with_one_warning(tmp_path):
+    x, y = toy_data()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kerascale.fit(
+            dense_model(), x, y, epochs=1, batch_size=16,
+            checkpoint_dir=tmp_path / "ckpt", verbose=0,
+        )  # fmt: skip
+    ours = [w for w in caught if issubclass(w.category, kerascale.KerascaleWarning)]
+    assert len(ours) == 1, [str(w.message) for w in ours]
+    assert "checkpoint_dir" in str(ours[0].message)
+    assert "BackupAndRestore" in str(ours[0].message)
+
+
+def test_tensorflow_strategy_names_are_refused_with_the_jax_choices():
+    x, y = toy_data()
+    with pytest.raises(kerascale.ConfigurationError, match="data_parallel"):
+        kerascale.fit(dense_model(), x, y, strategy="mirrored", verbose=0)
+
+
+def test_find_batch_size_refuses_an_unsupported_backend(monkeypatch):
+    monkeypatch.setattr(backend_lib, "name", lambda: "torch")
+    x, y = toy_data()
+    with pytest.raises(kerascale.UnsupportedError, match="batch_size"):
+        kerascale.find_batch_size(dense_model(), x, y)
+
+
+def test_an_unsupported_backend_trains_with_plain_fit_and_one_warning(monkeypatch):
+    """torch, numpy, openvino: faked at the seam (no torch needed)."""
+    monkeypatch.setattr(backend_lib, "name", lambda: "torch")
+    x, y = toy_data()
+    model = dense_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = kerascale.fit(
+            model, x, y, epochs=2, batch_size=16, time_budget="1h", verbose=0
+        )
+    ours = [w for w in caught if issubclass(w.category, kerascale.KerascaleWarning)]
+    assert len(ours) == 1
+    message = str(ours[0].message)
+    assert "'torch'" in message and "plain model.fit" in message
+    assert "time_budget='1h'" in message
+    assert history.plan is None and len(history.history["loss"]) == 2
+
+
+def test_plain_fit_before_and_after_in_float32():
+    """Functions Keras traced before the run are not reused under the run's
+    distribution, and are there again after it."""
+    x, y = toy_data()
+    model = dense_model()
+    model.fit(x, y, epochs=1, batch_size=16, verbose=0)
+    before = model.train_function
+    kerascale.fit(model, x, y, epochs=1, batch_size=16, precision="float32", verbose=0)
+    assert model.train_function is before
+    model.fit(x, y, epochs=1, batch_size=16, verbose=0)
+
+
+def test_doctor_prints_the_jax_plan(capsys):
+    from kerascale import cli
+
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "backend:  jax" in out and "keras.distribution" in out
+    assert not [w for w in TF_WORDS if w in out], out
+
+
+def _kerascale_warnings(caught):
+    return [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, kerascale.KerascaleWarning)
+    ]
+
+
+@pytest.mark.skipif(
+    kerascale._tf.available(), reason="TensorFlow writes the files where installed"
+)
+def test_monitors_without_tensorflow_keep_figures_in_history(tmp_path):
+    x, y = toy_data(n=256)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = kerascale.fit(
+            dense_model(), x, y, epochs=2, batch_size=16, log_dir=tmp_path,
+            profile=(2, 3), time_budget="1h", verbose=0,
+        )  # fmt: skip
+    said = _kerascale_warnings(caught)
+    assert len(said) == 2, said
+    assert "History only" in said[0] and "profile=True was not used" in said[1]
+    assert len(history.history["samples_per_second"]) == 2
+    assert not list(tmp_path.iterdir())
+
+
+def test_callbacks_and_accumulate_in_a_plain_fit():
+    x, y = toy_data(n=256)
+    model = dense_model()
+    kerascale.accumulate(model, 2)
+    throughput = kerascale.callbacks.Throughput(batch_size=16)
+    history = model.fit(
+        x, y, epochs=1, batch_size=16, verbose=0,
+        callbacks=[throughput, kerascale.callbacks.TimeBudget("1h")],
+    )  # fmt: skip
+    assert model.optimizer.gradient_accumulation_steps == 2
+    assert history.history["samples_per_second"][0] > 0
+
+
+def test_diagnose_says_it_is_not_here_yet():
+    x, y = toy_data()
+    with pytest.raises(kerascale.UnsupportedError, match="Throughput"):
+        kerascale.diagnose(dense_model(), x, y)
