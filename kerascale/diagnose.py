@@ -154,20 +154,14 @@ def diagnose(
         A `Diagnosis`; `print()` it for the report.
 
     Raises:
-        UnsupportedError: On a backend other than TensorFlow (for now).
+        UnsupportedError: Off the TensorFlow backend (for now).
 
     Example:
 
     >>> print(kerascale.diagnose(model, ds))
     """
     v.positive_int("steps", steps)
-    if backend_lib.name() != "tensorflow":
-        raise UnsupportedError(
-            f"diagnose times a tf.data pipeline and runs on the TensorFlow backend "
-            f"for now, and Keras runs on {backend_lib.name()!r} here. "
-            "kerascale.callbacks.Throughput in fit's callbacks gives the step "
-            "times on every backend."
-        )
+    _tensorflow_only()
     options, search = validate_options(
         batch_size=batch_size,
         strategy=strategy,
@@ -207,6 +201,16 @@ def diagnose(
         peak=peak,
         limit=limit,
     )
+
+
+def _tensorflow_only() -> None:
+    if backend_lib.name() != "tensorflow":
+        raise UnsupportedError(
+            f"diagnose times a tf.data pipeline and runs on the TensorFlow backend "
+            f"for now, and Keras runs on {backend_lib.name()!r} here. "
+            "kerascale.callbacks.Throughput in fit's callbacks gives the step "
+            "times on every backend."
+        )
 
 
 def _iterate(ds: tf.data.Dataset, total: int) -> float:

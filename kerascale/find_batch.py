@@ -35,14 +35,13 @@ def find_batch_size(
 ) -> BatchSearchResult:
     """Finds the largest batch that trains without running out of memory.
 
-    Each probe is a real training step (forward, backward, optimizer update,
-    then a validation step) on a synthetic batch shaped like your data, under
-    the precision and strategy `kerascale.fit` would use: on CPU in child
-    processes (running out of memory there never harms this one), on GPU in
-    this process, whose allocator training will use. A memory model fitted to
-    a few small probes predicts the boundary; probes around it confirm it
-    (cached per model, hardware, precision and input shape). On JAX, XLA's
-    memory analysis of the compiled step answers instead, in <= 5 compiles.
+    On TensorFlow each probe is a real training step (forward, backward,
+    update, validation) on a synthetic batch like your data, under the
+    precision and strategy `fit` would use: on CPU in child processes, on GPU
+    in this process, whose allocator training will use; a memory model fitted
+    to small probes predicts the boundary, probes around it confirm it
+    (cached). On JAX, XLA's memory analysis of the compiled step answers, in
+    at most 5 compiles and no step.
 
     Args:
         model: A compiled Keras model, or a function that builds one.

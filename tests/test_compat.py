@@ -13,7 +13,7 @@ from kerascale.apply import keras_compat as compat
 
 def test_upstream_code_is_the_code_the_fix_replaces():
     """Fails when Keras changes the patched functions: revisit
-    kerascale/apply/keras_compat.py (and drop it if keras-team/keras#20585 is
+    kerascale/apply/keras_compat/ (and drop it if keras-team/keras#20585 is
     fixed)."""
     assert compat.upstream_changed() == []
 

@@ -1,6 +1,12 @@
 """The compiled-memory batch search on JAX: the algorithm on figures with
 the shapes real compilers give, and the whole search against real steps."""
 
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -115,11 +121,50 @@ def test_training_reuses_the_search_compile():
     assert "XLA" in plan.reasons["global_batch_size"]
     with compile_cache.on() as directory:
         pass
-    import os
-
     before = {f for f in os.listdir(directory) if f.startswith("jit_train_step")}
     kerascale.fit(model, x, y, memory_limit="1GiB", epochs=1, verbose=0)
     after = {f for f in os.listdir(directory) if f.startswith("jit_train_step")}
     assert after == before | (after - before)
     assert len(after - before) == 0, "training compiled its step again"
     assert jax.config.jax_compilation_cache_dir is None
+
+
+CHILD = pathlib.Path(__file__).with_name("memory_child.py")
+LIMIT = 1 << 30  # resident bytes (benchmarks/jax_batch_search.py: 2 GiB)
+
+
+def _children(*calls):
+    """Runs each call of memory_child.py in its own fresh process, all at
+    once (each measures its own peak), and returns their JSON answers."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(CHILD), *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "XLA_FLAGS": ""},
+        )
+        for args in calls
+    ]
+    answers = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        answers.append(json.loads(out.strip().splitlines()[-1]))
+    return answers
+
+
+@pytest.mark.skipif(devices() > 1, reason="one device: the truth is one process's")
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_found_batch_is_within_nine_tenths_of_the_real_limit(policy):
+    """The truth is a real training step's peak resident memory (VmHWM) in a
+    fresh process against the limit: the batch found must fit it, and one
+    1/0.9 as large must not (so found >= 0.9 x the largest that fits)."""
+    (found,) = _children(("search", "mlp", policy, LIMIT))
+    assert found["compiles"] <= compiled.MAX_COMPILES
+    batch = found["batch"]
+    at_found, beyond = _children(
+        ("step", "mlp", policy, batch), ("step", "mlp", policy, int(batch / 0.9) + 1)
+    )
+    assert at_found["peak"] <= LIMIT, (found, at_found)
+    assert beyond["peak"] > LIMIT, (found, beyond)

@@ -63,18 +63,32 @@ class Compiled:
 
 class StepMemory:
     """Compiles Keras's train step of `model` at a batch and reads what it
-    needs on one device.
+    needs on one device, or, with `host`, in the process's memory.
 
     Args:
         model: The model as it will train (precision set, distribution set,
-            variables laid out): the step traces what is there now.
+            variables laid out): the step traces what is there now. Its
+            optimizer slots and compiled metrics are built here, as Keras's
+            first step builds them.
         element: The per-sample `(x, y)` structure, leaves with `.shape`
             (without the batch) and `.dtype`.
         distribution: The `keras.distribution` the run sets, or None.
         replicas: How many ways the batch is split.
+        host: The devices are the CPU's: every replica's buffers share the
+            process's memory, and so does the batch the input pipeline
+            gathers on the host (Keras's array adapter copies each batch
+            out of your arrays), which the compiler does not see.
     """
 
-    def __init__(self, model: Any, element: Any, distribution: Any, replicas: int):
+    def __init__(
+        self,
+        model: Any,
+        element: Any,
+        distribution: Any,
+        replicas: int,
+        *,
+        host: bool = False,
+    ):
         import jax
 
         from kerascale.apply import keras_compat
@@ -102,6 +116,11 @@ class StepMemory:
         self._step = jax.jit(
             model.train_step, donate_argnums=0, out_shardings=shardings
         )
+        self.host = host
+        self.sample_bytes = sum(
+            math.prod(leaf.shape) * jax.numpy.dtype(leaf.dtype).itemsize
+            for leaf in keras.tree.flatten(element)
+        )
         self.compiled: list[Compiled] = []
 
     def need(self, batch: int) -> Compiled:
@@ -115,9 +134,10 @@ class StepMemory:
             - analysis.alias_size_in_bytes
             + analysis.temp_size_in_bytes
         )
-        found = Compiled(
-            batch, max(0, total - self.state_bytes), time.perf_counter() - start
-        )
+        need = max(0, total - self.state_bytes)
+        if self.host:  # every replica in this process's memory, and the batch
+            need = need * self.replicas + self.sample_bytes * batch * self.replicas
+        found = Compiled(batch, need, time.perf_counter() - start)
         self.compiled.append(found)
         return found
 
@@ -143,6 +163,7 @@ def search(
     start: int,
     cap: int,
     max_compiles: int = MAX_COMPILES,
+    measured: tuple[Compiled, ...] = (),
 ) -> tuple[int, int | None, list[Compiled]]:
     """(the largest per-replica batch found to fit `free_bytes`, the
     smallest found not to or None, every compile) in at most `max_compiles`
@@ -154,6 +175,7 @@ def search(
     that fits and the smallest that does not bracket the answer, it is the
     secant between those two ends (regula falsi), bisecting where that would
     land on an end. It stops when the ends are within `TOLERANCE`.
+    `measured`: compiles made before (at `start`), counted in the budget.
     """
     seen: list[Compiled] = []
     fit: Compiled | None = None
@@ -168,7 +190,14 @@ def search(
         elif fail is None or batch < fail.batch:
             fail = c
 
-    measure(max(1, min(start, cap)))
+    for c in measured:
+        seen.append(c)
+        if c.need_bytes <= free_bytes:
+            fit = c if fit is None or c.batch > fit.batch else fit
+        elif fail is None or c.batch < fail.batch:
+            fail = c
+    if not seen:
+        measure(max(1, min(start, cap)))
     while len(seen) < max_compiles:
         low = fit.batch if fit else 0
         high = fail.batch if fail else cap + 1
@@ -197,7 +226,13 @@ def _guess(
     """The next batch to compile (before it is kept inside the bracket)."""
     if fit is not None and fail is not None:
         step = _secant(fit, fail, free_bytes)
-        return step if step is not None else (fit.batch + fail.batch) // 2
+        if step is None:
+            return (fit.batch + fail.batch) // 2
+        # Regula falsi creeps toward the boundary from one side on a curved
+        # figure: each step at least a tolerance away from both ends, so that
+        # a step either gains that much or closes the bracket to it.
+        margin = _tolerance(fit.batch)
+        return max(fit.batch + margin, min(step, fail.batch - margin))
     if fit is None:  # nothing fits yet: down
         return max(1, seen[-1].batch // 2)
     if len(seen) < 2:

@@ -61,7 +61,6 @@ def run_search(
             "on a CPU the largest batch that fits is not the fastest, and the "
             "trials that time batches run on the TensorFlow backend only for now"
         )
-    free, why_free = free_bytes(hw, options)
     cap, why_cap = batch_lib.cap_for(data, plan, options)
     start = first or min(cap, START)
     with Session() as session:
@@ -69,8 +68,21 @@ def run_search(
         # with it (`apply.jax.distribution.activated`): training finds there
         # the compile of the batch it trains at.
         trained, dist = session.model_for(model, plan, instance=instance)
-        step = compiled.StepMemory(trained, _element(x, y), dist, plan.replicas)
-        fits, fails, seen = compiled.search(step.need, free, start=start, cap=cap)
+        step = compiled.StepMemory(
+            trained,
+            _element(x, y),
+            dist,
+            plan.replicas,
+            host=hw.accelerator == "cpu",
+        )
+        # Read after the step's state is built (the optimizer's slots) and a
+        # first compile (the compiler's own memory, which a CPU process keeps):
+        # what is held then stays held while training.
+        first_compile = step.need(max(1, min(start, cap)))
+        free, why_free = free_bytes(hw, options)
+        fits, fails, seen = compiled.search(
+            step.need, free, start=start, cap=cap, measured=(first_compile,)
+        )
     if fits == 0:
         raise BatchSizeSearchError(
             f"Even a batch of {seen[-1].batch} per replica needs "
@@ -78,13 +90,26 @@ def run_search(
             f"than the {format_bytes(free)} free ({why_free}).",
             out_of_memory=True,
         )
-    chosen, granularity = _with_margin(fits, fails, cap, options.margin)
+    return _result(plan, options, fits, fails, seen, (free, why_free), why_cap)
+
+
+def _result(
+    plan: Any,
+    options: batch_lib.SearchOptions,
+    fits: int,
+    fails: int | None,
+    seen: list[compiled.Compiled],
+    free: tuple[int, str],
+    why_cap: str,
+) -> BatchSearchResult:
+    free_bytes_, why_free = free
+    chosen, granularity = _with_margin(fits, fails, options.margin)
     over = f"; {fails} does not" if fails is not None else f"; capped at {why_cap}"
     why = (
         f"the largest per-replica batch whose compiled train step fits: {fits} "
         f"fits{over}"
         + (f", less the {options.margin:.0%} margin" if chosen < fits else "")
-        + f" ({compiled.describe(seen, free)})"
+        + f" ({compiled.describe(seen, free_bytes_)})"
     )
     return BatchSearchResult(
         batch_size=chosen * plan.replicas,
@@ -95,9 +120,9 @@ def run_search(
         largest_fitting=fits,
         smallest_failing=fails,
         mode="max",
-        probes=tuple(_as_probe(c, free) for c in seen),
+        probes=tuple(_as_probe(c, free_bytes_) for c in seen),
         memory_model=None,
-        limit_bytes=free,
+        limit_bytes=free_bytes_,
         granularity=granularity,
         margin=options.margin,
         reasons={
@@ -109,8 +134,8 @@ def run_search(
 
 
 def free_bytes(hw: Any, options: batch_lib.SearchOptions) -> tuple[int, str]:
-    """The bytes one step may take on one device, beyond what is held there
-    now, and where the figure comes from.
+    """The bytes one step may take on one device (on a CPU, in this
+    process), beyond what is held there now, and where the figure comes from.
 
     Raises:
         SearchUnavailable: When the device reports no memory figures.
@@ -174,13 +199,11 @@ class _Spec:
         self.shape, self.dtype = shape, dtype
 
 
-def _with_margin(
-    fits: int, fails: int | None, cap: int, margin: float
-) -> tuple[int, int]:
+def _with_margin(fits: int, fails: int | None, margin: float) -> tuple[int, int]:
     """The batch to train at (the margin kept below the largest that fits,
-    unless the cap bounds it), rounded down to a multiple of 8 from 64 up;
-    and that granularity."""
-    chosen = fits if fails is None and fits >= cap else math.floor(fits * (1 - margin))
+    where a larger one was found not to), rounded down to a multiple of 8
+    from 64 up; and that granularity."""
+    chosen = fits if fails is None else math.floor(fits * (1 - margin))
     granularity = 8 if chosen >= 64 else 1
     return max(1, chosen - chosen % granularity), granularity
 

@@ -1,0 +1,106 @@
+"""The JAX batch search (XLA's memory analysis of the compiled step) against
+the truth, on this CPU, in float32 and bf16.
+
+Run in the JAX environment (README, "On the JAX backend"):
+
+    .venv-jax/bin/python benchmarks/jax_batch_search.py [--limit 2GiB]
+
+For each model and precision, a fresh process runs `find_batch_size` under
+`memory_limit` (compiles, seconds, the batch found); then real training
+steps, each in a fresh process, bisect the truth: the largest batch whose
+real step's peak resident memory (VmHWM, what a container's limit and the
+OOM killer count) stays within the limit. The children are
+tests_jax/memory_child.py, which the test of the same bar uses.
+Writes benchmarks/results/jax_batch_search.json.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CHILD = ROOT / "tests_jax" / "memory_child.py"
+
+
+def child(*args):
+    out = subprocess.run(
+        [sys.executable, str(CHILD), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": ""},
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def truth(model, policy, limit, start):
+    """Bisection on real steps: (the largest batch within `limit`, steps)."""
+    steps = 0
+
+    def fits(batch):
+        nonlocal steps
+        steps += 1
+        return child("step", model, policy, batch)["peak"] <= limit
+
+    low, high = start, None
+    while not fits(low):
+        low, high = low // 2, low
+    while high is None:
+        candidate = int(low * 1.25) + 1
+        if fits(candidate):
+            low = candidate
+        else:
+            high = candidate
+    while high - low > max(1, low // 100):  # to 1%
+        mid = (low + high) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid
+    return low, steps
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--limit", default=str(2 << 30), help="bytes")
+    args = parser.parse_args()
+    limit = int(args.limit)
+    rows = []
+    for model in ("mlp", "cnn"):
+        for policy in ("float32", "mixed_bfloat16"):
+            found = child("search", model, policy, limit)
+            real, steps = truth(model, policy, limit, found["batch"])
+            row = {
+                "model": model,
+                "precision": policy,
+                "limit_bytes": limit,
+                "found": found["batch"],
+                "largest_fitting_by_xla": found["fits"],
+                "compiles": found["compiles"],
+                "compile_seconds": round(found["compile_seconds"], 2),
+                "search_seconds": round(found["seconds"], 2),
+                "truth": real,
+                "found_over_truth": round(found["batch"] / real, 3),
+                "truth_steps": steps,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores",
+        "rows": rows,
+    }
+    (out / "jax_batch_search.json").write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Section 4 of `kerascale.apply.keras_compat` (see its docstring): a model
+built before a `keras.distribution` was set, on JAX. Keras's JAX variables
+take their layout when created under a distribution (`Variable._layout`,
+read by `Variable._direct_assign`), and Keras has no public way to lay out
+an existing one; `tests_jax/test_compat_jax.py` fails when that changes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def model_variables(model: Any) -> list[Any]:
+    """Every variable Keras's JAX trainer carries through a step: the
+    model's, its optimizer's and its metrics', each once."""
+    optimizer = getattr(model, "optimizer", None)
+    found = [
+        *model.trainable_variables,
+        *model.non_trainable_variables,
+        *(getattr(optimizer, "variables", None) or []),
+        *getattr(model, "metrics_variables", []),
+    ]
+    return list({id(v): v for v in found}.values())
+
+
+def train_state(model: Any) -> tuple[list[Any], ...]:
+    """The values Keras's JAX `train_step` takes as its state, in its order:
+    trainable, non-trainable, optimizer and metrics variables (a built
+    model and optimizer)."""
+    optimizer = model.optimizer
+    return (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in optimizer.variables],
+        [v.value for v in model.metrics_variables],
+    )
+
+
+def lay_out(model: Any, distribution: Any) -> Callable[[], None]:
+    """Gives the model's variables that have no layout the one
+    `distribution` gives a new variable, with their values placed so (JAX
+    backend; see 4. above). Returns the undo: every variable of the model
+    that had no layout before, those the run created too (its optimizer's),
+    goes back to no layout, on the device it was on (the first local device
+    for a new one), keeping its value; the functions Keras traced before
+    the run are put back."""
+    import jax
+
+    before = {id(v) for v in model_variables(model) if v._layout is not None}
+    # Functions Keras traced earlier carry the earlier placement: traced anew.
+    traced = {name: getattr(model, name, None) for name in _JAX_TRACED}
+    for name in _JAX_TRACED:
+        setattr(model, name, None)
+    placed = {}
+    for v in model_variables(model):
+        if id(v) in before:
+            continue
+        placed[id(v)] = v.value.sharding
+        v._layout = distribution.get_variable_layout(v)
+        v._direct_assign(v.value)
+
+    def undo() -> None:
+        home = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        for v in model_variables(model):
+            if id(v) in before or v._layout is None:
+                continue
+            v._layout = None
+            v._value = jax.device_put(v.value, placed.get(id(v), home))
+        for name, fn in traced.items():
+            setattr(model, name, fn)
+
+    return undo
+
+
+_JAX_TRACED = ("train_function", "test_function", "predict_function")

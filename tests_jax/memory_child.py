@@ -1,0 +1,92 @@
+"""A fresh JAX process for the batch search's truth (used by
+tests_jax/test_compiled_search.py and benchmarks/jax_batch_search.py).
+
+    python memory_child.py search MODEL POLICY LIMIT_BYTES
+        kerascale.find_batch_size under memory_limit=LIMIT: prints JSON with
+        the batch found, the bracket, the compiles and their seconds.
+    python memory_child.py step MODEL POLICY BATCH
+        one real training step at BATCH (Keras's own train_on_batch, the
+        policy set as kerascale sets it: in place), then prints JSON with the
+        process's peak resident memory (VmHWM), which is what a container's
+        limit and the kernel's OOM killer count.
+
+Both build the same model on the same (untouched, so not resident) data, so
+that each starts from the same resident memory.
+"""
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import keras
+import numpy as np
+
+SAMPLES = 1_000_000
+
+
+def build(name):
+    keras.utils.set_random_seed(0)
+    if name == "mlp":
+        inputs = keras.Input((784,))
+        h = keras.layers.Dense(2048, activation="relu")(inputs)
+        h = keras.layers.Dense(2048, activation="relu")(h)
+        outputs = keras.layers.Dense(10)(h)
+        shape = (784,)
+    elif name == "cnn":
+        inputs = keras.Input((32, 32, 3))
+        h = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(inputs)
+        h = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(h)
+        h = keras.layers.MaxPooling2D()(h)
+        h = keras.layers.Flatten()(h)
+        outputs = keras.layers.Dense(10)(h)
+        shape = (32, 32, 3)
+    else:
+        raise SystemExit(f"unknown model {name}")
+    model = keras.Model(inputs, outputs)
+    model.compile(
+        "adam",
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    x = np.zeros((SAMPLES, *shape), "float32")  # calloc: resident once touched
+    y = np.zeros(SAMPLES, "int32")
+    return model, x, y
+
+
+def peak_resident():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def main(mode, name, policy, value):
+    import kerascale
+    from kerascale.apply import precision
+
+    model, x, y = build(name)
+    if mode == "search":
+        start = time.perf_counter()
+        r = kerascale.find_batch_size(model, x, y, memory_limit=int(value),
+                                      precision=policy)  # fmt: skip
+        print(json.dumps({
+            "batch": r.per_replica_batch_size,
+            "fits": r.largest_fitting,
+            "fails": r.smallest_failing,
+            "compiles": len(r.probes),
+            "compile_seconds": sum(p.seconds for p in r.probes),
+            "seconds": time.perf_counter() - start,
+        }))  # fmt: skip
+        return
+    batch = int(value)
+    precision.apply(model, policy)
+    model.train_on_batch(x[:batch], y[:batch])
+    print(json.dumps({"batch": batch, "peak": peak_resident()}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])
