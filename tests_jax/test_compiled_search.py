@@ -91,7 +91,9 @@ def test_find_batch_size_on_jax_fits_the_limit_by_xla_count_and_trains():
     y = np.zeros(100_000, "int32")
     model = _mlp()
     before = [w.copy() for w in model.get_weights()]
-    result = kerascale.find_batch_size(model, x, y, memory_limit="1GiB")
+    # isolate=False: no confirming step in a child (the truth tests below
+    # run one); the compiled figures alone.
+    result = kerascale.find_batch_size(model, x, y, memory_limit="1GiB", isolate=False)
     assert len(result.probes) <= compiled.MAX_COMPILES
     assert result.replicas == devices()
     fits = [p for p in result.probes if p.outcome == "ok"]
@@ -155,16 +157,20 @@ def _children(*calls):
 
 
 @pytest.mark.skipif(devices() > 1, reason="one device: the truth is one process's")
-@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
-def test_found_batch_is_within_nine_tenths_of_the_real_limit(policy):
+@pytest.mark.parametrize(
+    "model, policy", [("cnn", "float32"), ("mlp", "mixed_bfloat16")]
+)
+def test_found_batch_is_within_nine_tenths_of_the_real_limit(model, policy):
     """The truth is a real training step's peak resident memory (VmHWM) in a
     fresh process against the limit: the batch found must fit it, and one
-    1/0.9 as large must not (so found >= 0.9 x the largest that fits)."""
-    (found,) = _children(("search", "mlp", policy, LIMIT))
+    1/0.9 as large must not (so found >= 0.9 x the largest that fits). The
+    CNN's convolutions take 1.2x XLA's count on a CPU: the search's real
+    step in a child (confirm.py) finds that and steps down."""
+    (found,) = _children(("search", model, policy, LIMIT))
     assert found["compiles"] <= compiled.MAX_COMPILES
     batch = found["batch"]
     at_found, beyond = _children(
-        ("step", "mlp", policy, batch), ("step", "mlp", policy, int(batch / 0.9) + 1)
+        ("step", model, policy, batch), ("step", model, policy, int(batch / 0.9) + 1)
     )
     assert at_found["peak"] <= LIMIT, (found, at_found)
     assert beyond["peak"] > LIMIT, (found, beyond)

@@ -19,7 +19,7 @@ from kerascale._units import format_bytes
 from kerascale.apply.session import Session
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import batch as batch_lib
-from kerascale.measure.jax import compiled
+from kerascale.measure.jax import compiled, confirm
 from kerascale.measure.probe import OK, OOM, ProbeResult
 from kerascale.measure.result import BatchSearchResult
 from kerascale.sense import memory
@@ -63,18 +63,13 @@ def run_search(
         )
     cap, why_cap = batch_lib.cap_for(data, plan, options)
     start = first or min(cap, START)
+    element, host = _element(x, y), hw.accelerator == "cpu"
     with Session() as session:
         # model_for sets the run's distribution, and JAX's compilation cache
         # with it (`apply.jax.distribution.activated`): training finds there
         # the compile of the batch it trains at.
         trained, dist = session.model_for(model, plan, instance=instance)
-        step = compiled.StepMemory(
-            trained,
-            _element(x, y),
-            dist,
-            plan.replicas,
-            host=hw.accelerator == "cpu",
-        )
+        step = compiled.StepMemory(trained, element, dist, plan.replicas, host=host)
         # Read after the step's state is built (the optimizer's slots) and a
         # first compile (the compiler's own memory, which a CPU process keeps):
         # what is held then stays held while training.
@@ -90,7 +85,45 @@ def run_search(
             f"than the {format_bytes(free)} free ({why_free}).",
             out_of_memory=True,
         )
-    return _result(plan, options, fits, fails, seen, (free, why_free), why_cap)
+    chosen, granularity = _with_margin(fits, fails, options.margin)
+    confirmed = ""
+    if host and plan.replicas == 1 and options.isolate is not False:
+        chosen, confirmed = _confirmed(model, element, plan, chosen, seen, free)
+        chosen -= chosen % granularity if chosen >= 64 else 0
+    result = (chosen, granularity, confirmed)
+    return _result(plan, options, fits, fails, seen, (free, why_free), why_cap, result)
+
+
+def _confirmed(
+    model: Any,
+    element: Any,
+    plan: Any,
+    chosen: int,
+    seen: list[compiled.Compiled],
+    free: int,
+) -> tuple[int, str]:
+    """On a CPU: `chosen` checked by a real step in a child process
+    (`confirm`), stepped down by what the step really took where it would
+    not fit (once more checked); the batch and what the check said."""
+    best = max((c for c in seen if c.need_bytes <= free), key=lambda c: c.batch)
+    predicted = best.need_bytes * chosen / best.batch
+    said = []
+    for _ in range(2):
+        real, why = confirm.real_need(model, element, plan.precision, chosen)
+        if real is None:
+            return chosen, "; ".join(
+                ["", *said, f"not confirmed by a real step: {why}"]
+            )
+        said.append(
+            f"a real step at {chosen} took {format_bytes(real)} "
+            f"({real / max(1.0, predicted):.2f}x XLA's count)"
+        )
+        if real <= free:
+            return chosen, "; ".join(["", *said])
+        lower = max(1, math.floor(chosen * free / real * 0.97))
+        said[-1] += f": stepped down to {lower}"
+        predicted, chosen = predicted * lower / chosen, lower
+    return chosen, "; ".join(["", *said])
 
 
 def _result(
@@ -101,15 +134,16 @@ def _result(
     seen: list[compiled.Compiled],
     free: tuple[int, str],
     why_cap: str,
+    result: tuple[int, int, str],
 ) -> BatchSearchResult:
     free_bytes_, why_free = free
-    chosen, granularity = _with_margin(fits, fails, options.margin)
+    chosen, granularity, confirmed = result
     over = f"; {fails} does not" if fails is not None else f"; capped at {why_cap}"
     why = (
         f"the largest per-replica batch whose compiled train step fits: {fits} "
         f"fits{over}"
         + (f", less the {options.margin:.0%} margin" if chosen < fits else "")
-        + f" ({compiled.describe(seen, free_bytes_)})"
+        + f" ({compiled.describe(seen, free_bytes_)}){confirmed}"
     )
     return BatchSearchResult(
         batch_size=chosen * plan.replicas,

@@ -1,0 +1,69 @@
+"""One real training step in a fresh JAX process, for the batch search's
+confirmation on a CPU (`confirm.real_need`): what the compiler does not see
+(a convolution's scratch memory outside XLA's buffers, the host's copies)
+shows in the process's peak resident memory.
+
+    python -m kerascale.measure.jax.step_child MODEL.keras SPEC.json POLICY BATCH
+
+Loads the model, sets POLICY in place (as `fit` does), steps once at batch 1
+(the compiler and the state in memory), then once at BATCH on zeros shaped as
+SPEC says, and prints JSON: {"need": peak resident memory during the second
+step, less the resident memory before it}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+# Marks a leaf of SPEC (encode_spec), which may hold dicts of inputs too.
+LEAF = "__kerascale_leaf__"
+
+
+def main(path: str, spec_path: str, policy: str, batch: str) -> None:
+    os.environ["KERAS_BACKEND"] = "jax"
+    import keras
+    import numpy as np
+
+    from kerascale.apply import precision
+    from kerascale.sense import memory
+
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    model = keras.models.load_model(path)
+    precision.apply(model, policy)
+
+    def zeros(node: object, n: int) -> object:
+        if isinstance(node, dict) and LEAF in node:
+            return np.zeros((n, *node["shape"]), node["dtype"])
+        if isinstance(node, dict):
+            return {k: zeros(v, n) for k, v in node.items()}
+        return [zeros(v, n) for v in node]
+
+    model.train_on_batch(*zeros(spec, 1))
+    small = zeros(spec, int(batch))
+    before = memory.resident_bytes()
+    if not memory.reset_resident_peak():
+        raise SystemExit("cannot reset the resident peak here")
+    model.train_on_batch(*small)
+    print(json.dumps({"need": memory.resident_peak_bytes() - before}), flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])
+
+
+def encode_spec(element: object) -> object:
+    """`element` ((x, y) of leaves with `.shape` and `.dtype`) as JSON."""
+    if hasattr(element, "shape") and hasattr(element, "dtype"):
+        import numpy as np
+
+        return {
+            LEAF: 1,
+            "shape": list(element.shape),
+            "dtype": np.dtype(element.dtype).name,
+        }
+    if isinstance(element, dict):
+        return {k: encode_spec(v) for k, v in element.items()}
+    return [encode_spec(v) for v in element]
