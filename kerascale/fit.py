@@ -27,7 +27,8 @@ from kerascale.callbacks._base import KerascaleCallback
 from kerascale.errors import warn
 from kerascale.measure.batch import SearchOptions
 from kerascale.measure.decide import Decided, decide, validate_options, with_notes
-from kerascale.plan.options import Options, pin, plain
+from kerascale.measure.probe import is_oom_exception
+from kerascale.plan.options import Options, pin, plain, smaller_batch
 from kerascale.plan.plan import Plan
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
@@ -397,7 +398,9 @@ class _Deciding:
             saved = self.backup.saved_plan()
             self.options, self.pinned = pin(self.options, saved, data_batched=batched)
 
-    def decide(self, *, not_rebuildable: str = "", options: Any = None) -> Decided:
+    def decide(
+        self, *, not_rebuildable: str = "", options: Any = None, search: Any = None
+    ) -> Decided:
         """The decision; `not_rebuildable`: why re-creating the model failed."""
         return decide(
             self.model,
@@ -406,7 +409,7 @@ class _Deciding:
             options or self.options,
             steps_per_epoch=self.fit_kwargs.get("steps_per_epoch"),
             epochs=_epochs(self.fit_kwargs),
-            search=self.request.search,
+            search=search or self.request.search,
             hardware=self.hardware,
             not_rebuildable=not_rebuildable,
             clustered=self.clustered,
@@ -417,8 +420,20 @@ class _Deciding:
         self, decided: Decided, error: BaseException
     ) -> Decided | None:
         """The decision with the choices kerascale made on its own set to
-        plain `model.fit`'s, after they failed at the first step; None when
+        plain `model.fit`'s, after they failed at the first step (a batch
+        kerascale searched that ran out of memory: stepped down); None when
         there were none (the error is then the model's own)."""
+        smaller = None
+        if decided.search is not None and is_oom_exception(error):
+            smaller = smaller_batch(self.options, decided.plan)
+        if smaller is not None:
+            options, why = smaller
+            why += f" ({type(error).__name__}: {gist(error)})"
+            search = dataclasses.replace(
+                self.request.search, max_batch_size=options.max_batch_size
+            )
+            again = self.decide(options=options, search=search)
+            return with_notes(again, warnings=(why,))
         options, what = plain(self.options, decided.plan, decided.model.policy)
         if not what:
             return None

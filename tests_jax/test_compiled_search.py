@@ -174,3 +174,51 @@ def test_found_batch_is_within_nine_tenths_of_the_real_limit(model, policy):
     )
     assert at_found["peak"] <= LIMIT, (found, at_found)
     assert beyond["peak"] > LIMIT, (found, beyond)
+
+
+class Tripwire(keras.layers.Layer):
+    """Runs out of memory, for real as JAX reports it (an error raised while
+    the step runs), above `above` samples: the seam for a device's limit."""
+
+    def __init__(self, above, **kwargs):
+        super().__init__(**kwargs)
+        self.above = above
+
+    def call(self, x):
+        import jax
+
+        def check(n):
+            if int(n) > self.above:
+                raise MemoryError("RESOURCE_EXHAUSTED: Out of memory (the seam)")
+            return np.zeros((), "float32")
+
+        flag = jax.pure_callback(
+            check, jax.ShapeDtypeStruct((), "float32"), keras.ops.shape(x)[0]
+        )
+        return x + keras.ops.cast(flag, x.dtype)
+
+
+@pytest.mark.skipif(
+    devices() > 1,
+    reason="the seam: a host callback that raises inside a program split across "
+    "CPU devices aborts XLA's CPU runtime (a real out-of-memory does not)",
+)
+def test_a_searched_batch_that_runs_out_at_the_first_step_is_stepped_down():
+    import warnings
+
+    x = np.zeros((512, 8), "float32")
+    y = np.zeros(512, "int32")
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,))
+    outputs = keras.layers.Dense(2)(Tripwire(60)(inputs))
+    model = keras.Model(inputs, outputs)
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = kerascale.fit(model, x, y, memory_limit="4GiB", epochs=1, verbose=0)
+    said = [str(w.message) for w in caught if "stepped down" in str(w.message)]
+    assert len(said) == 1 and "ran out of memory" in said[0], said
+    plan = history.plan
+    assert plan.micro_batch_size <= 57
+    assert model.get_weights()[0].shape == (8, 2)  # the state was put back
+    assert np.isfinite(history.history["loss"]).all()

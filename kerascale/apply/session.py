@@ -349,6 +349,11 @@ def train(prepared: Prepared, *, verbose: Any) -> keras.callbacks.History:
     steps = _StepWatch()
     kwargs = dict(prepared.fit_kwargs)
     kwargs["callbacks"] = [steps.end, *(kwargs.get("callbacks") or []), steps.begin]
+    # Where a step consumes its state (JAX donates it) and kerascale chose the
+    # batch, the state is kept to go back to if the first step fails.
+    restore = None
+    if prepared.decided.search is not None:
+        restore = strategy_lib.keep_state(prepared.plan, prepared.model)
     with warnings.catch_warnings():
         if prepared.quiet_end_of_data:
             warnings.filterwarnings("ignore", "Your input ran out of data")
@@ -361,6 +366,8 @@ def train(prepared: Prepared, *, verbose: Any) -> keras.callbacks.History:
             if lost is not None:
                 raise lost from e
             if steps.failed_in_first_step:
+                if restore is not None:
+                    restore()
                 raise FirstStepFailed(e) from e
             raise
     k = prepared.plan.accumulation_steps

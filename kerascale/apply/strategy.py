@@ -75,3 +75,12 @@ def place(plan: Any, built: Any, model: Any) -> Any:
     if plan.backend == "jax":
         return jax_distribution.place(model, built)
     return None
+
+
+def keep_state(plan: Any, model: Any) -> Any:
+    """Where the backend's step consumes its state (JAX donates it: after a
+    failed step the model's variables are deleted), a copy of the model's
+    state on the host and the function that puts it back; else None."""
+    if plan.backend == "jax":
+        return jax_distribution.keep_state(model)
+    return None

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from kerascale import _tf
 from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session
 from kerascale.sense import memory
@@ -51,6 +52,7 @@ MIN_TIMED_SECONDS = 0.3
 # "MemoryError"; glibc/mmap: "Cannot allocate memory".
 _OOM_TEXT = (
     "resourceexhausted",
+    "resource_exhausted",  # XLA's status code, in JAX's XlaRuntimeError
     "resource exhausted",
     "oom when allocating",
     "out of memory",
@@ -341,10 +343,11 @@ def build_probe_model(
 
 
 def is_oom_exception(e: BaseException) -> bool:
-    """Whether an exception means memory ran out."""
-    import tensorflow as tf
-
-    if isinstance(e, tf.errors.ResourceExhaustedError | MemoryError):
+    """Whether an exception means memory ran out (TensorFlow's
+    ResourceExhaustedError, JAX's XlaRuntimeError RESOURCE_EXHAUSTED, ...)."""
+    if isinstance(e, MemoryError) or _tf.is_instance(
+        e, "errors", "ResourceExhaustedError"
+    ):
         return True
     return looks_like_oom(f"{type(e).__name__}: {e}")
 

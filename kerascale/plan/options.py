@@ -143,3 +143,26 @@ def plain(options: Options, plan: Plan, model_policy: str) -> tuple[Options, str
         changes["optimize_data"] = False
         said.append(f"the input pipeline changes ({', '.join(pipeline)})")
     return dataclasses.replace(options, **changes), " and ".join(said)
+
+
+# Where the batch the search chose ran out of memory at the first real step,
+# the next attempt's bound, as a share of it.
+STEP_DOWN = 0.9
+
+
+def smaller_batch(options: Options, plan: Plan) -> tuple[Options, str] | None:
+    """`options` bounding the batch below `plan`'s (at `STEP_DOWN` of its
+    micro-batch), for when the batch kerascale chose ran out of memory at the
+    first step; None where the batch was not kerascale's to choose."""
+    if options.batch_size != "auto" or options.max_batch_size:
+        return None
+    per_replica = max(1, int(plan.micro_batch_size * STEP_DOWN))
+    if per_replica >= plan.micro_batch_size:
+        return None
+    bound = per_replica * plan.replicas
+    why = (
+        f"the batch of {plan.micro_batch_size} per replica that kerascale chose ran "
+        f"out of memory at the first training step: stepped down to at most "
+        f"{per_replica}"
+    )
+    return dataclasses.replace(options, max_batch_size=bound), why

@@ -72,3 +72,18 @@ def place(model: Any, distribution: Any) -> Any:
     if distribution is None:
         return None
     return keras_compat.lay_out(model, distribution)
+
+
+def keep_state(model: Any) -> Any:
+    """A host copy of every variable Keras's JAX step carries (the step
+    donates them), and the function that assigns it back."""
+    import numpy as np
+
+    variables = keras_compat.model_variables(model)
+    kept = [np.asarray(v.value) for v in variables]
+
+    def restore() -> None:
+        for v, value in zip(variables, kept, strict=True):
+            v.assign(value)
+
+    return restore

@@ -23,9 +23,13 @@ from kerascale.measure.jax import compiled, confirm
 from kerascale.measure.probe import OK, OOM, ProbeResult
 from kerascale.measure.result import BatchSearchResult
 from kerascale.sense import memory
+from kerascale.sense.model_facts import gist
 
 # Where the search starts when nothing else says (Keras's default batch).
 START = 32
+# Batches from ROUND_FROM up are rounded down to a multiple of ROUND_TO
+# (tensor cores and vector units work in such tiles).
+ROUND_FROM, ROUND_TO = 512, 8
 
 
 def run_search(
@@ -73,10 +77,11 @@ def run_search(
         # Read after the step's state is built (the optimizer's slots) and a
         # first compile (the compiler's own memory, which a CPU process keeps):
         # what is held then stays held while training.
-        first_compile = step.need(max(1, min(start, cap)))
+        need = _reported(step.need)
+        first_compile = need(max(1, min(start, cap)))
         free, why_free = free_bytes(hw, options)
         fits, fails, seen = compiled.search(
-            step.need, free, start=start, cap=cap, measured=(first_compile,)
+            need, free, start=start, cap=cap, measured=(first_compile,)
         )
     if fits == 0:
         raise BatchSizeSearchError(
@@ -89,9 +94,26 @@ def run_search(
     confirmed = ""
     if host and plan.replicas == 1 and options.isolate is not False:
         chosen, confirmed = _confirmed(model, element, plan, chosen, seen, free)
-        chosen -= chosen % granularity if chosen >= 64 else 0
+        granularity = ROUND_TO if chosen >= ROUND_FROM else 1
+        chosen -= chosen % granularity
     result = (chosen, granularity, confirmed)
     return _result(plan, options, fits, fails, seen, (free, why_free), why_cap, result)
+
+
+def _reported(need: Any) -> Any:
+    """`need`, its failures (the model's own, found while tracing its step)
+    raised as `BatchSizeSearchError`, as a TensorFlow probe's are."""
+
+    def reported(batch: int) -> compiled.Compiled:
+        try:
+            return need(batch)
+        except Exception as e:
+            raise BatchSizeSearchError(
+                f"Compiling the train step at batch {batch} failed, for a reason "
+                f"other than memory:\n{type(e).__name__}: {gist(e)}"
+            ) from e
+
+    return reported
 
 
 def _confirmed(
@@ -120,7 +142,9 @@ def _confirmed(
         )
         if real <= free:
             return chosen, "; ".join(["", *said])
-        lower = max(1, math.floor(chosen * free / real * 0.97))
+        # What the real step took, in proportion: the constant part of a
+        # step's memory makes this err low, and the next real step checks it.
+        lower = max(1, math.floor(chosen * free / real))
         said[-1] += f": stepped down to {lower}"
         predicted, chosen = predicted * lower / chosen, lower
     return chosen, "; ".join(["", *said])
@@ -235,10 +259,11 @@ class _Spec:
 
 def _with_margin(fits: int, fails: int | None, margin: float) -> tuple[int, int]:
     """The batch to train at (the margin kept below the largest that fits,
-    where a larger one was found not to), rounded down to a multiple of 8
-    from 64 up; and that granularity."""
+    where a larger one was found not to), rounded down to a multiple of
+    `ROUND_TO` from `ROUND_FROM` up (at most 1.4% less); and that
+    granularity."""
     chosen = fits if fails is None else math.floor(fits * (1 - margin))
-    granularity = 8 if chosen >= 64 else 1
+    granularity = ROUND_TO if chosen >= ROUND_FROM else 1
     return max(1, chosen - chosen % granularity), granularity
 
 
