@@ -222,3 +222,16 @@ def test_a_searched_batch_that_runs_out_at_the_first_step_is_stepped_down():
     assert plan.micro_batch_size <= 57
     assert model.get_weights()[0].shape == (8, 2)  # the state was put back
     assert np.isfinite(history.history["loss"]).all()
+
+
+def test_a_second_search_reads_the_cache():
+    x = np.zeros((20_000, 256), "float32")
+    y = np.zeros(20_000, "int32")
+    first = kerascale.find_batch_size(_mlp(), x, y, memory_limit="1GiB", isolate=False)
+    again = kerascale.find_batch_size(_mlp(), x, y, memory_limit="1GiB", isolate=False)
+    assert not first.cached and again.cached
+    assert again.batch_size == first.batch_size
+    fresh = kerascale.find_batch_size(
+        _mlp(), x, y, memory_limit="1GiB", isolate=False, force=True
+    )
+    assert not fresh.cached

@@ -35,12 +35,20 @@ def cache_dir() -> Path:
 
 
 def cache_key(parts: dict[str, Any]) -> str:
-    """A key for `parts`, with the TensorFlow, Keras and kerascale versions
-    added: a measured decision does not outlive an upgrade."""
-    import keras
-    import tensorflow as tf
+    """A key for `parts`, with Keras's backend and the versions of it, Keras
+    and kerascale added: a measured decision does not outlive an upgrade."""
+    import importlib.metadata
 
-    versions = [tf.__version__, keras.__version__, __version__]
+    import keras
+
+    backend = keras.backend.backend()
+    try:
+        engine = importlib.metadata.version(backend)
+    except importlib.metadata.PackageNotFoundError:
+        engine = ""
+    versions = [engine, keras.__version__, __version__]
+    if backend != "tensorflow":  # TensorFlow's keys stay as they were
+        versions.append(backend)
     text = json.dumps({**parts, "versions": versions}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 

@@ -12,19 +12,25 @@ slots and the compiled metrics' variables (zeros).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
+
+import keras
 
 from kerascale._units import format_bytes
 from kerascale.apply.session import Session
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import batch as batch_lib
+from kerascale.measure import cache
 from kerascale.measure.jax import compiled, confirm
 from kerascale.measure.probe import OK, OOM, ProbeResult
 from kerascale.measure.result import BatchSearchResult
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
 
+# The cache's folder for batch searches (the TensorFlow path's too).
+KIND = "batch_search"
 # Where the search starts when nothing else says (Keras's default batch).
 START = 32
 # Batches from ROUND_FROM up are rounded down to a multiple of ROUND_TO
@@ -68,6 +74,10 @@ def run_search(
     cap, why_cap = batch_lib.cap_for(data, plan, options)
     start = first or min(cap, START)
     element, host = _element(x, y), hw.accelerator == "cpu"
+    key = _key(model, element, plan, hw, options, cap=cap, first=first)
+    cached = _cached(key, options)
+    if cached is not None:
+        return cached
     with Session() as session:
         # model_for sets the run's distribution, and JAX's compilation cache
         # with it (`apply.jax.distribution.activated`): training finds there
@@ -97,7 +107,44 @@ def run_search(
         granularity = ROUND_TO if chosen >= ROUND_FROM else 1
         chosen -= chosen % granularity
     result = (chosen, granularity, confirmed)
-    return _result(plan, options, fits, fails, seen, (free, why_free), why_cap, result)
+    found = _result(plan, options, fits, fails, seen, (free, why_free), why_cap, result)
+    if options.cache:
+        cache.cache_write(KIND, key, found.to_dict())
+    return found
+
+
+def _key(model: Any, element: Any, plan: Any, hw: Any, options: Any, **parts: Any):
+    """The cache key: the model, the data's shapes, the hardware, the plan's
+    precision and distribution, and the limit as asked for (a default limit
+    follows the memory free now, which must not make each search a miss)."""
+    shapes = keras.tree.map_structure(
+        lambda leaf: (tuple(leaf.shape), str(leaf.dtype)), element
+    )
+    return cache.cache_key(
+        {
+            "search": "jax-compiled-1",
+            "model": cache.model_fingerprint(model),
+            "element": repr(shapes),
+            "hardware": hw.to_dict(),
+            "plan": [plan.precision, plan.strategy, plan.replicas],
+            "limit": options.memory_limit,
+            "margin": options.margin,
+            "isolate": options.isolate,
+            **parts,
+        }
+    )
+
+
+def _cached(key: str, options: Any) -> BatchSearchResult | None:
+    if not options.cache or options.force:
+        return None
+    stored = cache.cache_read(KIND, key)
+    if stored is None:
+        return None
+    try:
+        return dataclasses.replace(BatchSearchResult.from_dict(stored), cached=True)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # unreadable: search again
 
 
 def _reported(need: Any) -> Any:
