@@ -13,7 +13,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import kerascale
 
@@ -47,6 +46,8 @@ def make_model():
 
 
 def main():
+    import tensorflow as tf  # here: quickstart_jax.py imports this file
+
     keras.utils.set_random_seed(0)
     images, labels = make_data()
     ds = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(2048, seed=0)
