@@ -235,3 +235,36 @@ def test_a_second_search_reads_the_cache():
         _mlp(), x, y, memory_limit="1GiB", isolate=False, force=True
     )
     assert not fresh.cached
+
+
+class Picky(keras.layers.Layer):
+    """A model bug that only shows above 40 samples per device, while
+    tracing (the default batch, 32 per replica, stays under it)."""
+
+    def call(self, x):
+        if isinstance(x.shape[0], int) and x.shape[0] > 40 * devices():
+            raise ValueError("this layer cannot take more than 40 samples")
+        return x
+
+    def compute_output_shape(self, shape):
+        return shape
+
+
+def test_a_model_error_in_the_search_is_not_fits_error():
+    """Compiling the step fails for a reason other than memory: the plan
+    goes on without a search, as on TensorFlow, and training runs."""
+    import warnings
+
+    x = np.zeros((4096, 8), "float32")
+    y = np.zeros(4096, "int32")
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(Picky()(inputs)))
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = kerascale.fit(
+            model, x, y, memory_limit="1GiB", epochs=1, verbose=0, steps_per_epoch=2
+        )
+    said = [str(w.message) for w in caught if "No batch search" in str(w.message)]
+    assert len(said) == 1 and "Picky" in said[0], said
+    assert history.plan.micro_batch_size == 32

@@ -282,7 +282,7 @@ def _cached(key: str, options: SearchOptions, verbose: Any) -> Any:
     """The cached result for `key`, said, unless the options refuse it."""
     if not options.cache or options.force:
         return None
-    cached = _cache_load(key)
+    cached = cache_load(key)
     if cached is not None and verbose != 0:
         print(
             f"kerascale: batch size {cached.per_replica_batch_size} per replica "
@@ -435,7 +435,8 @@ def _probe(
             raise BatchSizeSearchError(f"{e}\n{hint}", out_of_memory=True) from None
 
 
-def _cache_load(key: str) -> BatchSearchResult | None:
+def cache_load(key: str) -> BatchSearchResult | None:
+    """The cached search result for `key`, or None (absent or unreadable)."""
     d = cache.cache_read("batch_search", key)
     try:
         return dataclasses.replace(BatchSearchResult.from_dict(d), cached=True)

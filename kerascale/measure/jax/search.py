@@ -12,7 +12,6 @@ slots and the compiled metrics' variables (zeros).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -83,7 +82,9 @@ def run_search(
         # with it (`apply.jax.distribution.activated`): training finds there
         # the compile of the batch it trains at.
         trained, dist = session.model_for(model, plan, instance=instance)
-        step = compiled.StepMemory(trained, element, dist, plan.replicas, host=host)
+        step = _reported(compiled.StepMemory, "Building the train step's state")(
+            trained, element, dist, plan.replicas, host=host
+        )
         # Read after the step's state is built (the optimizer's slots) and a
         # first compile (the compiler's own memory, which a CPU process keeps):
         # what is held then stays held while training.
@@ -103,7 +104,9 @@ def run_search(
     chosen, granularity = _with_margin(fits, fails, options.margin)
     confirmed = ""
     if host and plan.replicas == 1 and options.isolate is not False:
-        chosen, confirmed = _confirmed(model, element, plan, chosen, seen, free)
+        chosen, confirmed = _confirmed(
+            model, element, plan, chosen, seen, (free, options.margin)
+        )
         granularity = ROUND_TO if chosen >= ROUND_FROM else 1
         chosen -= chosen % granularity
     result = (chosen, granularity, confirmed)
@@ -138,26 +141,22 @@ def _key(model: Any, element: Any, plan: Any, hw: Any, options: Any, **parts: An
 def _cached(key: str, options: Any) -> BatchSearchResult | None:
     if not options.cache or options.force:
         return None
-    stored = cache.cache_read(KIND, key)
-    if stored is None:
-        return None
-    try:
-        return dataclasses.replace(BatchSearchResult.from_dict(stored), cached=True)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None  # unreadable: search again
+    return batch_lib.cache_load(key)
 
 
-def _reported(need: Any) -> Any:
-    """`need`, its failures (the model's own, found while tracing its step)
-    raised as `BatchSizeSearchError`, as a TensorFlow probe's are."""
+def _reported(step: Any, what: str = "Compiling the train step") -> Any:
+    """`step`, its failures (the model's own, found while building or tracing
+    its step) raised as `BatchSizeSearchError`, as a TensorFlow probe's are:
+    the plan then goes on without a search."""
 
-    def reported(batch: int) -> compiled.Compiled:
+    def reported(*args: Any, **kwargs: Any) -> Any:
         try:
-            return need(batch)
+            return step(*args, **kwargs)
         except Exception as e:
+            at = f" at batch {args[0]}" if args and isinstance(args[0], int) else ""
             raise BatchSizeSearchError(
-                f"Compiling the train step at batch {batch} failed, for a reason "
-                f"other than memory:\n{type(e).__name__}: {gist(e)}"
+                f"{what}{at} failed, for a reason other than memory:\n"
+                f"{type(e).__name__}: {gist(e)}"
             ) from e
 
     return reported
@@ -169,11 +168,13 @@ def _confirmed(
     plan: Any,
     chosen: int,
     seen: list[compiled.Compiled],
-    free: int,
+    limit: tuple[int, float],
 ) -> tuple[int, str]:
     """On a CPU: `chosen` checked by a real step in a child process
     (`confirm`), stepped down by what the step really took where it would
-    not fit (once more checked); the batch and what the check said."""
+    not fit (once more checked); the batch and what the check said.
+    `limit`: (the bytes free, the margin kept below them)."""
+    free, margin = limit
     best = max((c for c in seen if c.need_bytes <= free), key=lambda c: c.batch)
     predicted = best.need_bytes * chosen / best.batch
     said = []
@@ -189,9 +190,10 @@ def _confirmed(
         )
         if real <= free:
             return chosen, "; ".join(["", *said])
-        # What the real step took, in proportion: the constant part of a
-        # step's memory makes this err low, and the next real step checks it.
-        lower = max(1, math.floor(chosen * free / real))
+        # What the real step took, in proportion, less the margin (a step's
+        # constant part makes a proportional step too small; the next real
+        # step checks it).
+        lower = max(1, math.floor(chosen * free / real * (1 - margin)))
         said[-1] += f": stepped down to {lower}"
         predicted, chosen = predicted * lower / chosen, lower
     return chosen, "; ".join(["", *said])
