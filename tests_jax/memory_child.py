@@ -71,8 +71,9 @@ def main(mode, name, policy, value):
     model, x, y = build(name)
     if mode == "search":
         start = time.perf_counter()
+        # cache=False: each run measures (a cached answer would time nothing).
         r = kerascale.find_batch_size(model, x, y, memory_limit=int(value),
-                                      precision=policy)  # fmt: skip
+                                      precision=policy, cache=False)  # fmt: skip
         print(json.dumps({
             "batch": r.per_replica_batch_size,
             "fits": r.largest_fitting,
