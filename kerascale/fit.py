@@ -391,7 +391,7 @@ class _Deciding:
             fit_kwargs,
             request.options.verbose,
         )
-        self.options, self.pinned = _with_global_distribution(request.options), []
+        self.options, self.pinned = request.options, []
         if self.backup is not None:
             steps = fit_kwargs.get("steps_per_epoch")
             batched = data_facts.inspect(x, y, steps_per_epoch=steps).batched
@@ -458,17 +458,6 @@ class _Deciding:
         return with_notes(
             self.decide(options=options), reasons=reasons, warnings=(why,)
         )
-
-
-def _with_global_distribution(options: Options) -> Options:
-    """On JAX, "auto" means the `keras.distribution` the user set before
-    `fit` (`set_distribution`), where there is one: the user's choice wins."""
-    if options.strategy != "auto" or backend_lib.name() != "jax":
-        return options
-    current = keras.distribution.distribution()
-    if current is None:
-        return options
-    return dataclasses.replace(options, strategy=current)
 
 
 def _epochs(fit_kwargs: dict[str, Any]) -> int:

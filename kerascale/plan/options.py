@@ -75,7 +75,7 @@ class Options:
             )
         return cls(
             batch_size=batch_size,
-            strategy=strategy,
+            strategy=strategy_rules.resolve_request(strategy),
             precision=precision,
             optimize_data=optimize_data,
             verbose=verbose,

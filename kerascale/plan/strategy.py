@@ -22,6 +22,15 @@ from kerascale.sense.hardware import Hardware
 CHOICES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 
 
+def resolve_request(strategy: Any) -> Any:
+    """A validated `strategy` as the rules take it: on JAX, "auto" means the
+    `keras.distribution` set before the call (`set_distribution`), where
+    there is one (the user's choice wins, for every door)."""
+    if strategy == "auto" and backend_lib.name() == "jax":
+        return strategy_jax.global_distribution() or strategy
+    return strategy
+
+
 def _is_strategy_instance(value: Any) -> bool:
     return _tf.is_instance(value, "distribute", "Strategy")
 

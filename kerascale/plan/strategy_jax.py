@@ -35,6 +35,12 @@ def is_distribution(value: Any) -> bool:
     )
 
 
+def global_distribution() -> Any:
+    """The distribution set with `keras.distribution.set_distribution`, or
+    None."""
+    return keras.distribution.distribution()
+
+
 def validate_request(strategy: Any) -> None:
     """Accepts a name from `CHOICES` or a `keras.distribution.Distribution`."""
     if is_distribution(strategy):
@@ -80,7 +86,7 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
         )
         yours = (
             "the keras.distribution set before fit (set_distribution)"
-            if requested is keras.distribution.distribution()
+            if requested is global_distribution()
             else "the keras.distribution you passed"
         )
         return StrategyChoice(

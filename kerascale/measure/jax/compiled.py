@@ -121,7 +121,6 @@ class StepMemory:
             math.prod(leaf.shape) * jax.numpy.dtype(leaf.dtype).itemsize
             for leaf in keras.tree.flatten(element)
         )
-        self.compiled: list[Compiled] = []
 
     def need(self, batch: int) -> Compiled:
         """Compiles the step at per-replica `batch`; its figures."""
@@ -138,7 +137,6 @@ class StepMemory:
         if self.host:  # every replica in this process's memory, and the batch
             need = need * self.replicas + self.sample_bytes * batch * self.replicas
         found = Compiled(batch, need, time.perf_counter() - start)
-        self.compiled.append(found)
         return found
 
     def _data(self, global_batch: int) -> Any:
