@@ -70,3 +70,23 @@ CPU_BF16 = CPUInfo(cores=8, model="Test CPU", bf16=True, bf16_flags=("amx_bf16",
 
 def gpu_box(n=1, name="NVIDIA A100", cc=(8, 0), memory=40 << 30):
     return Hardware(cpu=CPU, gpus=tuple(GPUInfo(i, name, memory, cc) for i in range(n)))
+
+
+# Modules whose tests time something (trials, the diagnosis's verdicts, a time
+# budget) or wait on timeouts (heartbeats, leases, real clusters): README runs
+# them alone (`-m serial`), then the rest two at a time (`-n 2`).
+SERIAL = {
+    "test_budget.py",
+    "test_compat.py",
+    "test_diagnosis.py",
+    "test_lease.py",
+    "test_monitoring.py",
+    "test_multiworker.py",
+    "test_trials.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SERIAL:
+            item.add_marker(pytest.mark.serial)

@@ -28,10 +28,13 @@ MODE:
   round trip is recorded).
 """
 
+import faulthandler
 import json
 import os
 import sys
 import time
+
+faulthandler.enable()  # a crash in TensorFlow's C++ prints the Python stack
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 mode, index, ports, out = sys.argv[1:5]
