@@ -157,14 +157,16 @@ def install_fault(point, nth):
 
             store.write_bytes = write_bytes
         elif point == "after-commit":
-            real_remove = tf.io.gfile.remove
+            from kerascale import _fs
+
+            real_remove = _fs.remove
 
             def remove(path):
                 if path.endswith(store.INCOMPLETE):
                     die()
                 real_remove(path)
 
-            tf.io.gfile.remove = remove
+            _fs.remove = remove
         else:
             sys.exit(f"unknown fault point {point}")
         return real_publish(directory, number, write_state, meta, before_commit)

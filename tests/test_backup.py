@@ -499,9 +499,9 @@ def test_resume_inside_an_accumulation_window_with_loss_scaling(tmp_path):
 
 
 def test_a_worker_that_is_not_the_chief_writes_nothing_lasting(tmp_path, monkeypatch):
-    from kerascale.callbacks import _backup_meta
+    from kerascale.callbacks import _backup_state
 
-    monkeypatch.setattr(_backup_meta, "is_chief", lambda model: False)
+    monkeypatch.setattr(_backup_state, "is_chief", lambda model: False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
     (tmp_path / "temp").mkdir()
     backup = FaultTolerantBackup(tmp_path / "ckpt", save_freq=2, verbose=0)

@@ -9,7 +9,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "kerascale"
 SHARED = {"kerascale._validation", "kerascale._units", "kerascale._version"}
 SHARED |= {"kerascale._state"}
-SHARED |= {"kerascale.errors", "kerascale._tf_compat", "kerascale._tf"}
+SHARED |= {"kerascale.errors", "kerascale._tf_compat", "kerascale._tf", "kerascale._fs"}
 # Each stage may import itself and the stages listed.
 ALLOWED = {
     "shared": {"shared"},

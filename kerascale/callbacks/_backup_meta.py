@@ -14,21 +14,15 @@ from typing import Any
 import keras
 import numpy as np
 
+from kerascale import _fs
 from kerascale import _validation as v
-from kerascale._tf import tf
 from kerascale.apply import keras_compat
 from kerascale.apply.model import core_optimizer
+from kerascale.callbacks import _backup_state as state_lib
 from kerascale.errors import CheckpointError
+from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
 from kerascale.sense.model_facts import architecture
-
-
-def is_chief(model: keras.Model) -> bool:
-    """Whether this worker publishes checkpoints: under a multi-worker
-    strategy only the chief does; the others write to a temporary directory
-    that is removed (a checkpoint write may be collective)."""
-    extended = model.distribute_strategy.extended
-    return bool(getattr(extended, "should_checkpoint", True))
 
 
 def validate_directory(directory: Any) -> str:
@@ -42,7 +36,7 @@ def validate_directory(directory: Any) -> str:
         )
     if "://" not in directory:
         directory = os.path.abspath(os.path.expanduser(directory))
-    if tf.io.gfile.exists(directory) and not tf.io.gfile.isdir(directory):
+    if _fs.exists(directory) and not _fs.isdir(directory):
         raise v.fail("directory", directory, "a directory, not an existing file")
     return directory
 
@@ -216,9 +210,7 @@ def read_state(model: keras.Model, prefix: str, meta: dict[str, Any]) -> None:
     # Old checkpoints always hold the global seed generator.
     objects = trackables(model, global_seed=meta.get("global_seed", True))
     objects.pop("metrics")
-    status = tf.train.Checkpoint(**objects).read(prefix)
-    status.expect_partial()
-    status.assert_existing_objects_matched()
+    state_lib.read(prefix, objects, meta.get("state_format", "tf"))
     iterations = int(model.optimizer.iterations.numpy())
     if iterations != meta["iterations"]:
         raise StateMismatch(
@@ -254,7 +246,11 @@ def record(
         "random": random_state(),
         "global_seed": bool(objects["seeds"]),
         "written": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
+        "state_format": state_lib.format_name(),
+        "versions": {
+            "keras": keras.__version__,
+            backend_lib.name(): backend_lib.version(),
+        },
     }
 
 

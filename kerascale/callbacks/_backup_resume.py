@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Any
 
+from kerascale import _tf
 from kerascale._tf import tf
 from kerascale.apply import keras_compat
 from kerascale.callbacks import _backup_meta as meta_lib
@@ -22,12 +23,8 @@ logger = logging.getLogger("kerascale")
 
 def restore_errors() -> tuple[type[BaseException], ...]:
     """What reading a checkpoint that passed its checks can still raise."""
-    return (
-        store.CorruptCheckpoint,
-        tf.errors.OpError,
-        ValueError,
-        AssertionError,
-    )
+    errors = (store.CorruptCheckpoint, ValueError, AssertionError, KeyError, OSError)
+    return (*errors, tf.errors.OpError) if _tf.loaded() else errors
 
 
 class Resume:

@@ -27,7 +27,12 @@ from typing import Any
 
 from kerascale import _tf_compat as tfc
 from kerascale._tf import tf
-from kerascale.callbacks._backup_meta import first_line, nondeterminism
+from kerascale.callbacks._backup_meta import (
+    first_line,
+    nondeterminism,
+    random_state,
+    restore_random_state,
+)
 
 
 class InputPosition:
@@ -53,6 +58,13 @@ class InputPosition:
     def live(self) -> Any:
         """The iterator the step reads from."""
         return self.substitute if self.substitute is not None else self.keras_iterator
+
+    def new_epoch(self) -> None:
+        """An epoch begins (nothing to note: the iterator's checkpoint keeps
+        its place)."""
+
+    def seen(self, iterator: Any) -> None:
+        """The step reads the iterator it read before (nothing to note)."""
 
     def new_iterator(self, iterator: Any) -> bool:
         """Keras created `iterator` (a new epoch); returns whether it is the
@@ -164,6 +176,118 @@ class InputPosition:
         self.consumed = consumed
 
 
+class HostInputPosition:
+    """The input's position where Keras iterates in Python (the JAX backend:
+    arrays, `PyDataset`, generators): the same interface as `InputPosition`.
+
+    There is no iterator checkpoint. What puts the input back is the number
+    of batches read from the iterator since Keras created it, and Python's and
+    NumPy's random state just before its first batch (Keras shuffles arrays
+    with NumPy's and a `PyDataset` with Python's random, when the iterator
+    starts): on resume that state is put back and the batches read again and
+    dropped, so the resumed run reads the same batches in the same order.
+
+    Keras creates a new iterator each epoch, except with `steps_per_epoch`,
+    where one iterator runs on until the data ends (`persistent`); a save at
+    an epoch's end then records where that iterator is.
+
+    Args:
+        warn_order: Called once with the reason when the data order after a
+            resume may differ from an uninterrupted run's.
+        epoch_steps: Returns the epoch's number of steps, when known.
+        persistent: Whether `fit` was given `steps_per_epoch` (None: not
+            known, as inside a plain `model.fit`; taken as not given, and a
+            warning is given if an iterator is seen to outlive its epoch).
+    """
+
+    next_epoch_iterator = None  # the interface of InputPosition
+
+    def __init__(
+        self,
+        warn_order: Callable[[str], None],
+        epoch_steps: Callable[[], int | None],
+        persistent: bool | None = None,
+    ):
+        self._warn_order = warn_order
+        self._epoch_steps = epoch_steps
+        self._persistent = persistent
+        self.keras_iterator: Any = None
+        self.consumed = 0
+        self.exhausted = False
+        self._start_random: dict[str, Any] | None = None
+        self._new_this_epoch = False
+
+    @property
+    def live(self) -> Any:
+        return self.keras_iterator
+
+    def new_epoch(self) -> None:
+        """An epoch begins (before its first step)."""
+        self._new_this_epoch = False
+
+    def new_iterator(self, iterator: Any) -> bool:
+        first = self.keras_iterator is None
+        self.keras_iterator = iterator
+        self.consumed = 0
+        self.exhausted = False
+        self._new_this_epoch = True
+        self._start_random = random_state()
+        return first
+
+    def seen(self, iterator: Any) -> None:
+        """The step reads `iterator`, which Keras created before this epoch."""
+        if not self._new_this_epoch and self._persistent is None:
+            self._persistent = True
+            self._warn_order(
+                "Keras kept one iterator across epochs (steps_per_epoch), and "
+                "FaultTolerantBackup inside a plain model.fit cannot know that "
+                "before its first epoch-end save; kerascale.fit knows it"
+            )
+        self._new_this_epoch = True
+
+    def used_up(self) -> bool:
+        steps = self._epoch_steps()
+        return self.exhausted or (
+            not self._persistent and steps is not None and self.consumed >= steps
+        )
+
+    def record(self, boundary: bool) -> dict[str, Any]:
+        if self.keras_iterator is None:
+            return {"mode": "none"}
+        if boundary and self.used_up():
+            # The next epoch's iterator is new, and starts from now's state.
+            return {"mode": "replay", "consumed": 0, "random": random_state()}
+        return {
+            "mode": "replay",
+            "consumed": self.consumed,
+            "random": self._start_random,
+        }
+
+    def trackable(self, record: dict[str, Any]) -> Any:
+        return None
+
+    def savable(self) -> bool:
+        return False
+
+    def restore(
+        self, iterator: Any, record: dict[str, Any], prefix: str, epochs_left: bool
+    ) -> None:
+        if record["mode"] == "none":
+            if epochs_left:
+                self._warn_order(
+                    "the run was saved after its last epoch, with no input to "
+                    "continue from"
+                )
+            return
+        if record.get("random") is not None:
+            restore_random_state(record["random"])
+            self._start_random = record["random"]
+        consumed = int(record["consumed"])
+        for _ in range(consumed):
+            next(iterator)
+        self.consumed = consumed
+
+
 class Wrapped:
     """`model.train_function` while a FaultTolerantBackup is active. Keras
     looks the function up at every step, so this is how a callback takes part
@@ -174,11 +298,12 @@ class Wrapped:
         self.owner = owner
         self.real = real
 
-    def __call__(self, iterator):
-        owner = self.owner
+    def __call__(self, *args):
+        # TensorFlow calls it with the iterator; JAX with (state, iterator).
+        owner, iterator = self.owner, args[-1]
         if owner._active and (
             iterator is owner._position.keras_iterator or owner.run.alive()
         ):
-            return owner._step_fn(iterator)
+            return owner._step_fn(*args)
         owner.release()  # its fit is over: a later fit is not its business
-        return self.real(iterator)
+        return self.real(*args)

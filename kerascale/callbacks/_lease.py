@@ -35,7 +35,7 @@ import time
 import uuid
 from typing import Any
 
-from kerascale._tf import tf
+from kerascale import _fs
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import CheckpointError, warn
 
@@ -129,7 +129,7 @@ class Lease:
             finally:
                 os.close(fd)
             return True
-        if tf.io.gfile.exists(self.path):
+        if _fs.exists(self.path):
             return False
         store.write_bytes(self.path, data)
         time.sleep(SETTLE_SECONDS)  # a writer that started meanwhile wins
@@ -161,8 +161,8 @@ class Lease:
                 self.record["renewed"] = time.time()
                 temp = f"{self.path}.renew-{self.record['token']}"
                 store.write_bytes(temp, json.dumps(self.record).encode())
-                tf.io.gfile.rename(temp, self.path, overwrite=True)
-            except (OSError, tf.errors.OpError):
+                _fs.rename(temp, self.path)
+            except OSError:
                 continue  # storage hiccup: the next renewal tries again
 
 
@@ -170,9 +170,9 @@ def read(path: str) -> dict[str, Any] | None:
     """The lease at `path`, or None when there is none. An unreadable lease
     (a writer killed while writing it) counts as renewed long ago."""
     try:
-        with tf.io.gfile.GFile(path, "rb") as f:
+        with _fs.open_file(path, "rb") as f:
             raw = f.read()
-    except tf.errors.NotFoundError:
+    except FileNotFoundError:
         return None
     try:
         holder = json.loads(raw.decode("utf-8"))
@@ -215,5 +215,5 @@ def _alive(pid: Any) -> bool:
 
 
 def _remove(path: str) -> None:
-    with contextlib.suppress(tf.errors.NotFoundError):
-        tf.io.gfile.remove(path)
+    with contextlib.suppress(FileNotFoundError):
+        _fs.remove(path)

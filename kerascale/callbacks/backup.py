@@ -16,17 +16,22 @@ import tempfile
 import time
 from typing import Any
 
+from kerascale import _fs
 from kerascale import _validation as v
-from kerascale._tf import tf
 from kerascale.apply import agreement as agreement_lib
 from kerascale.apply import keras_compat
 from kerascale.apply.model import accumulation_steps
 from kerascale.callbacks import _backup_meta as meta_lib
+from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import _lease as lease_lib
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.callbacks._backup_resume import Resume, restore_errors
 from kerascale.callbacks._base import KerascaleCallback
-from kerascale.callbacks._input_position import InputPosition, Wrapped
+from kerascale.callbacks._input_position import (
+    HostInputPosition,
+    InputPosition,
+    Wrapped,
+)
 from kerascale.callbacks._preemption import SigtermWatch
 from kerascale.errors import CheckpointError, UnsupportedError, warn
 from kerascale.sense import backend as backend_lib
@@ -45,12 +50,16 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
     saves the model's weights, the optimizer's state (slots, gradient
     accumulators, loss scale, iterations), the current epoch's metrics, the
     random state (Keras seed generators, Python's and NumPy's), and the input
-    pipeline's position (a `tf.data` iterator's own checkpoint, shuffle buffer
-    and seeds included).
+    pipeline's position: on TensorFlow a `tf.data` iterator's own checkpoint,
+    shuffle buffer and seeds included; on JAX the batches read since Keras
+    created the epoch's iterator and the random state its shuffle drew from
+    (exact for arrays, a `PyDataset` and a generator that repeats itself).
 
-    Each checkpoint is written by `tf.train.Checkpoint` into a directory of
-    its own and committed by an atomic rename of its ``meta.json`` (sizes and
-    SHA-256 of every file, the position, a fingerprint of the configuration),
+    Each checkpoint is written into a directory of its own (on TensorFlow by
+    `tf.train.Checkpoint`; on JAX as one NumPy ``.npz`` of Keras's variables,
+    read without unpickling) and committed by an atomic rename of its
+    ``meta.json`` (sizes and SHA-256 of every file, the position, a
+    fingerprint of the configuration),
     so a kill at any moment leaves the previous checkpoint intact. A damaged
     latest checkpoint is reported and the previous one used; a directory with
     nothing usable left, or written by another configuration, raises
@@ -93,12 +102,12 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         verbose: int = 1,
     ):
         super().__init__()
-        if backend_lib.name() != "tensorflow":
+        if not backend_lib.supported():
             raise UnsupportedError(
-                f"FaultTolerantBackup writes TensorFlow checkpoints, and Keras runs "
-                f"on {backend_lib.name()!r} here: it is not yet available on this "
-                "backend. keras.callbacks.BackupAndRestore backs up at epoch ends "
-                "on every backend."
+                f"FaultTolerantBackup runs on the TensorFlow and JAX backends, and "
+                f"Keras runs on {backend_lib.name()!r} here. "
+                "keras.callbacks.BackupAndRestore backs up at epoch ends on every "
+                "backend."
             )
         self.directory = meta_lib.validate_directory(directory)
         self.save_freq = save_freq
@@ -109,6 +118,8 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             raise v.fail("verbose", verbose, "0 or 1")
         self.verbose = verbose
         self.plan: Any = None  # set by kerascale.fit: its fingerprint is checked
+        # Set by kerascale.fit: whether fit has steps_per_epoch (None: unknown).
+        self.steps_per_epoch_given: bool | None = None
         self._clock = time.monotonic  # a seam for tests
         self._lease_timeout = lease_lib.DEFAULT_TIMEOUT  # a seam for tests
         self.resumed_from: dict[str, Any] | None = None  # the restored meta.json
@@ -131,14 +142,12 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         self.run.watch(self.release)
 
     def _begin(self) -> None:
-        self._chief = meta_lib.is_chief(self.model)
+        self._chief = state_lib.is_chief(self.model)
         self._spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
         self._k = accumulation_steps(self.model)
         self._epochs = int(self.params.get("epochs") or 0)
         self._epoch_steps = self.params.get("steps")
-        existing = (
-            store.scan(self.directory) if tf.io.gfile.exists(self.directory) else []
-        )
+        existing = store.scan(self.directory) if _fs.exists(self.directory) else []
         # Across workers, time-based saves and preemption are agreed on.
         self._agreement = agreement_lib.for_run(self.model, self.run)
         self._take_lease()
@@ -148,8 +157,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         self._next_number = 1 + max((f.number for f in existing), default=0)
         built = keras_compat.fully_built(self.model)
         if built and not self.model.optimizer.built:
-            with self.model.distribute_strategy.scope():
-                self.model.optimizer.build(self.model.trainable_variables)
+            keras_compat.build_like_first_step(self.model, None)
         if not self.start_over:
             self._resume([f for f in existing if f.state != "leftover"], now=built)
         self._wrap_train_function()
@@ -160,6 +168,12 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         keras_compat.clear_initial_epoch(self.model)  # read by Keras already
         self._epoch = epoch
         self._step = 0
+        self._position.new_epoch()
+        if self._restored_metrics and self._format != "tf":
+            # Keras reset the metrics just now, and its JAX loop reads them
+            # at the first step: bring back the partial epoch's values.
+            self._restored_metrics = False
+            self._read_metrics()
 
     def on_train_batch_end(self, batch, logs=None):
         self._step = batch + 1  # skipped steps count: they were applied before
@@ -268,23 +282,28 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         self._wrapper = Wrapped(self, real)
         self.model.train_function = self._wrapper
 
-    def _step_fn(self, iterator):
+    def _step_fn(self, *args):
+        """One call of Keras's train function: TensorFlow's takes the
+        iterator, JAX's (state, iterator) and returns (logs, state)."""
+        iterator = args[-1]
         if iterator is not self._position.keras_iterator:
             self._on_new_iterator(iterator)
+        else:
+            self._position.seen(iterator)
         live = self._position.live
         if self._skip_calls > 0:
             self._skip_calls -= 1
             self._last_call_skipped = True
-            return self.model.get_metrics_result()
+            return state_lib.skipped_step(self.model, *args[:-1])
         self._last_call_skipped = False
         try:
-            logs = self._wrapper.real(live)
-        except (tf.errors.OutOfRangeError, StopIteration):
+            result = self._wrapper.real(*args[:-1], live)
+        except state_lib.exhausted_errors():
             self._position.exhausted = True
             raise
         self._position.consumed += self._spe
         self._global_step += self._spe
-        return logs
+        return result
 
     def _on_new_iterator(self, iterator) -> None:
         first = self._position.new_iterator(iterator)
@@ -321,9 +340,14 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             self._restored_metrics = False
             # Keras reset the metrics at the epoch's start; bring back the
             # partial epoch's accumulated values so its logs match.
-            tf.train.Checkpoint(metrics=list(self.model.metrics_variables)).read(
-                store.state_prefix(self._resumed_found)
-            ).expect_partial()
+            self._read_metrics()
+
+    def _read_metrics(self) -> None:
+        state_lib.read_metrics(
+            store.state_prefix(self._resumed_found),
+            list(self.model.metrics_variables),
+            self.resumed_from.get("state_format", "tf"),
+        )
 
     # --- saving --------------------------------------------------------------
 
@@ -343,6 +367,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         it, in validation or at the end of training), not between batches."""
         epoch, step = self._position_now(boundary)
         data = self._position.record(boundary)
+        state_lib.sync(self.model)
         objects = meta_lib.trackables(self.model, global_seed=None)
         meta = meta_lib.record(
             self.model,
@@ -359,13 +384,13 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         iterator = self._position.trackable(data)
         if iterator is not None:
             objects["iterator"] = iterator
-        checkpoint = tf.train.Checkpoint(**objects)
+        write = state_lib.writer(objects, self._format)
         started = time.perf_counter()
         if self._chief:
             path = store.publish(
                 self.directory,
                 self._next_number,
-                checkpoint.write,
+                write,
                 meta,
                 before_commit=self._lease.check,
             )
@@ -373,7 +398,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             self._next_number += 1
         else:  # every worker takes part in the write; only the chief keeps it
             with tempfile.TemporaryDirectory(prefix="kerascale-worker-") as tmp:
-                path = store.publish(tmp, self._next_number, checkpoint.write, meta)
+                path = store.publish(tmp, self._next_number, write, meta)
         self.save_seconds.append(time.perf_counter() - started)
         self.last_checkpoint = path
         self._last_save_step = self._global_step
@@ -386,7 +411,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         across workers, every worker raises the chief's error."""
         problem = None
         if self._chief:
-            tf.io.gfile.makedirs(self.directory)
+            _fs.makedirs(self.directory)
             try:
                 self._lease = lease_lib.Lease(self.directory, self._lease_timeout)
                 self._lease.acquire()
@@ -436,7 +461,15 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         self._history: dict[str, Any] = {"epoch": [], "logs": {}}
         self._history_before: dict[str, Any] = {"epoch": [], "logs": {}}
         self._order_warned = False
-        self._position = InputPosition(self._warn_order_once)
+        self._format = state_lib.format_name()
+        if self._format == "tf":
+            self._position = InputPosition(self._warn_order_once)
+        else:
+            self._position = HostInputPosition(
+                self._warn_order_once,
+                lambda: self._epoch_steps,
+                persistent=self.steps_per_epoch_given,
+            )
         self._save_due = False
         self._save_owed = False  # an agreed time-based save, at a window's end
         self._preempt_due = False  # decided at an epoch's last batch: at its end

@@ -1,7 +1,8 @@
 """Checkpoint storage for `FaultTolerantBackup`: publish, find, verify, prune.
 
-A checkpoint is one directory, ``ckpt-00000012/``, holding TensorFlow's own
-checkpoint files (written by `tf.train.Checkpoint.write`) and ``meta.json``.
+A checkpoint is one directory, ``ckpt-00000012/``, holding the state files
+(``state.*``: TensorFlow's checkpoint files, or on JAX ``state.npz``; see
+`_backup_state`) and ``meta.json``.
 ``meta.json`` is the commit record. It is written last, to a temporary name
 and then renamed, after every other file is flushed. It lists each file with
 its size and SHA-256, and carries a checksum of its own content. So:
@@ -15,11 +16,12 @@ A ``.incomplete`` marker is created first in a directory being written, so a
 directory interrupted mid-save (removed on the next start) is told apart from
 a finished checkpoint whose ``meta.json`` was lost (reported, never deleted).
 
-Every file operation goes through `tf.io.gfile`, so the directory may be on
-GCS (``gs://``, as `AIP_CHECKPOINT_DIR` is on Vertex AI): there the rename of
-one object is its atomic publication. Nothing is unpickled or executed on
-load: ``meta.json`` is parsed as JSON and checked against a schema, and the
-state is read by TensorFlow's checkpoint reader.
+Every file operation goes through `kerascale._fs`: `os` for a local path,
+`tf.io.gfile` for a remote one, so the directory may be on GCS (``gs://``, as
+`AIP_CHECKPOINT_DIR` is on Vertex AI): there the rename of one object is its
+atomic publication. Nothing is unpickled or executed on load: ``meta.json``
+is parsed as JSON and checked against a schema, and the state is read by
+TensorFlow's checkpoint reader or by NumPy with pickles refused.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kerascale._tf import tf
+from kerascale import _fs
 
 FORMAT = "kerascale.backup/1"
 META = "meta.json"
@@ -64,17 +66,17 @@ def name(number: int) -> str:
 
 def scan(directory: str) -> list[Found]:
     """The checkpoint directories under ``directory``, newest first."""
-    if not tf.io.gfile.isdir(directory):
+    if not _fs.isdir(directory):
         return []
     found = []
-    for entry in tf.io.gfile.listdir(directory):
+    for entry in _fs.listdir(directory):
         match = _NAME.match(entry.rstrip("/"))
         if not match:
             continue
         path = _join(directory, entry.rstrip("/"))
-        if not tf.io.gfile.isdir(path):
+        if not _fs.isdir(path):
             continue
-        files = {f.rstrip("/") for f in tf.io.gfile.listdir(path)}
+        files = set(_fs.listdir(path))
         if META in files:
             state = "complete"
         elif INCOMPLETE in files or not files:
@@ -90,7 +92,7 @@ def remove_leftovers(directory: str) -> list[str]:
     removed = []
     for f in scan(directory):
         if f.state == "leftover":
-            tf.io.gfile.rmtree(f.path)
+            _fs.rmtree(f.path)
             removed.append(f.path)
     return removed
 
@@ -109,7 +111,7 @@ def publish(
     Returns the checkpoint's directory.
     """
     path = _join(directory, name(number))
-    tf.io.gfile.makedirs(path)
+    _fs.makedirs(path)
     write_bytes(_join(path, INCOMPLETE), b"")
     if is_local(path):
         files = _write_local(path, write_state)
@@ -122,9 +124,9 @@ def publish(
     temp = _join(path, f"{META}.tmp-{uuid.uuid4().hex}")
     write_bytes(temp, json.dumps(record, indent=1, sort_keys=True).encode())
     _fsync(temp)
-    tf.io.gfile.rename(temp, _join(path, META), overwrite=True)
+    _fs.rename(temp, _join(path, META))
     _fsync_dir(path)
-    tf.io.gfile.remove(_join(path, INCOMPLETE))
+    _fs.remove(_join(path, INCOMPLETE))
     return path
 
 
@@ -157,7 +159,7 @@ def _write_remote(path: str, write_state: Callable[[str], None]) -> dict[str, An
             digest, size = hashlib.sha256(), 0
             with (
                 open(os.path.join(staging, entry), "rb") as source,
-                tf.io.gfile.GFile(_join(path, entry), "wb") as target,
+                _fs.open_file(_join(path, entry), "wb") as target,
             ):
                 while chunk := source.read(_CHUNK):
                     digest.update(chunk)
@@ -173,10 +175,10 @@ def verify(found: Found) -> dict[str, Any]:
     if found.state != "complete":
         raise CorruptCheckpoint(f"{meta_path} is missing")
     try:
-        with tf.io.gfile.GFile(meta_path, "rb") as f:
+        with _fs.open_file(meta_path, "rb") as f:
             raw = f.read()
         record = json.loads(raw.decode("utf-8"))
-    except (OSError, tf.errors.OpError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError) as e:
         raise CorruptCheckpoint(f"{meta_path} is not readable JSON ({e})") from None
     if not isinstance(record, dict):
         raise CorruptCheckpoint(f"{meta_path} is not a JSON object")
@@ -187,9 +189,9 @@ def verify(found: Found) -> dict[str, Any]:
         raise CorruptCheckpoint(f"{meta_path} belongs to checkpoint {record['number']}")
     for entry, expected in record["files"].items():
         full = _join(found.path, entry)
-        if not tf.io.gfile.exists(full):
+        if not _fs.exists(full):
             raise CorruptCheckpoint(f"{full} is missing")
-        size = tf.io.gfile.stat(full).length
+        size = _fs.size(full)
         if size != expected["bytes"]:
             raise CorruptCheckpoint(
                 f"{full} has {size} bytes; {expected['bytes']} were written"
@@ -235,7 +237,7 @@ def prune(directory: str, keep: int, spare: frozenset[str] = frozenset()) -> lis
     removed = []
     for f in found:
         if f.number < oldest_kept:
-            tf.io.gfile.rmtree(f.path)
+            _fs.rmtree(f.path)
             removed.append(f.path)
     return removed
 
@@ -311,19 +313,18 @@ def _checksum(record: dict[str, Any]) -> str:
 
 def _sha256(path: str) -> str:
     digest = hashlib.sha256()
-    with tf.io.gfile.GFile(path, "rb") as f:
+    with _fs.open_file(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
 
 
 def write_bytes(path: str, data: bytes) -> None:
-    with tf.io.gfile.GFile(path, "wb") as f:
+    with _fs.open_file(path, "wb") as f:
         f.write(data)
 
 
-def is_local(path: str) -> bool:
-    return "://" not in path
+is_local = _fs.is_local
 
 
 def _fsync(path: str) -> None:

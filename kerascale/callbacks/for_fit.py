@@ -19,7 +19,6 @@ from kerascale.callbacks.profile import ProfileWindow
 from kerascale.callbacks.throughput import Throughput
 from kerascale.callbacks.time_budget import TimeBudget
 from kerascale.errors import ConfigurationError, warn
-from kerascale.sense import backend as backend_lib
 
 logger = logging.getLogger("kerascale")
 
@@ -50,6 +49,7 @@ def backup_for(
                 "FaultTolerantBackup you passed. Received: "
                 f"checkpoint_freq={checkpoint_freq!r}"
             )
+        given[0].steps_per_epoch_given = fit_kwargs.get("steps_per_epoch") is not None
         return given[0]
     if checkpoint_dir is None:
         if checkpoint_freq != "epoch":
@@ -58,18 +58,10 @@ def backup_for(
                 f"checkpoint_freq={checkpoint_freq!r}, checkpoint_dir=None"
             )
         return None
-    if backend_lib.name() != "tensorflow":
-        warn(
-            f"checkpoint_dir={os.fspath(checkpoint_dir)!r} was not used: kerascale's "
-            f"fault-tolerant checkpoints are not yet available on the "
-            f"{backend_lib.name()!r} backend, and training runs without them. "
-            "keras.callbacks.BackupAndRestore(backup_dir) in callbacks backs up "
-            "at epoch ends on every backend."
-        )
-        return None
     backup = FaultTolerantBackup(
         checkpoint_dir, save_freq=checkpoint_freq, verbose=0 if verbose == 0 else 1
     )
+    backup.steps_per_epoch_given = fit_kwargs.get("steps_per_epoch") is not None
     fit_kwargs["callbacks"] = [*callbacks, backup]
     return backup
 

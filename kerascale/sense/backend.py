@@ -35,3 +35,15 @@ def unsupported_warning(backend: str, skipped: list[str]) -> str:
         f"precision and devices){what}. To get kerascale's choices, run with "
         "KERAS_BACKEND=jax or KERAS_BACKEND=tensorflow."
     )
+
+
+def version(backend: str | None = None) -> str:
+    """The installed version of `backend`'s library (default: this
+    process's), or "" when it cannot be read; nothing is imported."""
+    import importlib.metadata
+
+    package = backend or name()
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return ""

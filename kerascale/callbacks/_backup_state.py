@@ -1,0 +1,162 @@
+"""The training state a `FaultTolerantBackup` checkpoint holds, written and
+read the way the backend needs: the one place the backup's storage differs
+between backends.
+
+- TensorFlow (``"tf"``): `tf.train.Checkpoint` of the variables, and of the
+  `tf.data` iterator's position (its shuffle buffer and seeds).
+- Any other backend (``"arrays"``, JAX today): the same variables' values,
+  as one NumPy ``.npz`` file written from Keras's backend-neutral variables
+  and read without unpickling anything. The input's position is in
+  ``meta.json`` (batches consumed, and the random state the epoch's
+  shuffle drew from).
+
+The groups are those of `_backup_meta.trackables`: "model", "optimizer",
+"metrics" and "seeds" (Keras's global seed generator), each a list of
+variables in Keras's own order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+
+from kerascale import _tf
+from kerascale.sense import backend as backend_lib
+
+ARRAYS_FILE = ".npz"
+_MANIFEST = "__manifest__"
+
+
+def format_name() -> str:
+    """The state format this backend writes: "tf" or "arrays"."""
+    return "tf" if backend_lib.name() == "tensorflow" else "arrays"
+
+
+def is_chief(model: keras.Model) -> bool:
+    """Whether this process publishes checkpoints: under a multi-worker
+    strategy only the chief does (the others write to a temporary directory
+    that is removed: a TensorFlow checkpoint write may be collective); on
+    JAX, process 0."""
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is not None:
+        return bool(getattr(strategy.extended, "should_checkpoint", True))
+    if backend_lib.name() == "jax":
+        import jax
+
+        return jax.process_index() == 0
+    return True
+
+
+def sync(model: keras.Model) -> None:
+    """Puts the training state into the model's variables where the backend
+    keeps it elsewhere during `fit` (JAX passes it from step to step, and
+    `jax_state_sync` is how Keras lets a callback read it)."""
+    sync_state = getattr(model, "jax_state_sync", None)
+    if callable(sync_state):
+        sync_state()
+
+
+def skipped_step(model: keras.Model, *state: Any) -> Any:
+    """What Keras's train function returns for a step a resume skips (it was
+    applied before the checkpoint): the metrics' values, and on JAX (which
+    passes `state` in and takes it back) the state unchanged, whose metrics'
+    values are the ones to report."""
+    if not state:
+        return model.get_metrics_result()
+    (state,) = state
+    mapping = list(zip(model.metrics_variables, state[3], strict=True))
+    with keras.StatelessScope(state_mapping=mapping):
+        return model.get_metrics_result(), state
+
+
+def exhausted_errors() -> tuple[type[BaseException], ...]:
+    """What Keras's train function raises when its input runs out."""
+    if _tf.loaded():
+        return (StopIteration, _tf.tf.errors.OutOfRangeError)
+    return (StopIteration,)
+
+
+def writer(objects: dict[str, Any], fmt: str) -> Callable[[str], None]:
+    """The function that writes `objects` under a local path prefix."""
+    if fmt == "tf":
+        from kerascale._tf import tf
+
+        return tf.train.Checkpoint(**objects).write
+
+    def write(prefix: str) -> None:
+        arrays: dict[str, np.ndarray] = {}
+        dtypes: dict[str, str] = {}
+        for group, variables in objects.items():
+            for i, variable in enumerate(variables):
+                key = f"{group}.{i}"
+                value = np.asarray(keras.ops.convert_to_numpy(variable.value))
+                if np.dtype(value.dtype.str) != value.dtype:
+                    # bfloat16, float8 (ml_dtypes): .npy would keep only bytes
+                    dtypes[key] = value.dtype.name
+                    value = value.view(f"u{value.dtype.itemsize}")
+                arrays[key] = value
+        manifest = {g: len(v) for g, v in objects.items()}
+        arrays[_MANIFEST] = np.array(json.dumps({"groups": manifest, "dtypes": dtypes}))
+        with open(prefix + ARRAYS_FILE, "wb") as f:  # flushed by the store
+            np.savez(f, **arrays)
+
+    return write
+
+
+def read(prefix: str, objects: dict[str, Any], fmt: str) -> None:
+    """Reads the state under `prefix` into `objects`' variables (every group
+    given; others in the file are left). Raises ValueError when the file does
+    not hold what `objects` needs (a group missing, a count or shape that
+    differs)."""
+    if fmt == "tf":
+        from kerascale._tf import tf
+
+        status = tf.train.Checkpoint(**objects).read(prefix)
+        status.expect_partial()
+        status.assert_existing_objects_matched()
+        return
+    if fmt != "arrays":
+        raise ValueError(f"its state format {fmt!r} is unknown to this kerascale")
+    with np.load(prefix + ARRAYS_FILE, allow_pickle=False) as saved:
+        manifest = json.loads(str(saved[_MANIFEST]))
+        values = []
+        for group, variables in objects.items():
+            count = manifest["groups"].get(group)
+            if count != len(variables):
+                raise ValueError(
+                    f"its state holds {count} {group} variable(s), and this run "
+                    f"has {len(variables)}"
+                )
+            for i, variable in enumerate(variables):
+                key = f"{group}.{i}"
+                value = saved[key]
+                if key in manifest["dtypes"]:
+                    value = value.view(_dtype(manifest["dtypes"][key]))
+                if tuple(value.shape) != tuple(variable.shape):
+                    raise ValueError(
+                        f"its {group} variable {i} ({variable.path}) has shape "
+                        f"{tuple(value.shape)}; this run's has {tuple(variable.shape)}"
+                    )
+                values.append((variable, value))
+    for variable, value in values:  # all checked before any is changed
+        variable.assign(value)
+
+
+def read_metrics(prefix: str, variables: list[Any], fmt: str) -> None:
+    """Reads the metrics' values under `prefix` into `variables`."""
+    if fmt == "tf":
+        from kerascale._tf import tf
+
+        tf.train.Checkpoint(metrics=variables).read(prefix).expect_partial()
+        return
+    read(prefix, {"metrics": variables}, fmt)
+
+
+def _dtype(name: str) -> np.dtype:
+    import ml_dtypes  # a Keras dependency: bfloat16 and float8 for NumPy
+
+    return np.dtype(getattr(ml_dtypes, name))

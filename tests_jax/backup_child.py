@@ -1,0 +1,180 @@
+"""A training script for the JAX checkpointing tests, run in a child process.
+
+    python backup_child.py DIR OUT.npz [--input arrays|pydataset|generator]
+        [--epochs 4] [--save-freq 3] [--step-sleep 0.01] [--via-fit]
+        [--sigterm-handler] [--die-in-save mid-state:N] [--no-backup]
+
+Trains a small model with Dropout and Adam, on 320 samples in batches of 16
+(20 steps an epoch), shuffled by Keras (arrays: NumPy's random; PyDataset:
+Python's random) or read from an infinite generator with steps_per_epoch,
+with `FaultTolerantBackup(DIR)` in `model.fit` (or `kerascale.fit(...,
+checkpoint_dir=DIR)` with --via-fit). Writes the final weights, optimizer
+variables and History to OUT.npz, and prints "step G" after every batch so
+the parent knows where it is. Every process seeds Python's and NumPy's
+random alike, so a resume that did not put back the state its epoch's shuffle
+drew from would train on another order. `--die-in-save mid-state:N`
+truncates the state file of the N-th save and SIGKILLs itself before the
+commit.
+"""
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import time
+
+os.environ["KERAS_BACKEND"] = "jax"
+
+import keras
+import numpy as np
+
+import kerascale
+from kerascale.callbacks import checkpoint_store as store
+
+SAMPLES, BATCH = 320, 16
+
+
+class Batches(keras.utils.PyDataset):
+    def __init__(self, x, y):
+        super().__init__()
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x) // BATCH
+
+    def __getitem__(self, i):
+        s = slice(i * BATCH, (i + 1) * BATCH)
+        return self.x[s], self.y[s]
+
+
+def endless(x, y):
+    """The same sequence each time it is created: batch i of a fixed order."""
+    order = np.random.default_rng(7).permutation(len(x))
+    i = 0
+    while True:
+        take = order[(np.arange(BATCH) + i * BATCH) % len(x)]
+        yield x[take], y[take]
+        i += 1
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("directory")
+    p.add_argument("out")
+    p.add_argument("--input", default="arrays")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--save-freq", default="3")
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--via-fit", action="store_true")
+    p.add_argument("--sigterm-handler", action="store_true")
+    p.add_argument("--die-in-save", default=None)
+    p.add_argument("--no-backup", action="store_true")
+    args = p.parse_args()
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(SAMPLES, 8)).astype("float32")
+    y = (x @ rng.normal(size=(8, 1)) + 0.1 * rng.normal(size=(SAMPLES, 1))).astype(
+        "float32"
+    )
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dropout(0.3),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    # Each process starts from this state: a resume that did not put back the
+    # state of the epoch it resumes in would shuffle as the first epoch did.
+    random.seed(12345)
+    np.random.seed(12345)
+
+    data: dict = {"epochs": args.epochs, "verbose": 0}
+    if args.input == "arrays":
+        data.update(x=x, y=y, batch_size=BATCH)
+    elif args.input == "pydataset":
+        data.update(x=Batches(x, y))
+    elif args.input == "generator":
+        data.update(x=endless(x, y), steps_per_epoch=SAMPLES // BATCH)
+    else:
+        sys.exit(f"unknown input {args.input}")
+
+    if args.die_in_save:
+        install_fault(*args.die_in_save.split(":"))
+    if args.sigterm_handler:
+        marker = args.out + ".handler"
+
+        def user_handler(signum, frame):
+            with open(marker, "w") as f:
+                f.write(str(signum))
+
+        signal.signal(signal.SIGTERM, user_handler)
+    save_freq = int(args.save_freq) if args.save_freq.isdigit() else args.save_freq
+
+    class Progress(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            print(f"step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+
+    if args.no_backup:
+        history = model.fit(callbacks=[Progress()], **data)
+    elif args.via_fit:
+        history = kerascale.fit(
+            model,
+            checkpoint_dir=args.directory,
+            checkpoint_freq=save_freq,
+            callbacks=[Progress()],
+            precision="float32",
+            **data,
+        )
+    else:
+        backup = kerascale.callbacks.FaultTolerantBackup(
+            args.directory, save_freq=save_freq
+        )
+        history = model.fit(callbacks=[backup, Progress()], **data)
+    if args.sigterm_handler:
+        print("handler:", signal.getsignal(signal.SIGTERM).__name__, flush=True)
+    print("tensorflow imported:", "tensorflow" in sys.modules, flush=True)
+
+    arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(model.variables)}
+    arrays.update(
+        {f"o{i}": np.asarray(w) for i, w in enumerate(model.optimizer.variables)}
+    )
+    arrays["iterations"] = np.array(int(model.optimizer.iterations.numpy()))
+    arrays["history"] = np.array(json.dumps(history.history))
+    np.savez(args.out, **arrays)
+    print("done", flush=True)
+
+
+def install_fault(point, nth):
+    """Truncates the state file of the `nth` checkpoint write and SIGKILLs
+    this process before its commit."""
+    if point != "mid-state":
+        sys.exit(f"unknown fault point {point}")
+    nth, count = int(nth), {"publish": 0}
+    real_publish = store.publish
+
+    def publish(directory, number, write_state, meta, before_commit=None):
+        count["publish"] += 1
+        if count["publish"] == nth:
+            real_write = write_state
+
+            def write_state(prefix):
+                real_write(prefix)
+                path = prefix + ".npz"
+                with open(path, "r+b") as f:
+                    f.truncate(os.path.getsize(path) // 2)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        return real_publish(directory, number, write_state, meta, before_commit)
+
+    store.publish = publish
+
+
+if __name__ == "__main__":
+    main()

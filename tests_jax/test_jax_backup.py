@@ -1,0 +1,275 @@
+"""FaultTolerantBackup on the JAX backend, without TensorFlow: real SIGKILLs
+and SIGTERMs of real training processes (tests_jax/backup_child.py), resumed
+to the uninterrupted run's exact weights, order and History; a damaged save;
+the writer lease; the state file itself."""
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import kerascale
+from kerascale.callbacks import FaultTolerantBackup
+from kerascale.callbacks import _backup_state as state_lib
+from kerascale.callbacks import checkpoint_store as store
+from kerascale.errors import CheckpointError
+
+CHILD = Path(__file__).with_name("backup_child.py")
+STEPS_PER_EPOCH = 20  # 320 samples, batch 16
+EPOCHS = 4
+
+
+def child_cmd(directory, out, *extra):
+    return [sys.executable, str(CHILD), str(directory), str(out), *extra]
+
+
+def run_child(directory, out, *extra, timeout=240):
+    command = child_cmd(directory, out, *extra)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tensorflow imported: False" in result.stdout
+    return result
+
+
+def run_and_kill(directory, out, kill_after_step, *extra, sig=signal.SIGKILL):
+    """Starts the child, waits until it reports `kill_after_step`, sleeps a
+    random fraction of a step and sends `sig`. Returns (returncode, the last
+    step the child reported)."""
+    proc = subprocess.Popen(
+        child_cmd(directory, out, "--step-sleep", "0.01", *extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    seen, sent = 0, False
+    try:
+        for line in proc.stdout:
+            if line.startswith("step"):
+                seen = int(line.split()[1])
+                if seen >= kill_after_step and not sent:
+                    time.sleep(random.uniform(0, 0.02))
+                    proc.send_signal(sig)
+                    sent = True
+        return proc.wait(timeout=120), seen
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def load(out):
+    with np.load(out) as f:
+        return {k: f[k] for k in f.files}
+
+
+def assert_same_run(resumed, reference):
+    """Bit-identical weights and optimizer state, and the same History."""
+    keys = sorted(k for k in reference if k != "history")
+    assert sorted(k for k in resumed if k != "history") == keys
+    for k in keys:
+        np.testing.assert_array_equal(resumed[k], reference[k], err_msg=k)
+    h_ref, h_res = (json.loads(str(r["history"])) for r in (reference, resumed))
+    assert len(h_res["loss"]) == EPOCHS
+    assert h_res == h_ref
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """Uninterrupted runs, per input, checkpointing every 3 steps like the
+    interrupted ones; the arrays' also without any backup."""
+    d = tmp_path_factory.mktemp("references")
+    out = {}
+    for kind in ("arrays", "pydataset", "generator"):
+        run_child(d / f"ckpt-{kind}", d / f"{kind}.npz", "--input", kind)
+        out[kind] = load(d / f"{kind}.npz")
+    run_child(d / "unused", d / "plain.npz", "--no-backup")
+    out["plain"] = load(d / "plain.npz")
+    return out
+
+
+def test_checkpointing_does_not_change_training(references):
+    assert_same_run(references["arrays"], references["plain"])
+
+
+@pytest.mark.parametrize("kind", ["arrays", "pydataset"])
+def test_sigkill_mid_epoch_resumes_bit_identical(references, tmp_path, kind):
+    """Keras shuffles arrays with NumPy's random and a PyDataset with
+    Python's, each process seeded differently: the resume puts back the
+    state the epoch's shuffle drew from, and re-reads its consumed batches."""
+    step = random.randint(STEPS_PER_EPOCH + 2, 2 * STEPS_PER_EPOCH - 2)
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
+    rc, seen = run_and_kill(ckpt, out, step, "--input", kind)
+    assert rc == -signal.SIGKILL and seen < EPOCHS * STEPS_PER_EPOCH
+    meta = store.verify(store.scan(str(ckpt))[0])
+    assert meta["state_format"] == "arrays" and meta["data"]["mode"] == "replay"
+    assert 0 < meta["step"] < STEPS_PER_EPOCH  # mid-epoch
+    result = run_child(ckpt, out, "--input", kind)
+    assert "Resuming from" in result.stdout
+    resumed = load(out)
+    assert int(resumed["iterations"]) == EPOCHS * STEPS_PER_EPOCH
+    assert_same_run(resumed, references[kind])
+
+
+def test_three_kills_of_a_generator_run_through_kerascale_fit(references, tmp_path):
+    """An infinite generator with steps_per_epoch: one iterator for the whole
+    run, re-read up to its place on each resume; `kerascale.fit` with
+    checkpoint_dir."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
+    reference = tmp_path / "reference.npz"
+    run_child(tmp_path / "ref", reference, "--input", "generator", "--via-fit")
+    kills = sorted(random.sample(range(4, EPOCHS * STEPS_PER_EPOCH - 4), 3))
+    for step in kills:
+        rc, _ = run_and_kill(ckpt, out, step, "--input", "generator", "--via-fit")
+        assert rc == -signal.SIGKILL, f"the run finished before the kill at {step}"
+    run_child(ckpt, out, "--input", "generator", "--via-fit")
+    assert_same_run(load(out), load(reference))
+    # kerascale.fit (over every device) trains as model.fit (on one) does,
+    # up to the order of the gradient's sums.
+    plain = references["generator"]
+    for k in (k for k in plain if k != "history"):
+        np.testing.assert_allclose(load(out)[k], plain[k], atol=1e-5, err_msg=k)
+
+
+def test_checkpoints_at_epoch_ends_resume_exactly(references, tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
+    rc, _ = run_and_kill(ckpt, out, 2 * STEPS_PER_EPOCH + 3, "--save-freq", "epoch")
+    assert rc == -signal.SIGKILL
+    meta = store.verify(store.scan(str(ckpt))[0])
+    assert (meta["epoch"], meta["step"], meta["data"]["consumed"]) == (2, 0, 0)
+    run_child(ckpt, out, "--save-freq", "epoch")
+    reference = tmp_path / "reference.npz"
+    run_child(tmp_path / "ref", reference, "--save-freq", "epoch")
+    assert_same_run(load(out), load(reference))
+    assert_same_run(load(out), references["arrays"])
+
+
+def test_sigterm_saves_exits_143_chains_the_handler_and_resumes(references, tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
+    rc, seen = run_and_kill(ckpt, out, 30, "--sigterm-handler", sig=signal.SIGTERM)
+    assert rc == 143
+    assert Path(str(out) + ".handler").read_text() == str(int(signal.SIGTERM))
+    meta = store.verify(store.scan(str(ckpt))[0])
+    assert meta["global_step"] in (seen, seen + 1)  # the next step boundary
+    result = run_child(ckpt, out, "--sigterm-handler")
+    assert "handler: user_handler" in result.stdout
+    assert_same_run(load(out), references["arrays"])
+
+
+def test_a_kill_inside_a_save_leaves_the_previous_checkpoint(references, tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
+    proc = subprocess.run(
+        child_cmd(ckpt, out, "--die-in-save", "mid-state:4"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    found = store.scan(str(ckpt))
+    assert (found[0].number, found[0].state) == (4, "leftover")
+    assert store.verify(found[1])["global_step"] == 9
+    result = run_child(ckpt, out)
+    assert "ckpt-00000003" in result.stdout
+    assert_same_run(load(out), references["arrays"])
+
+
+def test_a_damaged_latest_state_falls_back_to_the_previous(references, tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
+    rc, _ = run_and_kill(ckpt, out, 25)
+    assert rc == -signal.SIGKILL
+    newest, previous = store.scan(str(ckpt))[:2]
+    state = Path(newest.path) / "state.npz"
+    state.write_bytes(state.read_bytes()[:-100])
+    result = subprocess.run(
+        child_cmd(ckpt, out), capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "cannot be used" in result.stderr and previous.path in result.stdout
+    assert_same_run(load(out), references["arrays"])
+
+
+def test_a_second_process_on_the_directory_stops_with_the_lease(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    first = subprocess.Popen(
+        child_cmd(ckpt, tmp_path / "a.npz", "--step-sleep", "0.05"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        for line in first.stdout:
+            if line.startswith("step"):
+                break
+        second = subprocess.run(
+            child_cmd(ckpt, tmp_path / "b.npz"),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert second.returncode != 0
+        assert "CheckpointError" in second.stderr and str(first.pid) in second.stderr
+    finally:
+        first.kill()
+        first.wait()
+
+
+# --- in this process ----------------------------------------------------------
+
+
+def test_bfloat16_variables_round_trip_through_the_state_file(tmp_path):
+    layer = keras.layers.Dense(3, dtype="bfloat16")
+    layer.build((None, 2))
+    other = keras.layers.Dense(3, dtype="bfloat16")
+    other.build((None, 2))
+    write = state_lib.writer({"model": layer.weights}, "arrays")
+    write(str(tmp_path / "state"))
+    state_lib.read(str(tmp_path / "state"), {"model": other.weights}, "arrays")
+    for a, b in zip(layer.weights, other.weights, strict=True):
+        assert str(b.dtype) == "bfloat16"
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="shape"):
+        wrong = keras.layers.Dense(4, dtype="bfloat16")
+        wrong.build((None, 2))
+        state_lib.read(str(tmp_path / "state"), {"model": wrong.weights}, "arrays")
+
+
+def test_a_checkpoint_of_another_optimizer_is_a_clear_error(tmp_path):
+    from conftest import dense_model, toy_data
+
+    x, y = toy_data()
+    backup = FaultTolerantBackup(tmp_path, verbose=0)
+    dense_model(optimizer="adam").fit(
+        x, y, batch_size=16, epochs=1, callbacks=[backup], verbose=0
+    )
+    with pytest.raises(CheckpointError, match="optimizer: Adam then, SGD now"):
+        dense_model(optimizer="sgd").fit(
+            x,
+            y,
+            batch_size=16,
+            epochs=2,
+            callbacks=[FaultTolerantBackup(tmp_path, verbose=0)],
+            verbose=0,
+        )
+
+
+def test_kerascale_fit_with_checkpoint_dir_trains_and_resumes_in_process(tmp_path):
+    from conftest import dense_model, toy_data
+
+    x, y = toy_data()
+    first = kerascale.fit(
+        dense_model(), x, y, batch_size=16, epochs=2, checkpoint_dir=tmp_path, verbose=0
+    )
+    assert first.plan.backend == "jax" and len(first.history["loss"]) == 2
+    meta = store.verify(store.scan(str(tmp_path))[0])
+    assert meta["finished"] and meta["versions"]["jax"]
+    again = kerascale.fit(
+        dense_model(), x, y, batch_size=16, epochs=3, checkpoint_dir=tmp_path, verbose=0
+    )
+    assert len(again.history["loss"]) == 3  # two restored, one trained
+    assert again.history["loss"][:2] == first.history["loss"]
