@@ -166,10 +166,16 @@ def apply(
             model.__dict__["call"] = saved_call
         if getattr(model, "optimizer", None) is not saved_optimizer:
             model.optimizer = saved_optimizer
+        if ok and reuse and not changes:
+            # Nothing was changed: what Keras traced in the run is the model's
+            # own, as a second model.fit would find it (else every call traced
+            # and compiled its step again).
+            return
         for name, fn in saved_traced.items():
             setattr(model, name, fn)
 
-    if policy == "float32" or not any(change):
+    changes = policy != "float32" and any(change)
+    if not changes:
         return undo
     try:
         for layer, yes in zip(layers, change, strict=True):

@@ -332,6 +332,10 @@ class _StepWatch:
                 watch.started += 1
 
         class End(keras.callbacks.Callback):
+            # Counting needs no step's logs: Keras may go on dispatching
+            # steps (JAX) instead of waiting for each one's logs.
+            async_safe = True
+
             def on_train_batch_end(self, batch, logs=None):
                 watch.done += 1
 
