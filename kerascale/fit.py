@@ -326,6 +326,9 @@ def _install_callbacks(
             backup=backup,
         ),
     ]
+    # The loader first, so that it reads under every other wrapper of the
+    # step (a FaultTolerantBackup's finds the input where the step left it).
+    callbacks = [*for_fit.loader(plan, callbacks), *callbacks]
     prepared.fit_kwargs["callbacks"] = callbacks
     for callback in callbacks:
         if isinstance(callback, KerascaleCallback):

@@ -1,3 +1,5 @@
+import pytest
+
 import kerascale
 from kerascale import errors
 
@@ -56,6 +58,7 @@ def test_callbacks_and_data_are_public():
         "FaultTolerantBackup",
         "GPUMonitor",
         "PREEMPTED_EXIT_CODE",
+        "Prefetch",
         "ProfileWindow",
         "Throughput",
         "TimeBudget",
@@ -65,3 +68,8 @@ def test_callbacks_and_data_are_public():
     assert kerascale.callbacks.PREEMPTED_EXIT_CODE == 143
     assert sorted(kerascale.data.__all__) == ["optimize", "optimize_report"]
     assert issubclass(kerascale.KerascaleWarning, UserWarning)
+
+
+def test_prefetch_is_refused_on_tensorflow_with_what_does_it_there():
+    with pytest.raises(kerascale.UnsupportedError, match=r"tf\.data's prefetch"):
+        kerascale.callbacks.Prefetch()

@@ -9,10 +9,12 @@ nothing behind when `fit` raises (see `kerascale.callbacks._base`).
 - `TimeBudget`: stop before a deadline, leaving time for the last checkpoint.
 - `ProfileWindow`: Keras's TensorBoard profiler for a window of steps, which
   also stops when `fit` raises.
+- `Prefetch` (JAX): reads the next batches on a thread while the step runs.
 """
 
 from kerascale.callbacks.backup import PREEMPTED_EXIT_CODE, FaultTolerantBackup
 from kerascale.callbacks.gpu_monitor import GPUMonitor
+from kerascale.callbacks.prefetch import Prefetch
 from kerascale.callbacks.profile import ProfileWindow
 from kerascale.callbacks.throughput import Throughput
 from kerascale.callbacks.time_budget import TimeBudget
@@ -21,6 +23,7 @@ __all__ = [
     "PREEMPTED_EXIT_CODE",
     "FaultTolerantBackup",
     "GPUMonitor",
+    "Prefetch",
     "ProfileWindow",
     "Throughput",
     "TimeBudget",

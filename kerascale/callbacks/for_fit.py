@@ -15,10 +15,13 @@ from kerascale import _validation as v
 from kerascale.callbacks._scalars import optional_dir
 from kerascale.callbacks.backup import FaultTolerantBackup
 from kerascale.callbacks.gpu_monitor import GPUMonitor
+from kerascale.callbacks.prefetch import Prefetch
 from kerascale.callbacks.profile import ProfileWindow
 from kerascale.callbacks.throughput import Throughput
 from kerascale.callbacks.time_budget import TimeBudget
 from kerascale.errors import ConfigurationError, warn
+from kerascale.plan import rules
+from kerascale.sense import backend as backend_lib
 
 logger = logging.getLogger("kerascale")
 
@@ -66,6 +69,32 @@ def backup_for(
     return backup
 
 
+def loader(plan: Any, callbacks: list[Any]) -> list[keras.callbacks.Callback]:
+    """`Prefetch`, where the plan reads ahead on a thread (JAX) and one of
+    `callbacks` makes Keras wait for each step."""
+    if rules.PREFETCH in plan.data_changes and waits_on_steps(callbacks):
+        return [Prefetch()]
+    return []
+
+
+def waits_on_steps(callbacks: list[Any]) -> bool:
+    """Whether Keras's loop waits for each training step's logs with these
+    callbacks: it does for one that has `on_train_batch_end` (or
+    `on_batch_end`) of its own and does not say `async_safe`, as Keras's
+    `CallbackList` decides."""
+    base = keras.callbacks.Callback
+    for callback in callbacks:
+        if getattr(callback, "async_safe", False):
+            continue
+        kind = type(callback)
+        if (
+            kind.on_train_batch_end is not base.on_train_batch_end
+            or kind.on_batch_end is not base.on_batch_end
+        ):
+            return True
+    return False
+
+
 DEFAULT_LOG_DIR = "kerascale_logs"
 DEFAULT_PROFILE_WINDOW = (10, 14)  # after tracing and tf.data's warm-up
 
@@ -103,9 +132,9 @@ def for_fit(
     backup: Any,
 ) -> list[keras.callbacks.Callback]:
     """The callbacks `kerascale.fit` installs for its monitoring arguments.
-    Without TensorFlow (JAX), which writes TensorBoard's files, the monitors'
-    figures go to `History` only and the profile window is dropped, each
-    with one warning."""
+    Without TensorFlow, which writes TensorBoard's event files, the monitors'
+    figures go to `History` only, with one warning. On JAX the profile window
+    is traced by `jax.profiler`, which needs no TensorFlow."""
     out: list[keras.callbacks.Callback] = []
     writes = _tf.available()
     if log_dir is not None:
@@ -118,7 +147,7 @@ def for_fit(
         out.append(Throughput(samples_per_step, log_dir if writes else None))
         if gpus:
             out.append(GPUMonitor(log_dir if writes else None))
-    if window is not None and not writes:
+    if window is not None and not writes and backend_lib.name() != "jax":
         warn(
             f"profile=True was not used: the profile window is written through "
             f"Keras's TensorBoard callback, which needs TensorFlow, and it is not "

@@ -76,7 +76,9 @@ def make_plan(
     factor, why_lr = _lr_factor(options, data, global_batch)
     if why_lr:
         reasons["lr_factor"] = why_lr
-    data_changes, why_data = _data_changes(options, data, sp.micro * replicas, replicas)
+    data_changes, why_data = _data_changes(
+        options, data, sp.micro * replicas, replicas, hardware.backend
+    )
     reasons["data_changes"] = why_data
 
     return Plan(
@@ -343,7 +345,30 @@ def _within_data(
     return capped, f"{why}, capped at the data's {n} samples", warnings
 
 
+# On JAX: kerascale.callbacks.Prefetch, installed by kerascale.fit where a
+# callback of the run makes Keras wait for each step's logs.
+PREFETCH = "read ahead on a thread where a callback waits on each step"
+
+
 def _data_changes(
+    options: Options, data: DataFacts, global_batch: int, replicas: int, backend: str
+) -> tuple[list[str], str]:
+    changes, why = _pipeline_changes(options, data, global_batch, replicas)
+    if backend == "jax" and options.optimize_data:
+        changes.append(PREFETCH)
+        why = (
+            "Keras's JAX fit reads each batch in the training thread, and "
+            "dispatches steps ahead, so reading overlaps the step; a callback "
+            "with on_train_batch_end (yours, a FaultTolerantBackup, a "
+            "TimeBudget) makes it wait for each step, and then the reading "
+            "follows it: kerascale then reads 2 batches ahead on a thread (the "
+            "same batches, in the same order). optimize_data="
+            f"{options.optimize_data!r}"
+        )
+    return changes, why
+
+
+def _pipeline_changes(
     options: Options, data: DataFacts, global_batch: int, replicas: int
 ) -> tuple[list[str], str]:
     if data.kind == "arrays":
