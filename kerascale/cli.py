@@ -96,16 +96,35 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def _synthetic(model: Any, args: argparse.Namespace, count: int) -> Any:
-    """A dataset of `count` synthetic samples shaped like --input-shape, with
-    targets shaped like the model's outputs (class indices for a sparse loss)."""
+    """(x, y): `count` synthetic samples shaped like --input-shape, with
+    targets shaped like the model's outputs (class indices for a sparse
+    loss): a `tf.data.Dataset` (and None) on TensorFlow, arrays elsewhere."""
+    import keras
     import numpy as np
-    import tensorflow as tf
 
     shapes = [_shape(s) for s in args.input_shape]
     sample = [np.zeros((1, *shape), args.input_dtype) for shape in shapes]
     inputs = sample[0] if len(sample) == 1 else sample
     outputs = model(inputs)
     loss = str(getattr(model, "loss", "")).lower()
+    if keras.backend.backend() != "tensorflow":
+        # Arrays (no TensorFlow needed): one sample seen `count` times through
+        # a read-only view, without holding that many samples in memory.
+        def many(shape: tuple[int, ...], dtype: Any) -> Any:
+            return np.broadcast_to(np.zeros(shape, dtype), (count, *shape))
+
+        sparse = "sparse" in loss
+        x = [many(a.shape[1:], a.dtype) for a in sample]
+        y = keras.tree.map_structure(
+            lambda out: many(
+                tuple(out.shape[1:-1] if sparse else out.shape[1:]),
+                "int64" if sparse else "float32",
+            ),
+            outputs,
+        )
+        return (x[0] if len(x) == 1 else tuple(x)), y
+
+    import tensorflow as tf
 
     def target(out):
         if "sparse" in loss:  # class indices, one per sample
@@ -120,7 +139,7 @@ def _synthetic(model: Any, args: argparse.Namespace, count: int) -> Any:
     )
     # One sample repeated: a dataset of the size asked for, without holding
     # that many samples in memory.
-    return tf.data.Dataset.from_tensors(element).repeat(count)
+    return tf.data.Dataset.from_tensors(element).repeat(count), None
 
 
 def _find_batch(args: argparse.Namespace) -> int:
@@ -130,11 +149,12 @@ def _find_batch(args: argparse.Namespace) -> int:
     model = _load(args)
     if isinstance(model, int):
         return model
-    data = _synthetic(model, args, args.max_batch_size)
+    x, y = _synthetic(model, args, args.max_batch_size)
     try:
         result = find_batch_size(
             model,
-            data,
+            x,
+            y,
             mode=args.mode,
             memory_limit=args.memory_limit,
             max_batch_size=args.max_batch_size,
@@ -161,11 +181,12 @@ def _diagnose(args: argparse.Namespace) -> int:
     if isinstance(model, int):
         return model
     batch = args.batch_size or 32
-    data = _synthetic(model, args, batch * (args.steps + 8))
+    x, y = _synthetic(model, args, batch * (args.steps + 8))
     try:
         result = diagnose(
             model,
-            data,
+            x,
+            y,
             steps=args.steps,
             batch_size=args.batch_size or "auto",
             precision=args.precision,

@@ -22,7 +22,10 @@ from kerascale._units import format_bytes
 from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session, prepare
 from kerascale.errors import UnsupportedError
+from kerascale.measure import advice
+from kerascale.measure.advice import Recommendation
 from kerascale.measure.decide import decide, validate_options
+from kerascale.measure.jax import timing as jax_timing
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
 
@@ -33,22 +36,6 @@ INPUT_BOUND_SHARE = 0.85  # training slower than this share of the step alone
 # turn with the step (no prefetch), a pipeline 5x faster takes at most 1/6 of
 # the time, so a slower training rate is noise, not input.
 INPUT_BOUND_MAX_RATIO = 5.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Recommendation:
-    """One change to make: what, the expected speed-up (x, when it can be
-    estimated from the measurements), and why."""
-
-    action: str
-    expected_gain: float | None
-    why: str
-
-    def __str__(self) -> str:
-        gain = (
-            f"up to {self.expected_gain:.1f}x" if self.expected_gain else "gain unknown"
-        )
-        return f"{self.action} ({gain}): {self.why}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +53,9 @@ class Diagnosis:
         memory_limit_bytes: The memory it must fit in, when known.
         recommendations: Ranked, most promising first.
         plan: The plan measured (`kerascale.Plan`).
+        loader_batches_per_s: On JAX, training with the host loader
+            (`kerascale.callbacks.Prefetch`) as `kerascale.fit` runs it;
+            `training_batches_per_s` is then plain `model.fit`'s.
     """
 
     bound: str
@@ -77,6 +67,7 @@ class Diagnosis:
     memory_limit_bytes: int | None
     recommendations: tuple[Recommendation, ...]
     plan: Any
+    loader_batches_per_s: float | None = None
 
     @property
     def memory_headroom(self) -> float | None:
@@ -108,6 +99,12 @@ class Diagnosis:
             f"  both, as training     {self.training_batches_per_s:9.1f} batches/s"
             f"  ({self.training_batches_per_s * b:,.0f} samples/s)",
         ]
+        if self.loader_batches_per_s is not None:
+            rows[-1] = rows[-1].replace("as training    ", "as model.fit   ")
+            rows.append(
+                f"  with kerascale's loader {self.loader_batches_per_s:7.1f} "
+                f"batches/s  ({self.loader_batches_per_s * b:,.0f} samples/s)"
+            )
         if self.memory_peak_bytes and self.memory_limit_bytes:
             rows.append(
                 f"  memory at batch {b}   {format_bytes(self.memory_peak_bytes)} of "
@@ -153,15 +150,19 @@ def diagnose(
     Returns:
         A `Diagnosis`; `print()` it for the report.
 
+    On JAX (arrays or a `PyDataset`), training is also timed with the host
+    loader `kerascale.fit` installs (`Prefetch`), which times the input.
+
     Raises:
-        UnsupportedError: Off the TensorFlow backend (for now).
+        UnsupportedError: On a backend other than TensorFlow and JAX.
 
     Example:
 
     >>> print(kerascale.diagnose(model, ds))
     """
     v.positive_int("steps", steps)
-    _tensorflow_only()
+    backend = backend_lib.name()
+    _supported(backend)
     options, search = validate_options(
         batch_size=batch_size,
         strategy=strategy,
@@ -173,25 +174,22 @@ def diagnose(
         remeasure=remeasure,
         verbose=verbose,
     )
-    if data_facts.inspect(x, y).kind == "pydataset":
-        raise v.fail("x", type(x).__name__, "a tf.data.Dataset or arrays for diagnose")
+    _readable(backend, x, y)
 
     def decided(not_rebuildable: str = "") -> Any:
         return decide(
             model, x, y, options, search=search, not_rebuildable=not_rebuildable
         )
 
-    total = WARMUP_STEPS + steps
     with Session() as session:
         session.enter(model_lib.preserved_state())
         prepared = prepare(
-            session, model, x, y, decided(), copy=True, as_dataset=True,
-            replan=decided,
+            session, model, x, y, decided(), copy=True,
+            as_dataset=backend == "tensorflow", replan=decided,
         )  # fmt: skip
-        ds, copy = prepared.x, prepared.model
-        input_rate = _iterate(ds.repeat(), total)
-        step_rate = _train(copy, ds.take(1).cache().repeat(), total)
-        training_rate = _train(copy, ds.repeat(), total)
+        input_rate, step_rate, training_rate, loader_rate = _rates(
+            prepared, backend, steps
+        )
     peak, limit = _memory(prepared.decided)
     return _verdict(
         prepared.decided,
@@ -200,16 +198,50 @@ def diagnose(
         training_rate=training_rate,
         peak=peak,
         limit=limit,
+        loader_rate=loader_rate,
     )
 
 
-def _tensorflow_only() -> None:
-    if backend_lib.name() != "tensorflow":
+def _rates(
+    prepared: Any, backend: str, steps: int
+) -> tuple[float, float, float, float | None]:
+    """Batches/s of the input alone, the step alone, training, and (JAX)
+    training with the host loader."""
+    if backend == "jax":
+        rates = jax_timing.measure(
+            prepared.model,
+            prepared.x,
+            prepared.y,
+            prepared.plan.step_batch_size,
+            steps,
+        )
+        return rates.input, rates.step, rates.plain, rates.loaded
+    ds, copy, total = prepared.x, prepared.model, WARMUP_STEPS + steps
+    input_rate = _iterate(ds.repeat(), total)
+    step_rate = _train(copy, ds.take(1).cache().repeat(), total)
+    return input_rate, step_rate, _train(copy, ds.repeat(), total), None
+
+
+def _readable(backend: str, x: Any, y: Any) -> None:
+    """Refuses, naming `x`, an input diagnose cannot read several times."""
+    kind = data_facts.inspect(x, y).kind
+    if backend == "jax" and kind not in ("arrays", "pydataset"):
+        raise v.fail(
+            "x",
+            type(x).__name__,
+            "arrays or a keras.utils.PyDataset for diagnose on JAX (it reads "
+            "the data several times, and a generator can be read once)",
+        )
+    if backend == "tensorflow" and kind == "pydataset":
+        raise v.fail("x", type(x).__name__, "a tf.data.Dataset or arrays for diagnose")
+
+
+def _supported(backend: str) -> None:
+    if not backend_lib.supported(backend):
         raise UnsupportedError(
-            f"diagnose times a tf.data pipeline and runs on the TensorFlow backend "
-            f"for now, and Keras runs on {backend_lib.name()!r} here. "
-            "kerascale.callbacks.Throughput in fit's callbacks gives the step "
-            "times on every backend."
+            f"diagnose runs on the TensorFlow and JAX backends, and Keras runs "
+            f"on {backend!r} here. kerascale.callbacks.Throughput in fit's "
+            "callbacks gives the step times on every backend."
         )
 
 
@@ -256,20 +288,6 @@ def _memory(decided: Any) -> tuple[int | None, int | None]:
     return (max(peaks) if peaks else None), limit
 
 
-def _measured_precision_gain(trials: Any, plan: Any) -> float | None:
-    """mixed_bfloat16 over float32 at the planned batch, where trials timed
-    both on this machine; None when they did not."""
-    if trials is None:
-        return None
-    speed: dict[str, float] = {}
-    for t in trials.trials:
-        if t.batch == plan.micro_batch_size:
-            speed[t.precision] = max(speed.get(t.precision, 0.0), t.samples_per_s)
-    if "float32" not in speed or "mixed_bfloat16" not in speed:
-        return None
-    return speed["mixed_bfloat16"] / speed["float32"]
-
-
 def _verdict(
     decided: Any,
     *,
@@ -278,6 +296,7 @@ def _verdict(
     training_rate: float,
     peak: int | None,
     limit: int | None,
+    loader_rate: float | None = None,
 ) -> Diagnosis:
     plan = decided.plan
     headroom = (1 - peak / limit) if peak and limit else None
@@ -285,16 +304,21 @@ def _verdict(
         headroom is not None and headroom < MEMORY_BOUND_HEADROOM
     ):
         bound = "memory"
-        recs = _memory_advice(plan)
+        recs = advice.memory_advice(plan)
     elif (
         training_rate < INPUT_BOUND_SHARE * step_rate
         and input_rate < INPUT_BOUND_MAX_RATIO * step_rate
     ):
         bound = "input"
-        recs = _input_advice(decided, input_rate, step_rate, training_rate)
+        if loader_rate is None:
+            recs = advice.input_advice(decided, input_rate, step_rate, training_rate)
+        else:
+            recs = advice.host_input_advice(
+                input_rate, step_rate, training_rate, loader_rate
+            )
     else:
         bound = "compute"
-        recs = _compute_advice(decided, headroom)
+        recs = advice.compute_advice(decided, headroom)
     recs.sort(key=lambda r: -(r.expected_gain or 0.0))
     return Diagnosis(
         bound=bound,
@@ -306,129 +330,5 @@ def _verdict(
         memory_limit_bytes=limit,
         recommendations=tuple(recs),
         plan=plan,
+        loader_batches_per_s=loader_rate,
     )
-
-
-def _input_advice(
-    decided: Any, input_rate: float, step_rate: float, training_rate: float
-) -> list[Recommendation]:
-    data, hw = decided.data, decided.hardware
-    ceiling = step_rate / training_rate
-    recs = []
-    if data.kind == "dataset" and not decided.optimize_data:
-        recs.append(
-            Recommendation(
-                "kerascale.data.optimize(ds) (or optimize_data=True): parallel "
-                "maps and prefetch",
-                min(ceiling, max(1.0, hw.cpu.cores)),
-                "the pipeline runs its maps one element at a time and does not "
-                "overlap with training",
-            )
-        )
-    if input_rate < step_rate:
-        recs.append(
-            Recommendation(
-                "ds.cache() after the expensive, deterministic steps (decoding, "
-                "resizing), before shuffle and random augmentation",
-                ceiling,
-                f"the pipeline alone delivers {input_rate:.1f} batches/s, the "
-                f"model could take {step_rate:.1f}",
-            )
-        )
-    else:
-        recs.append(
-            Recommendation(
-                "ds.prefetch(tf.data.AUTOTUNE) as the last step",
-                min(ceiling, (input_rate + step_rate) / max(input_rate, step_rate)),
-                "the pipeline alone keeps up, but reading and training take "
-                "turns instead of overlapping",
-            )
-        )
-    if data.from_files:
-        recs.append(
-            Recommendation(
-                "TFRecord shards read with interleave(num_parallel_calls="
-                "AUTOTUNE, deterministic=False)",
-                None,
-                "reading many small files one after another is slow",
-            )
-        )
-    return recs
-
-
-def _compute_advice(decided: Any, headroom: float | None) -> list[Recommendation]:
-    plan, hw = decided.plan, decided.hardware
-    recs = []
-    measured = _measured_precision_gain(decided.trials, plan)
-    accelerated = hw.accelerator != "cpu" or hw.cpu.bf16
-    if plan.precision == "float32" and measured is not None and measured > 1.03:
-        recs.append(
-            Recommendation(
-                'precision="mixed_bfloat16"',
-                measured,
-                "timed on your data here, against float32",
-            )
-        )
-    elif plan.precision == "float32" and measured is None and accelerated:
-        recs.append(
-            Recommendation(
-                'precision="mixed_bfloat16" (or "auto")',
-                1.4 if hw.accelerator == "cpu" else 2.0,
-                "this hardware has fast 16-bit math (1.44x on the benchmark CNN "
-                "on a bf16 CPU; 2-3x is usual on tensor-core GPUs)",
-            )
-        )
-    if headroom is None or headroom > 0.3:
-        recs.append(
-            Recommendation(
-                "a larger batch (batch_size=..., with lr_scaling)",
-                None,
-                "fewer, larger steps use the hardware better"
-                + (f"; {headroom:.0%} of memory is free" if headroom else ""),
-            )
-        )
-    recs.append(
-        Recommendation(
-            "more or faster devices (strategy='mirrored' on several GPUs)"
-            if hw.accelerator != "cpu"
-            else "a GPU: this model trains on a CPU",
-            None,
-            "the model's arithmetic is the bottleneck",
-        )
-    )
-    recs.append(
-        Recommendation(
-            "a smaller model (fewer or narrower layers)",
-            None,
-            "less arithmetic per sample",
-        )
-    )
-    return recs
-
-
-def _memory_advice(plan: Any) -> list[Recommendation]:
-    recs = []
-    if plan.precision == "float32":
-        recs.append(
-            Recommendation(
-                'precision="mixed_bfloat16"',
-                None,
-                "16-bit activations take half the memory: about twice the batch",
-            )
-        )
-    recs.append(
-        Recommendation(
-            "gradient accumulation: keep batch_size, set max_batch_size lower "
-            "(or accumulation_steps=k)",
-            None,
-            "the same optimizer updates from smaller micro-batches",
-        )
-    )
-    recs.append(
-        Recommendation(
-            "fewer or narrower layers, or shorter inputs",
-            None,
-            "activations grow with depth, width and input size",
-        )
-    )
-    return recs

@@ -2,6 +2,7 @@
 underneath, no TensorFlow, and the model left as it was."""
 
 import sys
+import time
 import warnings
 
 import jax
@@ -267,10 +268,41 @@ def test_monitors_without_tensorflow_keep_figures_in_history(tmp_path):
             profile=(2, 3), time_budget="1h", verbose=0,
         )  # fmt: skip
     said = _kerascale_warnings(caught)
-    assert len(said) == 2, said
-    assert "History only" in said[0] and "profile=True was not used" in said[1]
+    assert len(said) == 1, said
+    assert "History only" in said[0]
     assert len(history.history["samples_per_second"]) == 2
-    assert not list(tmp_path.iterdir())
+    # The profile window is jax.profiler's, which needs no TensorFlow.
+    traces = list((tmp_path / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+def test_profile_window_on_jax_traces_its_steps_and_stops_when_fit_raises(tmp_path):
+    from kerascale.callbacks.profile import JaxProfileWindow
+
+    window = kerascale.callbacks.ProfileWindow(tmp_path / "a", 2, 3)
+    assert isinstance(window, JaxProfileWindow)
+    x, y = toy_data(n=256)
+    dense_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[window])
+    assert window.traced == (2, 3)
+
+    class Boom(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                raise RuntimeError("boom")
+
+    raising = kerascale.callbacks.ProfileWindow(tmp_path / "b", 2, 8)
+    with pytest.raises(RuntimeError, match="boom"):
+        dense_model().fit(
+            x, y, batch_size=16, epochs=1, verbose=0, callbacks=[raising, Boom()]
+        )
+    time.sleep(0.5)  # the fit-watch thread stops the trace within 0.2 s
+    assert raising.traced == (2, 3)
+    # The profiler is free again: a later window traces.
+    again = kerascale.callbacks.ProfileWindow(tmp_path / "c", 1, 2)
+    dense_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[again])
+    assert again.traced == (1, 2)
+    for name in "abc":
+        assert list((tmp_path / name).glob("train/plugins/profile/*/*.xplane.pb"))
 
 
 def test_callbacks_and_accumulate_in_a_plain_fit():
@@ -286,7 +318,31 @@ def test_callbacks_and_accumulate_in_a_plain_fit():
     assert history.history["samples_per_second"][0] > 0
 
 
-def test_diagnose_says_it_is_not_here_yet():
+def test_diagnose_on_an_unsupported_backend_says_so(monkeypatch):
+    from kerascale.sense import backend as backend_lib
+
+    monkeypatch.setattr(backend_lib, "name", lambda: "torch")
     x, y = toy_data()
     with pytest.raises(kerascale.UnsupportedError, match="Throughput"):
         kerascale.diagnose(dense_model(), x, y)
+
+
+@pytest.mark.skipif(devices() > 1, reason="a laid-out run traces for its layout")
+def test_a_second_kerascale_fit_in_float32_traces_nothing_again():
+    """What Keras traced in a run that changed nothing is the model's own:
+    the next call reuses it, as a second model.fit does (it used to be put
+    back to None, and every call traced and compiled its step again)."""
+    x, y = toy_data()
+    model, seen = dense_model(), []
+
+    class Peek(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(self.model.train_function)
+
+    for _ in range(2):
+        kerascale.fit(
+            model, x, y, epochs=1, batch_size=16, precision="float32", verbose=0,
+            callbacks=[Peek()],
+        )  # fmt: skip
+    assert seen[0] is seen[-1]
+    assert model.train_function is seen[0]

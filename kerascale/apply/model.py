@@ -99,7 +99,8 @@ def recreate(
         model: A compiled Keras model, or a zero-argument function that
             builds and compiles one.
         policy: The dtype policy a builder builds under.
-        strategy: A `tf.distribute.Strategy`.
+        strategy: A `tf.distribute.Strategy`, a `keras.distribution` one, or
+            None (JAX on one device).
 
     Returns:
         The new, compiled model.
@@ -109,7 +110,9 @@ def recreate(
             the same weights.
         ModelError: When a builder does not return a compiled model.
     """
-    with preserved_state(), strategy.scope():
+    # On JAX without a distribution (one device) there is no scope to enter.
+    scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
+    with preserved_state(), scope:
         if is_builder(model):
             with global_policy(policy):
                 return _float32_outputs(_built(model), policy)

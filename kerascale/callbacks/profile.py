@@ -1,8 +1,11 @@
-"""`ProfileWindow`: a `tf.profiler` trace of a window of training steps."""
+"""`ProfileWindow`: a profiler trace of a window of training steps, for
+TensorBoard's Profile tab: `tf.profiler` through Keras's `TensorBoard`
+callback on TensorFlow, `jax.profiler` on JAX (no TensorFlow needed)."""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
@@ -11,10 +14,13 @@ import keras
 from kerascale import _validation as v
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._scalars import optional_dir
+from kerascale.errors import warn
+from kerascale.sense import backend as backend_lib
 
 
 class ProfileWindow(KerascaleCallback, keras.callbacks.TensorBoard):
-    """Traces steps `start_step` to `stop_step` with `tf.profiler`.
+    """Traces steps `start_step` to `stop_step` with `tf.profiler` (on JAX,
+    `ProfileWindow(...)` is a `JaxProfileWindow`: `jax.profiler`).
 
     This is Keras's own `keras.callbacks.TensorBoard(profile_batch=(start,
     stop))`, which does the tracing, with what it lacks added: when `fit`
@@ -41,16 +47,15 @@ class ProfileWindow(KerascaleCallback, keras.callbacks.TensorBoard):
     >>> model.fit(ds, callbacks=[ProfileWindow("logs", start_step=20, stop_step=25)])
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is ProfileWindow and backend_lib.name() == "jax":
+            return JaxProfileWindow(*args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self, log_dir: str | os.PathLike, start_step: int = 10, stop_step: int = 15
     ):
-        directory = optional_dir("log_dir", log_dir)
-        if directory is None:
-            raise v.fail("log_dir", log_dir, "a directory path (str or os.PathLike)")
-        v.positive_int("start_step", start_step)
-        v.positive_int("stop_step", stop_step)
-        if stop_step < start_step:
-            raise v.fail("stop_step", stop_step, f"an int >= start_step ({start_step})")
+        directory = _validated(log_dir, start_step, stop_step)
         super().__init__(
             log_dir=directory,
             profile_batch=(start_step, stop_step),
@@ -108,3 +113,98 @@ class ProfileWindow(KerascaleCallback, keras.callbacks.TensorBoard):
         # keras-tuner copies callbacks per trial; locks and threads are not
         # copyable, and a copy starts with neither.
         return ProfileWindow(self.log_dir, self.start_step, self.stop_step)
+
+
+def _validated(log_dir: Any, start_step: Any, stop_step: Any) -> str:
+    directory = optional_dir("log_dir", log_dir)
+    if directory is None:
+        raise v.fail("log_dir", log_dir, "a directory path (str or os.PathLike)")
+    v.positive_int("start_step", start_step)
+    v.positive_int("stop_step", stop_step)
+    if stop_step < start_step:
+        raise v.fail("stop_step", stop_step, f"an int >= start_step ({start_step})")
+    return directory
+
+
+class JaxProfileWindow(KerascaleCallback):
+    """Traces steps `start_step` to `stop_step` with `jax.profiler`, what
+    `ProfileWindow(...)` gives on the JAX backend (no TensorFlow needed).
+
+    The trace goes to ``<log_dir>/train/plugins/profile/<run>/`` (an
+    ``.xplane.pb`` for TensorBoard's Profile tab, ``pip install
+    tensorboard-plugin-profile``, and a Perfetto ``.trace.json.gz``). Steps
+    count from 1 over the run; the window's last step is waited for before
+    the trace stops, since JAX dispatches steps ahead of the device. When
+    `fit` raises inside the window, the trace is stopped and saved within a
+    fraction of a second, so later profiles in the process still work.
+
+    On Python < 3.12 the profiler's Python tracer is off: Keras disables JAX
+    profiling there altogether after segfaults (keras-team/keras#20450); the
+    device and XLA host traces, which a step's time is in, are kept.
+    """
+
+    def __init__(
+        self, log_dir: str | os.PathLike, start_step: int = 10, stop_step: int = 15
+    ):
+        super().__init__()
+        self.log_dir = _validated(log_dir, start_step, stop_step)
+        self.start_step, self.stop_step = start_step, stop_step
+        self.traced: tuple[int, int] | None = None
+        self._lock = threading.Lock()
+        self._step, self._first = 0, None
+
+    @property
+    def tracing(self) -> bool:
+        return self._first is not None and self.traced is None
+
+    def on_train_begin(self, logs=None):
+        self.start_run().watch(self.release)
+        self.traced, self._step, self._first = None, 0, None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step += 1
+        if self._step == self.start_step and self.traced is None:
+            import jax
+
+            options = jax.profiler.ProfileOptions()
+            if sys.version_info < (3, 12):
+                options.python_tracer_level = 0
+            try:
+                jax.profiler.start_trace(
+                    os.path.join(self.log_dir, "train"), profiler_options=options
+                )
+            except RuntimeError as e:  # another trace is running in the process
+                self.traced = (0, 0)
+                warn(
+                    f"ProfileWindow: the profiler did not start ({e}); training "
+                    "goes on untraced. Stop the other trace (jax.profiler."
+                    "stop_trace()) to profile."
+                )
+                return
+            self._first = self._step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.tracing and self._step >= self.stop_step:
+            import jax
+
+            jax.block_until_ready(logs)  # the window's work, not only its dispatch
+            self._stop()
+
+    def on_train_end(self, logs=None):
+        self.release()
+
+    def release(self) -> None:
+        """Stops a trace that is still running, saving it."""
+        self._stop()
+        super().release()
+
+    def _stop(self) -> None:
+        with self._lock:
+            if self.tracing:
+                import jax
+
+                self.traced = (self._first, self._step)
+                jax.profiler.stop_trace()
+
+    def __deepcopy__(self, memo: dict) -> JaxProfileWindow:
+        return JaxProfileWindow(self.log_dir, self.start_step, self.stop_step)

@@ -1,0 +1,129 @@
+"""What `kerascale.diagnose` times on JAX, on the model it trains:
+
+- the step alone: Keras's `fit` on one batch made once and given again and
+  again (its copy to the devices included, as every step has one);
+- training as plain `model.fit` runs it (each batch read between steps, in
+  the training thread; Keras dispatches the steps ahead, so the reading
+  overlaps the step unless a callback makes Keras wait for each step);
+- training with the host loader (`apply.jax.reader`: the batches read on a
+  thread ahead of the step), as `kerascale.fit` runs it, which also times
+  the input alone: the seconds its thread spent taking each batch from
+  Keras's iterator (gather, `__getitem__` or generator, and the copy).
+
+Rates are batches per second after `WARMUP_STEPS` steps, from the times at
+which Keras's `on_train_batch_end` saw each step end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import keras
+import numpy as np
+
+from kerascale.apply.jax.reader import ReadAhead
+
+WARMUP_STEPS = 3
+DEPTH = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Rates:
+    """Batches per second."""
+
+    input: float
+    step: float
+    plain: float
+    loaded: float
+
+
+class _Clock(keras.callbacks.Callback):
+    """When each step's logs are ready. Async-safe, so that Keras times its
+    own loop, which dispatches steps ahead without waiting on their logs
+    (a callback that is not would make it wait on each)."""
+
+    async_safe = True
+
+    def on_train_begin(self, logs=None):
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append(time.perf_counter())
+
+    def rate(self) -> float:
+        timed = sorted(self.ends)[WARMUP_STEPS - 1 :]  # callbacks run on a pool
+        return (len(timed) - 1) / (timed[-1] - timed[0])
+
+
+class _ReadingAhead(keras.callbacks.Callback):
+    """Puts a `ReadAhead` in place of Keras's train function for one `fit`."""
+
+    def on_train_begin(self, logs=None):
+        self.ahead = ReadAhead(self.model.train_function, DEPTH)
+        self.model.train_function = self.ahead
+
+    def undo(self) -> None:
+        ahead = getattr(self, "ahead", None)
+        if ahead is not None:
+            ahead.close()
+            if self.model.train_function is ahead:
+                self.model.train_function = ahead.function
+
+
+def measure(model: keras.Model, x: Any, y: Any, batch_size: int, steps: int) -> Rates:
+    """The four rates for `model` (built and compiled) on `x`, `y` in
+    batches of `batch_size` (arrays) or as they come (a `PyDataset`)."""
+    total = WARMUP_STEPS + steps
+    first = first_batch(x, y, batch_size)
+
+    def again():
+        while True:
+            yield first
+
+    step = _rate(model, (again(),), {"steps_per_epoch": total})
+    kwargs: dict[str, Any] = {}
+    if isinstance(x, keras.utils.PyDataset):
+        args, batches = (x,), len(x)
+    else:
+        args, kwargs["batch_size"] = (x, y), batch_size
+        batches = math.ceil(_samples(x) / batch_size)
+    if batches >= total:
+        kwargs["steps_per_epoch"] = total
+    else:
+        kwargs["epochs"] = math.ceil(total / batches)
+    plain = _rate(model, args, kwargs)
+    reading = _ReadingAhead()
+    try:
+        loaded = _rate(model, args, kwargs, reading)
+    finally:
+        reading.undo()
+    items, read_seconds, _ = reading.ahead.counts()
+    return Rates(
+        input=items / read_seconds if read_seconds > 0 else math.inf,
+        step=step,
+        plain=plain,
+        loaded=loaded,
+    )
+
+
+def _rate(model: keras.Model, args: tuple, kwargs: dict, *extra: Any) -> float:
+    clock = _Clock()
+    model.fit(*args, verbose=0, callbacks=[clock, *extra], **kwargs)
+    return clock.rate()
+
+
+def first_batch(x: Any, y: Any, batch_size: int) -> Any:
+    """The first batch, as NumPy: of arrays, their first `batch_size` rows;
+    of a `PyDataset`, its batch 0."""
+    if isinstance(x, keras.utils.PyDataset):
+        batch = x[0]
+        return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+    data = (x,) if y is None else (x, y)
+    return keras.tree.map_structure(lambda a: np.asarray(a[:batch_size]), data)
+
+
+def _samples(x: Any) -> int:
+    return len(keras.tree.flatten(x)[0])
