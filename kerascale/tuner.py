@@ -30,6 +30,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import keras
+
 try:
     import keras_tuner
 except ImportError as e:  # pragma: no cover - depends on the install
@@ -383,9 +385,9 @@ def _tuner_callback(callbacks: Any) -> Any:
 
 
 def _out_of_memory(e: BaseException) -> bool:
-    import tensorflow as tf
+    from kerascale.measure.probe import is_oom_exception
 
-    if isinstance(e, tf.errors.ResourceExhaustedError):
+    if is_oom_exception(e):  # TensorFlow's ResourceExhaustedError, JAX's
         return True
     return isinstance(e, BatchSizeSearchError) and "runs out of memory" in str(e)
 
@@ -433,10 +435,8 @@ def _untrained_value(objective: Any, model: Any, x: Any, y: Any, kwargs) -> floa
                 ds = ds.batch(8)
             values = model.evaluate(ds.take(4), verbose=0, return_dict=True)
         else:
-            import tensorflow as tf
-
             sx, sy = (
-                None if d is None else tf.nest.map_structure(lambda a: a[:256], d)
+                None if d is None else keras.tree.map_structure(lambda a: a[:256], d)
                 for d in data
             )
             values = model.evaluate(sx, sy, batch_size=8, verbose=0, return_dict=True)
