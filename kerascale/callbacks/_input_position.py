@@ -200,8 +200,6 @@ class HostInputPosition:
             warning is given if an iterator is seen to outlive its epoch).
     """
 
-    next_epoch_iterator = None  # the interface of InputPosition
-
     def __init__(
         self,
         warn_order: Callable[[str], None],
@@ -264,10 +262,7 @@ class HostInputPosition:
         }
 
     def trackable(self, record: dict[str, Any]) -> Any:
-        return None
-
-    def savable(self) -> bool:
-        return False
+        return None  # nothing but meta.json: the record says it all
 
     def restore(
         self, iterator: Any, record: dict[str, Any], prefix: str, epochs_left: bool

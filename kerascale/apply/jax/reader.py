@@ -10,8 +10,7 @@ in Keras's order, up to `depth` ahead. The step gets the same batches in the
 same order; the host's work overlaps the step's.
 
 The readers also count the time the input took (`read_seconds`, on the
-reading thread) and the time the step waited for it (`wait_seconds`), which
-`kerascale.diagnose` reports.
+reading thread), which `kerascale.diagnose` reports as the input alone.
 """
 
 from __future__ import annotations
@@ -49,7 +48,6 @@ class Reader:
     def __init__(self, source: Any, depth: int, *, inline: bool = False):
         self.source = source
         self.read_seconds = 0.0  # in next(source), on the reading thread
-        self.wait_seconds = 0.0  # the consumer blocked, waiting for an item
         self.items = 0  # items handed to the consumer
         self.inline = inline  # reading in the caller's thread since `inline_at`
         self.inline_at: int | None = 0 if inline else None
@@ -109,9 +107,7 @@ class Reader:
         fast = self._read and self.read_seconds / self._read < INLINE_BELOW
         if self.items == _JUDGE_AFTER and fast:
             self._detach.set()
-        began = time.perf_counter()
         kind, value = self._queue.get()
-        self.wait_seconds += time.perf_counter() - began
         if kind == _ITEM:
             self.items += 1
             return value
@@ -158,7 +154,7 @@ class ReadAhead:
         self.function = function
         self.depth = depth
         self._reader: Reader | None = None
-        self._done = (0, 0.0, 0.0)  # the counts of the readers closed
+        self._done = (0, 0.0)  # the counts of the readers closed
         self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
@@ -182,18 +178,14 @@ class ReadAhead:
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.close()
-            items, read, wait = self._done
-            self._done = (
-                items + reader.read_count,
-                read + reader.read_seconds,
-                wait + reader.wait_seconds,
-            )
+            items, read = self._done
+            self._done = (items + reader.read_count, read + reader.read_seconds)
 
-    def counts(self) -> tuple[int, float, float]:
-        """(batches read on a thread, seconds reading them, seconds the step
-        waited for a batch), over every reader so far."""
-        items, read, wait = self._done
+    def counts(self) -> tuple[int, float]:
+        """(batches read on a thread, seconds reading them), over every
+        reader so far."""
+        items, read = self._done
         r = self._reader
         if r is None:
-            return items, read, wait
-        return items + r.read_count, read + r.read_seconds, wait + r.wait_seconds
+            return items, read
+        return items + r.read_count, read + r.read_seconds

@@ -100,7 +100,7 @@ def measure(model: keras.Model, x: Any, y: Any, batch_size: int, steps: int) -> 
         loaded = _rate(model, args, kwargs, reading)
     finally:
         reading.undo()
-    items, read_seconds, _ = reading.ahead.counts()
+    items, read_seconds = reading.ahead.counts()
     return Rates(
         input=items / read_seconds if read_seconds > 0 else math.inf,
         step=step,
