@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import warnings
 from collections.abc import Iterator
 
 import keras
@@ -23,3 +24,19 @@ def preserved_state() -> Iterator[None]:
         random.setstate(py)
         np.random.set_state(np_state)
         keras.config.set_dtype_policy(policy)
+
+
+def value_of(variable) -> np.ndarray:
+    """A Keras variable's value as NumPy. Not `Variable.numpy()`: on JAX its
+    `__array__` takes no `copy`, and NumPy 2 warns on every call."""
+    return np.array(keras.ops.convert_to_numpy(variable.value))
+
+
+@contextlib.contextmanager
+def quiet_variable_reads() -> Iterator[None]:
+    """Silences NumPy 2's warning about Keras's own `Variable.numpy()` on
+    JAX (an optimizer's `get_config` reads its learning rate that way), for
+    the configs kerascale reads, which plain `fit` never asks for."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "__array__", DeprecationWarning)
+        yield

@@ -30,6 +30,7 @@ from typing import Any
 import keras
 
 from kerascale import _validation
+from kerascale._state import value_of
 from kerascale.apply import keras_compat
 from kerascale.apply.model import core_optimizer
 from kerascale.errors import ConfigurationError, ModelError, warn
@@ -153,7 +154,7 @@ def pending_micro_steps(model: Any) -> int:
     """Micro-steps accumulated since the last update (0 without accumulation)."""
     opt = _optimizer_of(model)
     k = opt.gradient_accumulation_steps
-    return int(keras_compat.iterations_variable(opt).numpy()) % k if k else 0
+    return int(value_of(keras_compat.iterations_variable(opt))) % k if k else 0
 
 
 def discard_partial_window(model: Any) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 
 import keras
 
-from kerascale._state import preserved_state
+from kerascale._state import preserved_state, quiet_variable_reads, value_of
 from kerascale.apply import keras_compat, precision
 from kerascale.errors import ModelError, warn
 from kerascale.sense.model_facts import gist, is_builder, is_functional
@@ -163,14 +163,17 @@ def compile_like(src: keras.Model, dst: keras.Model) -> None:
     steps_per_execution and jit_compile; fresh objects, so that their state is
     created in the current scope."""
     try:
-        dst.compile_from_config(src.get_compile_config())
+        with quiet_variable_reads():
+            config = src.get_compile_config()
+        dst.compile_from_config(config)
         return
     except Exception as e:  # Custom objects that are not registered for serialization.
         logger.debug("compile config did not round-trip (%s); copying objects", e)
     raw = keras_compat.compile_arguments(src)
     optimizer = raw.get("optimizer")
     if isinstance(optimizer, keras.optimizers.Optimizer):
-        raw["optimizer"] = type(optimizer).from_config(optimizer.get_config())
+        with quiet_variable_reads():
+            raw["optimizer"] = type(optimizer).from_config(optimizer.get_config())
     for key in ("metrics", "weighted_metrics"):
         raw[key] = _fresh_metrics(raw.get(key))
     dst.compile(**raw)
@@ -219,7 +222,7 @@ def copy_optimizer_state(src: keras.Model, dst: keras.Model) -> bool:
         )
         return False
     for a, b in zip(sv, dv, strict=True):
-        b.assign(a.numpy())
+        b.assign(value_of(a))
     return True
 
 
@@ -260,7 +263,7 @@ def borrow(model: keras.Model) -> Iterator[keras.Model]:
             *model.metrics_variables,
         ]
         unique = list({id(v): v for v in held}.values())
-        saved = [(v, v.numpy()) for v in unique]
+        saved = [(v, value_of(v)) for v in unique]
         history = model.__dict__.get("history")
         try:
             yield model

@@ -16,6 +16,7 @@ import numpy as np
 
 from kerascale import _fs
 from kerascale import _validation as v
+from kerascale._state import quiet_variable_reads, value_of
 from kerascale.apply import keras_compat
 from kerascale.apply.model import core_optimizer
 from kerascale.callbacks import _backup_state as state_lib
@@ -63,7 +64,9 @@ def fingerprint(model: keras.Model, plan: Any) -> dict[str, Any]:
         (tuple(x.shape), str(x.dtype)) for x in [*model.variables, *optimizer.variables]
     ]
     arch = architecture(model) or type(model).__qualname__
-    config = _without_names(json.loads(json.dumps(optimizer.get_config(), default=str)))
+    with quiet_variable_reads():
+        config = optimizer.get_config()
+    config = _without_names(json.loads(json.dumps(config, default=str)))
     core = core_optimizer(optimizer)
     fp = {
         "architecture": hashlib.sha256(arch.encode()).hexdigest()[:16],
@@ -211,7 +214,7 @@ def read_state(model: keras.Model, prefix: str, meta: dict[str, Any]) -> None:
     objects = trackables(model, global_seed=meta.get("global_seed", True))
     objects.pop("metrics")
     state_lib.read(prefix, objects, meta.get("state_format", "tf"))
-    iterations = int(model.optimizer.iterations.numpy())
+    iterations = int(value_of(model.optimizer.iterations))
     if iterations != meta["iterations"]:
         raise StateMismatch(
             f"its metadata says {meta['iterations']} optimizer iterations "
@@ -239,7 +242,7 @@ def record(
     epoch, step = position["epoch"], position["step"]
     return {
         **position,
-        "iterations": int(model.optimizer.iterations.numpy()),
+        "iterations": int(value_of(model.optimizer.iterations)),
         "finished": bool(epoch >= position["epochs"] and step == 0),
         "fingerprint": fingerprint(model, plan),
         "plan": plan.to_dict() if plan is not None else None,

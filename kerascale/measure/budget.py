@@ -26,7 +26,7 @@ from typing import Any
 
 import keras
 
-from kerascale._state import preserved_state
+from kerascale._state import preserved_state, value_of
 from kerascale.apply import keras_compat
 from kerascale.measure.probe import MIN_TIMED_SECONDS, synthetic_batch
 from kerascale.measure.search import LADDER_CHUNK
@@ -110,7 +110,7 @@ def train_seconds_per_sample(model: Any, x: Any, y: Any, data: Any) -> float | N
     generator = keras_compat.existing_global_seed_generator()
     if generator is not None:
         held.append(generator.state)
-    saved = [(v, v.numpy()) for v in {id(v): v for v in held}.values()]
+    saved = [(v, value_of(v)) for v in {id(v): v for v in held}.values()]
     try:
         with preserved_state():
             _forward_seconds(model, element, FIRST_BATCH)  # eager's first-call setup

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kerascale._state import quiet_variable_reads
 from kerascale._version import __version__
 from kerascale.errors import warn
 from kerascale.measure.fingerprint import builder_fingerprint
@@ -84,8 +85,10 @@ def model_fingerprint(model: Any) -> str:
     if arch is None:  # subclassed without get_config: its shapes stand in
         arch = type(model).__qualname__ + repr([tuple(w.shape) for w in model.weights])
     try:
+        with quiet_variable_reads():
+            config = model.get_compile_config()
         compiled = json.dumps(
-            model_facts.canonical_names(model.get_compile_config()),
+            model_facts.canonical_names(config),
             sort_keys=True,
             default=str,
         )

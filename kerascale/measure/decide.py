@@ -292,7 +292,7 @@ def _batch(
     run = dict(instance=instance, verbose=options.verbose)
     wanted = force_search or searched_batch(options, data)
     check = not wanted and needs_check(options, data, hw, search)
-    unmeasurable = _unmeasurable(facts, data, wanted, check, force_search)
+    unmeasurable = _unmeasurable(facts, data, wanted, check, force_search, hw)
     if unmeasurable is not None:
         return None, False, unmeasurable
     if wanted:
@@ -336,7 +336,7 @@ def _batch(
 
 
 def _unmeasurable(
-    facts: ModelFacts, data: DataFacts, wanted: bool, check: bool, force: bool
+    facts: ModelFacts, data: DataFacts, wanted: bool, check: bool, force: bool, hw
 ) -> str | None:
     """The warning when a search or check is wanted and the data or the model
     cannot be probed ("" where the plan's own warning says it), else None.
@@ -347,8 +347,8 @@ def _unmeasurable(
     if wanted and not data.measurable:
         if force:
             raise BatchSizeSearchError(
-                f"The data cannot be probed: {data.why_not_measurable}. Pass a "
-                "tf.data.Dataset or NumPy arrays of numbers."
+                f"The data cannot be probed: {data.why_not_measurable}. Pass "
+                f"{data_facts.readable_inputs(hw.backend)}."
             )
         return ""  # the plan's warning says what was skipped
     if not (wanted or check) or facts.measurable:

@@ -104,22 +104,29 @@ def leading_dims(structure: Any) -> list[int]:
     return dims
 
 
-def passthrough_reason(facts: DataFacts) -> str:
+def passthrough_reason(facts: DataFacts, backend: str = "tensorflow") -> str:
     """What kerascale skipped for data it cannot read, and how to get it, or
-    "" (the plan's one warning about it)."""
+    "" (the plan's one warning about it). On JAX there are no CPU trials."""
     if facts.measurable:
         return ""
+    trials = " and the CPU trials" if backend == "tensorflow" else ""
     what = (
-        "its batch size, the input-pipeline changes, the batch-size search and "
-        "the CPU trials"
+        f"its batch size, the input-pipeline changes, the batch-size search{trials}"
         if facts.kind == "other"
-        else "the batch-size search and the CPU trials"
+        else f"the batch-size search{trials}"
     )
     return (
         f"kerascale passes your data to Keras as it is, because "
-        f"{facts.why_not_measurable}; skipped: {what}. To get them, pass a "
-        "tf.data.Dataset (or NumPy arrays of numbers)."
+        f"{facts.why_not_measurable}; skipped: {what}. To get them, pass "
+        f"{readable_inputs(backend)}."
     )
+
+
+def readable_inputs(backend: str) -> str:
+    """The inputs whose samples kerascale reads on `backend`."""
+    if backend == "tensorflow":
+        return "a tf.data.Dataset or NumPy arrays of numbers"
+    return "NumPy arrays of numbers"
 
 
 def inspect(

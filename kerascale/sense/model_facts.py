@@ -17,7 +17,7 @@ from typing import Any
 
 import keras
 
-from kerascale._state import preserved_state
+from kerascale._state import preserved_state, quiet_variable_reads
 from kerascale.errors import ModelError
 
 
@@ -276,7 +276,8 @@ def architecture(model: keras.Model) -> str | None:
     """The model's architecture as canonical JSON (automatic names replaced,
     see `canonical_names`), or None for a model without a usable config."""
     try:
-        config = json.loads(model.to_json())
+        with quiet_variable_reads():
+            config = json.loads(model.to_json())
     except Exception:  # subclassed without get_config, unserialisable layers
         return None
     return json.dumps(canonical_names(config), sort_keys=True)
