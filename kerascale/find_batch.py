@@ -85,7 +85,11 @@ def find_batch_size(
     >>> kerascale.fit(model, x, y, batch_size=result.batch_size,
     ...               precision=result.precision)
     """
-    options = Options.validate(strategy=strategy, precision=precision, verbose=verbose)
+    # The batch for one step as model.fit runs it: no batches read ahead
+    # (kerascale.fit's plan counts its own where it reads ahead, on JAX).
+    options = Options.validate(
+        strategy=strategy, precision=precision, verbose=verbose, optimize_data=False
+    )
     _validation.one_of("mode", mode, MODES)
     search = SearchOptions.validate(
         mode=mode, isolate=isolate, memory_limit=memory_limit,

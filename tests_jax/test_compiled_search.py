@@ -86,6 +86,28 @@ def _mlp():
     return model
 
 
+def test_the_step_counts_batches_read_ahead_and_gradient_accumulators():
+    from kerascale.measure.jax import search
+
+    element = search._element(np.zeros((8, 256), "float32"), np.zeros(8, "int32"))
+    plain = compiled.StepMemory(_mlp(), element, None, 1)
+    ahead = compiled.StepMemory(_mlp(), element, None, 1, held_batches=3)
+    sample = 256 * 4 + 4  # float32 features, an int32 label
+    for batch in (64, 512):
+        extra = ahead.need(batch).need_bytes - plain.need(batch).need_bytes
+        assert extra == 3 * batch * sample
+    # One accumulator per trainable variable, in its dtype.
+    model = _mlp()
+    step = compiled.StepMemory(model, element, None, 1)
+    weights = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+    assert step.accumulator_bytes == weights
+    free, why = search._less_accumulators(10**9, "limit", step, model, 4, False)
+    assert free == 10**9 - weights and "gradient accumulators" in why
+    assert search._less_accumulators(10**9, "", step, model, None, False)[0] == 10**9
+    model.optimizer.gradient_accumulation_steps = 4  # already held: nothing more
+    assert search._less_accumulators(10**9, "", step, model, 4, False)[0] == 10**9
+
+
 def test_find_batch_size_on_jax_fits_the_limit_by_xla_count_and_trains():
     x = np.zeros((100_000, 256), "float32")
     y = np.zeros(100_000, "int32")

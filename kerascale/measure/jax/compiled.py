@@ -78,6 +78,9 @@ class StepMemory:
             process's memory, and so does the batch the input pipeline
             gathers on the host (Keras's array adapter copies each batch
             out of your arrays), which the compiler does not see.
+        held_batches: Batches held beside the step's own, which the
+            compiler does not see either: `kerascale.callbacks.Prefetch`'s
+            read ahead (laid out on the devices as Keras lays out a batch).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class StepMemory:
         replicas: int,
         *,
         host: bool = False,
+        held_batches: int = 0,
     ):
         import jax
 
@@ -116,7 +120,12 @@ class StepMemory:
         self._step = jax.jit(
             model.train_step, donate_argnums=0, out_shardings=shardings
         )
-        self.host = host
+        self.host, self.held_batches = host, held_batches
+        # Gradient accumulation adds one accumulator per trainable variable,
+        # in its dtype and layout: held beside the state while training.
+        self.accumulator_bytes = sum(
+            _bytes_on_one_device(v.value) for v in model.trainable_variables
+        )
         self.sample_bytes = sum(
             math.prod(leaf.shape) * jax.numpy.dtype(leaf.dtype).itemsize
             for leaf in keras.tree.flatten(element)
@@ -134,6 +143,8 @@ class StepMemory:
             + analysis.temp_size_in_bytes
         )
         need = max(0, total - self.state_bytes)
+        # A replica's share of each batch held ahead, on its device.
+        need += self.held_batches * self.sample_bytes * batch
         if self.host:  # every replica in this process's memory, and the batch
             need = need * self.replicas + self.sample_bytes * batch * self.replicas
         found = Compiled(batch, need, time.perf_counter() - start)

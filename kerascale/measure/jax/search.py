@@ -18,6 +18,7 @@ from typing import Any
 import keras
 
 from kerascale._units import format_bytes
+from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import batch as batch_lib
@@ -25,6 +26,7 @@ from kerascale.measure import cache
 from kerascale.measure.jax import compiled, confirm
 from kerascale.measure.probe import OK, OOM, ProbeResult
 from kerascale.measure.result import BatchSearchResult
+from kerascale.plan import rules
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
 
@@ -35,6 +37,9 @@ START = 32
 # Batches from ROUND_FROM up are rounded down to a multiple of ROUND_TO
 # (tensor cores and vector units work in such tiles).
 ROUND_FROM, ROUND_TO = 512, 8
+# Batches Prefetch holds beside the step's: its queue (depth 2) and the one
+# its thread has read and waits to put.
+READ_AHEAD_HELD = 3
 
 
 def run_search(
@@ -54,9 +59,10 @@ def run_search(
 ) -> BatchSearchResult:
     """The largest per-replica batch whose compiled step fits, for `plan`
     (its precision and distribution), starting at `first`. The arguments are
-    the TensorFlow search's (`batch.run_search`); `accumulation_steps` and
-    `budget` do not apply (the step compiled is the micro-batch's, and a
-    compile costs far less than a probe).
+    the TensorFlow search's (`batch.run_search`): the step compiled is the
+    micro-batch's, with the memory of `accumulation_steps`' accumulators
+    held beside it, and of the batches `Prefetch` reads ahead where the plan
+    has it; `budget` does not apply (a compile costs far less than a probe).
 
     Raises:
         SearchUnavailable: Where the compiler's analysis cannot answer (no
@@ -64,7 +70,7 @@ def run_search(
             batch rather than the largest).
         BatchSizeSearchError: When even a batch of 1 does not fit.
     """
-    del accumulation_steps, budget, verbose
+    del budget, verbose
     if hw.accelerator == "cpu" and options.mode != "max" and not options.memory_limit:
         raise batch_lib.SearchUnavailable(
             "on a CPU the largest batch that fits is not the fastest, and the "
@@ -73,7 +79,10 @@ def run_search(
     cap, why_cap = batch_lib.cap_for(data, plan, options)
     start = first or min(cap, START)
     element, host = _element(x, y), hw.accelerator == "cpu"
-    key = _key(model, element, plan, hw, options, cap=cap, first=first)
+    key = _key(
+        model, element, plan, hw, options, cap=cap, first=first,
+        accumulation=accumulation_steps, ahead=rules.PREFETCH in plan.data_changes,
+    )  # fmt: skip
     cached = _cached(key, options)
     if cached is not None:
         return cached
@@ -82,8 +91,9 @@ def run_search(
         # with it (`apply.jax.distribution.activated`): training finds there
         # the compile of the batch it trains at.
         trained, dist = session.model_for(model, plan, instance=instance)
+        held = READ_AHEAD_HELD if rules.PREFETCH in plan.data_changes else 0
         step = _reported(compiled.StepMemory, "Building the train step's state")(
-            trained, element, dist, plan.replicas, host=host
+            trained, element, dist, plan.replicas, host=host, held_batches=held
         )
         # Read after the step's state is built (the optimizer's slots) and a
         # first compile (the compiler's own memory, which a CPU process keeps):
@@ -91,6 +101,9 @@ def run_search(
         need = _reported(step.need)
         first_compile = need(max(1, min(start, cap)))
         free, why_free = free_bytes(hw, options)
+        free, why_free = _less_accumulators(
+            free, why_free, step, trained, accumulation_steps, host
+        )
         fits, fails, seen = compiled.search(
             need, free, start=start, cap=cap, measured=(first_compile,)
         )
@@ -125,7 +138,7 @@ def _key(model: Any, element: Any, plan: Any, hw: Any, options: Any, **parts: An
     )
     return cache.cache_key(
         {
-            "search": "jax-compiled-1",
+            "search": "jax-compiled-2",
             "model": cache.model_fingerprint(model),
             "element": repr(shapes),
             "hardware": hw.to_dict(),
@@ -281,6 +294,18 @@ def free_bytes(hw: Any, options: batch_lib.SearchOptions) -> tuple[int, str]:
         f"{why} ({format_bytes(limit)}) less this process's "
         f"{format_bytes(resident)} resident",
     )
+
+
+def _less_accumulators(
+    free: int, why: str, step: Any, model: Any, steps: int | None, host: bool
+) -> tuple[int, str]:
+    """`free` less the gradient accumulators that `steps` of accumulation
+    add (none where the optimizer already holds them)."""
+    optimizer = model_lib.core_optimizer(model.optimizer)
+    if not steps or steps < 2 or getattr(optimizer, "gradient_accumulation_steps", 0):
+        return free, why
+    held = step.accumulator_bytes * (step.replicas if host else 1)
+    return free - held, f"{why}, less {format_bytes(held)} for gradient accumulators"
 
 
 def _element(x: Any, y: Any) -> Any:
