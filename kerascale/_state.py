@@ -27,9 +27,11 @@ def preserved_state() -> Iterator[None]:
 
 
 def value_of(variable) -> np.ndarray:
-    """A Keras variable's value as NumPy. Not `Variable.numpy()`: on JAX its
-    `__array__` takes no `copy`, and NumPy 2 warns on every call."""
-    return np.array(keras.ops.convert_to_numpy(variable.value))
+    """A Keras variable's value (or a tensor) as NumPy. Not
+    `Variable.numpy()`: on JAX its `__array__` takes no `copy`, and NumPy 2
+    warns on every call."""
+    value = variable.value if isinstance(variable, keras.Variable) else variable
+    return np.array(keras.ops.convert_to_numpy(value))
 
 
 @contextlib.contextmanager

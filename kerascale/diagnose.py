@@ -176,7 +176,7 @@ def diagnose(
     )
     _readable(backend, x, y)
 
-    def decided(not_rebuildable: str = "") -> Any:
+    def decided(not_rebuildable: Any = "") -> Any:
         return decide(
             model, x, y, options, search=search, not_rebuildable=not_rebuildable
         )

@@ -402,7 +402,7 @@ class _Deciding:
             self.options, self.pinned = pin(self.options, saved, data_batched=batched)
 
     def decide(
-        self, *, not_rebuildable: str = "", options: Any = None, search: Any = None
+        self, *, not_rebuildable: Any = "", options: Any = None, search: Any = None
     ) -> Decided:
         """The decision; `not_rebuildable`: why re-creating the model failed."""
         return decide(

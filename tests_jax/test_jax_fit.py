@@ -229,6 +229,48 @@ def test_checkpoint_dir_checkpoints_without_a_warning(tmp_path):
     assert (tmp_path / "ckpt" / "ckpt-00000001" / "state.npz").is_file()
 
 
+@pytest.mark.skipif(devices() < 2, reason="one device: nothing is laid out")
+def test_a_model_that_cannot_be_laid_out_trains_on_one_device_with_one_warning(
+    monkeypatch,
+):
+    from kerascale.apply import keras_compat
+
+    real = keras_compat.lay_out
+
+    class FailsOnTheSecond:
+        """The run's distribution, until its second variable's layout fails
+        (as a change in Keras's layouts would): nothing may stay laid out."""
+
+        def __init__(self, distribution):
+            self.distribution, self.calls = distribution, 0
+
+        def get_variable_layout(self, variable):
+            self.calls += 1
+            if self.calls == 2:
+                raise ValueError("no layout for this variable (the seam)")
+            return self.distribution.get_variable_layout(variable)
+
+    def half_then_fails(model, distribution):
+        return real(model, FailsOnTheSecond(distribution))
+
+    monkeypatch.setattr(keras_compat, "lay_out", half_then_fails)
+    x, y = toy_data()
+    model = dense_model(seed=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = kerascale.fit(model, x, y, epochs=2, batch_size=16, verbose=0)
+    said = _kerascale_warnings(caught)
+    assert len(said) == 1 and "Not applied: strategy data_parallel" in said[0], said
+    assert "could not be laid out over 2 devices" in said[0]
+    assert history.plan.replicas == 1 and history.plan.strategy == "default"
+    plain = dense_model(seed=3)
+    expected = plain.fit(x, y, epochs=2, batch_size=16, verbose=0)
+    np.testing.assert_allclose(
+        history.history["loss"], expected.history["loss"], rtol=1e-6
+    )
+    assert all(v._layout is None for v in model.variables)
+
+
 def test_tensorflow_strategy_names_are_refused_with_the_jax_choices():
     x, y = toy_data()
     with pytest.raises(kerascale.ConfigurationError, match="data_parallel"):

@@ -37,6 +37,15 @@ class CannotRecreate(Exception):
     """The model could not be re-created (the message says why). Callers fall
     back to training it as it is, and say what was not applied."""
 
+    placing = False
+
+
+class CannotPlace(CannotRecreate):
+    """The model's variables could not be laid out over the plan's devices
+    (JAX): callers fall back to training it on one device, and say so."""
+
+    placing = True
+
 
 @contextlib.contextmanager
 def global_policy(policy: str) -> Iterator[None]:

@@ -43,7 +43,7 @@ from kerascale.apply import precision as precision_lib
 from kerascale.apply import strategy as strategy_lib
 from kerascale.errors import ConfigurationError, warn
 from kerascale.sense import data_facts
-from kerascale.sense.model_facts import borrow_problem, is_builder
+from kerascale.sense.model_facts import borrow_problem, gist, is_builder
 
 logger = logging.getLogger("kerascale")
 
@@ -144,7 +144,13 @@ class Session:
                         new,
                         model,
                     )
-        undo_placing = strategy_lib.place(plan, dist, new)
+        try:
+            undo_placing = strategy_lib.place(plan, dist, new)
+        except Exception as e:
+            raise model_lib.CannotPlace(
+                f"its variables could not be laid out over {plan.replicas} "
+                f"devices ({type(e).__name__}: {gist(e)})"
+            ) from e
         if undo_placing is not None:
             self.undo("the variables' layout for the run", undo_placing)
         reuse = (
@@ -229,8 +235,9 @@ def prepare(
         as_dataset: Arrays become a batched, prefetched dataset (for
             measurements that iterate the data themselves).
         fit_kwargs: `model.fit`'s other arguments (not changed).
-        replan: `replan(why)` is the decision without re-creating the model,
-            for when re-creating it fails. Without it, that failure raises.
+        replan: `replan(e)` is the decision without what failed (`e`, a
+            `CannotRecreate`: re-creating the model, or laying it out over
+            the devices). Without it, that failure raises.
 
     Returns:
         `Prepared`.
@@ -245,7 +252,7 @@ def prepare(
     except model_lib.CannotRecreate as e:
         if replan is None:
             raise
-        decided = replan(str(e))
+        decided = replan(e)
         train_model, dist = session.model_for(
             model, decided.plan, instance=decided.instance, copy=copy
         )

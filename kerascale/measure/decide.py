@@ -118,7 +118,7 @@ def decide(
     search: SearchOptions | None = None,
     force_search: bool = False,
     hardware: Hardware | None = None,
-    not_rebuildable: str = "",
+    not_rebuildable: Any = "",
     clustered: bool = False,
     pinned: tuple[str, ...] = (),
 ) -> Decided:

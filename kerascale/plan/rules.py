@@ -125,6 +125,10 @@ def _placement(hardware: Hardware, options: Options, model: ModelFacts) -> _Plac
     rebuild = model.builder or needs_new_scope
     if rebuild and not model.rebuildable:
         return _as_it_is(hardware, choice, policy, why_policy, model, warnings)
+    if model.unplaceable and choice.name != "default":
+        return _on_one_device(
+            hardware, choice.name, policy, why_policy, model, warnings
+        )
     in_place = (
         f"; dtype policy {model.policy} -> {policy} set in place"
         if policy != model.policy and not model.builder
@@ -189,16 +193,10 @@ def _as_it_is(
         "instead of the model, or build it under the strategy's scope; to say "
         "you want it as it is, pass strategy='default'."
     )
-    in_place = policy != model.policy
     reasons = {
         "strategy": f"kept the default strategy: {why}",
         "precision": why_policy,
-        "rebuild": (
-            f"dtype policy {model.policy} -> {policy} set in place (put back when "
-            "fit ends)"
-            if in_place
-            else "already matches the plan: zero overhead"
-        ),
+        "rebuild": _as_it_is_reason(model, policy),
     }
     return _Placement(
         choice.name,
@@ -209,6 +207,49 @@ def _as_it_is(
         reasons,
         tuple(warnings),
     )
+
+
+def _on_one_device(
+    hardware: Hardware,
+    dropped: str,
+    policy: str,
+    why_policy: str,
+    model: ModelFacts,
+    warnings: list[str],
+) -> _Placement:
+    """One device, for a JAX plan whose distribution could not lay the
+    model's variables out (`model.unplaceable`): dropped, and said so."""
+    choice = strategy_rules.choose(hardware, "default")
+    warnings.append(
+        f"Not applied: strategy {dropped}, because {model.unplaceable}: trained "
+        "on one device, as model.fit does. To get it, set "
+        "keras.distribution.set_distribution(keras.distribution.DataParallel()) "
+        "before building the model; to say you want one device, pass "
+        "strategy='default'."
+    )
+    reasons = {
+        "strategy": f"kept one device: {model.unplaceable}",
+        "precision": why_policy,
+        "rebuild": _as_it_is_reason(model, policy),
+    }
+    return _Placement(
+        choice.name,
+        tuple(choice.devices),
+        choice.replicas,
+        policy,
+        model.builder,
+        reasons,
+        tuple(warnings),
+    )
+
+
+def _as_it_is_reason(model: ModelFacts, policy: str) -> str:
+    if policy != model.policy and not model.builder:
+        return (
+            f"dtype policy {model.policy} -> {policy} set in place (put back when "
+            "fit ends)"
+        )
+    return "already matches the plan: zero overhead"
 
 
 def searched_batch(options: Options, data: DataFacts) -> bool:

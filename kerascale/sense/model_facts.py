@@ -39,6 +39,8 @@ class ModelFacts:
             `train_step` and `test_step` train it (a custom step may keep
             state elsewhere, such as a GAN's second optimizer).
         why_not_borrowable: The reason, when it cannot.
+        unplaceable: Why its variables could not be laid out over the
+            plan's devices, when an attempt failed (JAX); "" otherwise.
     """
 
     policy: str = "float32"
@@ -48,6 +50,7 @@ class ModelFacts:
     builder: bool = False
     borrowable: bool = True
     why_not_borrowable: str = ""
+    unplaceable: str = ""
 
     @property
     def measurable(self) -> bool:
@@ -59,9 +62,15 @@ class ModelFacts:
     def why_not_measurable(self) -> str:
         return "" if self.measurable else self.why_not_borrowable
 
-    def without_rebuild(self, why: str) -> ModelFacts:
-        """These facts, for a model whose re-creation failed (`why`)."""
-        return dataclasses.replace(self, rebuildable=False, why_not_rebuildable=why)
+    def without_rebuild(self, why: Any) -> ModelFacts:
+        """These facts, for a model whose re-creation failed (`why`: the
+        reason, or the exception; one that says `placing` failed to lay the
+        variables out, which costs the distribution, not the re-creation)."""
+        if getattr(why, "placing", False):
+            return dataclasses.replace(self, unplaceable=str(why))
+        return dataclasses.replace(
+            self, rebuildable=False, why_not_rebuildable=str(why)
+        )
 
 
 def is_trainer(model: Any) -> bool:

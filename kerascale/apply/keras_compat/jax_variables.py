@@ -52,12 +52,6 @@ def lay_out(model: Any, distribution: Any) -> Callable[[], None]:
     for name in _JAX_TRACED:
         setattr(model, name, None)
     placed = {}
-    for v in model_variables(model):
-        if id(v) in before:
-            continue
-        placed[id(v)] = v.value.sharding
-        v._layout = distribution.get_variable_layout(v)
-        v._direct_assign(v.value)
 
     def undo() -> None:
         home = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -69,6 +63,16 @@ def lay_out(model: Any, distribution: Any) -> Callable[[], None]:
         for name, fn in traced.items():
             setattr(model, name, fn)
 
+    try:
+        for v in model_variables(model):
+            if id(v) in before:
+                continue
+            placed[id(v)] = v.value.sharding
+            v._layout = distribution.get_variable_layout(v)
+            v._direct_assign(v.value)
+    except BaseException:
+        undo()  # nothing half laid out
+        raise
     return undo
 
 
