@@ -8,7 +8,7 @@ import logging
 from kerascale import callbacks, data
 from kerascale._version import __version__
 from kerascale.apply.accumulation import accumulate
-from kerascale.apply.cluster import connect as connect_cluster
+from kerascale.apply.tensorflow.cluster import connect as connect_cluster
 from kerascale.diagnose import Diagnosis, diagnose
 from kerascale.errors import (
     BatchSizeSearchError,
@@ -40,9 +40,10 @@ from kerascale.sense.hardware import (
 logging.getLogger("kerascale").addHandler(logging.NullHandler())
 
 # On a cluster of two or more workers, join it now, before the script starts
-# TensorFlow by building anything (see kerascale.apply.cluster.join_at_import;
-# KERASCALE_AUTO_CONNECT=0 turns it off). Elsewhere this does nothing.
-from kerascale.apply.cluster import join_at_import as _join_at_import  # noqa: E402
+# TensorFlow by building anything (see
+# kerascale.apply.tensorflow.cluster.join_at_import; KERASCALE_AUTO_CONNECT=0
+# turns it off). Elsewhere this does nothing.
+from kerascale.apply.tensorflow.cluster import join_at_import as _join_at_import  # noqa: E402
 
 _join_at_import()
 

@@ -41,7 +41,8 @@ def find_batch_size(
     in this process, whose allocator training will use; a memory model fitted
     to small probes predicts the boundary, probes around it confirm it
     (cached). On JAX, XLA's memory analysis of the compiled step answers, in
-    at most 5 compiles and no step.
+    at most 5 compiles and no step. Either answers for one step as
+    `model.fit` runs it (no batches held ahead).
 
     Args:
         model: A compiled Keras model, or a function that builds one.
@@ -58,14 +59,11 @@ def find_batch_size(
             gives; on CPU, 80% of the memory available.
         max_batch_size: The largest global batch to consider. Defaults to
             `None` (the dataset size, at most 65536).
-        steps_per_trial: Training steps per probe (the first warms up).
-            Defaults to 3.
-        margin: Fraction kept free below the largest batch that fits.
-            Defaults to 0.03.
+        steps_per_trial: Steps per probe (the first warms up). Defaults to 3.
+        margin: Fraction kept below the largest batch that fits (0.03).
         max_trials: The most probes to run. Defaults to 20.
         timeout: Seconds a probe may take before it is killed. Defaults to 600.
-        cache: Read and write the result cache. Defaults to `True`.
-        force: Search again even when a result is cached. Defaults to `False`.
+        cache, force: Use the result cache (True); search anew (False).
         strategy, precision: As in `kerascale.fit`. Default to "auto".
         verbose: 0 prints nothing, else a line per probe. Defaults to "auto".
 
@@ -85,8 +83,6 @@ def find_batch_size(
     >>> kerascale.fit(model, x, y, batch_size=result.batch_size,
     ...               precision=result.precision)
     """
-    # The batch for one step as model.fit runs it: no batches read ahead
-    # (kerascale.fit's plan counts its own where it reads ahead, on JAX).
     options = Options.validate(
         strategy=strategy, precision=precision, verbose=verbose, optimize_data=False
     )

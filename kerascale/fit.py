@@ -20,8 +20,8 @@ from typing import Any
 
 import keras
 
-from kerascale.apply import cluster
 from kerascale.apply import session as session_lib
+from kerascale.apply.tensorflow import cluster
 from kerascale.callbacks import for_fit
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.errors import warn
@@ -110,7 +110,7 @@ _ARGUMENTS = """\
         worker_timeout: On a cluster, seconds (or "2min") a worker may stay
             silent before the others stop with `WorkerLostError`; the limits
             on start-up and on one exchange scale with it (see
-            `kerascale.apply.cluster`). Defaults to `None`: what
+            `kerascale.apply.tensorflow.cluster`). Defaults to `None`: what
             `connect_cluster` was given, else 60.
         remeasure: Measure again (the batch search, the trials) instead of
             using kerascale's cached measurements, which the new ones replace.

@@ -71,7 +71,7 @@ elif mode == "arrays":
     strategy = kerascale.connect_cluster(worker_timeout=worker_timeout)
     assert (strategy is None) == (index == "single")
 else:  # joined by `import kerascale`, on a cluster only
-    joined = kerascale.apply.cluster.connection()
+    joined = kerascale.apply.tensorflow.cluster.connection()
     assert (joined is None) == (index == "single")
     strategy = joined and joined.strategy
 

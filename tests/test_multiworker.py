@@ -19,7 +19,7 @@ import pytest
 from conftest import CPU, dense_model, toy_data
 
 import kerascale
-from kerascale.apply import cluster as multiworker
+from kerascale.apply.tensorflow import cluster as multiworker
 from kerascale.measure import agree as agree_lib
 from kerascale.measure import decide as decide_lib
 from kerascale.measure.result import BatchSearchResult

@@ -222,7 +222,7 @@ def for_run(model: Any, run: Any) -> Agreement | None:
     """The agreement of the `fit` call `run` serves, made at its first
     request; None unless `model` trains under a `MultiWorkerMirroredStrategy`
     of two or more workers (joined by kerascale or not)."""
-    from kerascale.apply import cluster
+    from kerascale.apply.tensorflow import cluster
 
     global _fits
     strategy = getattr(model, "distribute_strategy", None)

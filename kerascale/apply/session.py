@@ -36,11 +36,12 @@ from typing import Any
 import keras
 
 from kerascale._tf import tf
-from kerascale.apply import accumulation, cluster
+from kerascale.apply import accumulation
 from kerascale.apply import data as data_lib
 from kerascale.apply import model as model_lib
 from kerascale.apply import precision as precision_lib
 from kerascale.apply import strategy as strategy_lib
+from kerascale.apply.tensorflow import cluster
 from kerascale.errors import ConfigurationError, warn
 from kerascale.sense import data_facts
 from kerascale.sense.model_facts import borrow_problem, gist, is_builder

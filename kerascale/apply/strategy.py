@@ -1,86 +1,54 @@
-"""Building the strategy a plan names: `tf.distribute`'s on the TensorFlow
-backend (the only step of the strategy decision that touches TensorFlow),
-`keras.distribution`'s on JAX (`kerascale.apply.jax.distribution`)."""
+"""The distribution a plan names, carried out by its backend: TensorFlow's
+`tf.distribute` (`kerascale.apply.tensorflow.strategy`) or JAX's
+`keras.distribution` (`kerascale.apply.jax.distribution`). This is the one
+place that picks the backend's module; each function here is that module's.
+"""
 
 from __future__ import annotations
 
-import contextlib
+from types import ModuleType
 from typing import Any
 
-from kerascale.apply.jax import distribution as jax_distribution
-from kerascale.errors import ConfigurationError
+
+def backend_module(plan: Any) -> ModuleType:
+    """The module that carries out `plan` on its backend."""
+    if plan.backend == "jax":
+        from kerascale.apply.jax import distribution
+
+        return distribution
+    from kerascale.apply.tensorflow import strategy
+
+    return strategy
 
 
-def build(plan: Any, instance: Any = None):
-    """Creates the `tf.distribute.Strategy` for `plan`.
+def build(plan: Any, instance: Any = None) -> Any:
+    """What trains the plan's replicas: a `tf.distribute.Strategy`; on JAX a
+    `keras.distribution.Distribution`, or None (Keras's default). The user's
+    own `instance` is returned as it is.
 
     Args:
-        plan: A `Plan` (its `strategy` and `devices` are read).
-        instance: The user's own strategy, returned as is when given.
-
-    Returns:
-        A `tf.distribute.Strategy`; on JAX a `keras.distribution.Distribution`
-        or None (Keras's default).
+        plan: A `Plan` (its `backend`, `strategy`, `devices` and `replicas`).
+        instance: The user's own strategy or distribution, or None.
     """
-    if plan.backend == "jax":
-        return jax_distribution.build(plan, instance)
-    import tensorflow as tf
-
-    if instance is not None:
-        if isinstance(instance, tf.distribute.MultiWorkerMirroredStrategy):
-            from kerascale.apply import keras_compat
-
-            keras_compat.apply()  # Keras 3's fit needs it under this strategy
-        return instance
-    if plan.strategy == "default":
-        return tf.distribute.get_strategy()
-    if plan.strategy == "one_device":
-        return tf.distribute.OneDeviceStrategy(plan.devices[0])
-    if plan.strategy == "mirrored":
-        return tf.distribute.MirroredStrategy(list(plan.devices))
-    if plan.strategy == "multi_worker":
-        from kerascale.apply import cluster
-
-        conn = cluster.connection()
-        dist = conn.strategy if conn else cluster.connect()
-        if dist is None:
-            raise ConfigurationError(
-                "The plan trains on a cluster, but the environment no longer "
-                "describes one (TF_CONFIG, CLUSTER_SPEC or SLURM changed)."
-            )
-        return dist
-    if plan.strategy == "tpu":
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-            tpu=plan.devices[0]
-        )
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        return tf.distribute.TPUStrategy(resolver)
-    raise ConfigurationError(f"Cannot build strategy {plan.strategy!r}.")
+    return backend_module(plan).build(plan, instance)
 
 
 def activated(plan: Any, built: Any) -> Any:
     """A context manager under which Keras's `fit` trains with `built` (what
     `build` returned for `plan`): on JAX the distribution set for the run; on
     TensorFlow nothing (the model's variables carry their strategy)."""
-    if plan.backend == "jax":
-        return jax_distribution.activated(built)
-    return contextlib.nullcontext()
+    return backend_module(plan).activated(built)
 
 
 def place(plan: Any, built: Any, model: Any) -> Any:
     """Puts `model`'s variables where `built` trains them, where the backend
     needs it done (JAX: a model built before its distribution); returns the
     undo, or None."""
-    if plan.backend == "jax":
-        return jax_distribution.place(model, built)
-    return None
+    return backend_module(plan).place(model, built)
 
 
 def keep_state(plan: Any, model: Any) -> Any:
     """Where the backend's step consumes its state (JAX donates it: after a
     failed step the model's variables are deleted), a copy of the model's
     state on the host and the function that puts it back; else None."""
-    if plan.backend == "jax":
-        return jax_distribution.keep_state(model)
-    return None
+    return backend_module(plan).keep_state(model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kerascale.apply import cluster
+from kerascale.apply.tensorflow import cluster
 from kerascale.errors import ConfigurationError
 from kerascale.plan.rules import make_plan
 

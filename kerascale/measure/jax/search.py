@@ -71,17 +71,14 @@ def run_search(
         BatchSizeSearchError: When even a batch of 1 does not fit.
     """
     del budget, verbose
-    if hw.accelerator == "cpu" and options.mode != "max" and not options.memory_limit:
-        raise batch_lib.SearchUnavailable(
-            "on a CPU the largest batch that fits is not the fastest, and the "
-            "trials that time batches run on the TensorFlow backend only for now"
-        )
+    _answerable(hw, options)
     cap, why_cap = batch_lib.cap_for(data, plan, options)
     start = first or min(cap, START)
     element, host = _element(x, y), hw.accelerator == "cpu"
+    held = READ_AHEAD_HELD if rules.PREFETCH in plan.data_changes else 0
     key = _key(
         model, element, plan, hw, options, cap=cap, first=first,
-        accumulation=accumulation_steps, ahead=rules.PREFETCH in plan.data_changes,
+        accumulation=accumulation_steps, ahead=held,
     )  # fmt: skip
     cached = _cached(key, options)
     if cached is not None:
@@ -91,7 +88,6 @@ def run_search(
         # with it (`apply.jax.distribution.activated`): training finds there
         # the compile of the batch it trains at.
         trained, dist = session.model_for(model, plan, instance=instance)
-        held = READ_AHEAD_HELD if rules.PREFETCH in plan.data_changes else 0
         step = _reported(compiled.StepMemory, "Building the train step's state")(
             trained, element, dist, plan.replicas, host=host, held_batches=held
         )
@@ -100,9 +96,8 @@ def run_search(
         # what is held then stays held while training.
         need = _reported(step.need)
         first_compile = need(max(1, min(start, cap)))
-        free, why_free = free_bytes(hw, options)
         free, why_free = _less_accumulators(
-            free, why_free, step, trained, accumulation_steps, host
+            *free_bytes(hw, options), step, trained, accumulation_steps, host
         )
         fits, fails, seen = compiled.search(
             need, free, start=start, cap=cap, measured=(first_compile,)
@@ -294,6 +289,15 @@ def free_bytes(hw: Any, options: batch_lib.SearchOptions) -> tuple[int, str]:
         f"{why} ({format_bytes(limit)}) less this process's "
         f"{format_bytes(resident)} resident",
     )
+
+
+def _answerable(hw: Any, options: batch_lib.SearchOptions) -> None:
+    """Raises `SearchUnavailable` on a CPU asked for the fastest batch."""
+    if hw.accelerator == "cpu" and options.mode != "max" and not options.memory_limit:
+        raise batch_lib.SearchUnavailable(
+            "on a CPU the largest batch that fits is not the fastest, and the "
+            "trials that time batches run on the TensorFlow backend only for now"
+        )
 
 
 def _less_accumulators(

@@ -36,7 +36,7 @@ from kerascale import _tf_compat as tfc
 from kerascale import _validation
 from kerascale.apply import keras_compat
 from kerascale.apply.model import core_optimizer
-from kerascale.apply.resolvers import cluster_resolver
+from kerascale.apply.tensorflow.resolvers import cluster_resolver
 from kerascale.errors import ClusterConfigError, WorkerLostError, warn
 from kerascale.plan import strategy as strategy_rules
 from kerascale.sense import backend as backend_lib
@@ -123,7 +123,8 @@ def connect(
     Args:
         worker_timeout: Seconds (or "2min") a worker may stay silent before
             the others stop with `WorkerLostError`. The start and exchange
-            limits scale with it (see `kerascale.apply.cluster`). Defaults to 60.
+            limits scale with it (see `kerascale.apply.tensorflow.cluster`).
+            Defaults to 60.
         environ: The environment to read; defaults to `os.environ`.
 
     Returns:
