@@ -50,11 +50,12 @@ def test_trials_run_only_on_a_cpu_for_choices_left_open():
     assert not trials.possible(auto, BF16_HOST, frozen)
 
     ds, data = mapped(), DataFacts(kind="dataset")
-    assert trials.wanted(auto, FakePlan, data, ds) == (True, True)
+    bf16 = FakePlan.precision
+    assert trials.wanted(auto, FakePlan, data, ds, BF16_HOST) == (True, bf16)
     pinned = Options.validate(precision="mixed_bfloat16", optimize_data=True)
-    assert trials.wanted(pinned, FakePlan, data, ds) == (False, False)
+    assert trials.wanted(pinned, FakePlan, data, ds, BF16_HOST) == (False, "")
     plain = tf.data.Dataset.from_tensor_slices(toy_data(8))  # no map to parallelise
-    assert trials.wanted(auto, FakePlan, data, plain) == (False, True)
+    assert trials.wanted(auto, FakePlan, data, plain, BF16_HOST) == (False, bf16)
 
 
 class Machine:
@@ -97,7 +98,7 @@ def run_all(**kwargs):
     kwargs.setdefault("unbudgeted", True)
     kwargs.setdefault("batches", SYNTHETIC)
     kwargs.setdefault("try_pipeline", True)
-    kwargs.setdefault("try_precision", True)
+    kwargs.setdefault("try_precision", "mixed_bfloat16")
     return trials.run(
         dense_model(),
         mapped(),
@@ -194,7 +195,7 @@ def test_a_busy_moment_hits_every_candidate_alike(monkeypatch):
 
     m = Machine(speed, noise=(1.0, 1.0, 0.5, 0.5, 1.0, 1.0)).install(monkeypatch)
     r = run_all(batches={32: 2.0, 128: 1.0, 256: 0.5}, try_pipeline=False,
-                try_precision=False)  # fmt: skip
+                try_precision="")  # fmt: skip
     assert [k[0] for k in m.prepared] == [32, 128, 256]
     assert [k[0] for k in m.timed] == [32, 128] * 3 + [128, 256] * 3
     assert r.batch == 128 and r.uncertain == ()
@@ -210,7 +211,7 @@ def test_a_winning_neighbour_climbs_the_ladder_while_it_wins(monkeypatch):
 
     m = Machine(speed).install(monkeypatch)
     flat = {32: 1000.0, 64: 1000.0, 128: 1000.0, 256: 1000.0, 512: 1000.0}
-    r = run_all(batches=flat, try_pipeline=False, try_precision=False)
+    r = run_all(batches=flat, try_pipeline=False, try_precision="")
     assert r.batch == 256 and r.measured("batch")
     assert [k[0] for k in m.prepared] == [32, 64, 128, 256, 512]
     assert "while it wins" in r.why("batch")
@@ -224,7 +225,7 @@ def test_a_winning_neighbour_climbs_the_ladder_while_it_wins(monkeypatch):
 
     monkeypatch.setattr(trial_bench.Bench, "_skip", skip)
     m = Machine(speed).install(monkeypatch)
-    short = run_all(batches=flat, try_pipeline=False, try_precision=False,
+    short = run_all(batches=flat, try_pipeline=False, try_precision="",
                     fresh=True)  # fmt: skip
     assert short.batch == 128 and short.measured("batch")
     assert [k[0] for k in m.prepared] == [32, 64, 128]
@@ -280,7 +281,7 @@ def test_real_trials_time_copies_and_leave_the_model_alone():
     )
     r = trials.run(
         model, ds, None, DataFacts(kind="dataset"), plan, BF16_HOST,
-        try_pipeline=True, try_precision=True, unbudgeted=True, verbose=0,
+        try_pipeline=True, try_precision="mixed_bfloat16", unbudgeted=True, verbose=0,
     )  # fmt: skip
     assert len(r.trials) == 4 and r.seconds > 0
     assert all(len(t.repeats) == 3 and t.samples_per_s > 0 for t in r.trials)

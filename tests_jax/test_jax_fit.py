@@ -209,7 +209,7 @@ def test_grain_datasets_train_as_plain_fit_without_tensorflow(tmp_path):
         )
         said = _kerascale_warnings(caught)
         assert len(said) == 1 and "cannot be read ahead" in said[0], said
-        assert "tf.data" not in said[0] and "CPU trials" not in said[0], said[0]
+        assert "tf.data" not in said[0], said[0]
         # kerascale's own reads of Keras variables stay quiet under NumPy 2.
         noisy = [w for w in caught if "__array__" in str(w.message)]
         assert not noisy, [(w.filename, w.lineno) for w in noisy]

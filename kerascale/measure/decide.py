@@ -393,9 +393,10 @@ def _tried(
     each where `budget`'s run is long enough to pay for it (None: no
     budget)."""
     options, plan, result = decided.options, decided.plan, decided.search
-    try_pipeline, try_precision = trials_lib.wanted(options, plan, decided.data, x)
+    hw, facts, data = decided.hardware, decided.model, decided.data
+    try_pipeline, try_precision = trials_lib.wanted(options, plan, data, x, hw)
     rungs: dict[int, float] = {}
-    if ladder:
+    if ladder and result.mode == "ladder":  # not XLA's search: no rungs
         rungs = {
             p.batch: p.samples_per_s or 0.0
             for p in result.probes
@@ -431,7 +432,6 @@ def _tried(
         if measured.measured("data_changes")
         else options.optimize_data,
     )
-    hw, facts, data = decided.hardware, decided.model, decided.data
     plan = make_plan(hw, settled, facts, data, search=result)
     reasons = dict(plan.reasons)
     for field, tried in (("precision", try_precision), ("data_changes", try_pipeline)):

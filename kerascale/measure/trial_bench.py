@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import time
 import types
 from typing import Any
@@ -208,7 +209,9 @@ class Bench:
 class Prepared:
     """One candidate: a copy of the model under its precision, on the real
     data at its batch and pipeline, prepared on `fit`'s own path inside the
-    bench's session, then warmed up (untimed)."""
+    bench's session, then warmed up (untimed). On TensorFlow it reads a
+    dataset (arrays become one); on JAX the data as Keras's JAX `fit` takes
+    it (arrays in batches, shuffled as `fit` shuffles them)."""
 
     def __init__(self, session, model, x, y, data, plan, batch, policy, optimize):
         view = dataclasses.replace(
@@ -222,16 +225,26 @@ class Prepared:
         decided = types.SimpleNamespace(
             plan=view, data=data, instance=None, optimize_data=optimize
         )
-        prepared = prepare(session, model, x, y, decided, copy=True, as_dataset=True)
+        on_tf = plan.backend == "tensorflow"
+        prepared = prepare(session, model, x, y, decided, copy=True, as_dataset=on_tf)
         self.model, ds = prepared.model, prepared.x
-        if tfc.draws_seeds(ds):
-            # Timed on a copy with shuffles of its own: iterating the user's
-            # dataset would shift the order of their training's epochs.
-            ds = tfc.unshared_dataset(ds)
         self.samples_per_step = batch * plan.replicas
-        steps = int(ds.cardinality())
-        self.finite = steps >= 0
-        self.ds = ds if self.finite else ds.repeat()
+        self.feed: tuple[tuple, dict] = ((ds,), {})
+        if data.kind == "arrays" and not on_tf:  # Keras batches them
+            feed = (ds, prepared.y), {"batch_size": prepared.fit_kwargs["batch_size"]}
+            self.finite, steps = (
+                True,
+                math.ceil(data.num_samples / self.samples_per_step),
+            )
+            self.feed = feed
+        else:
+            if tfc.draws_seeds(ds):
+                # Timed on a copy with shuffles of its own: iterating the user's
+                # dataset would shift the order of their training's epochs.
+                ds = tfc.unshared_dataset(ds)
+            steps = int(ds.cardinality())
+            self.finite = steps >= 0
+            self.feed = ((ds if self.finite else ds.repeat(),), {})
         clock = self._fit(_Clock(WARMUP_STEPS, WARMUP_SECONDS, WINDOW_SECONDS / 2))
         self.warm_speed = clock.speed(self.samples_per_step)
         # A short epoch is timed whole, with the start-up of its input
@@ -241,13 +254,17 @@ class Prepared:
         self.whole = self.finite and whole_epochs(self.epoch_samples, self.warm_speed)
 
     def _fit(self, clock: _Clock) -> _Clock:
+        args, kwargs = self.feed
         self.model.fit(
-            self.ds,
+            *args,
             epochs=100_000 if self.finite else 1,
             steps_per_epoch=None if self.finite else 100_000,
             verbose=0,
-            shuffle=False,  # Keras ignores it for a dataset, with a warning
+            # Keras ignores it for a dataset (with a warning), and shuffles
+            # arrays by default, as the user's training will.
+            shuffle=bool(kwargs),
             callbacks=[clock],
+            **kwargs,
         )
         return clock
 

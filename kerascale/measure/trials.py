@@ -44,6 +44,7 @@ from typing import Any
 from kerascale.measure import cache
 from kerascale.measure.search import fastest_small
 from kerascale.measure.trial_bench import ROUNDS, Bench, Trial
+from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
 from kerascale.sense import data_facts
 
@@ -145,28 +146,32 @@ def possible(options: Any, hw: Any, model: Any) -> bool:
     workers would time them differently and could choose differently."""
     return (
         hw.accelerator == "cpu"
-        and hw.backend == "tensorflow"  # JAX's trials: not yet
         and isinstance(options.strategy, str)
         and model.measurable
         and not strategy_rules.wants_cluster(hw, options.strategy)
     )
 
 
-def wanted(options: Any, plan: Any, data: Any, x: Any) -> tuple[bool, bool]:
-    """(try the pipeline, try the precision): the choices left to kerascale
-    where the alternatives differ."""
+def wanted(options: Any, plan: Any, data: Any, x: Any, hw: Any) -> tuple[bool, str]:
+    """(try the pipeline, the precision to time against float32 or ""): the
+    choices left to kerascale where the alternatives differ. The precision
+    is the plan's, or where the plan keeps float32 on a CPU with bf16 math
+    that its backend's compiler may not use well (JAX), mixed_bfloat16."""
     pipeline = (
         options.optimize_data == "auto"
         and data.kind == "dataset"
         and data_facts.has_map(x)
     )
+    candidate = plan.precision
+    if candidate == "float32":
+        candidate = precision_rules.trial_candidate(hw) or candidate
     precision = (
         options.precision == "auto"
-        and plan.precision != "float32"
+        and candidate != "float32"
         and data.kind != "pydataset"
         and data.measurable
     )
-    return pipeline, precision
+    return pipeline, candidate if precision else ""
 
 
 def run(
@@ -178,7 +183,7 @@ def run(
     hw: Any,
     *,
     try_pipeline: bool,
-    try_precision: bool,
+    try_precision: str,
     batches: dict[int, float] | None = None,
     optimize: bool = True,
     verbose: Any = "auto",
@@ -282,7 +287,7 @@ def _stages(bench, plan, try_pipeline, try_precision, batches, optimize):
             pipe = chosen[2]
             uncertain += ["data_changes"] if doubt else []
     if try_precision:
-        pair = [(batch, "float32", pipe), (batch, policy, pipe)]
+        pair = [(batch, "float32", pipe), (batch, try_precision, pipe)]
         trials = bench.compare(pair, "precision")
         if trials:
             chosen, doubt = _better(*trials)

@@ -56,11 +56,12 @@ def choose(
             f"GPU compute capability {spelled}{lowest} < 7.0: no tensor cores",
             (),
         )
-    if hw.cpu.bf16 and hw.backend == "jax":
+    if trial_candidate(hw):
         return (
             "float32",
             "JAX on CPU: XLA's CPU code runs bf16 no faster than float32 (a CNN "
-            "0.96x, an MLP 0.74x on an AVX512_BF16 CPU); "
+            "0.96x, an MLP 0.74x on an AVX512_BF16 CPU), unless the trials time "
+            "your model faster in mixed_bfloat16; "
             "pass precision='mixed_bfloat16' to use it anyway",
             (),
         )
@@ -72,6 +73,15 @@ def choose(
             (),
         )
     return "float32", "CPU without native bf16: mixed precision would be slower", ()
+
+
+def trial_candidate(hw: Hardware) -> str:
+    """The policy that CPU trials time against the rule's float32, where
+    the rule keeps float32 only by a measurement on other models: bf16 on a
+    CPU with bf16 math under JAX, whose CPU compiler often gains nothing from
+    it. "" elsewhere (the rule's own choice is the candidate)."""
+    jax_cpu = hw.backend == "jax" and hw.accelerator == "cpu"
+    return "mixed_bfloat16" if jax_cpu and hw.cpu.bf16 else ""
 
 
 def _explicit_warnings(hw: Hardware, policy: str) -> tuple[str, ...]:

@@ -106,14 +106,14 @@ def leading_dims(structure: Any) -> list[int]:
 
 def passthrough_reason(facts: DataFacts, backend: str = "tensorflow") -> str:
     """What kerascale skipped for data it cannot read, and how to get it, or
-    "" (the plan's one warning about it). On JAX there are no CPU trials."""
+    "" (the plan's one warning about it)."""
     if facts.measurable:
         return ""
-    trials = " and the CPU trials" if backend == "tensorflow" else ""
     what = (
-        f"its batch size, the input-pipeline changes, the batch-size search{trials}"
+        "its batch size, the input-pipeline changes, the batch-size search and "
+        "the CPU trials"
         if facts.kind == "other"
-        else f"the batch-size search{trials}"
+        else "the batch-size search and the CPU trials"
     )
     return (
         f"kerascale passes your data to Keras as it is, because "
