@@ -11,13 +11,10 @@ user's model is not touched.
 from __future__ import annotations
 
 import dataclasses
-import time
+import math
 from typing import Any
 
-import keras
-
 from kerascale import _validation as v
-from kerascale._tf import tf
 from kerascale._units import format_bytes
 from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session, prepare
@@ -25,11 +22,9 @@ from kerascale.errors import UnsupportedError
 from kerascale.measure import advice
 from kerascale.measure.advice import Recommendation
 from kerascale.measure.decide import decide, validate_options
-from kerascale.measure.jax import timing as jax_timing
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
 
-WARMUP_STEPS = 3
 MEMORY_BOUND_HEADROOM = 0.10  # less free memory than this at the planned batch
 INPUT_BOUND_SHARE = 0.85  # training slower than this share of the step alone
 # ...and an input pipeline not this much faster than the step: even read in
@@ -174,7 +169,8 @@ def diagnose(
         remeasure=remeasure,
         verbose=verbose,
     )
-    _readable(backend, x, y)
+    timing = _timing(backend)
+    _readable(timing, x, y)
 
     def decided(not_rebuildable: Any = "") -> Any:
         return decide(
@@ -185,55 +181,36 @@ def diagnose(
         session.enter(model_lib.preserved_state())
         prepared = prepare(
             session, model, x, y, decided(), copy=True,
-            as_dataset=backend == "tensorflow", replan=decided,
+            as_dataset=timing.AS_DATASET, replan=decided,
         )  # fmt: skip
-        input_rate, step_rate, training_rate, loader_rate = _rates(
-            prepared, backend, steps
-        )
+        rates = timing.rates(prepared, steps)
+    loader_rate = None if math.isnan(rates.loaded) else rates.loaded
     peak, limit = _memory(prepared.decided)
     return _verdict(
         prepared.decided,
-        input_rate=input_rate,
-        step_rate=step_rate,
-        training_rate=training_rate,
+        input_rate=rates.input,
+        step_rate=rates.step,
+        training_rate=rates.plain,
         peak=peak,
         limit=limit,
         loader_rate=loader_rate,
     )
 
 
-def _rates(
-    prepared: Any, backend: str, steps: int
-) -> tuple[float, float, float, float | None]:
-    """Batches/s of the input alone, the step alone, training, and (JAX)
-    training with the host loader."""
+def _timing(backend: str) -> Any:
+    """The backend's timing module (the same `rates`, `AS_DATASET`,
+    `READABLE`): the one place diagnose picks by backend."""
     if backend == "jax":
-        rates = jax_timing.measure(
-            prepared.model,
-            prepared.x,
-            prepared.y,
-            prepared.plan.step_batch_size,
-            steps,
-        )
-        return rates.input, rates.step, rates.plain, rates.loaded
-    ds, copy, total = prepared.x, prepared.model, WARMUP_STEPS + steps
-    input_rate = _iterate(ds.repeat(), total)
-    step_rate = _train(copy, ds.take(1).cache().repeat(), total)
-    return input_rate, step_rate, _train(copy, ds.repeat(), total), None
+        from kerascale.measure.jax import timing
+    else:
+        from kerascale.measure.tensorflow import timing
+    return timing
 
 
-def _readable(backend: str, x: Any, y: Any) -> None:
+def _readable(timing: Any, x: Any, y: Any) -> None:
     """Refuses, naming `x`, an input diagnose cannot read several times."""
-    kind = data_facts.inspect(x, y).kind
-    if backend == "jax" and kind not in ("arrays", "pydataset"):
-        raise v.fail(
-            "x",
-            type(x).__name__,
-            "arrays or a keras.utils.PyDataset for diagnose on JAX (it reads "
-            "the data several times, and a generator can be read once)",
-        )
-    if backend == "tensorflow" and kind == "pydataset":
-        raise v.fail("x", type(x).__name__, "a tf.data.Dataset or arrays for diagnose")
+    if data_facts.inspect(x, y).kind not in timing.READABLE:
+        raise v.fail("x", type(x).__name__, timing.READABLE_HINT)
 
 
 def _supported(backend: str) -> None:
@@ -243,33 +220,6 @@ def _supported(backend: str) -> None:
             f"on {backend!r} here. kerascale.callbacks.Throughput in fit's "
             "callbacks gives the step times on every backend."
         )
-
-
-def _iterate(ds: tf.data.Dataset, total: int) -> float:
-    it = iter(ds)
-    for _ in range(WARMUP_STEPS):
-        next(it)
-    start = time.perf_counter()
-    for _ in range(total - WARMUP_STEPS):
-        next(it)
-    return (total - WARMUP_STEPS) / (time.perf_counter() - start)
-
-
-class _BatchClock(keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.ends: list[float] = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.ends.append(time.perf_counter())
-
-
-def _train(model: keras.Model, ds: tf.data.Dataset, total: int) -> float:
-    clock = _BatchClock()
-    model.fit(
-        ds, epochs=1, steps_per_epoch=total, shuffle=False, verbose=0, callbacks=[clock]
-    )
-    timed = clock.ends[WARMUP_STEPS - 1 :]
-    return (len(timed) - 1) / (timed[-1] - timed[0])
 
 
 def _memory(decided: Any) -> tuple[int | None, int | None]:

@@ -13,6 +13,18 @@ from kerascale.measure.probe import OK, OOM, ProbeResult
 
 
 @dataclasses.dataclass(frozen=True)
+class Rates:
+    """What `kerascale.diagnose` times, in batches per second: the input
+    alone, the step alone, training as `model.fit` runs it, and (JAX; NaN
+    elsewhere) training with kerascale's host loader."""
+
+    input: float
+    step: float
+    plain: float
+    loaded: float
+
+
+@dataclasses.dataclass(frozen=True)
 class BatchSearchResult:
     """What the batch-size search found, and what it was measured under.
 

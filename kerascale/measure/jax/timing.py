@@ -16,7 +16,6 @@ which Keras's `on_train_batch_end` saw each step end.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from typing import Any
@@ -25,19 +24,18 @@ import keras
 import numpy as np
 
 from kerascale.apply.jax.reader import ReadAhead
+from kerascale.measure.result import Rates
 
 WARMUP_STEPS = 3
 DEPTH = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class Rates:
-    """Batches per second."""
-
-    input: float
-    step: float
-    plain: float
-    loaded: float
+# Prepared as Keras's JAX fit takes it (arrays, a PyDataset), which `rates`
+# reads several times: a generator can be read once.
+AS_DATASET = False
+READABLE = ("arrays", "pydataset")
+READABLE_HINT = (
+    "arrays or a keras.utils.PyDataset for diagnose on JAX (it reads the data "
+    "several times, and a generator can be read once)"
+)
 
 
 class _Clock(keras.callbacks.Callback):
@@ -71,6 +69,13 @@ class _ReadingAhead(keras.callbacks.Callback):
             ahead.close()
             if self.model.train_function is ahead:
                 self.model.train_function = ahead.function
+
+
+def rates(prepared: Any, steps: int) -> Rates:
+    """The four rates of `prepared` (`apply.session.Prepared`: the model it
+    trains, the data as Keras's fit takes it, the plan's batch)."""
+    batch = prepared.plan.step_batch_size
+    return measure(prepared.model, prepared.x, prepared.y, batch, steps)
 
 
 def measure(model: keras.Model, x: Any, y: Any, batch_size: int, steps: int) -> Rates:

@@ -1,0 +1,66 @@
+"""What `kerascale.diagnose` times on TensorFlow, on a copy of the model
+and the data as a prepared `tf.data` pipeline:
+
+- the input alone: the pipeline iterated, no model;
+- the step alone: `fit` on one batch, cached and repeated;
+- training: `fit` on the pipeline, as training runs it.
+
+Rates are batches per second after `WARMUP_STEPS` steps. The JAX backend's
+counterpart is `kerascale.measure.jax.timing`, with the same `rates`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import keras
+
+from kerascale.measure.result import Rates
+
+WARMUP_STEPS = 3
+# Prepared as a tf.data pipeline (arrays become one), which this module reads.
+AS_DATASET = True
+# What diagnose can read several times here, and what to pass instead.
+READABLE = ("dataset", "arrays", "other")
+READABLE_HINT = "a tf.data.Dataset or arrays for diagnose"
+
+
+def rates(prepared: Any, steps: int) -> Rates:
+    """The rates of `prepared` (`apply.session.Prepared`: its model a copy,
+    its data a `tf.data.Dataset`); no loader on TensorFlow (its `loaded` is
+    NaN: tf.data's own prefetch is the pipeline's)."""
+    ds, copy, total = prepared.x, prepared.model, WARMUP_STEPS + steps
+    return Rates(
+        input=_iterate(ds.repeat(), total),
+        step=_train(copy, ds.take(1).cache().repeat(), total),
+        plain=_train(copy, ds.repeat(), total),
+        loaded=float("nan"),
+    )
+
+
+def _iterate(ds: Any, total: int) -> float:
+    it = iter(ds)
+    for _ in range(WARMUP_STEPS):
+        next(it)
+    start = time.perf_counter()
+    for _ in range(total - WARMUP_STEPS):
+        next(it)
+    return (total - WARMUP_STEPS) / (time.perf_counter() - start)
+
+
+class _BatchClock(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append(time.perf_counter())
+
+
+def _train(model: keras.Model, ds: Any, total: int) -> float:
+    clock = _BatchClock()
+    model.fit(
+        ds, epochs=1, steps_per_epoch=total, shuffle=False, verbose=0, callbacks=[clock]
+    )
+    timed = clock.ends[WARMUP_STEPS - 1 :]
+    return (len(timed) - 1) / (timed[-1] - timed[0])
