@@ -184,29 +184,15 @@ def _as_it_is(
             "builds and compiles it, or build it under "
             "`with kerascale.connect_cluster().scope():`."
         )
-    dropped = choice.name
-    choice = strategy_rules.choose(hardware, "default")
     warnings.append(
-        f"Not applied: strategy {dropped}, because the model cannot be "
+        f"Not applied: strategy {choice.name}, because the model cannot be "
         f"re-created in its scope ({why}): trained on one replica. To get it, "
         "pass a zero-argument function that builds and compiles the model "
         "instead of the model, or build it under the strategy's scope; to say "
         "you want it as it is, pass strategy='default'."
     )
-    reasons = {
-        "strategy": f"kept the default strategy: {why}",
-        "precision": why_policy,
-        "rebuild": _as_it_is_reason(model, policy),
-    }
-    return _Placement(
-        choice.name,
-        tuple(choice.devices),
-        choice.replicas,
-        policy,
-        False,
-        reasons,
-        tuple(warnings),
-    )
+    kept = f"kept the default strategy: {why}"
+    return _by_default(hardware, policy, why_policy, model, warnings, kept)
 
 
 def _on_one_device(
@@ -219,7 +205,6 @@ def _on_one_device(
 ) -> _Placement:
     """One device, for a JAX plan whose distribution could not lay the
     model's variables out (`model.unplaceable`): dropped, and said so."""
-    choice = strategy_rules.choose(hardware, "default")
     warnings.append(
         f"Not applied: strategy {dropped}, because {model.unplaceable}: trained "
         "on one device, as model.fit does. To get it, set "
@@ -227,8 +212,22 @@ def _on_one_device(
         "before building the model; to say you want one device, pass "
         "strategy='default'."
     )
+    kept = f"kept one device: {model.unplaceable}"
+    return _by_default(hardware, policy, why_policy, model, warnings, kept)
+
+
+def _by_default(
+    hardware: Hardware,
+    policy: str,
+    why_policy: str,
+    model: ModelFacts,
+    warnings: list[str],
+    kept: str,
+) -> _Placement:
+    """The default strategy, for the model as it is (`kept`: why)."""
+    choice = strategy_rules.choose(hardware, "default")
     reasons = {
-        "strategy": f"kept one device: {model.unplaceable}",
+        "strategy": kept,
         "precision": why_policy,
         "rebuild": _as_it_is_reason(model, policy),
     }
