@@ -97,3 +97,31 @@ def test_fit_after_its_trials_trains_as_plain_fit(bf16_cpu, monkeypatch):
     np.testing.assert_allclose(
         history.history["loss"], expected.history["loss"], rtol=1e-5
     )
+
+
+def test_trials_time_the_ladder_of_batches_under_the_compiled_bound(bf16_cpu):
+    x, y = toy_data(n=2048, inputs=16)
+    options = Options.validate()  # batch_size="auto"
+    decided = decide(model(), x, y, options, epochs=5, hardware=bf16_cpu)
+    search = decided.search
+    assert search.mode == "ladder" and "XLA" in search.reasons["search"]
+    rungs = [p.batch for p in search.probes]
+    assert rungs[0] == 32 and all(b <= search.largest_fitting for b in rungs)
+    timed = [t for t in decided.trials.trials if t.stage == "batch"]
+    assert len(timed) >= 2 and all(t.samples_per_s > 0 for t in timed)
+    chosen = decided.plan.micro_batch_size
+    assert chosen in {t.batch for t in timed}
+    # Another rung than the first only where it beat the one below it.
+    if chosen != 32:
+        speed = {t.batch: t.samples_per_s for t in timed}
+        below = max(b for b in speed if b < chosen)
+        assert speed[chosen] > speed[below]
+    assert "measured on your data" in decided.plan.reasons["global_batch_size"]
+
+
+def test_a_short_run_keeps_keras_default_batch_and_says_why(bf16_cpu, monkeypatch):
+    monkeypatch.setattr(budget, "BUDGET_SHARE", 0.1)
+    x, y = toy_data(n=2048, inputs=16)
+    plan = kerascale.plan(model(), x, y, epochs=1, verbose=0)
+    assert plan.global_batch_size == 32 * plan.replicas
+    assert "skipped" in plan.reasons["global_batch_size"]

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 
 from kerascale._state import preserved_state, value_of
 from kerascale.apply import keras_compat
@@ -103,7 +104,7 @@ def train_seconds_per_sample(model: Any, x: Any, y: Any, data: Any) -> float | N
     if not is_trainer(model) or not model.built:
         return None
     try:
-        element = samples.element_structure(x, y, data)
+        inputs = _inputs(x, y, data)
     except Exception:  # no figure: the measurements decide
         return None
     held = list(model.non_trainable_variables)
@@ -113,12 +114,12 @@ def train_seconds_per_sample(model: Any, x: Any, y: Any, data: Any) -> float | N
     saved = [(v, value_of(v)) for v in {id(v): v for v in held}.values()]
     try:
         with preserved_state():
-            _forward_seconds(model, element, FIRST_BATCH)  # eager's first-call setup
-            first = _forward_seconds(model, element, FIRST_BATCH)
+            _forward_seconds(model, inputs, FIRST_BATCH)  # eager's first-call setup
+            first = _forward_seconds(model, inputs, FIRST_BATCH)
             batch = FIRST_BATCH
             if first * FORWARD_BATCH / FIRST_BATCH <= FORWARD_MAX_SECONDS:
                 batch = FORWARD_BATCH
-            seconds = min(_forward_seconds(model, element, batch) for _ in range(2))
+            seconds = min(_forward_seconds(model, inputs, batch) for _ in range(2))
     except Exception:  # as above
         return None
     finally:
@@ -127,11 +128,34 @@ def train_seconds_per_sample(model: Any, x: Any, y: Any, data: Any) -> float | N
     return TRAIN_PER_FORWARD * seconds / batch
 
 
-def _forward_seconds(model: Any, element: Any, batch: int) -> float:
-    data = data_facts.as_structure(synthetic_batch(element, batch))
-    inputs, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+def _inputs(x: Any, y: Any, data: Any) -> Callable[[int], Any]:
+    """`batch -> model inputs`: the arrays' own first rows (repeated where
+    there are fewer; no TensorFlow needed), else a synthetic batch shaped
+    like the data's elements."""
+    if data.kind == "arrays":
+        arrays = data_facts.as_structure(x)
+
+        def rows(batch: int) -> Any:
+            def take(a: Any) -> Any:
+                a = np.asarray(a)
+                return np.take(a, np.arange(batch) % len(a), axis=0)
+
+            return keras.tree.map_structure(take, arrays)
+
+        return rows
+    element = samples.element_structure(x, y, data)
+
+    def synthetic(batch: int) -> Any:
+        made = data_facts.as_structure(synthetic_batch(element, batch))
+        return keras.utils.unpack_x_y_sample_weight(made)[0]
+
+    return synthetic
+
+
+def _forward_seconds(model: Any, inputs: Callable[[int], Any], batch: int) -> float:
+    made = inputs(batch)
     start = time.perf_counter()
-    model(inputs, training=False)
+    model(made, training=False)
     return time.perf_counter() - start
 
 

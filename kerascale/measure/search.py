@@ -357,6 +357,8 @@ def fastest_small(speeds: dict[int, float]) -> tuple[int, str]:
     `speeds` ({batch: samples/s}, measured by the probes), and why."""
     speeds = {b: s for b, s in speeds.items() if s} or dict.fromkeys(speeds, 0.0)
     top = max(speeds.values())
+    if not top:  # rungs that no probe timed (XLA's search runs none)
+        return min(speeds), "the ladder's first rung (no probe timed the rungs)"
     best = min(b for b, s in speeds.items() if s >= (1 - THROUGHPUT_TOLERANCE) * top)
     return best, (
         f"smallest batch within {THROUGHPUT_TOLERANCE:.0%} of the best "

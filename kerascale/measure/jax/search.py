@@ -26,6 +26,7 @@ from kerascale.measure import cache
 from kerascale.measure.jax import compiled, confirm
 from kerascale.measure.probe import OK, OOM, ProbeResult
 from kerascale.measure.result import BatchSearchResult
+from kerascale.measure.search import granularity_for, ladder
 from kerascale.plan import rules
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
@@ -62,7 +63,9 @@ def run_search(
     the TensorFlow search's (`batch.run_search`): the step compiled is the
     micro-batch's, with the memory of `accumulation_steps`' accumulators
     held beside it, and of the batches `Prefetch` reads ahead where the plan
-    has it; `budget` does not apply (a compile costs far less than a probe).
+    has it. With `options.mode == "ladder"` (a CPU's trials will time the
+    batches), the answer is the rungs up to the largest that fits, none run;
+    `budget` then refuses a ladder the run would not repay.
 
     Raises:
         SearchUnavailable: Where the compiler's analysis cannot answer (no
@@ -70,15 +73,16 @@ def run_search(
             batch rather than the largest).
         BatchSizeSearchError: When even a batch of 1 does not fit.
     """
-    del budget, verbose
+    del verbose
     _answerable(hw, options)
     cap, why_cap = batch_lib.cap_for(data, plan, options)
+    _affordable(plan, hw, options, cap, budget)
     start = first or min(cap, START)
     element, host = _element(x, y), hw.accelerator == "cpu"
     held = READ_AHEAD_HELD if rules.PREFETCH in plan.data_changes else 0
     key = _key(
         model, element, plan, hw, options, cap=cap, first=first,
-        accumulation=accumulation_steps, ahead=held,
+        accumulation=accumulation_steps, ahead=held, mode=options.mode,
     )  # fmt: skip
     cached = _cached(key, options)
     if cached is not None:
@@ -102,6 +106,29 @@ def run_search(
         fits, fails, seen = compiled.search(
             need, free, start=start, cap=cap, measured=(first_compile,)
         )
+    found = _answer(
+        model, element, plan, options, host, (fits, fails, seen), (free, why_free),
+        why_cap,
+    )  # fmt: skip
+    if options.cache:
+        cache.cache_write(KIND, key, found.to_dict())
+    return found
+
+
+def _answer(
+    model: Any,
+    element: Any,
+    plan: Any,
+    options: batch_lib.SearchOptions,
+    host: bool,
+    searched: tuple[int, int | None, list[compiled.Compiled]],
+    limit: tuple[int, str],
+    why_cap: str,
+) -> BatchSearchResult:
+    """The search's answer from its compiles: the ladder for the trials, or
+    the batch (on a CPU confirmed by a real step in a child)."""
+    fits, fails, seen = searched
+    free, why_free = limit
     if fits == 0:
         raise BatchSizeSearchError(
             f"Even a batch of {seen[-1].batch} per replica needs "
@@ -110,6 +137,8 @@ def run_search(
             out_of_memory=True,
         )
     chosen, granularity = _with_margin(fits, fails, options.margin)
+    if options.mode == "ladder":  # the trials time rungs up to the bound
+        return _ladder(plan, chosen, seen, limit, why_cap)
     confirmed = ""
     if host and plan.replicas == 1 and options.isolate is not False:
         chosen, confirmed = _confirmed(
@@ -118,10 +147,7 @@ def run_search(
         granularity = ROUND_TO if chosen >= ROUND_FROM else 1
         chosen -= chosen % granularity
     result = (chosen, granularity, confirmed)
-    found = _result(plan, options, fits, fails, seen, (free, why_free), why_cap, result)
-    if options.cache:
-        cache.cache_write(KIND, key, found.to_dict())
-    return found
+    return _result(plan, options, fits, fails, seen, limit, why_cap, result)
 
 
 def _key(model: Any, element: Any, plan: Any, hw: Any, options: Any, **parts: Any):
@@ -292,12 +318,65 @@ def free_bytes(hw: Any, options: batch_lib.SearchOptions) -> tuple[int, str]:
 
 
 def _answerable(hw: Any, options: batch_lib.SearchOptions) -> None:
-    """Raises `SearchUnavailable` on a CPU asked for the fastest batch."""
-    if hw.accelerator == "cpu" and options.mode != "max" and not options.memory_limit:
+    """Raises `SearchUnavailable` on a CPU asked for the fastest batch
+    without a ladder for the trials to time (`mode="ladder"`)."""
+    if hw.accelerator != "cpu" or options.mode in ("max", "ladder"):
+        return
+    if not options.memory_limit:
         raise batch_lib.SearchUnavailable(
-            "on a CPU the largest batch that fits is not the fastest, and the "
-            "trials that time batches run on the TensorFlow backend only for now"
+            "on a CPU the largest batch that fits is not the fastest, and only "
+            "the CPU trials time batches (they run where kerascale can train a "
+            "copy of your model on your data)"
         )
+
+
+def _affordable(plan: Any, hw: Any, options: Any, cap: int, budget: Any) -> None:
+    """Raises `SearchSkipped` where a ladder for the trials costs more than
+    the run repays (`budget`; None: no budget)."""
+    if budget is None or options.mode != "ladder":
+        return
+    rungs = ladder(cap, granularity_for(hw.accelerator, cap))
+    why = budget.refuse_search(plan, rungs, 1)
+    if why:
+        raise batch_lib.SearchSkipped(why)
+
+
+def _ladder(
+    plan: Any,
+    bound: int,
+    seen: list[compiled.Compiled],
+    free: tuple[int, str],
+    why_cap: str,
+) -> BatchSearchResult:
+    """The rungs for the CPU trials to time: doublings from Keras's default
+    batch up to `bound` (the largest whose compiled step fits, less the
+    margin, or the cap), then `bound` itself; none of them run yet."""
+    rungs = ladder(bound)
+    why = (
+        f"rungs {', '.join(map(str, rungs))} per replica, for the trials to time "
+        f"on your data, up to {bound} ({why_cap} or the largest whose compiled "
+        f"train step fits: {compiled.describe(seen, free[0])})"
+    )
+    return BatchSearchResult(
+        batch_size=bound * plan.replicas,
+        per_replica_batch_size=bound,
+        replicas=plan.replicas,
+        precision=plan.precision,
+        strategy=plan.strategy,
+        largest_fitting=bound,
+        smallest_failing=None,
+        mode="ladder",
+        probes=tuple(ProbeResult(batch=b, outcome=OK) for b in rungs),
+        memory_model=None,
+        limit_bytes=free[0],
+        granularity=1,
+        margin=0.0,
+        reasons={
+            "batch_size": why,
+            "search": f"XLA's memory analysis, {len(seen)} compiles",
+            "limit": free[1],
+        },
+    )
 
 
 def _less_accumulators(
