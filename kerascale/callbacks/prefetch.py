@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from kerascale import _validation as v
-from kerascale.apply.jax.reader import ReadAhead
+from kerascale.apply.jax.reader import DEPTH, ReadAhead
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._input_position import Wrapped
 from kerascale.errors import UnsupportedError
@@ -48,7 +48,7 @@ class Prefetch(KerascaleCallback):
     >>> model.fit(x, y, batch_size=256, callbacks=[kerascale.callbacks.Prefetch()])
     """
 
-    def __init__(self, depth: int = 2):
+    def __init__(self, depth: int = DEPTH):
         super().__init__()
         if backend_lib.name() == "tensorflow":
             raise UnsupportedError(

@@ -137,8 +137,8 @@ def _inputs(x: Any, y: Any, data: Any) -> Callable[[int], Any]:
 
         def rows(batch: int) -> Any:
             def take(a: Any) -> Any:
-                a = np.asarray(a)
-                return np.take(a, np.arange(batch) % len(a), axis=0)
+                rows = np.asarray(a[:batch])  # only these rows, not all of `a`
+                return np.take(rows, np.arange(batch) % len(rows), axis=0)
 
             return keras.tree.map_structure(take, arrays)
 

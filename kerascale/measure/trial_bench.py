@@ -230,7 +230,8 @@ class Prepared:
         self.model, ds = prepared.model, prepared.x
         self.samples_per_step = batch * plan.replicas
         self.feed: tuple[tuple, dict] = ((ds,), {})
-        if data.kind == "arrays" and not on_tf:  # Keras batches them
+        self.shuffled = data.kind == "arrays" and not on_tf
+        if self.shuffled:  # Keras batches and shuffles them
             feed = (ds, prepared.y), {"batch_size": prepared.fit_kwargs["batch_size"]}
             self.finite, steps = (
                 True,
@@ -262,7 +263,7 @@ class Prepared:
             verbose=0,
             # Keras ignores it for a dataset (with a warning), and shuffles
             # arrays by default, as the user's training will.
-            shuffle=bool(kwargs),
+            shuffle=self.shuffled,
             callbacks=[clock],
             **kwargs,
         )

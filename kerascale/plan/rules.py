@@ -61,8 +61,9 @@ def make_plan(
             f"{data.batch_size} train. Change its batch size to change them."
         )
         options = dataclasses.replace(options, batch_size="auto")
-    if data_facts.passthrough_reason(data, hardware.backend):
-        warnings.append(data_facts.passthrough_reason(data, hardware.backend))
+    passthrough = data_facts.passthrough_reason(data, hardware.backend)
+    if passthrough:
+        warnings.append(passthrough)
 
     requested, why_batch = _choose_batch(options, data, replicas, search)
     requested, why_batch, capped = _within_data(

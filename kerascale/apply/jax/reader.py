@@ -25,6 +25,10 @@ import keras
 from kerascale.errors import warn
 
 _ITEM, _END, _ERROR, _INLINE = "item", "end", "error", "inline"
+DEPTH = 2  # batches read ahead, by default (Prefetch, diagnose's loader)
+# Batches a reader holds beside the step's own: its queue, and the one its
+# thread has read and waits to put (what the batch search counts).
+HELD = DEPTH + 1
 _POLL = 0.05  # seconds: how soon a stopped reader notices
 JOIN_TIMEOUT = 10.0
 INLINE_BELOW = 0.001  # seconds of reading a batch, on average

@@ -19,6 +19,7 @@ import keras
 
 from kerascale._units import format_bytes
 from kerascale.apply import model as model_lib
+from kerascale.apply.jax import reader
 from kerascale.apply.session import Session
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import batch as batch_lib
@@ -38,9 +39,6 @@ START = 32
 # Batches from ROUND_FROM up are rounded down to a multiple of ROUND_TO
 # (tensor cores and vector units work in such tiles).
 ROUND_FROM, ROUND_TO = 512, 8
-# Batches Prefetch holds beside the step's: its queue (depth 2) and the one
-# its thread has read and waits to put.
-READ_AHEAD_HELD = 3
 
 
 def run_search(
@@ -79,7 +77,7 @@ def run_search(
     _affordable(plan, hw, options, cap, budget)
     start = first or min(cap, START)
     element, host = _element(x, y), hw.accelerator == "cpu"
-    held = READ_AHEAD_HELD if rules.PREFETCH in plan.data_changes else 0
+    held = reader.HELD if rules.PREFETCH in plan.data_changes else 0
     key = _key(
         model, element, plan, hw, options, cap=cap, first=first,
         accumulation=accumulation_steps, ahead=held, mode=options.mode,

@@ -23,11 +23,10 @@ from typing import Any
 import keras
 import numpy as np
 
-from kerascale.apply.jax.reader import ReadAhead
+from kerascale.apply.jax.reader import DEPTH, ReadAhead
 from kerascale.measure.result import Rates
 
 WARMUP_STEPS = 3
-DEPTH = 2
 # Prepared as Keras's JAX fit takes it (arrays, a PyDataset), which `rates`
 # reads several times: a generator can be read once.
 AS_DATASET = False
