@@ -102,12 +102,14 @@ def _synthetic(model: Any, args: argparse.Namespace, count: int) -> Any:
     import keras
     import numpy as np
 
+    from kerascale.sense import backend as backend_lib
+
     shapes = [_shape(s) for s in args.input_shape]
     sample = [np.zeros((1, *shape), args.input_dtype) for shape in shapes]
     inputs = sample[0] if len(sample) == 1 else sample
     outputs = model(inputs)
     loss = str(getattr(model, "loss", "")).lower()
-    if keras.backend.backend() != "tensorflow":
+    if not backend_lib.traits().feeds_datasets:
         # Arrays (no TensorFlow needed): one sample seen `count` times through
         # a read-only view, without holding that many samples in memory.
         def many(shape: tuple[int, ...], dtype: Any) -> Any:

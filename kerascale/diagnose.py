@@ -19,7 +19,7 @@ from kerascale._units import format_bytes
 from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session, prepare
 from kerascale.errors import UnsupportedError
-from kerascale.measure import advice
+from kerascale.measure import advice, engines
 from kerascale.measure.advice import Recommendation
 from kerascale.measure.decide import decide, validate_options
 from kerascale.sense import backend as backend_lib
@@ -169,7 +169,7 @@ def diagnose(
         remeasure=remeasure,
         verbose=verbose,
     )
-    timing = _timing(backend)
+    timing = engines.timing(backend)
     _readable(timing, x, y)
 
     def decided(not_rebuildable: Any = "") -> Any:
@@ -195,16 +195,6 @@ def diagnose(
         limit=limit,
         loader_rate=loader_rate,
     )
-
-
-def _timing(backend: str) -> Any:
-    """The backend's timing module (the same `rates`, `AS_DATASET`,
-    `READABLE`): the one place diagnose picks by backend."""
-    if backend == "jax":
-        from kerascale.measure.jax import timing
-    else:
-        from kerascale.measure.tensorflow import timing
-    return timing
 
 
 def _readable(timing: Any, x: Any, y: Any) -> None:

@@ -33,7 +33,7 @@ _MANIFEST = "__manifest__"
 
 def format_name() -> str:
     """The state format this backend writes: "tf" or "arrays"."""
-    return "tf" if backend_lib.name() == "tensorflow" else "arrays"
+    return backend_lib.traits().state_format
 
 
 def is_chief(model: keras.Model) -> bool:

@@ -147,7 +147,8 @@ def for_fit(
         out.append(Throughput(samples_per_step, log_dir if writes else None))
         if gpus:
             out.append(GPUMonitor(log_dir if writes else None))
-    if window is not None and not writes and backend_lib.name() != "jax":
+    needs_tf = backend_lib.traits().profiler_needs_tensorflow
+    if window is not None and not writes and needs_tf:
         warn(
             f"profile=True was not used: the profile window is written through "
             f"Keras's TensorBoard callback, which needs TensorFlow, and it is not "

@@ -47,9 +47,7 @@ def cache_key(parts: dict[str, Any]) -> str:
         engine = importlib.metadata.version(backend)
     except importlib.metadata.PackageNotFoundError:
         engine = ""
-    versions = [engine, keras.__version__, __version__]
-    if backend != "tensorflow":  # TensorFlow's keys stay as they were
-        versions.append(backend)
+    versions = [engine, keras.__version__, __version__, backend]
     text = json.dumps({**parts, "versions": versions}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 

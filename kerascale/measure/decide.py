@@ -23,10 +23,10 @@ from kerascale.apply.model import CannotRecreate
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import batch as batch_lib
 from kerascale.measure import budget as budget_lib
+from kerascale.measure import engines
 from kerascale.measure import trials as trials_lib
 from kerascale.measure.agree import agree
 from kerascale.measure.batch import SearchOptions
-from kerascale.measure.jax import search as jax_search
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
 from kerascale.plan.options import Options, say_pinned
@@ -368,9 +368,7 @@ def _unmeasurable(
 
 
 def _searched(args: tuple, run: dict[str, Any], force: bool) -> BatchSearchResult:
-    # One search per backend: probes in child processes (TensorFlow), or
-    # XLA's memory analysis of the compiled step (JAX). args[5]: Hardware.
-    search = jax_search.run_search if args[5].backend == "jax" else batch_lib.run_search
+    search = engines.batch_search(args[5].backend)  # args[5]: Hardware
     try:
         return search(*args, **run)
     except BatchSizeSearchError as e:

@@ -19,6 +19,7 @@ from kerascale.apply import model as model_lib
 from kerascale.apply.model import CannotRecreate
 from kerascale.apply.session import Session, prepare
 from kerascale.measure import budget
+from kerascale.sense import backend as backend_lib
 from kerascale.sense.model_facts import gist
 
 # A timed window (benchmarks/trial_noise.py, 2 cores, the reference CNN's
@@ -225,7 +226,7 @@ class Prepared:
         decided = types.SimpleNamespace(
             plan=view, data=data, instance=None, optimize_data=optimize
         )
-        on_tf = plan.backend == "tensorflow"
+        on_tf = backend_lib.traits(plan.backend).feeds_datasets
         prepared = prepare(session, model, x, y, decided, copy=True, as_dataset=on_tf)
         self.model, ds = prepared.model, prepared.x
         self.samples_per_step = batch * plan.replicas

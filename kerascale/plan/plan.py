@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kerascale.errors import ConfigurationError
+from kerascale.sense import backend as backend_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,14 +109,13 @@ class Plan:
     def describe(self, *, warnings: bool = True) -> str:
         """The plan as a table, each decision with its reason; `warnings`:
         with the plan's warnings as last rows."""
-        engine = {"tensorflow": "tf.distribute", "jax": "keras.distribution"}
         rows = [
             ("hardware", self.hardware, ""),
             (
                 "backend",
                 self.backend,
                 f"Keras's backend (KERAS_BACKEND); distributed with "
-                f"{engine.get(self.backend, 'nothing')}",
+                f"{backend_lib.traits(self.backend).engine}",
             ),
             (
                 "strategy",

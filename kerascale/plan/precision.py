@@ -6,6 +6,7 @@ Applying a policy (re-creating the model under it) is
 
 from __future__ import annotations
 
+from kerascale.sense import backend as backend_lib
 from kerascale.sense.hardware import Hardware
 
 CHOICES = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
@@ -80,8 +81,9 @@ def trial_candidate(hw: Hardware) -> str:
     the rule keeps float32 only by a measurement on other models: bf16 on a
     CPU with bf16 math under JAX, whose CPU compiler often gains nothing from
     it. "" elsewhere (the rule's own choice is the candidate)."""
-    jax_cpu = hw.backend == "jax" and hw.accelerator == "cpu"
-    return "mixed_bfloat16" if jax_cpu and hw.cpu.bf16 else ""
+    by_trial = backend_lib.traits(hw.backend).bf16_cpu_by_trial
+    on_cpu = hw.accelerator == "cpu" and hw.cpu.bf16
+    return "mixed_bfloat16" if by_trial and on_cpu else ""
 
 
 def _explicit_warnings(hw: Hardware, policy: str) -> tuple[str, ...]:

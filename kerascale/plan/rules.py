@@ -15,6 +15,7 @@ from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.options import Options
 from kerascale.plan.plan import Plan
+from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
 from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
@@ -395,7 +396,7 @@ def _data_changes(
     options: Options, data: DataFacts, global_batch: int, replicas: int, backend: str
 ) -> tuple[list[str], str]:
     changes, why = _pipeline_changes(options, data, global_batch, replicas)
-    if backend == "jax" and options.optimize_data:
+    if backend_lib.traits(backend).reads_in_step_thread and options.optimize_data:
         changes.append(PREFETCH)
         why = (
             "Keras's JAX fit reads each batch in the training thread, and "

@@ -6,14 +6,110 @@ supports TensorFlow (`tf.distribute`) and JAX (`keras.distribution`); on any
 other backend (torch, numpy, openvino) `kerascale.fit` trains as `model.fit`
 would, with one warning (`kerascale.fit`'s door).
 
+What differs between the backends reaches the stages in two forms only:
+- facts about a backend (`Traits`, from `traits`), which the stages read
+  instead of comparing the backend's name;
+- one module per backend and floor, picked in one place per floor:
+  `sense.hardware.detect_hardware` (devices), `plan.strategy` (which
+  distribution), `measure.engines` (batch search and timing),
+  `apply.strategy` (carrying the distribution out) and
+  `callbacks.profile.ProfileWindow` (the profiler).
+
 Tests replace `name` to stand in for a backend that is not installed.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 
 SUPPORTED = ("tensorflow", "jax")
+
+
+@dataclasses.dataclass(frozen=True)
+class Traits:
+    """What kerascale's stages need to know of a backend, as facts.
+
+    Attributes:
+        name: Keras's name for it.
+        engine: What distributes it ("tf.distribute", "keras.distribution").
+        feeds_datasets: Whether its `fit` takes everything through
+            `tf.data` (TensorFlow), so that benches and the CLI feed a
+            `tf.data.Dataset`; otherwise they feed arrays, as Keras batches
+            them.
+        reads_in_step_thread: Whether its `fit` reads each batch in the
+            thread that dispatches the steps, so that a callback waiting on
+            each step's logs serializes reading and stepping (JAX); the plan
+            then reads ahead on a thread (`Prefetch`).
+        readable_inputs: The inputs whose samples kerascale reads here.
+        state_format: How a backup stores the training state: "tf"
+            (`tf.train.Checkpoint`) or "arrays" (Keras's variables as NumPy).
+        bf16_cpu_by_trial: Whether the rule's float32 on a CPU with bf16 math
+            rests only on measurements of other models, so that the CPU
+            trials time bf16 on the user's own (JAX's XLA CPU code).
+        profiler_needs_tensorflow: Whether its profile window writes through
+            Keras's TensorBoard callback (TensorFlow's profiler).
+        joins_tf_clusters: Whether a `TF_CONFIG`/SLURM/Vertex cluster means
+            TensorFlow's multi-worker strategy here.
+    """
+
+    name: str
+    engine: str
+    feeds_datasets: bool
+    reads_in_step_thread: bool
+    readable_inputs: str
+    state_format: str
+    bf16_cpu_by_trial: bool
+    profiler_needs_tensorflow: bool
+    joins_tf_clusters: bool
+
+
+_TRAITS = {
+    "tensorflow": Traits(
+        name="tensorflow",
+        engine="tf.distribute",
+        feeds_datasets=True,
+        reads_in_step_thread=False,
+        readable_inputs="a tf.data.Dataset or NumPy arrays of numbers",
+        state_format="tf",
+        bf16_cpu_by_trial=False,
+        profiler_needs_tensorflow=True,
+        joins_tf_clusters=True,
+    ),
+    "jax": Traits(
+        name="jax",
+        engine="keras.distribution",
+        feeds_datasets=False,
+        reads_in_step_thread=True,
+        readable_inputs="NumPy arrays of numbers",
+        state_format="arrays",
+        bf16_cpu_by_trial=True,
+        profiler_needs_tensorflow=False,
+        joins_tf_clusters=False,
+    ),
+}
+
+# Where kerascale plans nothing: what `fit` hands to plain `model.fit`, and
+# the few facts the CLI and the warnings still read.
+_UNSUPPORTED = Traits(
+    name="",
+    engine="nothing",
+    feeds_datasets=False,
+    reads_in_step_thread=False,
+    readable_inputs="NumPy arrays of numbers",
+    state_format="arrays",
+    bf16_cpu_by_trial=False,
+    profiler_needs_tensorflow=True,
+    joins_tf_clusters=False,
+)
+
+
+def traits(backend: str | None = None) -> Traits:
+    """The facts of `backend` (default: this process's)."""
+    key = backend or name()
+    found = _TRAITS.get(key)
+    return found or dataclasses.replace(_UNSUPPORTED, name=key)
 
 
 def name() -> str:

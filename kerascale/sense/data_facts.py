@@ -29,6 +29,7 @@ from kerascale._tf import tf
 from kerascale._units import format_bytes
 from kerascale.errors import DataError
 from kerascale.sense import arrays
+from kerascale.sense import backend as backend_lib
 from kerascale.sense.memory import available_bytes
 
 logger = logging.getLogger("kerascale")
@@ -124,9 +125,7 @@ def passthrough_reason(facts: DataFacts, backend: str = "tensorflow") -> str:
 
 def readable_inputs(backend: str) -> str:
     """The inputs whose samples kerascale reads on `backend`."""
-    if backend == "tensorflow":
-        return "a tf.data.Dataset or NumPy arrays of numbers"
-    return "NumPy arrays of numbers"
+    return backend_lib.traits(backend).readable_inputs
 
 
 def inspect(

@@ -195,7 +195,7 @@ def join_at_import(environ: Mapping[str, str] | None = None) -> Any:
         The strategy, or None when it did not join.
     """
     env = os.environ if environ is None else environ
-    if backend_lib.name() != "tensorflow":
+    if not backend_lib.traits().joins_tf_clusters:
         return None  # a TensorFlow cluster; JAX's processes join otherwise
     if env.get(AUTO_CONNECT_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return None

@@ -1,5 +1,5 @@
-"""Which `tf.distribute` strategy to train under (on the JAX backend, which
-`keras.distribution`: `strategy_jax`). Pure.
+"""Which `tf.distribute` strategy to train under, on the TensorFlow backend.
+Pure.
 
 TPU -> TPUStrategy; several GPUs -> Mirrored; one GPU or a CPU -> the default
 strategy (one replica needs no scope, so the model trains as it is); a
@@ -13,22 +13,11 @@ from typing import Any
 
 from kerascale import _tf, _validation
 from kerascale.errors import ConfigurationError
-from kerascale.plan import strategy_jax
 from kerascale.plan.choice import StrategyChoice
-from kerascale.sense import backend as backend_lib
 from kerascale.sense.cluster import check_trainable
 from kerascale.sense.hardware import Hardware
 
 CHOICES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
-
-
-def resolve_request(strategy: Any) -> Any:
-    """A validated `strategy` as the rules take it: on JAX, "auto" means the
-    `keras.distribution` set before the call (`set_distribution`), where
-    there is one (the user's choice wins, for every door)."""
-    if strategy == "auto" and backend_lib.name() == "jax":
-        return strategy_jax.global_distribution() or strategy
-    return strategy
 
 
 def _is_strategy_instance(value: Any) -> bool:
@@ -36,10 +25,7 @@ def _is_strategy_instance(value: Any) -> bool:
 
 
 def validate_request(strategy: Any) -> None:
-    """Accepts a name from `CHOICES` or a `tf.distribute.Strategy` instance;
-    on the JAX backend, `strategy_jax`'s names or a Distribution."""
-    if backend_lib.name() == "jax":
-        return strategy_jax.validate_request(strategy)
+    """Accepts a name from `CHOICES` or a `tf.distribute.Strategy` instance."""
     if _is_strategy_instance(strategy):
         return
     if not isinstance(strategy, str) or strategy not in CHOICES:
@@ -56,8 +42,7 @@ def _accelerator_devices(hw: Hardware) -> tuple[str, ...]:
 
 
 def choose(hw: Hardware, requested: Any) -> StrategyChoice:
-    """Picks the strategy for `requested` ("auto", a name, or an instance);
-    on the JAX backend the `keras.distribution` (`strategy_jax.choose`).
+    """Picks the strategy for `requested` ("auto", a name, or an instance).
 
     Raises:
         ClusterConfigError: If the environment describes a malformed cluster.
@@ -66,8 +51,6 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
         ConfigurationError: If a named strategy cannot run here (e.g. "tpu"
             without a TPU).
     """
-    if hw.backend == "jax":
-        return strategy_jax.choose(hw, requested)
     if _is_strategy_instance(requested):
         name = type(requested).__name__
         devices = tuple(getattr(requested.extended, "worker_devices", ()) or ())
@@ -124,8 +107,6 @@ def wants_cluster(hw: Hardware, requested: Any) -> bool:
     describes: "auto" or "multi_worker" with two or more workers (or a
     malformed description, which must be reported rather than ignored)."""
     cluster = hw.cluster
-    if hw.backend != "tensorflow":
-        return False  # multi-process JAX: jax.distributed, not a TF cluster
     if requested not in ("auto", "multi_worker") or cluster is None:
         return False
     return cluster.error is not None or cluster.is_multi_worker

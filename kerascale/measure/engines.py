@@ -1,0 +1,38 @@
+"""What measures on each backend: the one place the measure floor picks by
+backend.
+
+- The batch search: TensorFlow's probes in child processes
+  (`measure.batch`), or XLA's memory analysis of the compiled step
+  (`measure.jax.search`, which falls back to the probes where the analysis
+  is missing).
+- The timing that `diagnose` reads: `measure.tensorflow.timing` or
+  `measure.jax.timing` (the same `rates`, `AS_DATASET`, `READABLE`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+
+def batch_search(backend: str) -> Callable[..., Any]:
+    """The batch-size search of `backend` (`run_search`'s signature)."""
+    if backend == "jax":
+        from kerascale.measure.jax import search
+
+        return search.run_search
+    from kerascale.measure import batch
+
+    return batch.run_search
+
+
+def timing(backend: str) -> ModuleType:
+    """The step and input timing of `backend`."""
+    if backend == "jax":
+        from kerascale.measure.jax import timing as jax_timing
+
+        return jax_timing
+    from kerascale.measure.tensorflow import timing as tensorflow_timing
+
+    return tensorflow_timing
