@@ -3,7 +3,12 @@ the truth, on this CPU, in float32 and bf16.
 
 Run in the JAX environment (README, "On the JAX backend"):
 
-    .venv-jax/bin/python benchmarks/jax_batch_search.py [--limit 2GiB]
+    .venv-jax/bin/python benchmarks/jax_batch_search.py [--limit BYTES] [--devices N]
+
+With --devices N (N > 1), every child sees N CPU devices
+(XLA_FLAGS=--xla_force_host_platform_device_count=N) and trains under
+keras.distribution.DataParallel over them, as kerascale.fit does; batches are
+per replica, and the limit is the process's (all replicas share its memory).
 
 For each model and precision, a fresh process runs `find_batch_size` under
 `memory_limit` (compiles, seconds, the batch found); then real training
@@ -11,7 +16,8 @@ steps, each in a fresh process, bisect the truth: the largest batch whose
 real step's peak resident memory (VmHWM, what a container's limit and the
 OOM killer count) stays within the limit. The children are
 tests_jax/memory_child.py, which the test of the same bar uses.
-Writes benchmarks/results/jax_batch_search.json.
+Writes benchmarks/results/jax_batch_search.json (jax_batch_search_N.json
+with --devices N).
 """
 
 import argparse
@@ -27,13 +33,17 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHILD = ROOT / "tests_jax" / "memory_child.py"
 
 
+DEVICES = 1
+
+
 def child(*args):
+    flags = f"--xla_force_host_platform_device_count={DEVICES}" if DEVICES > 1 else ""
     out = subprocess.run(
         [sys.executable, str(CHILD), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": ""},
+        env={**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": flags},
         check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -69,8 +79,11 @@ def truth(model, policy, limit, start):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--limit", default=str(2 << 30), help="bytes")
+    parser.add_argument("--devices", type=int, default=1, help="CPU devices")
     args = parser.parse_args()
     limit = int(args.limit)
+    global DEVICES
+    DEVICES = args.devices
     rows = []
     for model in ("mlp", "cnn"):
         for policy in ("float32", "mixed_bfloat16"):
@@ -79,6 +92,7 @@ def main():
             row = {
                 "model": model,
                 "precision": policy,
+                "replicas": DEVICES,
                 "limit_bytes": limit,
                 "found": found["batch"],
                 "largest_fitting_by_xla": found["fits"],
@@ -99,7 +113,8 @@ def main():
         f"{os.cpu_count()} cores",
         "rows": rows,
     }
-    (out / "jax_batch_search.json").write_text(json.dumps(report, indent=2))
+    name = "jax_batch_search" + (f"_{DEVICES}" if DEVICES > 1 else "")
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

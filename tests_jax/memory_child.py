@@ -11,7 +11,11 @@ tests_jax/test_compiled_search.py and benchmarks/jax_batch_search.py).
         limit and the kernel's OOM killer count.
 
 Both build the same model on the same (untouched, so not resident) data, so
-that each starts from the same resident memory.
+that each starts from the same resident memory. Where several devices are
+visible (XLA_FLAGS=--xla_force_host_platform_device_count=N), the search
+plans keras.distribution.DataParallel over them by itself, as kerascale.fit
+does, and a step trains under it; BATCH (like the batch found) is each
+replica's share.
 """
 
 import json
@@ -65,9 +69,14 @@ def peak_resident():
 
 
 def main(mode, name, policy, value):
+    import jax
+
     import kerascale
     from kerascale.apply import precision
 
+    replicas = len(jax.devices())
+    if replicas > 1 and mode == "step":  # the search plans DataParallel itself
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
     model, x, y = build(name)
     if mode == "search":
         start = time.perf_counter()
@@ -85,7 +94,7 @@ def main(mode, name, policy, value):
         return
     batch = int(value)
     precision.apply(model, policy)
-    model.train_on_batch(x[:batch], y[:batch])
+    model.train_on_batch(x[: batch * replicas], y[: batch * replicas])
     print(json.dumps({"batch": batch, "peak": peak_resident()}))
 
 

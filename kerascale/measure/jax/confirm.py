@@ -25,10 +25,13 @@ TIMEOUT_SECONDS = 600
 
 
 def real_need(
-    model: Any, element: Any, policy: str, batch: int
+    model: Any, element: Any, policy: str, batch: int, replicas: int = 1
 ) -> tuple[int | None, str]:
-    """(the bytes one real step at `batch` adds to a fresh process's resident
-    memory, or None where it cannot be measured; why not)."""
+    """(the bytes one real step at per-replica `batch` adds to a fresh
+    process's resident memory, or None where it cannot be measured; why
+    not). With `replicas` > 1 the child makes that many CPU devices and
+    trains under `keras.distribution.DataParallel` over them, as `fit` does:
+    every replica's buffers are in its memory."""
     with tempfile.TemporaryDirectory(prefix="kerascale-step-") as directory:
         path = os.path.join(directory, "model.keras")
         spec = os.path.join(directory, "spec.json")
@@ -38,11 +41,16 @@ def real_need(
             return None, f"the model cannot be saved for a child ({gist(e)})"
         with open(spec, "w", encoding="utf-8") as f:
             json.dump(step_child.encode_spec(element), f)
-        env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": ""}
+        devices = f"--xla_force_host_platform_device_count={replicas}"
+        env = {
+            **os.environ,
+            "KERAS_BACKEND": "jax",
+            "XLA_FLAGS": devices if replicas > 1 else "",
+        }
         command = [sys.executable, "-m", "kerascale.measure.jax.step_child"]
         try:
             done = subprocess.run(
-                [*command, path, spec, policy, str(batch)],
+                [*command, path, spec, policy, str(batch), str(replicas)],
                 capture_output=True,
                 text=True,
                 timeout=TIMEOUT_SECONDS,

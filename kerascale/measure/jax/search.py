@@ -138,7 +138,7 @@ def _answer(
     if options.mode == "ladder":  # the trials time rungs up to the bound
         return _ladder(plan, chosen, seen, limit, why_cap)
     confirmed = ""
-    if host and plan.replicas == 1 and options.isolate is not False:
+    if host and _confirmable(plan) and options.isolate is not False:
         chosen, confirmed = _confirmed(
             model, element, plan, chosen, seen, (free, options.margin)
         )
@@ -194,6 +194,14 @@ def _reported(step: Any, what: str = "Compiling the train step") -> Any:
     return reported
 
 
+def _confirmable(plan: Any) -> bool:
+    """Whether a child can train as `plan` does: one device, or data
+    parallelism over the CPU's devices (kerascale's, or a `DataParallel` of
+    the user's). Another distribution of the user's (a `ModelParallel`'s
+    layouts) is not rebuilt in a child, so not confirmed."""
+    return plan.replicas == 1 or plan.strategy in ("data_parallel", "DataParallel")
+
+
 def _confirmed(
     model: Any,
     element: Any,
@@ -211,7 +219,9 @@ def _confirmed(
     predicted = best.need_bytes * chosen / best.batch
     said = []
     for _ in range(2):
-        real, why = confirm.real_need(model, element, plan.precision, chosen)
+        real, why = confirm.real_need(
+            model, element, plan.precision, chosen, plan.replicas
+        )
         if real is None:
             return chosen, "; ".join(
                 ["", *said, f"not confirmed by a real step: {why}"]

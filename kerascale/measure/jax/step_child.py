@@ -3,12 +3,17 @@ confirmation on a CPU (`confirm.real_need`): what the compiler does not see
 (a convolution's scratch memory outside XLA's buffers, the host's copies)
 shows in the process's peak resident memory.
 
-    python -m kerascale.measure.jax.step_child MODEL.keras SPEC.json POLICY BATCH
+    python -m kerascale.measure.jax.step_child MODEL SPEC POLICY BATCH [REPLICAS]
 
-Loads the model, sets POLICY in place (as `fit` does), steps once at batch 1
-(the compiler and the state in memory), then once at BATCH on zeros shaped as
-SPEC says, and prints JSON: {"need": peak resident memory during the second
-step, less the resident memory before it}.
+(MODEL: a .keras file; SPEC: the JSON of `encode_spec`.)
+
+With REPLICAS > 1 (its parent makes that many CPU devices visible with
+XLA_FLAGS), the model is loaded under `keras.distribution.DataParallel` over
+them, as `fit` trains it, and BATCH is each replica's share. Loads the
+model, sets POLICY in place (as `fit` does), steps once at one sample per
+replica (the compiler and the state in memory), then once at BATCH per
+replica on zeros shaped as SPEC says, and prints JSON: {"need": peak
+resident memory during the second step, less the resident memory before it}.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import sys
 LEAF = "__kerascale_leaf__"
 
 
-def main(path: str, spec_path: str, policy: str, batch: str) -> None:
+def main(
+    path: str, spec_path: str, policy: str, batch: str, replicas: str = "1"
+) -> None:
     os.environ["KERAS_BACKEND"] = "jax"
     import keras
     import numpy as np
@@ -31,6 +38,16 @@ def main(path: str, spec_path: str, policy: str, batch: str) -> None:
 
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
+    n = int(replicas)
+    if n > 1:
+        import jax
+
+        devices = jax.devices()
+        if len(devices) < n:
+            raise SystemExit(f"{n} replicas asked, {len(devices)} devices here")
+        keras.distribution.set_distribution(
+            keras.distribution.DataParallel(devices=devices[:n])
+        )
     model = keras.models.load_model(path)
     precision.apply(model, policy)
 
@@ -41,8 +58,8 @@ def main(path: str, spec_path: str, policy: str, batch: str) -> None:
             return {k: zeros(v, n) for k, v in node.items()}
         return [zeros(v, n) for v in node]
 
-    model.train_on_batch(*zeros(spec, 1))
-    small = zeros(spec, int(batch))
+    model.train_on_batch(*zeros(spec, n))
+    small = zeros(spec, int(batch) * n)
     before = memory.resident_bytes()
     if not memory.reset_resident_peak():
         raise SystemExit("cannot reset the resident peak here")
@@ -51,7 +68,7 @@ def main(path: str, spec_path: str, policy: str, batch: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])
 
 
 def encode_spec(element: object) -> object:
