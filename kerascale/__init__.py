@@ -39,11 +39,12 @@ from kerascale.sense.hardware import (
 # "kerascale" logger carries debug detail only, where the application sends it.
 logging.getLogger("kerascale").addHandler(logging.NullHandler())
 
-# On a cluster of two or more workers, join it now, before the script starts
-# TensorFlow by building anything (see
-# kerascale.apply.tensorflow.cluster.join_at_import; KERASCALE_AUTO_CONNECT=0
-# turns it off). Elsewhere this does nothing.
-from kerascale.apply.tensorflow.cluster import join_at_import as _join_at_import  # noqa: E402
+# On a cluster of two or more workers (processes on JAX), join it now, before
+# the script starts TensorFlow or JAX by building anything (see
+# kerascale.apply.tensorflow.cluster.join_at_import and
+# kerascale.apply.jax.cluster.join_at_import; KERASCALE_AUTO_CONNECT=0 turns
+# it off). Elsewhere this does nothing.
+from kerascale.apply.strategy import join_at_import as _join_at_import  # noqa: E402
 
 _join_at_import()
 

@@ -31,7 +31,20 @@ def value_of(variable) -> np.ndarray:
     `Variable.numpy()`: on JAX its `__array__` takes no `copy`, and NumPy 2
     warns on every call."""
     value = variable.value if isinstance(variable, keras.Variable) else variable
-    return np.array(keras.ops.convert_to_numpy(value))
+    return np.array(keras.ops.convert_to_numpy(host_local(value)))
+
+
+def host_local(value):
+    """`value` as this process can read it: a JAX array laid out over
+    several processes' devices (`jax.distributed`) gathered whole (a
+    replicated one from this process's own copy); anything else as it is."""
+    if getattr(value, "is_fully_addressable", True):
+        return value
+    if getattr(value, "is_fully_replicated", False):
+        return value.addressable_data(0)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(value, tiled=True)
 
 
 @contextlib.contextmanager

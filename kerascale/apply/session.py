@@ -41,8 +41,11 @@ from kerascale.apply import data as data_lib
 from kerascale.apply import model as model_lib
 from kerascale.apply import precision as precision_lib
 from kerascale.apply import strategy as strategy_lib
+from kerascale.apply.jax import cluster as jax_cluster
+from kerascale.apply.jax import shard
 from kerascale.apply.tensorflow import cluster
 from kerascale.errors import ConfigurationError, warn
+from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
 from kerascale.sense.model_facts import borrow_problem, gist, is_builder
 
@@ -263,6 +266,8 @@ def prepare(
     plan = cluster.start_alike(train_model, dist, decided.plan, decided.data, x)
     session.accumulate(train_model, plan, final=not copy)
     x, y, kwargs, quiet = _prepare_data(x, y, decided, plan, fit_kwargs, as_dataset)
+    if decided.data.kind == "dataset" and plan.strategy == "data_parallel":
+        dist.auto_shard_dataset = True  # Keras shards a tf.data.Dataset itself
     return Prepared(decided, train_model, dist, plan, x, y, kwargs, quiet)
 
 
@@ -292,6 +297,12 @@ def _prepare_data(
         x, y = ds.batch(plan.step_batch_size).prefetch(tf.data.AUTOTUNE), None
     elif kind == "arrays" or (kind == "other" and plan.step_batch_size):
         kwargs["batch_size"] = plan.step_batch_size
+    if backend_lib.traits(plan.backend).even_batches and not as_dataset:
+        share = _share(plan)
+        if share is not None and share.changes_anything:
+            x, y, kwargs = shard.for_fit(
+                x, y, decided.data, share, plan.step_batch_size, kwargs
+            )
     if "validation_data" in kwargs:
         kwargs["validation_data"], own = data_lib.prepare_validation(
             kwargs["validation_data"],
@@ -312,6 +323,17 @@ def _prepare_data(
         # Keras counts forward passes; steps_per_epoch means updates.
         kwargs["steps_per_epoch"] *= plan.accumulation_steps
     return x, y, kwargs, quiet
+
+
+def _share(plan: Any) -> shard.Share | None:
+    """How each global batch is split on JAX: over the plan's devices, and
+    the processes of kerascale's own `DataParallel`. A distribution of
+    yours over several processes gets your data as it is (Keras's own
+    rules: a `tf.data.Dataset` it shards, or your `auto_shard_dataset`)."""
+    processes, index = jax_cluster.processes()
+    if plan.strategy == "data_parallel":
+        return shard.Share(plan.replicas, processes, index)
+    return shard.Share(plan.replicas) if processes == 1 else None
 
 
 class FirstStepFailed(Exception):

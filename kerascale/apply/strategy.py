@@ -9,6 +9,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from kerascale.sense import backend as backend_lib
+
 
 def backend_module(plan: Any) -> ModuleType:
     """The module that carries out `plan` on its backend."""
@@ -19,6 +21,21 @@ def backend_module(plan: Any) -> ModuleType:
     from kerascale.apply.tensorflow import strategy
 
     return strategy
+
+
+def join_at_import() -> None:
+    """What `import kerascale` does: joins the cluster (TensorFlow) or the
+    processes (JAX) that the environment describes, on this process's
+    backend; elsewhere nothing."""
+    name = backend_lib.name()
+    if name == "jax":
+        from kerascale.apply.jax import cluster as jax_cluster
+
+        jax_cluster.join_at_import()
+    elif name == "tensorflow":
+        from kerascale.apply.tensorflow import cluster
+
+        cluster.join_at_import()
 
 
 def build(plan: Any, instance: Any = None) -> Any:

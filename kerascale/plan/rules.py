@@ -11,12 +11,13 @@ from typing import Any
 
 from kerascale.errors import ConfigurationError, ModelError
 from kerascale.plan import accumulation as accumulation_rules
+from kerascale.plan import batch_split
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.options import Options
 from kerascale.plan.plan import Plan
 from kerascale.sense import backend as backend_lib
-from kerascale.sense import data_facts
+from kerascale.sense import data_facts, jax_processes
 from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
 from kerascale.sense.model_facts import ModelFacts
@@ -82,6 +83,12 @@ def make_plan(
         options, data, sp.micro * replicas, replicas, hardware.backend
     )
     reasons["data_changes"] = why_data
+    if backend_lib.traits(hardware.backend).even_batches:
+        split, split_warnings = batch_split.changes(
+            data, sp.micro * replicas, replicas, _processes(hardware, where)
+        )
+        data_changes += split
+        warnings += split_warnings
 
     return Plan(
         strategy=where.strategy,
@@ -390,6 +397,13 @@ def _within_data(
 # On JAX: kerascale.callbacks.Prefetch, installed by kerascale.fit where a
 # callback of the run makes Keras wait for each step's logs.
 PREFETCH = "read ahead on a thread where a callback waits on each step"
+
+
+def _processes(hardware: Hardware, where: Any) -> int:
+    """The JAX processes kerascale's own DataParallel spans (1 elsewhere)."""
+    cluster = hardware.cluster
+    joined = cluster is not None and cluster.source == jax_processes.JOINED
+    return cluster.num_workers if joined and where.strategy == "data_parallel" else 1
 
 
 def _data_changes(

@@ -52,6 +52,9 @@ class Traits:
             Keras's TensorBoard callback (TensorFlow's profiler).
         joins_tf_clusters: Whether a `TF_CONFIG`/SLURM/Vertex cluster means
             TensorFlow's multi-worker strategy here.
+        even_batches: Whether its devices must divide each batch evenly (JAX
+            lays a batch out along the mesh; `tf.distribute` splits an
+            uneven one itself).
     """
 
     name: str
@@ -63,6 +66,7 @@ class Traits:
     bf16_cpu_by_trial: bool
     profiler_needs_tensorflow: bool
     joins_tf_clusters: bool
+    even_batches: bool
 
 
 _TRAITS = {
@@ -76,6 +80,7 @@ _TRAITS = {
         bf16_cpu_by_trial=False,
         profiler_needs_tensorflow=True,
         joins_tf_clusters=True,
+        even_batches=False,
     ),
     "jax": Traits(
         name="jax",
@@ -87,6 +92,7 @@ _TRAITS = {
         bf16_cpu_by_trial=True,
         profiler_needs_tensorflow=False,
         joins_tf_clusters=False,
+        even_batches=True,
     ),
 }
 
@@ -102,6 +108,7 @@ _UNSUPPORTED = Traits(
     bf16_cpu_by_trial=False,
     profiler_needs_tensorflow=True,
     joins_tf_clusters=False,
+    even_batches=False,
 )
 
 

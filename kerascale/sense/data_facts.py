@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import inspect as pyinspect
 import logging
 import re
 import weakref
@@ -54,6 +55,9 @@ class DataFacts:
             shuffle, no random or Python ops), has a known length, and fits
             in a quarter of the memory available: `cache()` then spares
             re-computing it.
+        splittable: Whether each batch can be cut as it is read, without
+            reading ahead (a `PyDataset`, a generator, a grain dataset): how
+            JAX's devices and processes get their even shares of it.
     """
 
     kind: str
@@ -63,6 +67,7 @@ class DataFacts:
     from_files: bool = False
     cacheable: bool = False
     why_not_measurable: str = ""
+    splittable: bool = False
 
     @property
     def measurable(self) -> bool:
@@ -181,7 +186,13 @@ def inspect(
         why_not_measurable=(
             f"a {type(x).__name__} cannot be read ahead without consuming it"
         ),
+        splittable=pyinspect.isgenerator(x) or _is_grain(x),
     )
+
+
+def _is_grain(x: Any) -> bool:
+    module = type(x).__module__ or ""
+    return module.split(".")[0] == "grain" and callable(getattr(x, "map", None))
 
 
 def _inspect_pydataset(x: Any, y: Any, *, name: str) -> DataFacts:
@@ -197,7 +208,7 @@ def _inspect_pydataset(x: Any, y: Any, *, name: str) -> DataFacts:
     first = x[0]
     inputs = first[0] if isinstance(first, tuple) else first
     (batch, *_) = leading_dims(inputs)
-    return DataFacts(kind="pydataset", batched=True, batch_size=batch)
+    return DataFacts(kind="pydataset", batched=True, batch_size=batch, splittable=True)
 
 
 def _inspect_arrays(x: Any, y: Any, *, name: str) -> DataFacts:

@@ -23,7 +23,7 @@ from typing import Any
 
 from kerascale import _validation
 from kerascale.sense import backend as backend_lib
-from kerascale.sense import jax_devices
+from kerascale.sense import jax_devices, jax_processes
 from kerascale.sense import nvml as nvml_lib
 from kerascale.sense.cluster import ClusterInfo, detect_cluster
 
@@ -213,15 +213,15 @@ def detect_hardware(*, nvml: bool = True) -> Hardware:
     _validation.boolean("nvml", nvml)
     notes: list[str] = []
     backend = backend_lib.name()
+    cluster = detect_cluster(os.environ)
     if backend == "jax":
-        cpu, gpus, tpu = _detect_jax(notes, use_nvml=nvml)
+        cpu, gpus, tpu, cluster = _detect_jax(notes, use_nvml=nvml)
     elif backend == "tensorflow":
         cpu = _detect_cpu(notes, logical_devices=_logical_device_count("CPU"))
         gpus = _detect_gpus(notes, use_nvml=nvml)
         tpu = _detect_tpu(os.environ)
     else:  # kerascale plans nothing there; what Keras would use, unasked
         cpu, gpus, tpu = _detect_cpu(notes), (), None
-    cluster = detect_cluster(os.environ)
     return Hardware(
         cpu=cpu,
         gpus=gpus,
@@ -234,9 +234,10 @@ def detect_hardware(*, nvml: bool = True) -> Hardware:
 
 def _detect_jax(
     notes: list[str], *, use_nvml: bool
-) -> tuple[CPUInfo, tuple[GPUInfo, ...], TPUInfo | None]:
+) -> tuple[CPUInfo, tuple[GPUInfo, ...], TPUInfo | None, ClusterInfo | None]:
     """The devices JAX trains on here (`sense.jax_devices`), with NVML's
-    names where it knows them."""
+    names where it knows them, and its processes: those joined
+    (`JOINED`), else those the environment describes (not joined)."""
     found = jax_devices.detect(notes)
     cpu = _detect_cpu(notes, logical_devices=max(1, found["cpu_devices"]))
     gpus = tuple(
@@ -251,7 +252,20 @@ def _detect_jax(
     tpu = None
     if found["tpu_cores"]:
         tpu = TPUInfo(name="local", source=f"JAX ({found['tpu_cores']} TPU cores)")
-    return cpu, gpus, tpu
+    if found["processes"] > 1:
+        cluster = ClusterInfo(
+            jax_processes.JOINED, found["processes"], "worker", found["process_index"]
+        )
+    else:
+        described = jax_processes.describe(os.environ)
+        cluster = described and ClusterInfo(
+            described.source,
+            described.num_processes or 0,
+            "worker",
+            described.process_id,
+            described.error or None,
+        )
+    return cpu, gpus, tpu, cluster
 
 
 # --- CPU --------------------------------------------------------------------

@@ -17,20 +17,30 @@ GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 def detect(notes: list[str]) -> dict[str, Any]:
     """{"platform", "cpu_devices", "gpus": [{index, name, memory_total, cc}],
-    "tpu_cores"} for this process's local devices."""
+    "tpu_cores", "processes", "process_index"} for this process's local
+    devices, and the JAX processes joined (`jax.distributed`)."""
     import jax
 
     try:
         devices = jax.local_devices()
     except Exception as e:  # a broken accelerator plugin must not stop CPU work
         notes.append(f"JAX could not list its devices ({e}); assuming one CPU.")
-        return {"platform": "cpu", "cpu_devices": 1, "gpus": [], "tpu_cores": 0}
+        return {
+            "platform": "cpu",
+            "cpu_devices": 1,
+            "gpus": [],
+            "tpu_cores": 0,
+            "processes": 1,
+            "process_index": 0,
+        }
     platform = devices[0].platform if devices else "cpu"
     found: dict[str, Any] = {
         "platform": platform,
         "cpu_devices": 0,
         "gpus": [],
         "tpu_cores": 0,
+        "processes": jax.process_count(),
+        "process_index": jax.process_index(),
     }
     if platform == "tpu":
         found["tpu_cores"] = len(devices)

@@ -19,7 +19,7 @@ from typing import Any
 import keras
 
 from kerascale.apply import keras_compat
-from kerascale.apply.jax import compile_cache
+from kerascale.apply.jax import cluster, compile_cache
 from kerascale.errors import ConfigurationError
 
 
@@ -38,13 +38,21 @@ def build(plan: Any, instance: Any = None) -> Any:
     if plan.strategy == "data_parallel":
         import jax
 
-        devices = jax.local_devices()
+        # Several processes: every process's devices (Keras splits each
+        # global batch over them all); alone, the local ones.
+        several = jax.process_count() > 1
+        devices = jax.devices() if several else jax.local_devices()
         if len(devices) < plan.replicas:
             raise ConfigurationError(
                 f"The plan trains {plan.replicas} replicas, and JAX sees "
-                f"{len(devices)} local device(s) now: plan again on this machine."
+                f"{len(devices)} device(s) now: plan again on this machine."
             )
-        return keras.distribution.DataParallel(devices=devices[: plan.replicas])
+        return keras.distribution.DataParallel(
+            devices=devices[: plan.replicas],
+            # kerascale gives each process its share (apply.jax.shard); Keras
+            # shards a tf.data.Dataset itself (session sets it back for one).
+            auto_shard_dataset=not several,
+        )
     raise ConfigurationError(
         f"Cannot build {plan.strategy!r} on the JAX backend: one of 'default', "
         "'data_parallel', or a keras.distribution.Distribution."
@@ -71,6 +79,7 @@ def place(model: Any, distribution: Any) -> Any:
     do); returns the undo, or None."""
     if distribution is None:
         return None
+    cluster.start_alike(model)
     return keras_compat.lay_out(model, distribution)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kerascale._state import host_local
+
 
 def model_variables(model: Any) -> list[Any]:
     """Every variable Keras's JAX trainer carries through a step: the
@@ -59,7 +61,8 @@ def lay_out(model: Any, distribution: Any) -> Callable[[], None]:
             if id(v) in before or v._layout is None:
                 continue
             v._layout = None
-            v._value = jax.device_put(v.value, placed.get(id(v), home))
+            local = host_local(v.value)  # off every other process's devices
+            v._value = jax.device_put(local, placed.get(id(v), home))
         for name, fn in traced.items():
             setattr(model, name, fn)
 

@@ -19,6 +19,8 @@ import keras
 from kerascale import _validation
 from kerascale.errors import ConfigurationError
 from kerascale.plan.choice import StrategyChoice
+from kerascale.sense import jax_processes
+from kerascale.sense.cluster import check_trainable
 from kerascale.sense.hardware import Hardware
 
 CHOICES = ("auto", "default", "data_parallel")
@@ -105,13 +107,18 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
         )
     local = devices(hw)
     cluster = ()
-    if hw.cluster is not None and hw.cluster.is_multi_worker:
+    if hw.cluster is not None and hw.cluster.error:
+        check_trainable(hw.cluster)
+    joined = hw.cluster is not None and hw.cluster.source == jax_processes.JOINED
+    if joined and requested in ("auto", "data_parallel"):
+        return _across_processes(hw, local)
+    if hw.cluster is not None and hw.cluster.is_multi_worker and not joined:
         cluster = (
-            f"{hw.cluster.source} describes {hw.cluster.num_workers} workers, and "
-            "kerascale does not yet join JAX processes (jax.distributed): this "
-            "process trains on its own devices, as model.fit would. Call "
-            "jax.distributed.initialize() and pass a keras.distribution to "
-            "train across them.",
+            f"{hw.cluster.source} describes {hw.cluster.num_workers} JAX "
+            "processes, and this one has not joined them (kerascale joins at "
+            "import, before JAX computes: import kerascale first, or set "
+            "KERASCALE_AUTO_CONNECT=1): it trains on its own devices, as "
+            "model.fit would.",
         )
     if requested == "default" or (requested == "auto" and len(local) == 1):
         why = "you asked for it" if requested == "default" else "one device"
@@ -141,6 +148,22 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
         len(local),
         f"{why}: keras.distribution.DataParallel, the batch split across them",
         warnings,
+        scoped=False,
+    )
+
+
+def _across_processes(hw: Hardware, local: tuple[str, ...]) -> StrategyChoice:
+    """DataParallel over every joined process's devices."""
+    processes = hw.cluster.num_workers
+    kind = local[0].split(":")[0].upper()
+    return StrategyChoice(
+        "data_parallel",
+        local,
+        processes * len(local),
+        f"{processes} JAX processes (jax.distributed) x {len(local)} {kind} "
+        f"device{'s' if len(local) != 1 else ''}, this is process "
+        f"{hw.cluster.task_index}: keras.distribution.DataParallel over all of "
+        "them, each process reading its share of every global batch",
         scoped=False,
     )
 

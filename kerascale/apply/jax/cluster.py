@@ -1,0 +1,118 @@
+"""Joining JAX's processes (`jax.distributed`) with no extra line, and
+starting them alike.
+
+`import kerascale` joins the processes the environment describes
+(`sense.jax_processes`: JAX's and Keras's own variables, `TF_CONFIG`, Vertex
+AI's `CLUSTER_SPEC`, SLURM), as the TensorFlow path joins its cluster:
+`jax.distributed.initialize` must run before JAX computes anything, which is
+why it happens at import. `KERASCALE_AUTO_CONNECT=0` turns it off; a job that
+called `jax.distributed.initialize` itself is left as it is. On a CPU the
+processes reduce through gloo (JAX's CPU collectives).
+
+Before a run, every process takes process 0's weights and optimizer state
+(`start_alike`): Keras lays a variable out over every process's devices from
+the value each process holds, which must be the same everywhere (JAX asserts
+it), and a model built without a shared seed differs from process to
+process. Process 0's values win, whatever the seed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from kerascale.apply import keras_compat
+from kerascale.errors import warn
+from kerascale.sense import jax_processes
+
+logger = logging.getLogger("kerascale")
+
+AUTO_CONNECT_ENV = "KERASCALE_AUTO_CONNECT"
+TIMEOUT_ENV = "KERASCALE_JOIN_TIMEOUT"
+DEFAULT_TIMEOUT_SECONDS = 300
+
+
+def join_at_import(environ: Mapping[str, str] | None = None) -> bool:
+    """What `import kerascale` does on JAX: joins the processes the
+    environment describes (two or more), unless `KERASCALE_AUTO_CONNECT` is
+    "0", JAX's processes are already joined, or JAX has started computing
+    (then one warning says how to join). Waits until every process has
+    joined (`KERASCALE_JOIN_TIMEOUT` seconds, 300 by default).
+
+    Returns:
+        Whether this call joined them.
+    """
+    env = os.environ if environ is None else environ
+    if env.get(AUTO_CONNECT_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    described = jax_processes.describe(env)
+    if described is None or not described.several:
+        return False  # a malformed description: fit reports it
+    import jax
+
+    if jax.distributed.is_initialized():
+        return False
+    try:
+        jax.distributed.initialize(
+            coordinator_address=described.coordinator,
+            num_processes=described.num_processes,
+            process_id=described.process_id,
+            initialization_timeout=_timeout(env),
+        )
+    except RuntimeError as e:
+        if "before any JAX" not in str(e):
+            raise
+        warn(
+            f"{described.source} describes {described.num_processes or 'several'} "
+            "JAX processes, and kerascale could not join them: JAX had already "
+            "computed in this process. Import kerascale before anything runs "
+            "JAX (or call jax.distributed.initialize() first); until then each "
+            "process trains alone, as model.fit would."
+        )
+        return False
+    logger.info(
+        "joined %d JAX processes (%s), this is process %d",
+        jax.process_count(),
+        described.source,
+        jax.process_index(),
+    )
+    return True
+
+
+def _timeout(env: Mapping[str, str]) -> int:
+    raw = env.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_SECONDS
+    if not raw.isdigit() or int(raw) < 1:
+        from kerascale.errors import ClusterConfigError
+
+        raise ClusterConfigError(
+            f"{TIMEOUT_ENV} must be a whole number of seconds >= 1. Received: "
+            f"{TIMEOUT_ENV}={raw!r}"
+        )
+    return int(raw)
+
+
+def processes() -> tuple[int, int]:
+    """(how many JAX processes train, this one's index): (1, 0) alone."""
+    import jax
+
+    return jax.process_count(), jax.process_index()
+
+
+def start_alike(model: Any) -> None:
+    """Gives every process process 0's values of the model's variables (its
+    optimizer's too, where built), before Keras lays them out over every
+    process's devices. Alone, nothing to do."""
+    if processes()[0] == 1:
+        return
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    variables = keras_compat.model_variables(model)
+    values = [np.asarray(v.value) for v in variables]
+    shared = multihost_utils.broadcast_one_to_all(values)
+    for v, value in zip(variables, shared, strict=True):
+        v.assign(np.asarray(value))

@@ -1,0 +1,97 @@
+"""One of several JAX processes on 127.0.0.1, for tests_jax/test_jax_processes.py.
+
+    python processes_child.py MODE PORT COUNT INDEX OUT_JSON [EPOCHS [CHECKPOINT_DIR]]
+
+The environment names the coordinator (JAX_COORDINATOR_ADDRESS,
+JAX_NUM_PROCESSES, JAX_PROCESS_ID): `import kerascale` joins the processes
+with no line of the script's own. Each process builds its model from a seed
+of its own (so only kerascale's broadcast makes them start alike) and trains
+with `kerascale.fit`; MODE "single" instead trains process 0's model with
+plain `model.fit` on one device, alone, on the global batch. EPOCHS (3 by
+default) and CHECKPOINT_DIR (kerascale's `checkpoint_dir`) are fit's. Writes
+JSON: the plan, the losses and the trained weights.
+"""
+
+import json
+import os
+import sys
+
+mode, port, count, index, out = sys.argv[1:6]
+EPOCHS = int(sys.argv[6]) if len(sys.argv) > 6 else 3
+CHECKPOINTS = sys.argv[7] if len(sys.argv) > 7 else None
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ["XLA_FLAGS"] = ""
+if mode != "single":
+    os.environ["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{port}"
+    os.environ["JAX_NUM_PROCESSES"] = count
+    os.environ["JAX_PROCESS_ID"] = index
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import kerascale  # noqa: E402  (joins the processes)
+
+N, BATCH = 101, 16  # the last batch of 5: one sample left out over 2 processes
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(N, 6)).astype("float32")
+    y = (x[:, :3].sum(axis=1) > 0).astype("int32")
+    return x, y
+
+
+def model(seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(16, activation="relu")(inputs)
+    outputs = keras.layers.Dense(2)(h)
+    m = keras.Model(inputs, outputs)
+    m.compile(
+        keras.optimizers.Adam(0.01),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return m
+
+
+def main():
+    import jax
+
+    x, y = data()
+    result = {"processes": jax.process_count(), "index": jax.process_index()}
+    if mode == "single":
+        m = model(seed=0)
+        keep = N - (N % BATCH) % int(count)
+        h = m.fit(
+            x[:keep],
+            y[:keep],
+            batch_size=BATCH,
+            epochs=EPOCHS,
+            shuffle=False,
+            verbose=0,
+        )
+    else:
+        m = model(seed=int(index))  # different on each process
+        h = kerascale.fit(
+            m, x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+            checkpoint_dir=CHECKPOINTS,
+        )  # fmt: skip
+        plan = h.plan
+        result["plan"] = {
+            "strategy": plan.strategy,
+            "replicas": plan.replicas,
+            "global_batch_size": plan.global_batch_size,
+            "reason": plan.reasons.get("strategy", ""),
+            "data_changes": list(plan.data_changes),
+        }
+        result["distribution_after"] = repr(keras.distribution.distribution())
+        # the model is the user's again: it predicts here, alone
+        result["predicts"] = bool(np.isfinite(m.predict(x[:3], verbose=0)).all())
+    result["loss"] = [float(v) for v in h.history["loss"]]
+    result["weights"] = [w.tolist() for w in m.get_weights()]
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

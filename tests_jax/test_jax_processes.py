@@ -1,0 +1,156 @@
+"""Several JAX processes on 127.0.0.1 (gloo), joined by `import kerascale`
+with no line of the script's own: they train as one process on the global
+batch does, though each built its model from a seed of its own."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kerascale.sense import jax_processes
+
+CHILD = Path(__file__).with_name("processes_child.py")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(mode, count, tmp_path, *extra):
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "XLA_FLAGS")}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(CHILD),
+                mode,
+                str(port),
+                str(count),
+                str(i),
+                str(tmp_path / f"{mode}{i}.json"),
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for i in range(count if mode != "single" else 1)
+    ]
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out[-3000:]
+    return [
+        json.loads((tmp_path / f"{mode}{i}.json").read_text())
+        for i in range(len(procs))
+    ]
+
+
+def test_two_processes_train_as_one_process_on_the_global_batch(tmp_path):
+    first, second = _run("multi", 2, tmp_path)
+    (alone,) = _run("single", 2, tmp_path)
+    assert first["processes"] == second["processes"] == 2
+    plan = first["plan"]
+    assert plan["strategy"] == "data_parallel" and plan["replicas"] == 2
+    assert plan["global_batch_size"] == 16  # Keras's batch_size: the global batch
+    assert "2 JAX processes" in plan["reason"]
+    assert "each process reads its block of every global batch" in plan["data_changes"]
+    # both processes end alike, and as one process on the global batch does
+    np.testing.assert_allclose(first["loss"], alone["loss"], rtol=1e-5)
+    np.testing.assert_allclose(second["loss"], first["loss"], rtol=0, atol=0)
+    for a, b, c in zip(
+        first["weights"], second["weights"], alone["weights"], strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
+    # and the model is the user's again: no distribution set, it predicts alone
+    assert first["distribution_after"] == "None" and first["predicts"]
+
+
+def test_two_processes_resume_from_process_0s_checkpoint_exactly(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    first, _ = _run("multi", 2, tmp_path, "2", str(checkpoints))
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "ckpt-00000001",
+        "ckpt-00000002",
+    ]  # process 0 writes; process 1 writes nothing there
+    resumed, other = _run("multi", 2, tmp_path, "4", str(checkpoints))
+    (tmp_path / "straight").mkdir()
+    straight, _ = _run("multi", 2, tmp_path / "straight", "4")
+    assert resumed["loss"][:2] == first["loss"]
+    np.testing.assert_array_equal(resumed["loss"], straight["loss"])
+    for a, b, c in zip(
+        resumed["weights"], other["weights"], straight["weights"], strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        (
+            {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "4",
+             "JAX_PROCESS_ID": "2"},
+            ("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234", 4, 2),
+        ),
+        (
+            {"KERAS_DISTRIBUTION_JOB_ADDRESSES": "10.0.0.1:1234,10.0.0.2:2345",
+             "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+             "KERAS_DISTRIBUTION_PROCESS_ID": "1"},
+            ("KERAS_DISTRIBUTION", "10.0.0.1:1234", 2, 1),
+        ),
+        (
+            {"TF_CONFIG": json.dumps({
+                "cluster": {"chief": ["h0:2222"], "worker": ["h1:2222", "h2:2222"]},
+                "task": {"type": "worker", "index": 1}})},
+            ("TF_CONFIG", "h0:2222", 3, 2),
+        ),
+        (
+            {"CLUSTER_SPEC": json.dumps({
+                "cluster": {"workerpool0": ["h0:2222"], "workerpool1": ["h1:2222"]},
+                "task": {"type": "workerpool1", "index": 0}})},
+            ("CLUSTER_SPEC", "h0:2222", 2, 1),
+        ),
+        (
+            {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n[1-2]",
+             "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1"},
+            ("SLURM", None, 2, 1),
+        ),
+    ],
+)  # fmt: skip
+def test_the_processes_are_read_from_the_same_sources_as_tensorflow_s(env, expected):
+    found = jax_processes.describe(env)
+    assert (found.source, found.coordinator, found.num_processes, found.process_id) == (
+        expected
+    )
+    assert found.several and not found.error
+
+
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        ({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2x"}, "whole"),
+        ({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2",
+          "JAX_PROCESS_ID": "2"}, "from 0 to 1"),
+        ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["h:1"], "ps": ["h:2"]},
+                                   "task": {"type": "ps", "index": 0}})}, "'ps'"),
+        ({"TF_CONFIG": "{not json"}, "not valid JSON"),
+    ],
+)  # fmt: skip
+def test_a_malformed_description_is_not_joined_and_says_why(env, says):
+    found = jax_processes.describe(env)
+    assert not found.several and says in found.error
+
+
+def test_nothing_described_means_nothing_to_join():
+    assert jax_processes.describe({}) is None
+    assert jax_processes.describe({"SLURM_JOB_ID": "7"}) is None  # not under srun
