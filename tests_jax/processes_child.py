@@ -8,13 +8,15 @@ with no line of the script's own. Each process builds its model from a seed
 of its own (so only kerascale's broadcast makes them start alike) and trains
 with `kerascale.fit`; MODE "single" instead trains process 0's model with
 plain `model.fit` on one device, alone, on the global batch. EPOCHS (3 by
-default) and CHECKPOINT_DIR (kerascale's `checkpoint_dir`) are fit's. Writes
-JSON: the plan, the losses and the trained weights.
+default) and CHECKPOINT_DIR (kerascale's `checkpoint_dir`) are fit's;
+STEP_SLEEP (seconds, in the environment) slows each step, for a signal to
+arrive mid-run. Writes JSON: the plan, the losses and the trained weights.
 """
 
 import json
 import os
 import sys
+import time
 
 mode, port, count, index, out = sys.argv[1:6]
 EPOCHS = int(sys.argv[6]) if len(sys.argv) > 6 else 3
@@ -72,9 +74,13 @@ def main():
         )
     else:
         m = model(seed=int(index))  # different on each process
+        pause = float(os.environ.get("STEP_SLEEP", "0"))
+        slow = keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs: time.sleep(pause)
+        )
         h = kerascale.fit(
             m, x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-            checkpoint_dir=CHECKPOINTS,
+            checkpoint_dir=CHECKPOINTS, callbacks=[slow] if pause else None,
         )  # fmt: skip
         plan = h.plan
         result["plan"] = {

@@ -46,3 +46,22 @@ def test_lay_out_trains_such_a_model_and_puts_it_back():
         assert v._layout is None
         assert isinstance(v.value.sharding, jax.sharding.SingleDeviceSharding)
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+
+def test_jax_s_coordination_store_is_where_jax_compat_reads_it():
+    """kerascale/_jax_compat.py: JAX's coordination service's key-value
+    store has no public API; its client is `global_state.client`
+    (jax/_src/distributed.py), with the two calls an `Agreement` makes. The
+    2-process SIGTERM test (test_jax_processes.py) exercises them for real,
+    including the error texts ALREADY_EXISTS and DEADLINE_EXCEEDED."""
+    from jax._src import distributed
+    from jax._src.lib import _jax
+
+    from kerascale import _jax_compat
+
+    assert hasattr(distributed.global_state, "client")
+    for name in ("key_value_set", "blocking_key_value_get"):
+        assert callable(getattr(_jax.DistributedRuntimeClient, name))
+    assert jax.errors.JaxRuntimeError in _jax_compat.KV_ERRORS
+    with pytest.raises(RuntimeError, match="not joined"):
+        _jax_compat.kv_get("anything", 0.1)  # alone: no client

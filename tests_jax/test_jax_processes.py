@@ -4,9 +4,11 @@ batch does, though each built its model from a seed of its own."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +25,11 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _run(mode, count, tmp_path, *extra):
+def _start(mode, count, tmp_path, *extra, env_extra=None):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "XLA_FLAGS")}
-    procs = [
+    env.update(env_extra or {})
+    return [
         subprocess.Popen(
             [
                 sys.executable,
@@ -45,6 +48,10 @@ def _run(mode, count, tmp_path, *extra):
         )
         for i in range(count if mode != "single" else 1)
     ]
+
+
+def _run(mode, count, tmp_path, *extra):
+    procs = _start(mode, count, tmp_path, *extra)
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out[-3000:]
@@ -92,6 +99,30 @@ def test_two_processes_resume_from_process_0s_checkpoint_exactly(tmp_path):
     ):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
+
+
+def test_sigterm_to_one_process_saves_on_all_at_one_step_and_exits_143(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    procs = _start(
+        "multi", 2, tmp_path, "6", str(checkpoints), env_extra={"STEP_SLEEP": "0.2"}
+    )
+    deadline = time.monotonic() + 120
+    while not (checkpoints / "ckpt-00000001").exists():  # past the first epoch
+        assert time.monotonic() < deadline, procs[0].communicate()[0][-3000:]
+        assert all(p.poll() is None for p in procs)
+        time.sleep(0.1)
+    procs[1].send_signal(signal.SIGTERM)  # preemption reaches one VM
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [143, 143], [o[-2000:] for o in outs]
+    saved = sorted(p.name for p in checkpoints.iterdir())
+    assert len(saved) >= 2, saved  # the epoch's, and the preemption's mid-epoch
+    # The rerun resumes where both stopped and ends as an uninterrupted run.
+    resumed, _ = _run("multi", 2, tmp_path, "6", str(checkpoints))
+    (tmp_path / "straight").mkdir()
+    straight, _ = _run("multi", 2, tmp_path / "straight", "6")
+    np.testing.assert_array_equal(resumed["loss"], straight["loss"])
+    for a, b in zip(resumed["weights"], straight["weights"], strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,7 @@ from typing import Any
 
 from kerascale import _tf
 from kerascale import _tf_compat as tfc
+from kerascale.sense import backend as backend_lib
 
 logger = logging.getLogger("kerascale")
 
@@ -57,7 +58,18 @@ class Agreement:
     latter returns the kinds every worker acts on at that step.
     """
 
-    def __init__(self, prefix: str, worker_id: int, num_workers: int, timeout: float):
+    def __init__(
+        self,
+        prefix: str,
+        worker_id: int,
+        num_workers: int,
+        timeout: float,
+        store: Any = tfc,
+    ):
+        # store: the coordination service's key-value store, as `_tf_compat`
+        # (TensorFlow) or `_jax_compat` (JAX) reads it: kv_set, kv_get,
+        # KV_TAKEN, KV_TIMEOUT, KV_ERRORS.
+        self.store = store
         self.prefix = prefix
         self.worker_id = worker_id
         self.num_workers = num_workers
@@ -120,10 +132,14 @@ class Agreement:
         if pending is not None and pending["step"] > self._count:
             left.add(pending["kind"])
         try:
-            tfc.kv_set(f"{self.prefix}/final{self.worker_id}", json.dumps(sorted(left)))
+            self.store.kv_set(
+                f"{self.prefix}/final{self.worker_id}", json.dumps(sorted(left))
+            )
             for i in range(self.num_workers):
                 left.update(
-                    json.loads(tfc.kv_get(f"{self.prefix}/final{i}", self.timeout))
+                    json.loads(
+                        self.store.kv_get(f"{self.prefix}/final{i}", self.timeout)
+                    )
                 )
         finally:
             self.close()
@@ -135,9 +151,9 @@ class Agreement:
         chief passes it, the others wait for it. Once per name and run."""
         key = f"{self.prefix}/chief/{name}"
         if self.worker_id == 0:
-            tfc.kv_set(key, json.dumps(value))
+            self.store.kv_set(key, json.dumps(value))
             return value
-        return json.loads(tfc.kv_get(key, self.timeout))
+        return json.loads(self.store.kv_get(key, self.timeout))
 
     def close(self) -> None:
         """Stops the watcher thread (idempotent; within `_POLL_SECONDS`)."""
@@ -156,18 +172,18 @@ class Agreement:
         decision = {"kind": kind, "step": self._count + 1, "by": self.worker_id}
         n = self._round
         try:
-            tfc.kv_set(self._key(n), json.dumps(decision))
-        except tfc.KV_TAKEN:
+            self.store.kv_set(self._key(n), json.dumps(decision))
+        except self.store.KV_TAKEN:
             # Another worker proposed in this round first: every worker acts
             # on its decision, then this one proposes again if still wanted.
-            self._record(n, json.loads(tfc.kv_get(self._key(n), self.timeout)))
+            self._record(n, json.loads(self.store.kv_get(self._key(n), self.timeout)))
             self._next_decision()
             return
         logger.info("Worker %d proposed %r at step %d.", *decision.values())
         self._record(n, decision)
         self._next_decision()
         for i in range(self.num_workers):  # every worker knows before step + 1
-            tfc.kv_get(f"{self._key(n)}/ack{i}", self.timeout)
+            self.store.kv_get(f"{self._key(n)}/ack{i}", self.timeout)
 
     def _next_decision(self) -> dict[str, Any] | None:
         """The oldest decision received and not yet acted on, or None."""
@@ -193,15 +209,15 @@ class Agreement:
         n = 1
         while not self._closed.is_set():
             try:
-                raw = tfc.kv_get(self._key(n), _POLL_SECONDS)
-            except tfc.KV_TIMEOUT:
+                raw = self.store.kv_get(self._key(n), _POLL_SECONDS)
+            except self.store.KV_TIMEOUT:
                 continue
-            except tfc.KV_ERRORS:
+            except self.store.KV_ERRORS:
                 return  # the cluster is gone; the training thread finds out
             self._record(n, json.loads(raw))
             try:
-                tfc.kv_set(f"{self._key(n)}/ack{self.worker_id}", "1")
-            except tfc.KV_ERRORS:
+                self.store.kv_set(f"{self._key(n)}/ack{self.worker_id}", "1")
+            except self.store.KV_ERRORS:
                 return
             n += 1
 
@@ -218,17 +234,31 @@ _runs: weakref.WeakKeyDictionary[Any, tuple[Any, Agreement]] = (
 _fits = 0  # agreements made in this process: the same count on every worker
 
 
+def _position(model: Any) -> tuple[int, int, Any]:
+    """(this worker's index, the number of workers, the store): under a
+    `MultiWorkerMirroredStrategy` on TensorFlow, among JAX's joined
+    processes on JAX; (0, 1, None) alone."""
+    if not backend_lib.traits().joins_tf_clusters:
+        from kerascale import _jax_compat
+        from kerascale.apply.jax import cluster as jax_cluster
+
+        count, index = jax_cluster.processes()
+        return index, count, _jax_compat
+    strategy = getattr(model, "distribute_strategy", None)
+    if not _tf.is_instance(strategy, "distribute", "MultiWorkerMirroredStrategy"):
+        return 0, 1, None
+    return (*tfc.worker_position(strategy), tfc)
+
+
 def for_run(model: Any, run: Any) -> Agreement | None:
     """The agreement of the `fit` call `run` serves, made at its first
     request; None unless `model` trains under a `MultiWorkerMirroredStrategy`
-    of two or more workers (joined by kerascale or not)."""
+    of two or more workers (joined by kerascale or not), or in two or more
+    joined JAX processes."""
     from kerascale.apply.tensorflow import cluster
 
     global _fits
-    strategy = getattr(model, "distribute_strategy", None)
-    if not _tf.is_instance(strategy, "distribute", "MultiWorkerMirroredStrategy"):
-        return None
-    worker_id, num_workers = tfc.worker_position(strategy)
+    worker_id, num_workers, store = _position(model)
     if num_workers < 2:
         return None
     held = _runs.get(model)
@@ -245,7 +275,11 @@ def for_run(model: Any, run: Any) -> Agreement | None:
         else cluster.Timeouts.for_worker_timeout(cluster.DEFAULT_WORKER_TIMEOUT)
     )
     agreement = Agreement(
-        f"kerascale/agree/fit{_fits}", worker_id, num_workers, timeouts.exchange
+        f"kerascale/agree/fit{_fits}",
+        worker_id,
+        num_workers,
+        timeouts.exchange,
+        store,
     )
     _runs[model] = (run, agreement)
     return agreement

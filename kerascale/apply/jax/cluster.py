@@ -19,19 +19,19 @@ process. Process 0's values win, whatever the seed.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from kerascale.apply import keras_compat
+from kerascale.apply.tensorflow import cluster as tf_cluster
 from kerascale.errors import warn
 from kerascale.sense import jax_processes
 
 logger = logging.getLogger("kerascale")
 
 AUTO_CONNECT_ENV = "KERASCALE_AUTO_CONNECT"
-TIMEOUT_ENV = "KERASCALE_JOIN_TIMEOUT"
-DEFAULT_TIMEOUT_SECONDS = 300
 
 
 def join_at_import(environ: Mapping[str, str] | None = None) -> bool:
@@ -39,7 +39,7 @@ def join_at_import(environ: Mapping[str, str] | None = None) -> bool:
     environment describes (two or more), unless `KERASCALE_AUTO_CONNECT` is
     "0", JAX's processes are already joined, or JAX has started computing
     (then one warning says how to join). Waits until every process has
-    joined (`KERASCALE_JOIN_TIMEOUT` seconds, 300 by default).
+    joined (max(15 min, 15 x `KERASCALE_WORKER_TIMEOUT`)).
 
     Returns:
         Whether this call joined them.
@@ -54,12 +54,14 @@ def join_at_import(environ: Mapping[str, str] | None = None) -> bool:
 
     if jax.distributed.is_initialized():
         return False
+    timeouts = tf_cluster.timeouts_from_env(env)  # the same worker_timeout
     try:
         jax.distributed.initialize(
             coordinator_address=described.coordinator,
             num_processes=described.num_processes,
             process_id=described.process_id,
-            initialization_timeout=_timeout(env),
+            initialization_timeout=math.ceil(timeouts.start),
+            heartbeat_timeout_seconds=math.ceil(timeouts.heartbeat),
         )
     except RuntimeError as e:
         if "before any JAX" not in str(e):
@@ -79,20 +81,6 @@ def join_at_import(environ: Mapping[str, str] | None = None) -> bool:
         jax.process_index(),
     )
     return True
-
-
-def _timeout(env: Mapping[str, str]) -> int:
-    raw = env.get(TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT_SECONDS
-    if not raw.isdigit() or int(raw) < 1:
-        from kerascale.errors import ClusterConfigError
-
-        raise ClusterConfigError(
-            f"{TIMEOUT_ENV} must be a whole number of seconds >= 1. Received: "
-            f"{TIMEOUT_ENV}={raw!r}"
-        )
-    return int(raw)
 
 
 def processes() -> tuple[int, int]:

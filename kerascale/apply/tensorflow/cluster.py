@@ -206,20 +206,26 @@ def join_at_import(environ: Mapping[str, str] | None = None) -> Any:
         return None  # fit says what to do with a parameter server or evaluator
     if info.source == "SLURM" and not env.get("SLURM_STEP_NODELIST"):
         return None  # not under srun: fit says to use it
-    raw = env.get(WORKER_TIMEOUT_ENV)
-    try:
-        timeouts = validate_timeout(_number_or_text(raw or DEFAULT_WORKER_TIMEOUT))
-    except ValueError:
-        raise ClusterConfigError(
-            f"{WORKER_TIMEOUT_ENV} must be a number of seconds > 0 or a string "
-            f'like "90s" or "2min". Received: {WORKER_TIMEOUT_ENV}={raw!r}'
-        ) from None
+    timeouts = timeouts_from_env(env)
     if tfc.tf_started():
         return None  # fit says to import kerascale first
     strategy = connect(timeouts.heartbeat, environ=env)
     if _connection is not None:
         _connection.at_import = True
     return strategy
+
+
+def timeouts_from_env(env: Mapping[str, str]) -> Timeouts:
+    """The timeouts of `KERASCALE_WORKER_TIMEOUT` (60 s by default), for a
+    join at import (TensorFlow's cluster, or JAX's processes)."""
+    raw = env.get(WORKER_TIMEOUT_ENV)
+    try:
+        return validate_timeout(_number_or_text(raw or DEFAULT_WORKER_TIMEOUT))
+    except ValueError:
+        raise ClusterConfigError(
+            f"{WORKER_TIMEOUT_ENV} must be a number of seconds > 0 or a string "
+            f'like "90s" or "2min". Received: {WORKER_TIMEOUT_ENV}={raw!r}'
+        ) from None
 
 
 def _number_or_text(value: Any) -> Any:
