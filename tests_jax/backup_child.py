@@ -3,6 +3,7 @@
     python backup_child.py DIR OUT.npz [--input arrays|pydataset|generator]
         [--epochs 4] [--save-freq 3] [--step-sleep 0.01] [--via-fit]
         [--sigterm-handler] [--die-in-save mid-state:N] [--no-backup]
+        [--hold-until PATH]
 
 Trains a small model with Dropout and Adam, on 320 samples in batches of 16
 (20 steps an epoch), shuffled by Keras (arrays: NumPy's random; PyDataset:
@@ -71,6 +72,7 @@ def main():
     p.add_argument("--sigterm-handler", action="store_true")
     p.add_argument("--die-in-save", default=None)
     p.add_argument("--no-backup", action="store_true")
+    p.add_argument("--hold-until", default=None)  # waits after step 1 for PATH
     args = p.parse_args()
 
     keras.utils.set_random_seed(0)
@@ -120,6 +122,8 @@ def main():
             print(f"step {int(self.model.optimizer.iterations.numpy())}", flush=True)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
+            while args.hold_until and not os.path.exists(args.hold_until):
+                time.sleep(0.05)  # the run stays mid-way, however slow the test
 
     if args.no_backup:
         history = model.fit(callbacks=[Progress()], **data)

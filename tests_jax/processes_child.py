@@ -10,7 +10,8 @@ with `kerascale.fit`; MODE "single" instead trains process 0's model with
 plain `model.fit` on one device, alone, on the global batch. EPOCHS (3 by
 default) and CHECKPOINT_DIR (kerascale's `checkpoint_dir`) are fit's;
 STEP_SLEEP (seconds, in the environment) slows each step, for a signal to
-arrive mid-run. Writes JSON: the plan, the losses and the trained weights.
+arrive mid-run; SAVE_FREQ (steps) is fit's `checkpoint_freq`. Writes JSON:
+the plan, the losses and the trained weights.
 """
 
 import json
@@ -78,9 +79,15 @@ def main():
         slow = keras.callbacks.LambdaCallback(
             on_train_batch_end=lambda batch, logs: time.sleep(pause)
         )
+        begun = []
+        epochs = keras.callbacks.LambdaCallback(
+            on_epoch_begin=lambda epoch, logs: begun.append(epoch)
+        )
+        result["epochs_begun"] = begun
         h = kerascale.fit(
             m, x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-            checkpoint_dir=CHECKPOINTS, callbacks=[slow] if pause else None,
+            checkpoint_dir=CHECKPOINTS, callbacks=[epochs, slow] if pause else [epochs],
+            checkpoint_freq=int(os.environ.get("SAVE_FREQ", "0")) or "epoch",
         )  # fmt: skip
         plan = h.plan
         result["plan"] = {

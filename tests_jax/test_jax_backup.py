@@ -197,7 +197,9 @@ def test_a_damaged_latest_state_falls_back_to_the_previous(references, tmp_path)
 def test_a_second_process_on_the_directory_stops_with_the_lease(tmp_path):
     ckpt = tmp_path / "ckpt"
     first = subprocess.Popen(
-        child_cmd(ckpt, tmp_path / "a.npz", "--step-sleep", "0.05"),
+        # Held after its first step (never released: killed below), so the
+        # second process meets a run in progress however slowly it starts.
+        child_cmd(ckpt, tmp_path / "a.npz", "--hold-until", str(tmp_path / "never")),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

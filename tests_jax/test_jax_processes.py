@@ -118,11 +118,39 @@ def test_sigterm_to_one_process_saves_on_all_at_one_step_and_exits_143(tmp_path)
     assert len(saved) >= 2, saved  # the epoch's, and the preemption's mid-epoch
     # The rerun resumes where both stopped and ends as an uninterrupted run.
     resumed, _ = _run("multi", 2, tmp_path, "6", str(checkpoints))
+    assert resumed["epochs_begun"][0] >= 1  # it resumed, past the first epoch
     (tmp_path / "straight").mkdir()
     straight, _ = _run("multi", 2, tmp_path / "straight", "6")
     np.testing.assert_array_equal(resumed["loss"], straight["loss"])
     for a, b in zip(resumed["weights"], straight["weights"], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_kill_of_every_process_mid_epoch_resumes_bit_identical(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    slow = {"STEP_SLEEP": "0.2", "SAVE_FREQ": "2"}
+    procs = _start("multi", 2, tmp_path, "4", str(checkpoints), env_extra=slow)
+    deadline = time.monotonic() + 120
+    while not (checkpoints / "ckpt-00000005").exists():  # mid-epoch 2 (7 steps)
+        assert time.monotonic() < deadline, procs[0].communicate()[0][-3000:]
+        assert all(p.poll() is None for p in procs)
+        time.sleep(0.05)
+    for p in procs:
+        p.kill()  # SIGKILL: no handler runs
+    for p in procs:
+        p.wait(timeout=60)
+    resumed, other = _run("multi", 2, tmp_path, "4", str(checkpoints))
+    assert resumed["epochs_begun"] == other["epochs_begun"] == [1, 2, 3]  # resumed
+    (tmp_path / "straight").mkdir()
+    straight, _ = _run("multi", 2, tmp_path / "straight", "4")
+    assert straight["epochs_begun"] == [0, 1, 2, 3]
+    np.testing.assert_array_equal(resumed["loss"], straight["loss"])
+    weights = zip(
+        resumed["weights"], other["weights"], straight["weights"], strict=True
+    )
+    for a, b, c in weights:
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
 
 
 @pytest.mark.parametrize(
