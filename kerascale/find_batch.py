@@ -22,6 +22,7 @@ def find_batch_size(
     mode: str = "max",
     isolate: Any = "auto",
     memory_limit: int | str | None = None,
+    device_memory: int | str | None = None,
     max_batch_size: int | None = None,
     steps_per_trial: int = 3,
     margin: float = DEFAULT_MARGIN,
@@ -57,6 +58,11 @@ def find_batch_size(
             memory (RSS, as containers count it; TensorFlow's ~0.6 GiB
             included). Defaults to `None`: on GPU, what TensorFlow's allocator
             gives; on CPU, 80% of the memory available.
+        device_memory: Bytes, or "160MiB": one device's memory on the JAX
+            backend, for CPU devices (which report none) or a device you
+            plan for; the search counts against it per device, and a model
+            whose replica does not fit it is sharded first. Defaults to
+            `None`.
         max_batch_size: The largest global batch to consider. Defaults to
             `None` (the dataset size, at most 65536).
         steps_per_trial: Steps per probe (the first warms up). Defaults to 3.
@@ -89,7 +95,8 @@ def find_batch_size(
     _validation.one_of("mode", mode, MODES)
     search = SearchOptions.validate(
         mode=mode, isolate=isolate, memory_limit=memory_limit,
-        max_batch_size=max_batch_size, steps_per_trial=steps_per_trial,
+        device_memory=device_memory, max_batch_size=max_batch_size,
+        steps_per_trial=steps_per_trial,
         margin=margin, max_trials=max_trials, timeout=timeout, cache=cache, force=force,
     )  # fmt: skip
     _supported_backend()

@@ -79,6 +79,12 @@ _ARGUMENTS = """\
             count), TensorFlow's own ~0.6 GiB included. Defaults to `None`:
             on GPU, what TensorFlow's allocator in this process gives (it is
             measured there); on CPU, 80% of the memory available.
+        device_memory: Memory of one device: bytes or "160MiB" (JAX). What
+            a GPU or TPU reports; CPU devices report none, and it plans for
+            a device you do not have. Where one replica does not fit it,
+            the model's large variables are split over the devices
+            (`ModelParallel`); the batch search counts against it per
+            device. Defaults to `None`: the device's own figure (none on CPU).
         accumulation_steps: Micro-batches per optimizer update, to state the
             split yourself (`batch_size` must then be divisible by it times
             the replicas). Defaults to `None`: chosen from what fits.
@@ -139,6 +145,7 @@ def fit(
     precision: str = "auto",
     max_batch_size: int | None = None,
     memory_limit: int | str | None = None,
+    device_memory: int | str | None = None,
     accumulation_steps: int | None = None,
     lr_scaling: str | None = None,
     base_batch_size: int | None = None,
@@ -260,6 +267,7 @@ def plan(
     precision: str = "auto",
     max_batch_size: int | None = None,
     memory_limit: int | str | None = None,
+    device_memory: int | str | None = None,
     accumulation_steps: int | None = None,
     lr_scaling: str | None = None,
     base_batch_size: int | None = None,

@@ -65,3 +65,29 @@ def test_jax_s_coordination_store_is_where_jax_compat_reads_it():
     assert jax.errors.JaxRuntimeError in _jax_compat.KV_ERRORS
     with pytest.raises(RuntimeError, match="not joined"):
         _jax_compat.kv_get("anything", 0.1)  # alone: no client
+
+
+@pytest.mark.skipif(devices() < 2, reason="needs 2 devices")
+def test_lay_out_splits_an_optimizer_slot_built_before_as_its_variable():
+    """keras-team/keras#21264: a slot copies its variable's layout only when
+    created; `lay_out` finds a built slot's variable by the name Keras gives
+    it. Fails when Keras names slots otherwise (the slot stays whole)."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, keras.layers.Dense(16, name="wide")(inputs))
+    model.compile("adam", "mse")
+    model.optimizer.build(model.trainable_variables)  # slots before the layout
+    mesh = keras.distribution.DeviceMesh((1, 2), ("batch", "model"), jax.devices()[:2])
+    layouts = keras.distribution.LayoutMap(mesh)
+    layouts["wide/kernel"] = (None, "model")
+    distribution = keras.distribution.ModelParallel(layout_map=layouts)
+    slots = [v for v in model.optimizer.variables if v.name.startswith("wide_kernel_")]
+    assert len(slots) == 2  # Adam's momentum and velocity
+    undo = keras_compat.lay_out(model, distribution)
+    try:
+        for v in [model.get_layer("wide").kernel, *slots]:
+            assert not v.value.sharding.is_fully_replicated, v.name
+            assert v.value.addressable_shards[0].data.shape == (8, 8)
+    finally:
+        undo()
+    assert all(v.value.sharding.is_fully_replicated for v in slots)

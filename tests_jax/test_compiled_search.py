@@ -89,7 +89,7 @@ def _mlp():
 def test_the_step_counts_batches_read_ahead_and_gradient_accumulators():
     from kerascale.measure.jax import search
 
-    element = search._element(np.zeros((8, 256), "float32"), np.zeros(8, "int32"))
+    element = compiled.element_of(np.zeros((8, 256), "float32"), np.zeros(8, "int32"))
     plain = compiled.StepMemory(_mlp(), element, None, 1)
     ahead = compiled.StepMemory(_mlp(), element, None, 1, held_batches=3)
     sample = 256 * 4 + 4  # float32 features, an int32 label

@@ -266,7 +266,7 @@ def prepare(
     plan = cluster.start_alike(train_model, dist, decided.plan, decided.data, x)
     session.accumulate(train_model, plan, final=not copy)
     x, y, kwargs, quiet = _prepare_data(x, y, decided, plan, fit_kwargs, as_dataset)
-    if decided.data.kind == "dataset" and plan.strategy == "data_parallel":
+    if decided.data.kind == "dataset" and plan.strategy in OWN_DISTRIBUTIONS:
         dist.auto_shard_dataset = True  # Keras shards a tf.data.Dataset itself
     return Prepared(decided, train_model, dist, plan, x, y, kwargs, quiet)
 
@@ -325,13 +325,17 @@ def _prepare_data(
     return x, y, kwargs, quiet
 
 
+# The JAX distributions kerascale builds itself (a user's own is theirs).
+OWN_DISTRIBUTIONS = ("data_parallel", "model_parallel")
+
+
 def _share(plan: Any) -> shard.Share | None:
     """How each global batch is split on JAX: over the plan's devices, and
     the processes of kerascale's own `DataParallel`. A distribution of
     yours over several processes gets your data as it is (Keras's own
     rules: a `tf.data.Dataset` it shards, or your `auto_shard_dataset`)."""
     processes, index = jax_cluster.processes()
-    if plan.strategy == "data_parallel":
+    if plan.strategy in OWN_DISTRIBUTIONS:
         return shard.Share(plan.replicas, processes, index)
     return shard.Share(plan.replicas) if processes == 1 else None
 

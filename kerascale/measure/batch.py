@@ -45,6 +45,9 @@ class SearchOptions:
     mode: str = "auto"
     isolate: Any = "auto"
     memory_limit: int | None = None
+    # Per device: what a GPU reports, given for CPU devices (or a device
+    # you plan for); decides sharding on JAX (`measure.jax.sharding`).
+    device_memory: int | None = None
     max_batch_size: int | None = None
     steps_per_trial: int = 3
     margin: float = DEFAULT_MARGIN
@@ -87,7 +90,12 @@ class SearchOptions:
             raise _validation.fail("timeout", t, "a positive number of seconds")
         _validation.boolean("cache", o.cache)
         _validation.boolean("force", o.force)
-        return dataclasses.replace(o, memory_limit=limit)
+        device = (
+            None
+            if o.device_memory is None
+            else parse_bytes("device_memory", o.device_memory)
+        )
+        return dataclasses.replace(o, memory_limit=limit, device_memory=device)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ from kerascale.measure.agree import agree
 from kerascale.measure.batch import SearchOptions
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
-from kerascale.plan.options import Options, say_pinned
+from kerascale.plan.options import Options, say_pinned, user_instance
 from kerascale.plan.plan import Plan
 from kerascale.plan.rules import make_plan, searched_batch
 from kerascale.sense import data_facts, samples
@@ -74,15 +74,14 @@ class Decided:
     trials: Any = None
 
 
-def validate_options(
-    *, max_batch_size: Any = None, memory_limit: Any = None, **kwargs: Any
-) -> tuple[Options, SearchOptions]:
+def validate_options(**kwargs: Any) -> tuple[Options, SearchOptions]:
     """`fit`'s, `plan`'s and `diagnose`'s planning arguments, checked at the
-    door: the `Options`, and the batch search's options."""
-    options = Options.validate(max_batch_size=max_batch_size, **kwargs)
+    door: the `Options`, and the batch search's options (the memory bounds)."""
+    memory = {k: kwargs.pop(k, None) for k in ("memory_limit", "device_memory")}
+    options = Options.validate(**kwargs)
     search = SearchOptions.validate(
-        max_batch_size=max_batch_size,
-        memory_limit=memory_limit,
+        max_batch_size=options.max_batch_size,
+        **memory,
         min_steps_per_epoch=AUTO_MIN_STEPS,
         force=options.remeasure,
     )
@@ -103,7 +102,7 @@ def needs_check(
         return False
     if options.accumulation_steps or options.max_batch_size:
         return False
-    limit = search is not None and search.memory_limit
+    limit = search is not None and (search.memory_limit or search.device_memory)
     return hw.accelerator in ("gpu", "tpu") or bool(limit)
 
 
@@ -205,8 +204,11 @@ def _measured(
     error to raise: under a mixed precision kerascale chose, it is tried
     again in the model's own precision; otherwise it is dropped (the real
     run then raises the model's error, as `model.fit` would)."""
-    instance = options.strategy if not isinstance(options.strategy, str) else None
+    instance = user_instance(options)
     plan = make_plan(hw, options, facts, data)
+    shard = engines.sharding(hw.backend)
+    options, plan = shard(model, x, y, options, hw, facts, data, plan, search)
+    kept = {k: v for k, v in plan.reasons.items() if k == "sharding"}  # re-plans
     can_try = trials_lib.possible(options, hw, facts)
     skipped, unavailable = "", False
     try:
@@ -241,7 +243,7 @@ def _measured(
     )  # fmt: skip
     if can_try:
         decided = _tried(decided, model, x, y, ladder, budget)
-    reasons = {}
+    reasons = dict(kept)
     if skipped:
         why = decided.plan.reasons["global_batch_size"]
         hint = "pass batch_size= to choose" if unavailable else _SEARCH_ANYWAY
@@ -288,7 +290,7 @@ def _batch(
     Raises:
         SearchSkipped: The ladder would cost more than `budget` allows.
     """
-    instance = options.strategy if not isinstance(options.strategy, str) else None
+    instance = user_instance(options)
     run = dict(instance=instance, verbose=options.verbose)
     wanted = force_search or searched_batch(options, data)
     check = not wanted and needs_check(options, data, hw, search)

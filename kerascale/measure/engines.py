@@ -5,6 +5,7 @@ backend.
   (`measure.batch`), or XLA's memory analysis of the compiled step
   (`measure.jax.search`, which falls back to the probes where the analysis
   is missing).
+- Whether one replica fits a device, else the mesh to shard over (JAX).
 - The timing that `diagnose` reads: `measure.tensorflow.timing` or
   `measure.jax.timing` (the same `rates`, `AS_DATASET`, `READABLE`).
 """
@@ -25,6 +26,20 @@ def batch_search(backend: str) -> Callable[..., Any]:
     from kerascale.measure import batch
 
     return batch.run_search
+
+
+def sharding(backend: str) -> Callable[..., Any]:
+    """The check that one replica fits a device, and the mesh to shard over
+    where not (JAX's `ModelParallel`); elsewhere the plan as it is."""
+    if backend == "jax":
+        from kerascale.measure.jax import sharding as jax_sharding
+
+        return jax_sharding.plan_sharding
+
+    def as_it_is(model, x, y, options, hw, facts, data, plan, search):
+        return options, plan
+
+    return as_it_is
 
 
 def timing(backend: str) -> ModuleType:

@@ -11,6 +11,7 @@ from kerascale.errors import ConfigurationError
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.plan import Plan
+from kerascale.plan.sharding import Sharded
 
 VERBOSE_CHOICES = ("auto", 0, 1, 2)
 
@@ -85,6 +86,13 @@ class Options:
             max_batch_size=max_batch_size,
             remeasure=remeasure,
         )
+
+
+def user_instance(options: Options) -> Any:
+    """The strategy or distribution object you passed, or None (a name, or
+    planning's own request to shard, `plan.sharding.Sharded`)."""
+    strategy = options.strategy
+    return None if isinstance(strategy, str | Sharded) else strategy
 
 
 # Option -> the Plan reason it decides.

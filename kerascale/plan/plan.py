@@ -36,6 +36,10 @@ class Plan:
         warnings: Things the user should know (e.g. mixed GPU types).
         backend: The Keras backend planned for: "tensorflow" (strategies
             are `tf.distribute`'s) or "jax" (`keras.distribution`'s).
+        sharding: For strategy "model_parallel" (JAX): {"mesh": [batch,
+            model], "layouts": {variable path: its axes' mesh names},
+            "bytes": {"replicated": per-device bytes of one replica,
+            "sharded": per device under the mesh}}; else empty.
     """
 
     strategy: str
@@ -52,6 +56,7 @@ class Plan:
     reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     backend: str = "tensorflow"
+    sharding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         # Frozen means frozen: the reasons cannot be edited behind the plan's back.
@@ -139,6 +144,16 @@ class Plan:
                 ),
             ),
         ]
+        if self.sharding:
+            batch, model = self.sharding["mesh"]
+            rows.append(
+                (
+                    "mesh",
+                    f"{batch} x {model} (batch x model), "
+                    f"{len(self.sharding['layouts'])} variables split",
+                    self.reasons.get("sharding", ""),
+                )
+            )
         if self.lr_factor != 1.0:
             rows.append(
                 ("lr factor", f"{self.lr_factor:g}", self.reasons.get("lr_factor", ""))

@@ -11,7 +11,7 @@ from typing import Any
 
 from kerascale.errors import ConfigurationError, ModelError
 from kerascale.plan import accumulation as accumulation_rules
-from kerascale.plan import batch_split
+from kerascale.plan import batch_split, sharding
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.options import Options
@@ -83,12 +83,8 @@ def make_plan(
         options, data, sp.micro * replicas, replicas, hardware.backend
     )
     reasons["data_changes"] = why_data
-    if backend_lib.traits(hardware.backend).even_batches:
-        split, split_warnings = batch_split.changes(
-            data, sp.micro * replicas, replicas, _processes(hardware, where)
-        )
-        data_changes += split
-        warnings += split_warnings
+    split, split_warnings = _split(hardware, where, data, sp.micro * replicas)
+    data_changes, warnings = data_changes + split, warnings + split_warnings
 
     return Plan(
         strategy=where.strategy,
@@ -105,6 +101,7 @@ def make_plan(
         reasons=reasons,
         warnings=tuple(warnings),
         backend=hardware.backend,
+        sharding=sharding.plan_field(options.strategy),
     )
 
 
@@ -399,11 +396,25 @@ def _within_data(
 PREFETCH = "read ahead on a thread where a callback waits on each step"
 
 
+def _split(
+    hardware: Hardware, where: Any, data: DataFacts, step_batch: int
+) -> tuple[list[str], list[str]]:
+    """How each batch is split where the devices must divide it (JAX)."""
+    if not backend_lib.traits(hardware.backend).even_batches:
+        return [], []
+    processes = _processes(hardware, where)
+    return batch_split.changes(data, step_batch, where.replicas, processes)
+
+
 def _processes(hardware: Hardware, where: Any) -> int:
     """The JAX processes kerascale's own DataParallel spans (1 elsewhere)."""
     cluster = hardware.cluster
     joined = cluster is not None and cluster.source == jax_processes.JOINED
-    return cluster.num_workers if joined and where.strategy == "data_parallel" else 1
+    return (
+        cluster.num_workers
+        if joined and where.strategy in ("data_parallel", "model_parallel")
+        else 1
+    )
 
 
 def _data_changes(

@@ -53,9 +53,43 @@ def build(plan: Any, instance: Any = None) -> Any:
             # shards a tf.data.Dataset itself (session sets it back for one).
             auto_shard_dataset=not several,
         )
+    if plan.strategy == "model_parallel":
+        return _model_parallel(plan)
     raise ConfigurationError(
         f"Cannot build {plan.strategy!r} on the JAX backend: one of 'default', "
         "'data_parallel', or a keras.distribution.Distribution."
+    )
+
+
+def _model_parallel(plan: Any) -> Any:
+    """`ModelParallel` over the plan's (batch, model) mesh of every
+    process's devices, each variable the plan splits laid out as it says
+    (matched by its whole path); the rest replicated."""
+    import re
+
+    import jax
+
+    from kerascale.plan import sharding
+
+    batch, model = plan.sharding["mesh"]
+    devices = jax.devices()
+    if len(devices) < batch * model:
+        raise ConfigurationError(
+            f"The plan shards over {batch * model} devices, and JAX sees "
+            f"{len(devices)} now: plan again on this machine."
+        )
+    mesh = keras.distribution.DeviceMesh(
+        shape=(batch, model),
+        axis_names=(sharding.BATCH_AXIS, sharding.MODEL_AXIS),
+        devices=devices[: batch * model],
+    )
+    layout_map = keras.distribution.LayoutMap(mesh)
+    for path, axes in plan.sharding["layouts"].items():
+        layout_map[re.escape(path)] = tuple(axes)
+    return keras.distribution.ModelParallel(
+        layout_map=layout_map,
+        batch_dim_name=sharding.BATCH_AXIS,
+        auto_shard_dataset=jax.process_count() == 1,
     )
 
 

@@ -2,7 +2,15 @@
 built before a `keras.distribution` was set, on JAX. Keras's JAX variables
 take their layout when created under a distribution (`Variable._layout`,
 read by `Variable._direct_assign`), and Keras has no public way to lay out
-an existing one; `tests_jax/test_compat_jax.py` fails when that changes."""
+an existing one; `tests_jax/test_compat_jax.py` fails when that changes.
+
+An optimizer slot takes its variable's layout only when it is created
+(`add_variable_from_reference` copies `_layout`, keras-team/keras#21264);
+one built before the distribution was set has a path of its own that a
+`LayoutMap` does not name (`adam/wide_kernel_momentum`), so `lay_out` gives
+it its variable's layout, found by the name Keras builds for it (the
+variable's path with "/" made "_", then "_" and the slot's name) and its
+shape: a slot of a split variable is split alike (ZeRO)."""
 
 from __future__ import annotations
 
@@ -54,6 +62,7 @@ def lay_out(model: Any, distribution: Any) -> Callable[[], None]:
     for name in _JAX_TRACED:
         setattr(model, name, None)
     placed = {}
+    layout_of = _layouts_by_reference(model, distribution)
 
     def undo() -> None:
         home = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -71,12 +80,33 @@ def lay_out(model: Any, distribution: Any) -> Callable[[], None]:
             if id(v) in before:
                 continue
             placed[id(v)] = v.value.sharding
-            v._layout = distribution.get_variable_layout(v)
+            v._layout = layout_of(v)
             v._direct_assign(v.value)
     except BaseException:
         undo()  # nothing half laid out
         raise
     return undo
+
+
+def _layouts_by_reference(model: Any, distribution: Any) -> Callable[[Any], Any]:
+    """A variable's layout: an optimizer slot's is its variable's (the
+    longest variable path its name starts with, of its shape)."""
+    optimizer = getattr(model, "optimizer", None)
+    slots = {id(v) for v in getattr(optimizer, "variables", None) or []}
+    references = sorted(
+        ((r.path.replace("/", "_") + "_", r) for r in model.trainable_variables),
+        key=lambda pair: -len(pair[0]),
+    )
+
+    def layout_of(v: Any) -> Any:
+        if id(v) in slots:
+            for prefix, reference in references:
+                same = tuple(v.shape) == tuple(reference.shape)
+                if same and v.name.startswith(prefix):
+                    return distribution.get_variable_layout(reference)
+        return distribution.get_variable_layout(v)
+
+    return layout_of
 
 
 _JAX_TRACED = ("train_function", "test_function", "predict_function")

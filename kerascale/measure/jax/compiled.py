@@ -290,3 +290,26 @@ def _bytes_on_one_device(array: Any) -> int:
     if shards:
         return int(shards[0].data.nbytes)
     return int(array.nbytes)
+
+
+def element_of(x: Any, y: Any) -> Any:
+    """The per-sample `(x, y)` structure of arrays, as Keras's JAX trainer
+    passes a batch to `train_step`."""
+    import keras
+    import numpy as np
+
+    from kerascale.sense.data_facts import as_structure
+
+    def leaf(a: Any) -> Any:
+        a = a if hasattr(a, "shape") and hasattr(a, "dtype") else np.asarray(a)
+        return Spec(tuple(a.shape)[1:], a.dtype)
+
+    inputs = keras.tree.map_structure(leaf, as_structure(x))
+    return (inputs,) if y is None else (inputs, keras.tree.map_structure(leaf, y))
+
+
+class Spec:
+    """A leaf's per-sample shape and dtype."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any):
+        self.shape, self.dtype = shape, dtype

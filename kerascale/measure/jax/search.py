@@ -76,7 +76,9 @@ def run_search(
     cap, why_cap = batch_lib.cap_for(data, plan, options)
     _affordable(plan, hw, options, cap, budget)
     start = first or min(cap, START)
-    element, host = _element(x, y), hw.accelerator == "cpu"
+    # With device_memory, a CPU device counts as a device of its own.
+    host = hw.accelerator == "cpu" and not options.device_memory
+    element = compiled.element_of(x, y)
     held = reader.HELD if rules.PREFETCH in plan.data_changes else 0
     key = _key(
         model, element, plan, hw, options, cap=cap, first=first,
@@ -90,16 +92,16 @@ def run_search(
         # with it (`apply.jax.distribution.activated`): training finds there
         # the compile of the batch it trains at.
         trained, dist = session.model_for(model, plan, instance=instance)
-        step = _reported(compiled.StepMemory, "Building the train step's state")(
+        step = reported(compiled.StepMemory, "Building the train step's state")(
             trained, element, dist, plan.replicas, host=host, held_batches=held
         )
         # Read after the step's state is built (the optimizer's slots) and a
         # first compile (the compiler's own memory, which a CPU process keeps):
         # what is held then stays held while training.
-        need = _reported(step.need)
+        need = reported(step.need)
         first_compile = need(max(1, min(start, cap)))
         free, why_free = _less_accumulators(
-            *free_bytes(hw, options), step, trained, accumulation_steps, host
+            *_free(hw, options, step), step, trained, accumulation_steps, host
         )
         fits, fails, seen = compiled.search(
             need, free, start=start, cap=cap, measured=(first_compile,)
@@ -176,7 +178,7 @@ def _cached(key: str, options: Any) -> BatchSearchResult | None:
     return batch_lib.cache_load(key)
 
 
-def _reported(step: Any, what: str = "Compiling the train step") -> Any:
+def reported(step: Any, what: str = "Compiling the train step") -> Any:
     """`step`, its failures (the model's own, found while building or tracing
     its step) raised as `BatchSizeSearchError`, as a TensorFlow probe's are:
     the plan then goes on without a search."""
@@ -279,6 +281,18 @@ def _result(
             "search": f"XLA's memory analysis, {len(seen)} compiles",
             "limit": why_free,
         },
+    )
+
+
+def _free(hw: Any, options: batch_lib.SearchOptions, step: Any) -> tuple[int, str]:
+    """`free_bytes`, or with `device_memory` what a device has beyond the
+    state laid out on it."""
+    if not options.device_memory:
+        return free_bytes(hw, options)
+    return (
+        options.device_memory - step.state_bytes,
+        f"device_memory you passed ({format_bytes(options.device_memory)} per "
+        f"device) less the {format_bytes(step.state_bytes)} of state on it",
     )
 
 
@@ -397,29 +411,6 @@ def _less_accumulators(
         return free, why
     held = step.accumulator_bytes * (step.replicas if host else 1)
     return free - held, f"{why}, less {format_bytes(held)} for gradient accumulators"
-
-
-def _element(x: Any, y: Any) -> Any:
-    """The per-sample `(x, y)` structure of arrays, as Keras's JAX trainer
-    passes a batch to `train_step`."""
-    import keras
-    import numpy as np
-
-    from kerascale.sense.data_facts import as_structure
-
-    def leaf(a: Any) -> Any:
-        a = a if hasattr(a, "shape") and hasattr(a, "dtype") else np.asarray(a)
-        return _Spec(tuple(a.shape)[1:], a.dtype)
-
-    inputs = keras.tree.map_structure(leaf, as_structure(x))
-    return (inputs,) if y is None else (inputs, keras.tree.map_structure(leaf, y))
-
-
-class _Spec:
-    """A leaf's per-sample shape and dtype."""
-
-    def __init__(self, shape: tuple[int, ...], dtype: Any):
-        self.shape, self.dtype = shape, dtype
 
 
 def _with_margin(fits: int, fails: int | None, margin: float) -> tuple[int, int]:

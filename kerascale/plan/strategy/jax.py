@@ -18,6 +18,7 @@ import keras
 
 from kerascale import _validation
 from kerascale.errors import ConfigurationError
+from kerascale.plan import sharding
 from kerascale.plan.choice import StrategyChoice
 from kerascale.sense import jax_processes
 from kerascale.sense.cluster import check_trainable
@@ -80,25 +81,9 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
         ConfigurationError: For a TensorFlow strategy name on JAX.
     """
     if is_distribution(requested):
-        mesh = getattr(requested, "device_mesh", None)
-        names = (
-            tuple(str(d) for d in getattr(mesh, "devices", ()).flatten())
-            if (mesh is not None)
-            else ()
-        )
-        yours = (
-            "the keras.distribution set before fit (set_distribution)"
-            if requested is global_distribution()
-            else "the keras.distribution you passed"
-        )
-        return StrategyChoice(
-            name=type(requested).__name__,
-            devices=names,
-            replicas=_batch_replicas(requested, len(names)),
-            reason=yours,
-            instance=requested,
-            scoped=False,
-        )
+        return _yours(requested)
+    if isinstance(requested, sharding.Sharded):
+        return _sharded(hw, requested)
     if requested not in CHOICES:
         raise ConfigurationError(
             f"strategy={requested!r} is a TensorFlow strategy, and Keras runs on "
@@ -109,7 +94,7 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
     cluster = ()
     if hw.cluster is not None and hw.cluster.error:
         check_trainable(hw.cluster)
-    joined = hw.cluster is not None and hw.cluster.source == jax_processes.JOINED
+    joined = _joined(hw)
     if joined and requested in ("auto", "data_parallel"):
         return _across_processes(hw, local)
     if hw.cluster is not None and hw.cluster.is_multi_worker and not joined:
@@ -150,6 +135,49 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
         warnings,
         scoped=False,
     )
+
+
+def _yours(requested: Any) -> StrategyChoice:
+    """The user's own distribution, as it is."""
+    mesh = getattr(requested, "device_mesh", None)
+    names = (
+        tuple(str(d) for d in getattr(mesh, "devices", ()).flatten())
+        if (mesh is not None)
+        else ()
+    )
+    yours = (
+        "the keras.distribution set before fit (set_distribution)"
+        if requested is global_distribution()
+        else "the keras.distribution you passed"
+    )
+    return StrategyChoice(
+        name=type(requested).__name__,
+        devices=names,
+        replicas=_batch_replicas(requested, len(names)),
+        reason=yours,
+        instance=requested,
+        scoped=False,
+    )
+
+
+def _sharded(hw: Hardware, requested: sharding.Sharded) -> StrategyChoice:
+    """ModelParallel over the mesh that planning chose (`measure.jax.sharding`)."""
+    batch, model = requested.mesh
+    processes = hw.cluster.num_workers if _joined(hw) else 1
+    local = devices(hw)
+    return StrategyChoice(
+        "model_parallel",
+        local,
+        batch,
+        f"{batch * model} devices"
+        + (f" of {processes} processes" if processes > 1 else "")
+        + f" as a {batch} x {model} mesh: {requested.why}",
+        scoped=False,
+    )
+
+
+def _joined(hw: Hardware) -> bool:
+    return hw.cluster is not None and hw.cluster.source == jax_processes.JOINED
 
 
 def _across_processes(hw: Hardware, local: tuple[str, ...]) -> StrategyChoice:

@@ -1,0 +1,164 @@
+"""Whether one replica fits a device, and if not, the mesh to shard over, by
+the compiler's count (JAX).
+
+Before training, the plan asks XLA what one replica needs on a device at
+the smallest useful batch (one sample per replica): the state held there
+(parameters, optimizer slots, metrics) and one step's buffers, from the
+compiled step's memory analysis (`compiled.StepMemory`). Where that exceeds
+the device's memory less the margin (what a GPU or TPU reports, or
+`device_memory`, which stands in for it on CPU devices and lets a user plan
+for a device they do not have), the plan shards: over each (batch, model)
+mesh of the devices, the smallest model axis first (`plan.sharding`), it
+compiles the step at the planned batch with the model's large variables
+split (`ModelParallel`), and takes the first mesh whose per-device figure
+fits. The plan says the mesh, the bytes per device before and after, and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from kerascale._units import format_bytes
+from kerascale.apply.session import Session
+from kerascale.errors import ConfigurationError
+from kerascale.measure.jax import compiled
+from kerascale.plan import sharding
+from kerascale.plan.rules import make_plan
+
+# kerascale's own choices, which it may replace by a sharded one; a
+# distribution of yours is used as it is.
+REPLACEABLE = ("default", "data_parallel")
+
+
+def plan_sharding(
+    model: Any,
+    x: Any,
+    y: Any,
+    options: Any,
+    hw: Any,
+    facts: Any,
+    data: Any,
+    plan: Any,
+    search: Any,
+) -> tuple[Any, Any]:
+    """(options, plan): `plan` as it is where one replica fits a device (its
+    reasons saying so where `device_memory` was given), else the plan over
+    the first mesh that fits, with `options.strategy` the request that
+    makes it (`sharding.Sharded`).
+
+    Raises:
+        ConfigurationError: Where even the largest model axis does not fit.
+    """
+    if isinstance(options.strategy, sharding.Sharded):  # decided before: again
+        request = options.strategy
+        return options, _with_reason(plan, request.why)
+    limit, source = _device_limit(hw, search)
+    if limit is None or plan.strategy not in REPLACEABLE or not data.measurable:
+        return options, plan
+    margin = search.margin if search is not None else 0.0
+    usable = int(limit * (1 - margin))
+    element = compiled.element_of(x, y)
+    one = _per_device(model, element, plan, 1)
+    if one <= usable:
+        if search is None or not search.device_memory:
+            return options, plan
+        why = (
+            f"one replica needs {format_bytes(one)} per device (a step of one "
+            f"sample per replica, by XLA's count), within {source} "
+            f"{format_bytes(limit)} less the {margin:.0%} margin: not sharded"
+        )
+        return options, _with_reason(plan, why)
+    return _sharded(model, options, hw, facts, data, element, (one, usable, source))
+
+
+def _sharded(
+    model: Any,
+    options: Any,
+    hw: Any,
+    facts: Any,
+    data: Any,
+    element: Any,
+    figures: tuple[int, int, str],
+) -> tuple[Any, Any]:
+    """The options and plan over the first mesh whose step fits."""
+    import jax
+
+    one, usable, source = figures
+    variables = [
+        sharding.VariableShape(
+            v.path, tuple(v.shape), math.prod(v.shape) * _itemsize(v.dtype)
+        )
+        for v in model.weights
+    ]
+    tried = []
+    for mesh in sharding.meshes(len(jax.devices())):
+        split = sharding.layouts(variables, mesh[1])
+        if not split:
+            continue
+        request = sharding.Sharded(mesh, split, "", one)
+        trial = dataclasses.replace(options, strategy=request)
+        candidate = make_plan(hw, trial, facts, data)
+        need = _per_device(model, element, candidate, candidate.micro_batch_size)
+        tried.append(f"{mesh[0]} x {mesh[1]}: {format_bytes(need)}")
+        if need <= usable:
+            why = (
+                f"one replica needs {format_bytes(one)} per device (XLA's count at "
+                f"one sample per replica), over {source} less the margin "
+                f"({format_bytes(usable)}): {len(split)} variables split over a "
+                f"model axis of {mesh[1]}, {format_bytes(need)} per device at "
+                f"{candidate.micro_batch_size} per replica (tried {'; '.join(tried)})"
+            )
+            request = sharding.Sharded(mesh, split, why, one, need)
+            trial = dataclasses.replace(options, strategy=request)
+            return trial, _with_reason(make_plan(hw, trial, facts, data), why)
+    raise ConfigurationError(
+        f"The model does not fit {source} ({format_bytes(usable)} per device, "
+        f"less the margin) even split over every device: one replica needs "
+        f"{format_bytes(one)}; split, {'; '.join(tried) or 'no variable splits'}. "
+        "Give more device_memory (or devices), or a smaller batch_size."
+    )
+
+
+def _per_device(model: Any, element: Any, plan: Any, batch: int) -> int:
+    """What one device holds while `plan` trains a step of `batch` per
+    replica: the state laid out there and the step's own buffers, by XLA's
+    count (nothing runs; the model is put back)."""
+    from kerascale.measure.jax import search as jax_search
+
+    with Session() as session:
+        trained, dist = session.model_for(model, plan)
+        step = jax_search.reported(compiled.StepMemory, "Building the train step")(
+            trained, element, dist, plan.replicas
+        )
+        return step.state_bytes + jax_search.reported(step.need)(batch).need_bytes
+
+
+def _device_limit(hw: Any, search: Any) -> tuple[int | None, str]:
+    """(bytes one device may hold, where the figure comes from): the
+    `device_memory` you gave, else what a GPU or TPU reports; None on CPU
+    devices without `device_memory`."""
+    if search is not None and search.device_memory:
+        return search.device_memory, "device_memory you passed"
+    if hw.accelerator not in ("gpu", "tpu"):
+        return None, ""
+    import jax
+
+    from kerascale.sense import jax_devices
+
+    limit = jax_devices.memory_limit(jax.local_devices()[0])
+    return limit, "XLA's allocator limit per device"
+
+
+def _with_reason(plan: Any, why: str) -> Any:
+    return dataclasses.replace(plan, reasons={**plan.reasons, "sharding": why})
+
+
+def _itemsize(dtype: Any) -> int:
+    import numpy as np
+
+    try:
+        return np.dtype(str(dtype)).itemsize
+    except TypeError:
+        return 4 if "32" in str(dtype) else 2

@@ -1,0 +1,115 @@
+"""Which variables to split, over which mesh, when one replica does not fit a
+device (JAX's SPMD: `keras.distribution.ModelParallel`). Pure: the compiles
+that decide whether to shard, and over which mesh, are
+`measure.jax.sharding`'s; carrying it out is `apply.jax.distribution`'s.
+
+- The mesh is (batch, model): the devices split into a batch axis (data
+  parallelism, as `DataParallel`) and a model axis that each large variable
+  is split along. Candidates go from the smallest model axis up: the fewer
+  devices a variable spans, the less its layers exchange per step.
+- The layout is derived from the model's own variables: every variable of at
+  least `THRESHOLD_BYTES` is split along its largest axis that the model
+  axis divides; the rest stays replicated. Keras gives each optimizer slot
+  its variable's layout (`add_variable_from_reference`), so the optimizer's
+  state is split as its variables are: ZeRO's parameter and optimizer
+  sharding, and the gradients follow from XLA's SPMD partitioner.
+- Not split: activations (each device holds its batch shard's whole layer
+  outputs), and GPipe's pipeline stages, which JAX's SPMD does not do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+BATCH_AXIS = "batch"
+MODEL_AXIS = "model"
+# Variables smaller than this stay replicated: splitting them saves little
+# and costs an exchange per use.
+THRESHOLD_BYTES = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableShape:
+    """What the layout rule reads of one variable."""
+
+    path: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharded:
+    """Planning's own request (not a user's option) for ModelParallel.
+
+    Attributes:
+        mesh: (batch, model) devices.
+        layouts: {variable path: its axes' mesh names} (`layouts`).
+        why: The figures that decided it, in words.
+        replicated: Per-device bytes of one replica, by the compiler.
+        sharded: Per-device bytes under `mesh`, by the compiler.
+    """
+
+    mesh: tuple[int, int]
+    layouts: Mapping[str, tuple[str | None, ...]]
+    why: str
+    replicated: int = 0
+    sharded: int = 0
+
+    def as_plan_field(self) -> dict[str, Any]:
+        """What `Plan.sharding` holds (JSON-ready)."""
+        return {
+            "mesh": list(self.mesh),
+            "layouts": {path: list(axes) for path, axes in self.layouts.items()},
+            "bytes": {"replicated": self.replicated, "sharded": self.sharded},
+        }
+
+
+def plan_field(strategy: Any) -> dict[str, Any]:
+    """`Plan.sharding` for a plan made for `strategy` (empty unless it is
+    planning's own `Sharded` request)."""
+    return strategy.as_plan_field() if isinstance(strategy, Sharded) else {}
+
+
+def meshes(devices: int) -> list[tuple[int, int]]:
+    """The (batch, model) meshes over `devices` with a model axis of 2 or
+    more, the smallest model axis first."""
+    return [(devices // k, k) for k in range(2, devices + 1) if devices % k == 0]
+
+
+def layouts(
+    variables: Iterable[VariableShape],
+    model_axis: int,
+    threshold: int = THRESHOLD_BYTES,
+) -> dict[str, tuple[str | None, ...]]:
+    """{variable path: its axes' mesh names} for the variables split over a
+    model axis of `model_axis` devices: each of at least `threshold` bytes,
+    along its largest axis that `model_axis` divides (the last such on a
+    tie). A variable with no such axis stays replicated, as do the small."""
+    out: dict[str, tuple[str | None, ...]] = {}
+    for v in variables:
+        if model_axis < 2 or v.nbytes < threshold:
+            continue
+        fits = [
+            i for i, n in enumerate(v.shape) if n >= model_axis and n % model_axis == 0
+        ]
+        if not fits:
+            continue
+        axis = max(fits, key=lambda i: (v.shape[i], i))
+        out[v.path] = tuple(
+            MODEL_AXIS if i == axis else None for i in range(len(v.shape))
+        )
+    return out
+
+
+def bytes_per_device(
+    variables: Iterable[VariableShape],
+    split: Mapping[str, Any],
+    model_axis: int,
+) -> int:
+    """The variables' bytes on one device under `split` (the split ones
+    divided over the model axis, the rest whole)."""
+    return sum(
+        v.nbytes // model_axis if v.path in split else v.nbytes for v in variables
+    )

@@ -1,0 +1,126 @@
+"""A model whose replica does not fit one device's memory (`device_memory`,
+for CPU devices, which report none) is sharded over the devices
+(`ModelParallel`, its large variables split) by the compiler's count, trains,
+and trains as the unsharded run does; one that fits stays data-parallel.
+Runs on 2 devices here, and on 4 in a child process."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from conftest import devices
+
+import kerascale
+from kerascale.plan import sharding
+
+several = pytest.mark.skipif(devices() < 2, reason="needs 2 devices or more")
+SMALL_DEVICE = "80MiB"  # the large model's replica needs ~100 MiB, split ~68
+
+
+def test_large_variables_are_split_along_their_largest_divisible_axis():
+    shapes = [
+        sharding.VariableShape("big/kernel", (512, 2048), 512 * 2048 * 4),
+        sharding.VariableShape("odd/kernel", (3, 1_000_001), 12_000_012),
+        sharding.VariableShape("big/bias", (2048,), 2048 * 4),  # small: replicated
+        sharding.VariableShape("square/kernel", (1024, 1024), 1024 * 1024 * 4),
+    ]
+    split = sharding.layouts(shapes, 2)
+    assert split == {
+        "big/kernel": (None, "model"),
+        "square/kernel": (None, "model"),  # a tie: the last axis
+    }  # "odd/kernel": no axis that 2 divides
+    assert sharding.meshes(4) == [(2, 2), (1, 4)]
+    assert sharding.meshes(1) == []
+    assert sharding.bytes_per_device(shapes, split, 2) == (
+        512 * 2048 * 2 + 12_000_012 + 2048 * 4 + 1024 * 1024 * 2
+    )
+
+
+def large_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((512,))
+    h = keras.layers.Dense(2048, activation="relu", name="wide")(inputs)
+    h = keras.layers.Dense(2048, activation="relu", name="deep")(h)
+    outputs = keras.layers.Dense(10, name="out")(h)
+    model = keras.Model(inputs, outputs)
+    model.compile(
+        keras.optimizers.Adam(1e-3),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def small_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((512,))
+    outputs = keras.layers.Dense(10)(keras.layers.Dense(64, activation="relu")(inputs))
+    model = keras.Model(inputs, outputs)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def data(n=128):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 512)).astype("float32"), rng.integers(0, 10, n)
+
+
+@several
+def test_a_replica_over_device_memory_is_sharded_and_trains_as_unsharded():
+    x, y = data()
+    fit = dict(batch_size=16, epochs=2, shuffle=False, verbose=0)
+    model = large_model()
+    history = kerascale.fit(model, x, y, device_memory=SMALL_DEVICE, **fit)
+    plan = history.plan
+    assert plan.strategy == "model_parallel", plan
+    batch, model_axis = plan.sharding["mesh"]
+    assert batch * model_axis == devices() and model_axis >= 2
+    assert set(plan.sharding["layouts"]) >= {"wide/kernel", "deep/kernel"}
+    figures = plan.sharding["bytes"]
+    limit = 80 << 20
+    assert figures["replicated"] > limit >= figures["sharded"], figures
+    assert "split over a model axis" in plan.reasons["sharding"]
+    assert "mesh" in str(plan)
+    # the unsharded run, where a device holds a whole replica
+    reference = large_model()
+    unsharded = kerascale.fit(reference, x, y, device_memory="8GiB", **fit)
+    assert unsharded.plan.strategy == "data_parallel"
+    np.testing.assert_allclose(
+        history.history["loss"], unsharded.history["loss"], rtol=1e-5
+    )
+    # the weights too, to float noise (a 2 x 2 mesh sums in another order)
+    for a, b in zip(model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    # the model is the user's again: no layout, no distribution
+    assert keras.distribution.distribution() is None
+    assert all(v.value.sharding.is_fully_replicated for v in model.weights)
+
+
+@several
+def test_a_replica_that_fits_stays_data_parallel_and_says_so():
+    x, y = data()
+    plan = kerascale.plan(small_model(), x, y, device_memory=SMALL_DEVICE, verbose=0)
+    assert plan.strategy == "data_parallel" and not plan.sharding
+    assert "not sharded" in plan.reasons["sharding"]
+
+
+def test_device_memory_is_checked_at_the_door():
+    x, y = data(16)
+    with pytest.raises(kerascale.ConfigurationError, match="device_memory"):
+        kerascale.plan(small_model(), x, y, device_memory="lots", verbose=0)
+
+
+@pytest.mark.skipif(devices() != 1, reason="run once, from the 1-device suite")
+def test_on_four_devices_too():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    here = Path(__file__)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here),
+         "-k", "sharded_and_trains or stays_data_parallel"],
+        cwd=here.parent, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "2 passed" in done.stdout
