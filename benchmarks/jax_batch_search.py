@@ -21,13 +21,13 @@ with --devices N).
 """
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
+
+import _results  # benchmarks/_results.py
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHILD = ROOT / "tests_jax" / "memory_child.py"
@@ -105,16 +105,8 @@ def main():
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    report = {
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores",
-        "rows": rows,
-    }
     name = "jax_batch_search" + (f"_{DEVICES}" if DEVICES > 1 else "")
-    (out / f"{name}.json").write_text(json.dumps(report, indent=2))
+    _results.write(name, rows=rows)
 
 
 if __name__ == "__main__":

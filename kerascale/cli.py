@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import warnings
 from collections.abc import Sequence
@@ -17,8 +18,13 @@ from typing import Any
 
 from kerascale._version import __version__
 
+# plan.scaling.INTERCONNECTS' kinds (kept here: the parser imports nothing heavy)
+INTERCONNECT_KINDS = ("cpu", "gpu", "network", "tpu")
+
 
 def _doctor(args: argparse.Namespace) -> int:
+    if args.cluster:
+        return _cluster(args)
     from kerascale.errors import KerascaleError, UnsupportedError
     from kerascale.plan.options import Options
     from kerascale.plan.rules import make_plan
@@ -61,6 +67,71 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         print(f"No default plan: {error}")
     return 0
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    """`doctor --cluster N MODEL`: one worker's step timed here, and the step
+    predicted at 1 to N data-parallel workers (`plan.scaling`)."""
+    from kerascale.diagnose import diagnose
+    from kerascale.errors import KerascaleError
+    from kerascale.plan import scaling
+
+    if not args.model or not args.input_shape:
+        print(
+            "kerascale: doctor --cluster N times a training step of a saved "
+            "model: kerascale doctor --cluster 8 MODEL.keras --input-shape 784",
+            file=sys.stderr,
+        )
+        return 2
+    model = _load(args)
+    if isinstance(model, int):
+        return model
+    batch = args.batch_size
+    x, y = _synthetic(model, args, batch * 28)
+    try:
+        measured = diagnose(model, x, y, steps=20, batch_size=batch,
+                            strategy="default", verbose=0)  # fmt: skip
+    except KerascaleError as e:
+        print(f"kerascale: {e}", file=sys.stderr)
+        return 1
+    step = 1.0 / measured.step_batches_per_s
+    grads = sum(
+        math.prod(v.shape) * _itemsize(v.dtype) for v in model.trainable_variables
+    )
+    counts = sorted(
+        {1, *(2**i for i in range(1, 31) if 2**i <= args.cluster), args.cluster}
+    )
+    bandwidth, latency = scaling.INTERCONNECTS[args.link]
+    bandwidth = args.bandwidth or bandwidth
+    print(
+        f"one worker: {step * 1000:.2f} ms a step of {batch} samples (timed "
+        f"here); gradients {grads / 1e6:.1f} MB; link {args.link}: "
+        f"{bandwidth / 1e9:g} GB/s, {latency * 1e6:g} us a hop"
+    )
+    print("workers  step ms  all-reduce ms  samples/s  | with accumulation "
+          f"x{args.accumulation}: step ms  samples/s")  # fmt: skip
+    for n in counts:
+        link = {"kind": args.link, "bandwidth": args.bandwidth}
+        plain = scaling.estimate(step, batch, grads, n, **link)
+        acc = scaling.estimate(
+            step, batch, grads, n, accumulation=args.accumulation, **link
+        )
+        print(
+            f"{n:>7}  {plain.step_seconds * 1000:>7.2f}  "
+            f"{plain.allreduce_seconds * 1000:>13.2f}  "
+            f"{plain.samples_per_second:>9.0f}  | {acc.step_seconds * 1000:>26.2f}  "
+            f"{acc.samples_per_second:>9.0f}"
+        )
+    print("(a ring all-reduce after each update, not overlapped with the step: "
+          "kerascale/plan/scaling.py; measured against 1, 2 and 4 devices in "
+          "benchmarks/README.md)")  # fmt: skip
+    return 0
+
+
+def _itemsize(dtype: Any) -> int:
+    import numpy as np
+
+    return np.dtype(str(dtype)).itemsize
 
 
 def _clear_cache(args: argparse.Namespace) -> int:
@@ -256,6 +327,18 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="show the detected hardware and the default decisions"
     )
     doctor.add_argument("--json", action="store_true", help="print JSON")
+    doctor.add_argument(
+        "--cluster", type=_positive, default=None, metavar="N",
+        help="predict the step at 1 to N data-parallel workers (needs MODEL)",
+    )  # fmt: skip
+    doctor.add_argument("model", nargs="?", help="with --cluster: a saved model")
+    doctor.add_argument("--input-shape", action="append", type=_shape_arg)
+    doctor.add_argument("--input-dtype", default="float32")
+    doctor.add_argument("--import", dest="imports", action="append", default=[])
+    doctor.add_argument("--batch-size", type=_positive, default=32, help="per worker")
+    doctor.add_argument("--link", choices=sorted(INTERCONNECT_KINDS), default="network")
+    doctor.add_argument("--bandwidth", type=float, default=None, help="bytes/s a link")
+    doctor.add_argument("--accumulation", type=_positive, default=4)
     doctor.set_defaults(func=_doctor)
     clear = sub.add_parser(
         "clear-cache",

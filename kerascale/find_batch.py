@@ -36,14 +36,12 @@ def find_batch_size(
 ) -> BatchSearchResult:
     """Finds the largest batch that trains without running out of memory.
 
-    On TensorFlow each probe is a real training step (forward, backward,
-    update, validation) on a synthetic batch like your data, under the
-    precision and strategy `fit` would use: on CPU in child processes, on GPU
-    in this process, whose allocator training will use; a memory model fitted
-    to small probes predicts the boundary, probes around it confirm it
+    On TensorFlow each probe is a real training step on a synthetic batch
+    like your data, under the precision and strategy `fit` would use: on CPU
+    in child processes, on GPU in this process; a memory model fitted to
+    small probes predicts the boundary, probes around it confirm it
     (cached). On JAX, XLA's memory analysis of the compiled step answers, in
-    at most 5 compiles and no step. Either answers for one step as
-    `model.fit` runs it (no batches held ahead).
+    at most 5 compiles. Either answers for one step as `model.fit` runs it.
 
     Args:
         model: A compiled Keras model, or a function that builds one.
@@ -55,36 +53,30 @@ def find_batch_size(
         isolate: True: probes in child processes; False: in this process;
             "auto" (default): on CPU, children where the model can be shipped.
         memory_limit: Bytes, or "6GiB": per GPU on GPUs; on CPU, resident
-            memory (RSS, as containers count it; TensorFlow's ~0.6 GiB
-            included). Defaults to `None`: on GPU, what TensorFlow's allocator
-            gives; on CPU, 80% of the memory available.
-        device_memory: Bytes, or "160MiB": one device's memory on the JAX
-            backend, for CPU devices (which report none) or a device you
-            plan for; the search counts against it per device, and a model
-            whose replica does not fit it is sharded first. Defaults to
-            `None`.
-        max_batch_size: The largest global batch to consider. Defaults to
-            `None` (the dataset size, at most 65536).
+            memory (RSS, TensorFlow's ~0.6 GiB included). Defaults to `None`:
+            on GPU, what the allocator gives; on CPU, 80% of what is free.
+        device_memory: Bytes, or "160MiB": one device's memory (JAX), as
+            in `kerascale.fit`; counted per device. Defaults to `None`.
+        max_batch_size: The largest global batch to consider (default: the
+            dataset size, at most 65536).
         steps_per_trial: Steps per probe (the first warms up). Defaults to 3.
         margin: Fraction kept below the largest batch that fits (0.03).
         max_trials: The most probes to run. Defaults to 20.
-        timeout: Seconds a probe may take before it is killed. Defaults to 600.
+        timeout: Seconds before a probe is killed. Defaults to 600.
         cache, force: Use the result cache (True); search anew (False).
-        strategy, precision: As in `kerascale.fit`. Default to "auto".
+        strategy, precision: As in `kerascale.fit` ("auto").
         verbose: 0 prints nothing, else a line per probe. Defaults to "auto".
 
     Returns:
         A `BatchSearchResult`: `.batch_size` (all replicas, as `fit` takes
-        it), `.per_replica_batch_size`, the `.precision` and `.strategy` it
-        was measured under, `.probes`, `.memory_model`, `.reasons`.
+        it), `.per_replica_batch_size`, `.precision`, `.strategy`, `.probes`.
 
     Raises:
-        ConfigurationError: For an invalid argument (the message names it).
+        ConfigurationError: For an invalid argument (named in the message).
         UnsupportedError: On a backend other than TensorFlow and JAX.
         BatchSizeSearchError: If even a batch of 1 does not fit, or a probe
             fails for a reason other than memory.
 
-    Example:
     >>> result = kerascale.find_batch_size(model, x, y, memory_limit="4GiB")
     >>> kerascale.fit(model, x, y, batch_size=result.batch_size,
     ...               precision=result.precision)
@@ -96,8 +88,8 @@ def find_batch_size(
     search = SearchOptions.validate(
         mode=mode, isolate=isolate, memory_limit=memory_limit,
         device_memory=device_memory, max_batch_size=max_batch_size,
-        steps_per_trial=steps_per_trial,
-        margin=margin, max_trials=max_trials, timeout=timeout, cache=cache, force=force,
+        steps_per_trial=steps_per_trial, margin=margin,
+        max_trials=max_trials, timeout=timeout, cache=cache, force=force,
     )  # fmt: skip
     _supported_backend()
     return decide(model, x, y, options, search=search, force_search=True).search

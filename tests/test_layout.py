@@ -10,6 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "kerascale"
 SHARED = {"kerascale._validation", "kerascale._units", "kerascale._version"}
 SHARED |= {"kerascale._state"}
 SHARED |= {"kerascale.errors", "kerascale._tf_compat", "kerascale._tf", "kerascale._fs"}
+SHARED |= {"kerascale._jax_compat"}  # the one module of JAX's private names
 # Each stage may import itself and the stages listed.
 ALLOWED = {
     "shared": {"shared"},

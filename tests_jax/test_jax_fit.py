@@ -323,6 +323,22 @@ def test_doctor_prints_the_jax_plan(capsys):
     assert not [w for w in TF_WORDS if w in out], out
 
 
+def test_doctor_cluster_times_a_step_and_predicts_1_to_n_workers(tmp_path, capsys):
+    from kerascale import cli
+
+    path = str(tmp_path / "model.keras")
+    dense_model(inputs=8).save(path)
+    command = ["doctor", "--cluster", "4", path, "--input-shape", "8"]
+    assert cli.main([*command, "--link", "gpu", "--accumulation", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "one worker:" in out and "link gpu: 450 GB/s" in out
+    rows = [line.split() for line in out.splitlines() if line[:7].strip().isdigit()]
+    assert [int(r[0]) for r in rows] == [1, 2, 4]
+    assert float(rows[0][2]) == 0.0 and float(rows[2][2]) > float(rows[1][2])
+    assert cli.main(["doctor", "--cluster", "4"]) == 2  # no model to time
+    assert "times a training step" in capsys.readouterr().err
+
+
 def _kerascale_warnings(caught):
     return [
         str(w.message)

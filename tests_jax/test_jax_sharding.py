@@ -4,6 +4,7 @@ for CPU devices, which report none) is sharded over the devices
 and trains as the unsharded run does; one that fits stays data-parallel.
 Runs on 2 devices here, and on 4 in a child process."""
 
+import json
 import os
 import subprocess
 import sys
@@ -124,3 +125,49 @@ def test_on_four_devices_too():
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]
     assert "2 passed" in done.stdout
+
+
+@several
+def test_a_sharded_checkpoint_resumes_on_another_mesh_and_on_one_device(tmp_path):
+    x, y = data()
+    fit = dict(batch_size=16, shuffle=False, verbose=0)
+    checkpoints = str(tmp_path / "checkpoints")
+    first = large_model()
+    kerascale.fit(first, x, y, device_memory=SMALL_DEVICE, epochs=2,
+                  checkpoint_dir=checkpoints, **fit)  # fmt: skip
+    # the same devices, data-parallel: another mesh
+    resumed = large_model(seed=1)  # its own start: the checkpoint's wins
+    history = kerascale.fit(resumed, x, y, device_memory="8GiB", epochs=3,
+                            checkpoint_dir=checkpoints, **fit)  # fmt: skip
+    assert history.plan.strategy == "data_parallel"
+    straight = large_model()
+    expected = kerascale.fit(
+        straight, x, y, device_memory=SMALL_DEVICE, epochs=3, **fit
+    )
+    np.testing.assert_allclose(
+        history.history["loss"], expected.history["loss"], rtol=1e-5
+    )
+    for a, b in zip(resumed.get_weights(), straight.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    # and on one device, in a process of its own: the checkpoint of epoch 3
+    child = f"""
+import os, sys, json
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import numpy as np, kerascale
+from test_jax_sharding import large_model, data
+x, y = data()
+model = large_model(seed=2)
+h = kerascale.fit(model, x, y, batch_size=16, shuffle=False, verbose=0, epochs=3,
+                  checkpoint_dir={checkpoints!r})
+print(json.dumps({{"replicas": h.plan.replicas, "loss": h.history["loss"],
+                  "sum": float(sum(np.abs(w).sum() for w in model.get_weights()))}}))
+"""
+    env = {**os.environ, "XLA_FLAGS": ""}
+    done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    alone = json.loads(done.stdout.strip().splitlines()[-1])
+    assert alone["replicas"] == 1
+    np.testing.assert_allclose(alone["loss"], expected.history["loss"], rtol=1e-5)
+    # restored exactly: the weights the resumed run saved, to the last bit
+    assert alone["sum"] == float(sum(np.abs(w).sum() for w in resumed.get_weights()))
