@@ -36,3 +36,18 @@ def test_tf_data_checkpoints_and_event_files_on_the_jax_backend(tmp_path):
     assert "state.npz" in found["state_files"]  # Keras's variables, not tf.train
     assert found["event_files"] >= 1  # the monitors' TensorBoard scalars
     assert found["warnings"] == []
+
+
+def test_a_keras_hub_backbone_is_sharded_with_its_own_layout_map(tmp_path):
+    env = {**os.environ, "KERAS_BACKEND": "jax", "KERASCALE_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("jax_hub_sharding_child.py"))],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["strategy"] == "model_parallel", found
+    assert found["sharding"]["layouts"] == found["expected"]  # the hub's, resolved
+    assert found["expected"]  # the hub splits something here
+    assert "GemmaBackbone.get_layout_map" in found["reason"]
+    assert np.isfinite(found["loss"]).all()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import devices
 
 from kerascale.sense import jax_processes
 
@@ -50,6 +51,18 @@ def _start(mode, count, tmp_path, *extra, env_extra=None):
     ]
 
 
+# The children clear XLA_FLAGS: the same on any device count of the suite.
+several_processes = pytest.mark.skipif(
+    devices() > 1, reason="the children are alike on any device count: run once"
+)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """An uninterrupted 2-process run of 4 epochs, which the resumes match."""
+    return _run("multi", 2, tmp_path_factory.mktemp("straight"), "4")[0]
+
+
 def _run(mode, count, tmp_path, *extra):
     procs = _start(mode, count, tmp_path, *extra)
     for p in procs:
@@ -61,6 +74,7 @@ def _run(mode, count, tmp_path, *extra):
     ]
 
 
+@several_processes
 def test_two_processes_train_as_one_process_on_the_global_batch(tmp_path):
     first, second = _run("multi", 2, tmp_path)
     (alone,) = _run("single", 2, tmp_path)
@@ -82,7 +96,8 @@ def test_two_processes_train_as_one_process_on_the_global_batch(tmp_path):
     assert first["distribution_after"] == "None" and first["predicts"]
 
 
-def test_two_processes_resume_from_process_0s_checkpoint_exactly(tmp_path):
+@several_processes
+def test_two_processes_resume_from_process_0s_checkpoint_exactly(tmp_path, straight):
     checkpoints = tmp_path / "checkpoints"
     first, _ = _run("multi", 2, tmp_path, "2", str(checkpoints))
     assert sorted(p.name for p in checkpoints.iterdir()) == [
@@ -90,8 +105,6 @@ def test_two_processes_resume_from_process_0s_checkpoint_exactly(tmp_path):
         "ckpt-00000002",
     ]  # process 0 writes; process 1 writes nothing there
     resumed, other = _run("multi", 2, tmp_path, "4", str(checkpoints))
-    (tmp_path / "straight").mkdir()
-    straight, _ = _run("multi", 2, tmp_path / "straight", "4")
     assert resumed["loss"][:2] == first["loss"]
     np.testing.assert_array_equal(resumed["loss"], straight["loss"])
     for a, b, c in zip(
@@ -101,10 +114,13 @@ def test_two_processes_resume_from_process_0s_checkpoint_exactly(tmp_path):
         np.testing.assert_array_equal(a, c)
 
 
-def test_sigterm_to_one_process_saves_on_all_at_one_step_and_exits_143(tmp_path):
+@several_processes
+def test_sigterm_to_one_process_saves_on_all_at_one_step_and_exits_143(
+    tmp_path, straight
+):
     checkpoints = tmp_path / "checkpoints"
     procs = _start(
-        "multi", 2, tmp_path, "6", str(checkpoints), env_extra={"STEP_SLEEP": "0.2"}
+        "multi", 2, tmp_path, "4", str(checkpoints), env_extra={"STEP_SLEEP": "0.2"}
     )
     deadline = time.monotonic() + 120
     while not (checkpoints / "ckpt-00000001").exists():  # past the first epoch
@@ -117,16 +133,15 @@ def test_sigterm_to_one_process_saves_on_all_at_one_step_and_exits_143(tmp_path)
     saved = sorted(p.name for p in checkpoints.iterdir())
     assert len(saved) >= 2, saved  # the epoch's, and the preemption's mid-epoch
     # The rerun resumes where both stopped and ends as an uninterrupted run.
-    resumed, _ = _run("multi", 2, tmp_path, "6", str(checkpoints))
+    resumed, _ = _run("multi", 2, tmp_path, "4", str(checkpoints))
     assert resumed["epochs_begun"][0] >= 1  # it resumed, past the first epoch
-    (tmp_path / "straight").mkdir()
-    straight, _ = _run("multi", 2, tmp_path / "straight", "6")
     np.testing.assert_array_equal(resumed["loss"], straight["loss"])
     for a, b in zip(resumed["weights"], straight["weights"], strict=True):
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_kill_of_every_process_mid_epoch_resumes_bit_identical(tmp_path):
+@several_processes
+def test_a_kill_of_every_process_mid_epoch_resumes_bit_identical(tmp_path, straight):
     checkpoints = tmp_path / "checkpoints"
     slow = {"STEP_SLEEP": "0.2", "SAVE_FREQ": "2"}
     procs = _start("multi", 2, tmp_path, "4", str(checkpoints), env_extra=slow)
@@ -141,8 +156,6 @@ def test_a_kill_of_every_process_mid_epoch_resumes_bit_identical(tmp_path):
         p.wait(timeout=60)
     resumed, other = _run("multi", 2, tmp_path, "4", str(checkpoints))
     assert resumed["epochs_begun"] == other["epochs_begun"] == [1, 2, 3]  # resumed
-    (tmp_path / "straight").mkdir()
-    straight, _ = _run("multi", 2, tmp_path / "straight", "4")
     assert straight["epochs_begun"] == [0, 1, 2, 3]
     np.testing.assert_array_equal(resumed["loss"], straight["loss"])
     weights = zip(

@@ -94,7 +94,9 @@ def _sharded(
     ]
     tried = []
     for mesh in sharding.meshes(len(jax.devices())):
-        split = sharding.layouts(variables, mesh[1])
+        split, whose = _model_layouts(model, mesh)
+        if split is None:
+            split, whose = sharding.layouts(variables, mesh[1]), "derived"
         if not split:
             continue
         request = sharding.Sharded(mesh, split, "", one)
@@ -107,7 +109,8 @@ def _sharded(
                 f"one replica needs {format_bytes(one)} per device (XLA's count at "
                 f"one sample per replica), over {source} less the margin "
                 f"({format_bytes(usable)}): {len(split)} variables split over a "
-                f"model axis of {mesh[1]}, {format_bytes(need)} per device at "
+                f"model axis of {mesh[1]} ({whose}), {format_bytes(need)} per "
+                f"device at "
                 f"{candidate.micro_batch_size} per replica (tried {'; '.join(tried)})"
             )
             request = sharding.Sharded(mesh, split, why, one, need)
@@ -119,6 +122,35 @@ def _sharded(
         f"{format_bytes(one)}; split, {'; '.join(tried) or 'no variable splits'}. "
         "Give more device_memory (or devices), or a smaller batch_size."
     )
+
+
+def _model_layouts(model: Any, mesh: tuple[int, int]) -> tuple[Any, str]:
+    """The layouts a model brings for `mesh` (a keras-hub backbone's
+    `get_layout_map`, its authors' choice, which wins over the derived one),
+    resolved to its variables: ({path: axes}, whose); (None, "") without."""
+    import jax
+    import keras
+
+    backbone = getattr(model, "backbone", model)
+    layout_map_for = getattr(type(backbone), "get_layout_map", None)
+    if not callable(layout_map_for):
+        return None, ""
+    batch, width = mesh
+    device_mesh = keras.distribution.DeviceMesh(
+        (batch, width),
+        (sharding.BATCH_AXIS, sharding.MODEL_AXIS),
+        jax.devices()[: batch * width],
+    )
+    try:
+        layout_map = layout_map_for(device_mesh)
+    except Exception:
+        return None, ""  # not for this mesh: the derived layout instead
+    out = {}
+    for v in model.weights:
+        layout = layout_map[v.path]
+        if layout is not None:
+            out[v.path] = tuple(layout.axes)
+    return out, f"{type(backbone).__name__}.get_layout_map"
 
 
 def _per_device(model: Any, element: Any, plan: Any, batch: int) -> int:
