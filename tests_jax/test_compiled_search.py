@@ -186,7 +186,16 @@ def _children(*calls):
 
 
 @pytest.mark.parametrize(
-    "model, policy", [("cnn", "float32"), ("mlp", "mixed_bfloat16")]
+    "model, policy",
+    [
+        ("cnn", "float32"),
+        # On 2 devices the CNN alone: its confirmation is what 2 replicas change.
+        pytest.param(
+            "mlp",
+            "mixed_bfloat16",
+            marks=pytest.mark.skipif(devices() > 1, reason="checked on 1 device"),
+        ),
+    ],
 )
 def test_found_batch_is_within_nine_tenths_of_the_real_limit(model, policy):
     """The truth is a real training step's peak resident memory (VmHWM) in a

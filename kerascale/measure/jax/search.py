@@ -159,7 +159,7 @@ def _key(model: Any, element: Any, plan: Any, hw: Any, options: Any, **parts: An
     )
     return cache.cache_key(
         {
-            "search": "jax-compiled-2",
+            "search": "jax-compiled-3",
             "model": cache.model_fingerprint(model),
             "element": repr(shapes),
             "hardware": hw.to_dict(),
@@ -232,7 +232,7 @@ def _confirmed(
             f"a real step at {chosen} took {format_bytes(real)} "
             f"({real / max(1.0, predicted):.2f}x XLA's count)"
         )
-        if real <= free:
+        if real <= free * (1 - margin):  # the margin against the real figure too
             return chosen, "; ".join(["", *said])
         # What the real step took, in proportion, less the margin (a step's
         # constant part makes a proportional step too small; the next real
