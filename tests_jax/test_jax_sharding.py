@@ -171,3 +171,20 @@ print(json.dumps({{"replicas": h.plan.replicas, "loss": h.history["loss"],
     np.testing.assert_allclose(alone["loss"], expected.history["loss"], rtol=1e-5)
     # restored exactly: the weights the resumed run saved, to the last bit
     assert alone["sum"] == float(sum(np.abs(w).sum() for w in resumed.get_weights()))
+
+
+def test_a_check_that_cannot_compile_leaves_the_plan_as_it_is_with_one_warning(
+    monkeypatch,
+):
+    from kerascale.errors import BatchSizeSearchError
+    from kerascale.measure.jax import sharding as jax_sharding
+
+    def fails(*args):
+        raise BatchSizeSearchError("Compiling the train step failed: the seam")
+
+    monkeypatch.setattr(jax_sharding, "_per_device", fails)
+    x, y = data(32)
+    plan = kerascale.plan(small_model(), x, y, device_memory=SMALL_DEVICE, verbose=0)
+    assert plan.strategy in ("default", "data_parallel") and not plan.sharding
+    said = [w for w in plan.warnings if "no sharding check" in w]
+    assert len(said) == 1 and "the seam" in said[0]

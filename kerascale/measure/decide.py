@@ -207,8 +207,8 @@ def _measured(
     instance = user_instance(options)
     plan = make_plan(hw, options, facts, data)
     shard = engines.sharding(hw.backend)
-    options, plan = shard(model, x, y, options, hw, facts, data, plan, search)
-    kept = {k: v for k, v in plan.reasons.items() if k == "sharding"}  # re-plans
+    options, new = shard(model, x, y, options, hw, facts, data, plan, search)
+    kept, plan = (new.reasons, new.warnings[len(plan.warnings) :]), new  # re-plans
     can_try = trials_lib.possible(options, hw, facts)
     skipped, unavailable = "", False
     try:
@@ -243,14 +243,15 @@ def _measured(
     )  # fmt: skip
     if can_try:
         decided = _tried(decided, model, x, y, ladder, budget)
-    reasons = dict(kept)
+    reasons = {k: v for k, v in kept[0].items() if k == "sharding"}
     if skipped:
         why = decided.plan.reasons["global_batch_size"]
         hint = "pass batch_size= to choose" if unavailable else _SEARCH_ANYWAY
         reasons["global_batch_size"] = (
             f"{why} (batch search skipped: {skipped}; {hint})"
         )
-    return with_notes(decided, reasons=reasons, warnings=(note,) if note else ())
+    notes = (*kept[1], *((note,) if note else ()))
+    return with_notes(decided, reasons=reasons, warnings=notes)
 
 
 def with_notes(
@@ -261,7 +262,7 @@ def with_notes(
     plan = dataclasses.replace(
         plan,
         reasons={**plan.reasons, **(reasons or {})},
-        warnings=(*plan.warnings, *warnings),
+        warnings=(*plan.warnings, *(w for w in warnings if w not in plan.warnings)),
     )
     return dataclasses.replace(decided, plan=plan)
 

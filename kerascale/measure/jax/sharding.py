@@ -22,7 +22,7 @@ from typing import Any
 
 from kerascale._units import format_bytes
 from kerascale.apply.session import Session
-from kerascale.errors import ConfigurationError
+from kerascale.errors import BatchSizeSearchError, ConfigurationError
 from kerascale.measure.jax import compiled
 from kerascale.plan import sharding
 from kerascale.plan.rules import make_plan
@@ -48,8 +48,13 @@ def plan_sharding(
     the first mesh that fits, with `options.strategy` the request that
     makes it (`sharding.Sharded`).
 
+    Where the check cannot decide (the model's step fails to compile here,
+    or nothing fits a device whose memory you did not give), the plan stays
+    as it is, with one warning: the run then does what plain `fit` does.
+
     Raises:
-        ConfigurationError: Where even the largest model axis does not fit.
+        ConfigurationError: Where even the largest model axis does not fit
+            the `device_memory` you gave.
     """
     if isinstance(options.strategy, sharding.Sharded):  # decided before: again
         request = options.strategy
@@ -60,17 +65,26 @@ def plan_sharding(
     margin = search.margin if search is not None else 0.0
     usable = int(limit * (1 - margin))
     element = compiled.element_of(x, y)
-    one = _per_device(model, element, plan, 1)
-    if one <= usable:
-        if search is None or not search.device_memory:
-            return options, plan
-        why = (
-            f"one replica needs {format_bytes(one)} per device (a step of one "
-            f"sample per replica, by XLA's count), within {source} "
-            f"{format_bytes(limit)} less the {margin:.0%} margin: not sharded"
-        )
-        return options, _with_reason(plan, why)
-    return _sharded(model, options, hw, facts, data, element, (one, usable, source))
+    yours = search is not None and bool(search.device_memory)
+    try:
+        one = _per_device(model, element, plan, 1)
+        if one > usable:
+            figures = (one, usable, source)
+            return _sharded(model, options, hw, facts, data, element, figures)
+    except BatchSizeSearchError as e:  # the model's own failure: fit raises it
+        return options, _with_warning(plan, f"no sharding check: {e}")
+    except ConfigurationError as e:
+        if yours:
+            raise
+        return options, _with_warning(plan, f"{e} Trained as planned, unsharded.")
+    if not yours:
+        return options, plan
+    why = (
+        f"one replica needs {format_bytes(one)} per device (a step of one "
+        f"sample per replica, by XLA's count), within {source} "
+        f"{format_bytes(limit)} less the {margin:.0%} margin: not sharded"
+    )
+    return options, _with_reason(plan, why)
 
 
 def _sharded(
@@ -181,6 +195,12 @@ def _device_limit(hw: Any, search: Any) -> tuple[int | None, str]:
 
     limit = jax_devices.memory_limit(jax.local_devices()[0])
     return limit, "XLA's allocator limit per device"
+
+
+def _with_warning(plan: Any, why: str) -> Any:
+    """`plan` with `why` as its one warning about sharding (the check could
+    not decide: the plan trains as it is, as plain `fit` would)."""
+    return dataclasses.replace(plan, warnings=(*plan.warnings, why))
 
 
 def _with_reason(plan: Any, why: str) -> Any:
