@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import warnings
 from collections.abc import Sequence
@@ -74,7 +73,7 @@ def _cluster(args: argparse.Namespace) -> int:
     predicted at 1 to N data-parallel workers (`plan.scaling`)."""
     from kerascale.diagnose import diagnose
     from kerascale.errors import KerascaleError
-    from kerascale.plan import scaling
+    from kerascale.plan import scaling, sharding
 
     if not args.model or not args.input_shape:
         print(
@@ -95,9 +94,7 @@ def _cluster(args: argparse.Namespace) -> int:
         print(f"kerascale: {e}", file=sys.stderr)
         return 1
     step = 1.0 / measured.step_batches_per_s
-    grads = sum(
-        math.prod(v.shape) * _itemsize(v.dtype) for v in model.trainable_variables
-    )
+    grads = sum(sharding.variable_bytes(v) for v in model.trainable_variables)
     counts = sorted(
         {1, *(2**i for i in range(1, 31) if 2**i <= args.cluster), args.cluster}
     )
@@ -126,12 +123,6 @@ def _cluster(args: argparse.Namespace) -> int:
           "kerascale/plan/scaling.py; measured against 1, 2 and 4 devices in "
           "benchmarks/README.md)")  # fmt: skip
     return 0
-
-
-def _itemsize(dtype: Any) -> int:
-    import numpy as np
-
-    return np.dtype(str(dtype)).itemsize
 
 
 def _clear_cache(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ that decide whether to shard, and over which mesh, are
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -70,6 +71,17 @@ def plan_field(strategy: Any) -> dict[str, Any]:
     """`Plan.sharding` for a plan made for `strategy` (empty unless it is
     planning's own `Sharded` request)."""
     return strategy.as_plan_field() if isinstance(strategy, Sharded) else {}
+
+
+def variable_bytes(variable: Any) -> int:
+    """The bytes of a variable (or its gradient) in its own dtype."""
+    import numpy as np
+
+    try:
+        itemsize = np.dtype(str(variable.dtype)).itemsize
+    except TypeError:  # a dtype NumPy does not know without ml_dtypes
+        itemsize = 4 if "32" in str(variable.dtype) else 2
+    return math.prod(variable.shape) * itemsize
 
 
 def meshes(devices: int) -> list[tuple[int, int]]:

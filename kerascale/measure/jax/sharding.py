@@ -17,7 +17,6 @@ fits. The plan says the mesh, the bytes per device before and after, and why.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from kerascale._units import format_bytes
@@ -101,9 +100,7 @@ def _sharded(
 
     one, usable, source = figures
     variables = [
-        sharding.VariableShape(
-            v.path, tuple(v.shape), math.prod(v.shape) * _itemsize(v.dtype)
-        )
+        sharding.VariableShape(v.path, tuple(v.shape), sharding.variable_bytes(v))
         for v in model.weights
     ]
     tried = []
@@ -205,12 +202,3 @@ def _with_warning(plan: Any, why: str) -> Any:
 
 def _with_reason(plan: Any, why: str) -> Any:
     return dataclasses.replace(plan, reasons={**plan.reasons, "sharding": why})
-
-
-def _itemsize(dtype: Any) -> int:
-    import numpy as np
-
-    try:
-        return np.dtype(str(dtype)).itemsize
-    except TypeError:
-        return 4 if "32" in str(dtype) else 2
