@@ -53,12 +53,44 @@ def dead_pid():
 
 
 def test_a_live_writer_holds_the_directory_and_is_named(tmp_path):
-    write_lease(tmp_path, pid=os.getpid())  # this very process: alive
+    write_lease(tmp_path, pid=os.getppid())  # pytest's parent: alive
     with pytest.raises(
-        kerascale.CheckpointError, match=f"process {os.getpid()} on host"
+        kerascale.CheckpointError, match=f"process {os.getppid()} on host"
     ):
         small_fit(tmp_path)
     assert json.loads((tmp_path / lease_lib.NAME).read_text())["token"] == "theirs"
+
+
+def test_a_lease_naming_this_process_that_it_did_not_take_is_stale(tmp_path):
+    """A restarted container: the same host name and pid as the killed run's."""
+    write_lease(tmp_path, pid=os.getpid())
+    with pytest.warns(kerascale.KerascaleWarning, match="same pid"):
+        small_fit(tmp_path)
+    assert not (tmp_path / lease_lib.NAME).exists()
+
+
+class Raises(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 1:
+            raise RuntimeError("the user's callback raised")
+
+
+def test_a_fit_that_raised_leaves_its_lease_to_the_next_fit_in_the_process(
+    tmp_path,
+):
+    """Keras skips `on_train_end` when fit raises: a notebook's rerun of the
+    cell takes the lease over instead of being told to stop itself."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x = np.ones((32, 4), "float32")
+    backup = FaultTolerantBackup(tmp_path, save_freq=2, verbose=0)
+    with pytest.raises(RuntimeError, match="callback raised"):
+        model.fit(x, x[:, :1], epochs=2, verbose=0, callbacks=[backup, Raises()])
+    assert (tmp_path / lease_lib.NAME).exists()  # Keras did not end the run
+    with pytest.warns(kerascale.KerascaleWarning, match="earlier run in this"):
+        small_fit(tmp_path, epochs=3)
+    assert not (tmp_path / lease_lib.NAME).exists()
 
 
 def test_a_run_gives_its_lease_back_and_the_next_run_takes_it(tmp_path):

@@ -10,9 +10,13 @@ the position a checkpoint needs:
   sets up the next epoch's iterator), the `tf.data` iterator's own
   checkpoint: its position and its shuffle seeds ("iterator");
 - at an epoch's end, the next epoch's iterator, created here and saved
-  unused ("advance"), because a used-up iterator's checkpoint does not keep
-  the shuffle-seed state (TF 2.21); this run then trains its next epoch on
-  that iterator, as the resumed run will;
+  unused ("next_epoch"), because a used-up iterator's checkpoint does not
+  keep the shuffle-seed state (TF 2.21: it restores the seeds of the first
+  epochs). Creating it draws the next shuffle seed, which Keras's own next
+  iterator would have drawn: so when Keras creates that one, it is put back
+  to the saved iterator's state, seeds included (from a copy written with
+  the save), exactly as the resumed run's first iterator is. Every epoch
+  then shuffles as in a plain `fit`, saved or not;
 - where the iterator cannot be checkpointed (a `tf.distribute` iterator, a
   Python generator), the number of batches to read again and drop
   ("replay"), with a warning that the order may differ.
@@ -46,8 +50,8 @@ class InputPosition:
     def __init__(self, warn_order: Callable[[str], None]):
         self._warn_order = warn_order
         self.keras_iterator: Any = None
-        self.substitute: Any = None  # the iterator trained on instead
-        self.next_epoch_iterator: Any = None
+        self.next_epoch_iterator: Any = None  # created for an epoch-end save
+        self._rewind: tempfile.TemporaryDirectory | None = None  # its copy
         self.dataset: Any = None
         self.cardinality: int | None = None
         self.consumed = 0
@@ -57,7 +61,7 @@ class InputPosition:
     @property
     def live(self) -> Any:
         """The iterator the step reads from."""
-        return self.substitute if self.substitute is not None else self.keras_iterator
+        return self.keras_iterator
 
     def new_epoch(self) -> None:
         """An epoch begins (nothing to note: the iterator's checkpoint keeps
@@ -71,12 +75,13 @@ class InputPosition:
         run's first."""
         first = self.keras_iterator is None
         self.keras_iterator = iterator
-        self.substitute = None
         self.consumed = 0
         self.exhausted = False
-        if not first and self.next_epoch_iterator is not None:
-            # Created when the last epoch's end was saved: train on it.
-            self.substitute, self.next_epoch_iterator = self.next_epoch_iterator, None
+        if not first and self._rewind is not None:
+            # The last epoch's end was saved with an iterator created for
+            # this epoch: Keras's own becomes that one, shuffle seeds and all.
+            self._read(iterator, os.path.join(self._rewind.name, "it"))
+        self.close()
         self.dataset = tfc.iterator_dataset(iterator)
         self.cardinality = (
             int(self.dataset.cardinality()) if self.dataset is not None else None
@@ -105,14 +110,25 @@ class InputPosition:
                         "cannot be re-created at an epoch's end"
                     )
                 return {"mode": "replay", "consumed": 0}
-            if self.next_epoch_iterator is None:
+            if self.next_epoch_iterator is None:  # one per epoch end
                 self.next_epoch_iterator = iter(self.dataset)
-            return {"mode": "advance", "consumed": 0}
+                self._rewind = tempfile.TemporaryDirectory(prefix="kerascale-next-")
+                tf.train.Checkpoint(iterator=self.next_epoch_iterator).write(
+                    os.path.join(self._rewind.name, "it")
+                )
+            return {"mode": "next_epoch", "consumed": 0}
         return {"mode": "iterator" if savable else "replay", "consumed": self.consumed}
+
+    def close(self) -> None:
+        """Drops the iterator created for an epoch-end save, and its copy."""
+        self.next_epoch_iterator = None
+        rewind, self._rewind = self._rewind, None
+        if rewind is not None:
+            rewind.cleanup()
 
     def trackable(self, record: dict[str, Any]) -> Any:
         """The iterator a checkpoint with `record` saves, or None."""
-        if record["mode"] == "advance":
+        if record["mode"] == "next_epoch":
             return self.next_epoch_iterator
         if record["mode"] == "iterator":
             return self.live
@@ -159,21 +175,25 @@ class InputPosition:
                     "continue from"
                 )
             return
-        if mode in ("iterator", "advance"):
-            status = tf.train.Checkpoint(iterator=iterator).read(prefix)
-            status.expect_partial()
-            status.assert_existing_objects_matched()
+        if mode in ("iterator", "next_epoch", "advance"):
+            self._read(iterator, prefix)
             self.consumed = int(record["consumed"])
             if mode == "advance" and self.dataset is not None:
-                # The saved run created this epoch's iterator before Keras
-                # created its own (then unused); create that one too, so the
-                # shuffle seeds of later epochs match.
+                # Written before "next_epoch" (kerascale 0.1 before 2026-11-25):
+                # the saved run created one iterator more than Keras, and
+                # shuffled its later epochs accordingly; so does this one.
                 iter(self.dataset)
             return
         consumed = int(record["consumed"])  # "replay": read and drop what was used
         for _ in range(consumed):
             next(iterator)
         self.consumed = consumed
+
+    @staticmethod
+    def _read(iterator: Any, prefix: str) -> None:
+        status = tf.train.Checkpoint(iterator=iterator).read(prefix)
+        status.expect_partial()
+        status.assert_existing_objects_matched()
 
 
 class HostInputPosition:
@@ -263,6 +283,9 @@ class HostInputPosition:
 
     def trackable(self, record: dict[str, Any]) -> Any:
         return None  # nothing but meta.json: the record says it all
+
+    def close(self) -> None:
+        """Nothing held between epochs."""
 
     def restore(
         self, iterator: Any, record: dict[str, Any], prefix: str, epochs_left: bool

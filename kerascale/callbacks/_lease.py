@@ -18,7 +18,11 @@ the pid, the start time and a random token.
 - A lease is stale, and taken over with a warning, when its holder is a dead
   process on this host, or when it was not renewed for `timeout` seconds (a
   killed or frozen process elsewhere; `DEFAULT_TIMEOUT`, 2 minutes, judged by
-  the hosts' wall clocks, which must agree to within it).
+  the hosts' wall clocks, which must agree to within it). A lease naming this
+  very process is stale unless one of its runs still in use holds it: an
+  earlier `fit` in this process that raised (Keras then skips the callback's
+  `on_train_end`; a notebook reruns the cell), or an earlier process with
+  the same pid (a restarted container, whose pid and host name repeat).
 - Before each commit the writer checks the lease is still its own, so a
   writer whose lease was taken over (it froze for longer than the timeout)
   stops with `CheckpointError` instead of committing over the new writer.
@@ -33,6 +37,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from kerascale import _fs
@@ -43,12 +48,27 @@ NAME = "writer.lease"
 DEFAULT_TIMEOUT = 120.0
 SETTLE_SECONDS = 2.0
 
+_HELD: dict[str, Lease] = {}  # this process's leases, by token
+
 
 class Lease:
-    """This process's lease on `directory` (see the module doc)."""
+    """This process's lease on `directory` (see the module doc).
 
-    def __init__(self, directory: str, timeout: float = DEFAULT_TIMEOUT):
+    Args:
+        directory: The checkpoint directory.
+        timeout: Seconds without renewal after which another host takes over.
+        in_use: Whether the run holding it still runs; when it says no, a
+            later run in this process takes the lease over.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        in_use: Callable[[], bool] = lambda: True,
+    ):
         self.directory = directory
+        self.in_use = in_use
         self.path = f"{directory.rstrip('/')}/{NAME}"
         self.timeout = timeout
         now = time.time()
@@ -86,6 +106,7 @@ class Lease:
                 if read(self.path) == holder:  # not another taker's new lease
                     _remove(self.path)
             if self._create():
+                _HELD[self.record["token"]] = self
                 self._start_renewing()
                 return self
         raise CheckpointError(
@@ -107,6 +128,7 @@ class Lease:
     def release(self) -> None:
         """Stops renewing and removes the lease if it is still ours."""
         self._stop.set()
+        _HELD.pop(self.record["token"], None)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
         self._thread = None
@@ -185,7 +207,22 @@ def read(path: str) -> dict[str, Any] | None:
 
 def stale(holder: dict[str, Any], timeout: float) -> str | None:
     """Why `holder`'s lease may be taken over, or None while it is live."""
-    if holder.get("host") == socket.gethostname() and not _alive(holder.get("pid")):
+    here = holder.get("host") == socket.gethostname()
+    if here and holder.get("pid") == os.getpid():
+        mine = _HELD.get(holder.get("token"))
+        if mine is None:
+            return (
+                "it names this process but was not taken by it (an earlier "
+                "process with the same pid)"
+            )
+        if not mine.in_use():
+            mine.release()
+            return (
+                "an earlier run in this process ended without giving it back "
+                "(it raised)"
+            )
+        return None
+    if here and not _alive(holder.get("pid")):
         return f"process {holder.get('pid')} on this host is no longer running"
     age = time.time() - float(holder.get("renewed") or 0.0)
     if age > timeout:

@@ -265,6 +265,9 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         if lease is not None:
             lease.release()
         self._sigterm.release()
+        position = getattr(self, "_position", None)
+        if position is not None:
+            position.close()
         wrapper, self._wrapper = self._wrapper, None
         model = getattr(self, "_model", None)
         if model is not None:
@@ -413,7 +416,11 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         if self._chief:
             _fs.makedirs(self.directory)
             try:
-                self._lease = lease_lib.Lease(self.directory, self._lease_timeout)
+                self._lease = lease_lib.Lease(
+                    self.directory,
+                    self._lease_timeout,
+                    in_use=lambda: self._active and self.run.alive(),
+                )
                 self._lease.acquire()
             except CheckpointError as e:
                 self._lease, problem = None, str(e)

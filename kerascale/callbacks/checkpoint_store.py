@@ -43,7 +43,7 @@ STATE_PREFIX = "state"
 INCOMPLETE = ".incomplete"
 _NAME = re.compile(r"^ckpt-(\d{8})$")
 _MAX_EPOCH = 10**7  # a week of 1-second epochs is 6e5; beyond this is damage
-_DATA_MODES = ("iterator", "advance", "replay", "none")
+_DATA_MODES = ("iterator", "next_epoch", "advance", "replay", "none")
 _CHUNK = 1 << 22
 
 
