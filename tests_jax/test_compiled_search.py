@@ -108,6 +108,7 @@ def test_the_step_counts_batches_read_ahead_and_gradient_accumulators():
     assert search._less_accumulators(10**9, "", step, model, 4, False)[0] == 10**9
 
 
+@pytest.mark.once
 def test_find_batch_size_on_jax_fits_the_limit_by_xla_count_and_trains():
     x = np.zeros((100_000, 256), "float32")
     y = np.zeros(100_000, "int32")
@@ -131,6 +132,7 @@ def test_find_batch_size_on_jax_fits_the_limit_by_xla_count_and_trains():
     assert np.isfinite(history.history["loss"]).all()
 
 
+@pytest.mark.once
 def test_training_reuses_the_search_compile():
     """The step compiled at the found batch is read from JAX's cache when
     training starts: the cache holds one train-step program per batch."""
@@ -270,6 +272,7 @@ def test_a_searched_batch_that_runs_out_at_the_first_step_is_stepped_down(
     assert np.isfinite(history.history["loss"]).all()
 
 
+@pytest.mark.once
 def test_a_second_search_reads_the_cache():
     x = np.zeros((20_000, 256), "float32")
     y = np.zeros(20_000, "int32")

@@ -117,6 +117,7 @@ def test_sigkill_mid_epoch_resumes_bit_identical(references, tmp_path, kind):
     assert_same_run(resumed, references[kind])
 
 
+@pytest.mark.once
 def test_three_kills_of_a_generator_run_through_kerascale_fit(references, tmp_path):
     """An infinite generator with steps_per_epoch: one iterator for the whole
     run, re-read up to its place on each resume; `kerascale.fit` with
@@ -162,6 +163,7 @@ def test_sigterm_saves_exits_143_chains_the_handler_and_resumes(references, tmp_
     assert_same_run(load(out), references["arrays"])
 
 
+@pytest.mark.once
 def test_a_kill_inside_a_save_leaves_the_previous_checkpoint(references, tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
     proc = subprocess.run(
@@ -179,6 +181,7 @@ def test_a_kill_inside_a_save_leaves_the_previous_checkpoint(references, tmp_pat
     assert_same_run(load(out), references["arrays"])
 
 
+@pytest.mark.once
 def test_a_damaged_latest_state_falls_back_to_the_previous(references, tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
     rc, _ = run_and_kill(ckpt, out, 25)
@@ -194,6 +197,7 @@ def test_a_damaged_latest_state_falls_back_to_the_previous(references, tmp_path)
     assert_same_run(load(out), references["arrays"])
 
 
+@pytest.mark.once
 def test_a_second_process_on_the_directory_stops_with_the_lease(tmp_path):
     ckpt = tmp_path / "ckpt"
     first = subprocess.Popen(

@@ -47,6 +47,7 @@ def mlp(width=1024):
     return model
 
 
+@pytest.mark.once
 def test_an_input_bound_run_is_called_so_with_the_input_measured():
     # Host work three times a step's, the step timed as diagnose times it
     # (on every device, on this machine as loaded now): Keras dispatches
@@ -81,6 +82,7 @@ def test_the_loader_is_advised_with_its_measured_gain_where_it_helps():
     assert [r.action.split(":")[0] for r in recs] == ["less host work per batch"]
 
 
+@pytest.mark.once
 def test_a_compute_bound_run_is_called_so():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(256 * 30, 512)).astype("float32")

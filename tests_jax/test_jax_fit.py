@@ -323,6 +323,7 @@ def test_doctor_prints_the_jax_plan(capsys):
     assert not [w for w in TF_WORDS if w in out], out
 
 
+@pytest.mark.once
 def test_doctor_cluster_times_a_step_and_predicts_1_to_n_workers(tmp_path, capsys):
     from kerascale import cli
 

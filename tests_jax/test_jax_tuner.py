@@ -25,6 +25,7 @@ def build(hp):
     return model
 
 
+@pytest.mark.once
 def test_a_random_search_over_batch_size_runs_on_jax(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(512, 16)).astype("float32")
