@@ -10,8 +10,10 @@ with `kerascale.fit`; MODE "single" instead trains process 0's model with
 plain `model.fit` on one device, alone, on the global batch. EPOCHS (3 by
 default) and CHECKPOINT_DIR (kerascale's `checkpoint_dir`) are fit's;
 STEP_SLEEP (seconds, in the environment) slows each step, for a signal to
-arrive mid-run; SAVE_FREQ (steps) is fit's `checkpoint_freq`. Writes JSON:
-the plan, the losses and the trained weights.
+arrive mid-run; SAVE_FREQ (steps) is fit's `checkpoint_freq`; INPUT=pydataset
+feeds the processes a `keras.utils.PyDataset` of global batches instead of
+arrays (each reads all of every batch; kerascale cuts each process's block).
+Writes JSON: the plan, the losses and the trained weights.
 """
 
 import json
@@ -42,6 +44,21 @@ def data():
     x = rng.normal(size=(N, 6)).astype("float32")
     y = (x[:, :3].sum(axis=1) > 0).astype("int32")
     return x, y
+
+
+class Batches(keras.utils.PyDataset):
+    """The arrays in global batches of BATCH, in order, the last one short."""
+
+    def __init__(self, x, y):
+        super().__init__()
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return -(-len(self.x) // BATCH)
+
+    def __getitem__(self, i):
+        part = slice(i * BATCH, (i + 1) * BATCH)
+        return self.x[part], self.y[part]
 
 
 def model(seed):
@@ -84,8 +101,12 @@ def main():
             on_epoch_begin=lambda epoch, logs: begun.append(epoch)
         )
         result["epochs_begun"] = begun
+        if os.environ.get("INPUT") == "pydataset":
+            data_args, data_kwargs = (Batches(x, y),), {}
+        else:
+            data_args, data_kwargs = (x, y), {"batch_size": BATCH}
         h = kerascale.fit(
-            m, x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+            m, *data_args, **data_kwargs, epochs=EPOCHS, shuffle=False, verbose=0,
             checkpoint_dir=CHECKPOINTS, callbacks=[epochs, slow] if pause else [epochs],
             checkpoint_freq=int(os.environ.get("SAVE_FREQ", "0")) or "epoch",
         )  # fmt: skip

@@ -63,8 +63,8 @@ def straight(tmp_path_factory):
     return _run("multi", 2, tmp_path_factory.mktemp("straight"), "4")[0]
 
 
-def _run(mode, count, tmp_path, *extra):
-    procs = _start(mode, count, tmp_path, *extra)
+def _run(mode, count, tmp_path, *extra, env_extra=None):
+    procs = _start(mode, count, tmp_path, *extra, env_extra=env_extra)
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out[-3000:]
@@ -94,6 +94,23 @@ def test_two_processes_train_as_one_process_on_the_global_batch(tmp_path):
         np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
     # and the model is the user's again: no distribution set, it predicts alone
     assert first["distribution_after"] == "None" and first["predicts"]
+
+
+@several_processes
+def test_a_pydataset_across_two_processes_trains_as_one_process(tmp_path):
+    """Each process reads every global batch of a PyDataset and trains on its
+    block: the weights of one process on the arrays' global batches."""
+    first, second = _run("multi", 2, tmp_path, env_extra={"INPUT": "pydataset"})
+    (alone,) = _run("single", 2, tmp_path)
+    assert first["plan"]["replicas"] == 2
+    changes = first["plan"]["data_changes"]
+    assert "each process reads its block of every global batch" in changes
+    np.testing.assert_allclose(first["loss"], alone["loss"], rtol=1e-5)
+    for a, b, c in zip(
+        first["weights"], second["weights"], alone["weights"], strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
 
 
 @several_processes
