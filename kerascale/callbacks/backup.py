@@ -265,9 +265,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         if lease is not None:
             lease.release()
         self._sigterm.release()
-        position = getattr(self, "_position", None)
-        if position is not None:
-            position.close()
+        self._position.close()  # set in __init__
         wrapper, self._wrapper = self._wrapper, None
         model = getattr(self, "_model", None)
         if model is not None:
