@@ -12,7 +12,8 @@ default) and CHECKPOINT_DIR (kerascale's `checkpoint_dir`) are fit's;
 STEP_SLEEP (seconds, in the environment) slows each step, for a signal to
 arrive mid-run; SAVE_FREQ (steps) is fit's `checkpoint_freq`; INPUT=pydataset
 feeds the processes a `keras.utils.PyDataset` of global batches instead of
-arrays (each reads all of every batch; kerascale cuts each process's block).
+arrays (each reads all of every batch; kerascale cuts each process's block),
+INPUT=generator a generator of them (one pass: EPOCHS 1).
 Writes JSON: the plan, the losses and the trained weights.
 """
 
@@ -103,6 +104,10 @@ def main():
         result["epochs_begun"] = begun
         if os.environ.get("INPUT") == "pydataset":
             data_args, data_kwargs = (Batches(x, y),), {}
+        elif os.environ.get("INPUT") == "generator":  # one pass: 1 epoch
+            batches = Batches(x, y)
+            data_args = ((batches[i] for i in range(len(batches))),)
+            data_kwargs = {}
         else:
             data_args, data_kwargs = (x, y), {"batch_size": BATCH}
         h = kerascale.fit(

@@ -97,11 +97,15 @@ def test_two_processes_train_as_one_process_on_the_global_batch(tmp_path):
 
 
 @several_processes
-def test_a_pydataset_across_two_processes_trains_as_one_process(tmp_path):
-    """Each process reads every global batch of a PyDataset and trains on its
-    block: the weights of one process on the arrays' global batches."""
-    first, second = _run("multi", 2, tmp_path, env_extra={"INPUT": "pydataset"})
-    (alone,) = _run("single", 2, tmp_path)
+@pytest.mark.parametrize("kind, epochs", [("pydataset", "3"), ("generator", "1")])
+def test_a_pydataset_or_generator_across_two_processes_trains_as_one_process(
+    tmp_path, kind, epochs
+):
+    """Each process reads every global batch of a PyDataset (or a generator)
+    and trains on its block: the weights of one process on the arrays' global
+    batches."""
+    first, second = _run("multi", 2, tmp_path, epochs, env_extra={"INPUT": kind})
+    (alone,) = _run("single", 2, tmp_path, epochs)
     assert first["plan"]["replicas"] == 2
     changes = first["plan"]["data_changes"]
     assert "each process reads its block of every global batch" in changes
