@@ -512,3 +512,49 @@ def test_a_worker_that_is_not_the_chief_writes_nothing_lasting(tmp_path, monkeyp
     assert len(backup.save_seconds) == 4  # it took part in every save
     assert not (tmp_path / "ckpt").exists()
     assert list((tmp_path / "temp").iterdir()) == []
+
+
+class _Unwritable:
+    name = "/proc/kerascale-cannot-write-here"
+
+    def cleanup(self):
+        pass
+
+
+@pytest.mark.parametrize("fails", ["copy", "read"])
+def test_an_epoch_end_copy_that_fails_leaves_training_as_it_is(
+    tmp_path, monkeypatch, fails
+):
+    """The local copy that keeps later epochs shuffled as in a plain fit is
+    kerascale's own addition: when it cannot be written or read back, the
+    run trains on, with one warning saying so, and saves every epoch."""
+    from kerascale.callbacks import _input_position
+
+    if fails == "copy":
+        real = tempfile.TemporaryDirectory
+
+        def directory(prefix=None, **kwargs):  # only the copy's is unwritable
+            if prefix == "kerascale-next-":
+                return _Unwritable()
+            return real(prefix=prefix, **kwargs)
+
+        monkeypatch.setattr(tempfile, "TemporaryDirectory", directory)
+    else:
+
+        def unreadable(iterator, prefix):
+            raise tf.errors.NotFoundError(None, None, f"{prefix}: gone")
+
+        monkeypatch.setattr(
+            _input_position.InputPosition, "_read", staticmethod(unreadable)
+        )
+    backup = FaultTolerantBackup(tmp_path, verbose=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = small_model().fit(
+            small_data(), epochs=3, verbose=0, callbacks=[backup]
+        )
+    said = [str(w.message) for w in caught if "shuffled unlike" in str(w.message)]
+    assert len(said) == 1, [str(w.message) for w in caught]
+    assert ("could not be copied" if fails == "copy" else "put back") in said[0]
+    assert len(history.history["loss"]) == 3 and len(backup.save_seconds) == 3
+    assert store.verify(store.scan(str(tmp_path))[0])["finished"]

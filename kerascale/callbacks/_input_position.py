@@ -80,7 +80,14 @@ class InputPosition:
         if not first and self._rewind is not None:
             # The last epoch's end was saved with an iterator created for
             # this epoch: Keras's own becomes that one, shuffle seeds and all.
-            self._read(iterator, os.path.join(self._rewind.name, "it"))
+            try:
+                self._read(iterator, os.path.join(self._rewind.name, "it"))
+            except _checkpoint_errors() as e:  # Keras's iterator trains as it is
+                self._warn_order(
+                    "the next epoch's iterator could not be put back to the saved "
+                    f"one ({type(e).__name__}: {first_line(e)[:200]}), so later "
+                    "epochs are shuffled unlike a plain fit's"
+                )
         self.close()
         self.dataset = tfc.iterator_dataset(iterator)
         self.cardinality = (
@@ -112,12 +119,25 @@ class InputPosition:
                 return {"mode": "replay", "consumed": 0}
             if self.next_epoch_iterator is None:  # one per epoch end
                 self.next_epoch_iterator = iter(self.dataset)
-                self._rewind = tempfile.TemporaryDirectory(prefix="kerascale-next-")
-                tf.train.Checkpoint(iterator=self.next_epoch_iterator).write(
-                    os.path.join(self._rewind.name, "it")
-                )
+                self._copy_next()
             return {"mode": "next_epoch", "consumed": 0}
         return {"mode": "iterator" if savable else "replay", "consumed": self.consumed}
+
+    def _copy_next(self) -> None:
+        """A local copy of the next epoch's iterator as created (its seed
+        state included), for Keras's own next iterator to be put back to."""
+        self._rewind = tempfile.TemporaryDirectory(prefix="kerascale-next-")
+        try:
+            tf.train.Checkpoint(iterator=self.next_epoch_iterator).write(
+                os.path.join(self._rewind.name, "it")
+            )
+        except _checkpoint_errors() as e:  # the save itself goes on
+            self.close()
+            self._warn_order(
+                f"the next epoch's iterator could not be copied ({type(e).__name__}: "
+                f"{first_line(e)[:200]}), so later epochs are shuffled unlike a "
+                "plain fit's"
+            )
 
     def close(self) -> None:
         """Drops the iterator created for an epoch-end save, and its copy."""
@@ -194,6 +214,12 @@ class InputPosition:
         status = tf.train.Checkpoint(iterator=iterator).read(prefix)
         status.expect_partial()
         status.assert_existing_objects_matched()
+
+
+def _checkpoint_errors() -> tuple[type[BaseException], ...]:
+    """What reading or writing an iterator's checkpoint raises when it cannot
+    (a function: TensorFlow is imported on first use, never at import)."""
+    return (tf.errors.OpError, AssertionError, ValueError, OSError)
 
 
 class HostInputPosition:

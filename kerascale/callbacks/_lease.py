@@ -103,6 +103,9 @@ class Lease:
                     f"Taking over the checkpoint directory {self.directory} from "
                     f"{describe(holder)}: {why}."
                 )
+                earlier = _HELD.get(holder.get("token"))
+                if earlier is not None:  # this process's, its run over
+                    earlier.release()
                 if read(self.path) == holder:  # not another taker's new lease
                     _remove(self.path)
             if self._create():
@@ -216,7 +219,6 @@ def stale(holder: dict[str, Any], timeout: float) -> str | None:
                 "process with the same pid)"
             )
         if not mine.in_use():
-            mine.release()
             return (
                 "an earlier run in this process ended without giving it back "
                 "(it raised)"
