@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import keras
@@ -18,6 +19,7 @@ from test_backup import child_cmd
 import kerascale
 from kerascale.callbacks import _lease as lease_lib
 from kerascale.callbacks import checkpoint_store as store
+from kerascale.callbacks._base import FitRun
 from kerascale.callbacks.backup import FaultTolerantBackup
 
 
@@ -75,18 +77,34 @@ class Raises(keras.callbacks.Callback):
             raise RuntimeError("the user's callback raised")
 
 
-def test_a_fit_that_raised_leaves_its_lease_to_the_next_fit_in_the_process(
-    tmp_path,
-):
-    """Keras skips `on_train_end` when fit raises: a notebook's rerun of the
-    cell takes the lease over instead of being told to stop itself."""
+def raised_fit(directory):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     x = np.ones((32, 4), "float32")
-    backup = FaultTolerantBackup(tmp_path, save_freq=2, verbose=0)
+    backup = FaultTolerantBackup(directory, save_freq=2, verbose=0)
     with pytest.raises(RuntimeError, match="callback raised"):
         model.fit(x, x[:, :1], epochs=2, verbose=0, callbacks=[backup, Raises()])
+
+
+def test_a_fit_that_raised_gives_its_lease_back_within_a_second(tmp_path):
+    """Keras skips `on_train_end` when fit raises; the run's watch gives the
+    lease back instead."""
+    raised_fit(tmp_path)
+    deadline = time.monotonic() + 10
+    while (tmp_path / lease_lib.NAME).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (tmp_path / lease_lib.NAME).exists()
+
+
+def test_a_fit_that_raised_leaves_its_lease_to_the_next_fit_in_the_process(
+    tmp_path, monkeypatch
+):
+    """Before the watch has run (here: never), a notebook's rerun of the cell
+    takes the lease over instead of being told to stop itself."""
+    monkeypatch.setattr(FitRun, "watch", lambda self, on_end: threading.Event())
+    raised_fit(tmp_path)
+    time.sleep(0.5)  # the watch would have given it back by now
     assert (tmp_path / lease_lib.NAME).exists()  # Keras did not end the run
     with pytest.warns(kerascale.KerascaleWarning, match="earlier run in this"):
         small_fit(tmp_path, epochs=3)
