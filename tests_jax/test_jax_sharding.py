@@ -84,6 +84,16 @@ def test_a_replica_over_device_memory_is_sharded_and_trains_as_unsharded():
     limit = 80 << 20
     assert figures["replicated"] > limit >= figures["sharded"], figures
     assert "split over a model axis" in plan.reasons["sharding"]
+    # of the meshes that fit, the one whose real step trains fastest
+    seconds = plan.sharding["seconds_per_step"]
+    if devices() == 2:
+        assert seconds == {} and "the only mesh" in plan.reasons["sharding"]
+    else:  # 4 devices: 2 x 2 and 1 x 4 both fit 80 MiB, and were timed
+        assert list(seconds) == ["2 x 2", "1 x 4"] and min(seconds.values()) > 0
+        best = min(seconds.values())
+        chosen = next(m for m, s in seconds.items() if best / s >= 0.95)
+        assert chosen == f"{batch} x {model_axis}", (seconds, plan.sharding["mesh"])
+        assert "trains fastest" in plan.reasons["sharding"]
     assert "mesh" in str(plan)
     # the unsharded run, where a device holds a whole replica
     reference = large_model()
@@ -188,3 +198,29 @@ def test_a_check_that_cannot_compile_leaves_the_plan_as_it_is_with_one_warning(
     assert plan.strategy in ("default", "data_parallel") and not plan.sharding
     said = [w for w in plan.warnings if "no sharding check" in w]
     assert len(said) == 1 and "the seam" in said[0]
+
+
+def test_the_mesh_that_fits_and_trains_fastest_is_chosen():
+    def mesh(model_axis, need, seconds=None, untimed=""):
+        return sharding.Candidate(
+            (4 // model_axis, model_axis), {}, "derived", 16, need, seconds, untimed
+        )
+
+    usable = 100
+    pick = sharding.choose
+    fast, slow, over = mesh(4, 50, 0.01), mesh(2, 90, 0.02), mesh(2, 120, 0.001)
+    assert pick([slow, fast], usable)[0] is fast
+    assert "1,600 samples/s" in pick([slow, fast], usable)[1]
+    assert pick([over, fast], usable)[0] is fast  # a fast mesh over the limit
+    tie = mesh(4, 50, 0.0204)  # 2% slower: the smaller model axis is kept
+    chosen, why = pick([slow := mesh(2, 90, 0.02), tie], usable)
+    assert chosen is slow and "samples/s" in why
+    chosen, why = pick([tie, slow], usable)  # the order tried decides a tie
+    assert chosen is tie and "within 5%" in why
+    untimed = [mesh(2, 90, untimed="not timed: 1 MiB free here"), mesh(4, 50)]
+    chosen, why = pick(untimed, usable)
+    assert chosen is untimed[0] and "1 MiB free here" in why
+    assert pick([over], usable) == (None, "")
+    assert "only mesh" in pick([over, fast], usable)[1]
+    text = sharding.describe([over, fast], usable)
+    assert "2 x 2: 120 B (over)" in text and "1 x 4: 50 B, 10.0 ms" in text

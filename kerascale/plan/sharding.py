@@ -5,8 +5,10 @@ that decide whether to shard, and over which mesh, are
 
 - The mesh is (batch, model): the devices split into a batch axis (data
   parallelism, as `DataParallel`) and a model axis that each large variable
-  is split along. Candidates go from the smallest model axis up: the fewer
-  devices a variable spans, the less its layers exchange per step.
+  is split along. Of the meshes that fit, the one whose real step trains
+  the most samples per second is chosen (`choose`); within `TIE`, or
+  untimed, the smaller model axis, whose variables span fewer devices and
+  so exchange less per step.
 - The layout is derived from the model's own variables: every variable of at
   least `THRESHOLD_BYTES` is split along its largest axis that the model
   axis divides; the rest stays replicated. Keras gives each optimizer slot
@@ -24,8 +26,13 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kerascale._units import format_bytes
+
 BATCH_AXIS = "batch"
 MODEL_AXIS = "model"
+# Meshes whose measured throughputs are within this fraction are a tie (a
+# few steps' timing is that noisy): the smaller model axis is kept.
+TIE = 0.05
 # Variables smaller than this stay replicated: splitting them saves little
 # and costs an exchange per use.
 THRESHOLD_BYTES = 1 << 20
@@ -50,6 +57,7 @@ class Sharded:
         why: The figures that decided it, in words.
         replicated: Per-device bytes of one replica, by the compiler.
         sharded: Per-device bytes under `mesh`, by the compiler.
+        seconds: {"batch x model": seconds per step} of the meshes timed.
     """
 
     mesh: tuple[int, int]
@@ -57,6 +65,7 @@ class Sharded:
     why: str
     replicated: int = 0
     sharded: int = 0
+    seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def as_plan_field(self) -> dict[str, Any]:
         """What `Plan.sharding` holds (JSON-ready)."""
@@ -64,7 +73,75 @@ class Sharded:
             "mesh": list(self.mesh),
             "layouts": {path: list(axes) for path, axes in self.layouts.items()},
             "bytes": {"replicated": self.replicated, "sharded": self.sharded},
+            "seconds_per_step": dict(self.seconds),
         }
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One mesh tried: its layout and what measuring it found.
+
+    Attributes:
+        mesh: (batch, model) devices.
+        split: Its layouts (`layouts`, or the model's own).
+        whose: Where `split` comes from, in words.
+        batch: Samples per step over the whole mesh.
+        need: Per-device bytes, by the compiler.
+        seconds: One real step's seconds, or None where it was not timed.
+        untimed: Why it was not timed ("" where it was).
+    """
+
+    mesh: tuple[int, int]
+    split: Mapping[str, tuple[str | None, ...]]
+    whose: str
+    batch: int
+    need: int
+    seconds: float | None = None
+    untimed: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.mesh[0]} x {self.mesh[1]}"
+
+
+def choose(tried: list[Candidate], usable: int) -> tuple[Candidate | None, str]:
+    """(the mesh to train on, why in words): of those whose per-device
+    bytes fit `usable`, the one of the highest measured samples per second,
+    a tie (`TIE`) going to the smaller model axis; where none was timed, the
+    smallest model axis that fits. None where none fits."""
+    fitting = [c for c in tried if c.need <= usable]
+    if not fitting:
+        return None, ""
+    if len(fitting) == 1:
+        return fitting[0], f"the only mesh that fits: {fitting[0].name}"
+    rates = [(c, c.batch / c.seconds) for c in fitting if c.seconds]
+    if not rates:
+        why = fitting[0].untimed or "not timed"
+        return fitting[0], f"the smallest model axis that fits ({why})"
+    best = max(rate for _, rate in rates)
+    chosen, rate = next((c, r) for c, r in rates if r >= best * (1 - TIE))
+    why = f"{chosen.name} trains fastest of the meshes that fit"
+    if rate < best:
+        why += f" (within {TIE:.0%} of the fastest: the smaller model axis)"
+    return chosen, f"{why}, by a real step: {rate:,.0f} samples/s"
+
+
+def describe(tried: list[Candidate], usable: int) -> str:
+    """The meshes tried, their bytes per device and step times, in words."""
+    parts = []
+    for c in tried:
+        part = f"{c.name}: {format_bytes(c.need)}"
+        if c.need > usable:
+            part += " (over)"
+        elif c.seconds:
+            part += f", {c.seconds * 1e3:.1f} ms per step of {c.batch}"
+        parts.append(part)
+    return "; ".join(parts)
+
+
+def timings(tried: list[Candidate]) -> dict[str, float]:
+    """{"batch x model": seconds per step} of the meshes timed."""
+    return {c.name: c.seconds for c in tried if c.seconds}
 
 
 def plan_field(strategy: Any) -> dict[str, Any]:

@@ -43,6 +43,8 @@ MAX_COMPILES = 5
 TOLERANCE = 0.02
 # On a CPU without memory_limit: the share of the memory available now.
 CPU_DEFAULT_SHARE = 0.8
+# Steps timed per candidate where a step's speed decides (a sharded mesh).
+TIMED_STEPS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +151,31 @@ class StepMemory:
             need = need * self.replicas + self.sample_bytes * batch * self.replicas
         found = Compiled(batch, need, time.perf_counter() - start)
         return found
+
+    def seconds(self, model: Any, batch: int, steps: int = TIMED_STEPS) -> float:
+        """Seconds per step at per-replica `batch`, run for real on zeros
+        (after one step to warm up) from a copy of the model's state, which
+        the steps consume (donated): the model is left as it is. Needs
+        what `need(batch)` reports, plus the state, free on each device."""
+        import numpy as np
+
+        from kerascale.apply import keras_compat
+
+        jax = self._jax
+        data = keras.tree.map_structure(
+            lambda s: jax.device_put(np.zeros(s.shape, s.dtype), s.sharding),
+            self._data(batch * self.replicas),
+        )
+        state = jax.tree_util.tree_map(
+            lambda a: a.copy(), keras_compat.train_state(model)
+        )
+        _, state = self._step(state, data)
+        jax.block_until_ready(state)
+        start = time.perf_counter()
+        for _ in range(steps):
+            _, state = self._step(state, data)
+        jax.block_until_ready(state)
+        return (time.perf_counter() - start) / steps
 
     def _data(self, global_batch: int) -> Any:
         jax = self._jax

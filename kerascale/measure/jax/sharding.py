@@ -8,10 +8,16 @@ compiled step's memory analysis (`compiled.StepMemory`). Where that exceeds
 the device's memory less the margin (what a GPU or TPU reports, or
 `device_memory`, which stands in for it on CPU devices and lets a user plan
 for a device they do not have), the plan shards: over each (batch, model)
-mesh of the devices, the smallest model axis first (`plan.sharding`), it
-compiles the step at the planned batch with the model's large variables
-split (`ModelParallel`), and takes the first mesh whose per-device figure
-fits. The plan says the mesh, the bytes per device before and after, and why.
+mesh of the devices (`plan.sharding`), it compiles the step at the planned
+batch with the model's large variables split (`ModelParallel`). Each mesh
+whose per-device figure fits is then timed, a few real steps on zeros from
+a copy of the state (where that copy fits the memory free now), and the
+fastest in samples per second trains (`sharding.choose`). The plan says the
+mesh, the bytes per device before and after, each mesh's step time, and why.
+
+Timing needs a real step on these devices: with several processes each
+would time its own and could choose another mesh, so there the smallest
+model axis that fits is kept, as where no step could be timed.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from kerascale.errors import BatchSizeSearchError, ConfigurationError
 from kerascale.measure.jax import compiled
 from kerascale.plan import sharding
 from kerascale.plan.rules import make_plan
+from kerascale.sense.model_facts import gist
 
 # kerascale's own choices, which it may replace by a sharded one; a
 # distribution of yours is used as it is.
@@ -95,7 +102,7 @@ def _sharded(
     element: Any,
     figures: tuple[int, int, str],
 ) -> tuple[Any, Any]:
-    """The options and plan over the first mesh whose step fits."""
+    """The options and plan over the mesh that fits and trains fastest."""
     import jax
 
     one, usable, source = figures
@@ -103,8 +110,11 @@ def _sharded(
         sharding.VariableShape(v.path, tuple(v.shape), sharding.variable_bytes(v))
         for v in model.weights
     ]
-    tried = []
-    for mesh in sharding.meshes(len(jax.devices())):
+    tried: list[sharding.Candidate] = []
+    meshes = sharding.meshes(len(jax.devices()))
+    # Timed where there is a choice, and only one process would time it.
+    timed = len(meshes) > 1 and jax.process_count() == 1
+    for mesh in meshes:
         split, whose = _model_layouts(model, mesh)
         if split is None:
             split, whose = sharding.layouts(variables, mesh[1]), "derived"
@@ -113,26 +123,39 @@ def _sharded(
         request = sharding.Sharded(mesh, split, "", one)
         trial = dataclasses.replace(options, strategy=request)
         candidate = make_plan(hw, trial, facts, data)
-        need = _per_device(model, element, candidate, candidate.micro_batch_size)
-        tried.append(f"{mesh[0]} x {mesh[1]}: {format_bytes(need)}")
-        if need <= usable:
-            why = (
-                f"one replica needs {format_bytes(one)} per device (XLA's count at "
-                f"one sample per replica), over {source} less the margin "
-                f"({format_bytes(usable)}): {len(split)} variables split over a "
-                f"model axis of {mesh[1]} ({whose}), {format_bytes(need)} per "
-                f"device at "
-                f"{candidate.micro_batch_size} per replica (tried {'; '.join(tried)})"
+        batch = candidate.micro_batch_size
+        need, seconds, untimed = _measured(
+            model, element, candidate, batch, usable if timed else None, hw
+        )
+        if jax.process_count() > 1:
+            untimed = "not timed: each of several processes would time its own"
+        tried.append(
+            sharding.Candidate(
+                mesh, split, whose, batch * mesh[0], need, seconds, untimed
             )
-            request = sharding.Sharded(mesh, split, why, one, need)
-            trial = dataclasses.replace(options, strategy=request)
-            return trial, _with_reason(make_plan(hw, trial, facts, data), why)
-    raise ConfigurationError(
-        f"The model does not fit {source} ({format_bytes(usable)} per device, "
-        f"less the margin) even split over every device: one replica needs "
-        f"{format_bytes(one)}; split, {'; '.join(tried) or 'no variable splits'}. "
-        "Give more device_memory (or devices), or a smaller batch_size."
+        )
+    chosen, why_mesh = sharding.choose(tried, usable)
+    if chosen is None:
+        raise ConfigurationError(
+            f"The model does not fit {source} ({format_bytes(usable)} per device, "
+            f"less the margin) even split over every device: one replica needs "
+            f"{format_bytes(one)}; split, "
+            f"{sharding.describe(tried, usable) or 'no variable splits'}. "
+            "Give more device_memory (or devices), or a smaller batch_size."
+        )
+    why = (
+        f"one replica needs {format_bytes(one)} per device (XLA's count at "
+        f"one sample per replica), over {source} less the margin "
+        f"({format_bytes(usable)}): {len(chosen.split)} variables split over a "
+        f"model axis of {chosen.mesh[1]} ({chosen.whose}), "
+        f"{format_bytes(chosen.need)} per device; {why_mesh} "
+        f"(tried {sharding.describe(tried, usable)})"
     )
+    request = sharding.Sharded(
+        chosen.mesh, chosen.split, why, one, chosen.need, sharding.timings(tried)
+    )
+    trial = dataclasses.replace(options, strategy=request)
+    return trial, _with_reason(make_plan(hw, trial, facts, data), why)
 
 
 def _model_layouts(model: Any, mesh: tuple[int, int]) -> tuple[Any, str]:
@@ -168,6 +191,24 @@ def _per_device(model: Any, element: Any, plan: Any, batch: int) -> int:
     """What one device holds while `plan` trains a step of `batch` per
     replica: the state laid out there and the step's own buffers, by XLA's
     count (nothing runs; the model is put back)."""
+    return _measured(model, element, plan, batch, None)[0]
+
+
+def _measured(
+    model: Any,
+    element: Any,
+    plan: Any,
+    batch: int,
+    usable: int | None,
+    hw: Any = None,
+) -> tuple[int, float | None, str]:
+    """(`_per_device`'s bytes, the seconds of one real step or None, why it
+    was not timed). Timed (with `usable`) where it fits `usable` and the
+    memory free now: a copy of the state, which the steps consume, and the
+    step's buffers on every device (on CPU devices, all in this process)."""
+    import jax
+
+    from kerascale.measure import batch as batch_lib
     from kerascale.measure.jax import search as jax_search
 
     with Session() as session:
@@ -175,7 +216,21 @@ def _per_device(model: Any, element: Any, plan: Any, batch: int) -> int:
         step = jax_search.reported(compiled.StepMemory, "Building the train step")(
             trained, element, dist, plan.replicas
         )
-        return step.state_bytes + jax_search.reported(step.need)(batch).need_bytes
+        need = step.state_bytes + jax_search.reported(step.need)(batch).need_bytes
+        if usable is None or need > usable:
+            return need, None, "not timed"
+        try:
+            free, _ = jax_search.free_bytes(hw, batch_lib.SearchOptions())
+        except batch_lib.SearchUnavailable as e:
+            return need, None, f"not timed: {e}"
+        on_host = hw.accelerator not in ("gpu", "tpu")
+        taken = need * (jax.local_device_count() if on_host else 1)
+        if taken > free:
+            return need, None, f"not timed: {format_bytes(free)} free here"
+        try:
+            return need, step.seconds(trained, batch), ""
+        except Exception as e:  # kerascale's own probe: the mesh is not timed
+            return need, None, f"not timed: the step failed ({gist(e)})"
 
 
 def _device_limit(hw: Any, search: Any) -> tuple[int | None, str]:
