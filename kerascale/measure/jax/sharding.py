@@ -75,7 +75,7 @@ def plan_sharding(
     try:
         one = _per_device(model, element, plan, 1)
         if one > usable:
-            figures = (one, usable, source)
+            figures = (one, usable, source, search)
             return _sharded(model, options, hw, facts, data, element, figures)
     except BatchSizeSearchError as e:  # the model's own failure: fit raises it
         return options, _with_warning(plan, f"no sharding check: {e}")
@@ -100,12 +100,12 @@ def _sharded(
     facts: Any,
     data: Any,
     element: Any,
-    figures: tuple[int, int, str],
+    figures: tuple[int, int, str, Any],
 ) -> tuple[Any, Any]:
     """The options and plan over the mesh that fits and trains fastest."""
     import jax
 
-    one, usable, source = figures
+    one, usable, source, search = figures
     variables = [
         sharding.VariableShape(v.path, tuple(v.shape), sharding.variable_bytes(v))
         for v in model.weights
@@ -125,7 +125,7 @@ def _sharded(
         candidate = make_plan(hw, trial, facts, data)
         batch = candidate.micro_batch_size
         need, seconds, untimed = _measured(
-            model, element, candidate, batch, usable if timed else None, hw
+            model, element, candidate, batch, usable if timed else None, hw, search
         )
         if jax.process_count() > 1:
             untimed = "not timed: each of several processes would time its own"
@@ -201,6 +201,7 @@ def _measured(
     batch: int,
     usable: int | None,
     hw: Any = None,
+    search: Any = None,
 ) -> tuple[int, float | None, str]:
     """(`_per_device`'s bytes, the seconds of one real step or None, why it
     was not timed). Timed (with `usable`) where it fits `usable` and the
@@ -220,7 +221,7 @@ def _measured(
         if usable is None or need > usable:
             return need, None, "not timed"
         try:
-            free, _ = jax_search.free_bytes(hw, batch_lib.SearchOptions())
+            free, _ = jax_search.free_bytes(hw, search or batch_lib.SearchOptions())
         except batch_lib.SearchUnavailable as e:
             return need, None, f"not timed: {e}"
         on_host = hw.accelerator not in ("gpu", "tpu")
