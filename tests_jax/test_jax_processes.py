@@ -187,6 +187,36 @@ def test_a_kill_of_every_process_mid_epoch_resumes_bit_identical(tmp_path, strai
         np.testing.assert_array_equal(a, c)
 
 
+@several_processes
+def test_a_killed_process_stops_the_other_within_worker_timeout_and_a_restart_resumes(
+    tmp_path, straight
+):
+    """JAX's coordination service finds the lost process by its heartbeats
+    (`KERASCALE_WORKER_TIMEOUT`) and ends the other with its own message
+    (an abort, exit -6: no Python hook runs there, README); the restart
+    resumes from the last committed checkpoint and ends as a straight run."""
+    checkpoints = tmp_path / "checkpoints"
+    env = {"STEP_SLEEP": "0.2", "KERASCALE_WORKER_TIMEOUT": "6"}
+    procs = _start("multi", 2, tmp_path, "4", str(checkpoints), env_extra=env)
+    deadline = time.monotonic() + 120
+    while not (checkpoints / "ckpt-00000001").exists():  # past the first epoch
+        assert time.monotonic() < deadline, procs[0].communicate()[0][-3000:]
+        assert all(p.poll() is None for p in procs)
+        time.sleep(0.1)
+    procs[1].kill()  # SIGKILL: process 1 says nothing
+    killed = time.monotonic()
+    out = procs[0].communicate(timeout=120)[0]
+    took = time.monotonic() - killed
+    assert procs[0].returncode != 0, out[-2000:]
+    assert took < 6 + 15, took  # the heartbeat timeout, and a poll's delay
+    assert "heartbeat timeout" in out and "another task died" in out, out[-2000:]
+    resumed, _ = _run("multi", 2, tmp_path, "4", str(checkpoints))
+    assert resumed["epochs_begun"][0] >= 1  # it resumed, past the first epoch
+    np.testing.assert_array_equal(resumed["loss"], straight["loss"])
+    for a, b in zip(resumed["weights"], straight["weights"], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize(
     "env, expected",
     [
