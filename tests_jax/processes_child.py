@@ -13,7 +13,9 @@ STEP_SLEEP (seconds, in the environment) slows each step, for a signal to
 arrive mid-run; SAVE_FREQ (steps) is fit's `checkpoint_freq`; INPUT=pydataset
 feeds the processes a `keras.utils.PyDataset` of global batches instead of
 arrays (each reads all of every batch; kerascale cuts each process's block),
-INPUT=generator a generator of them (one pass: EPOCHS 1).
+INPUT=generator a generator of them (one pass: EPOCHS 1), INPUT=grain a
+grain `MapDataset` batched in them; SHUFFLE=1 passes
+fit's shuffle=True (arrays only).
 Writes JSON: the plan, the losses and the trained weights.
 """
 
@@ -108,10 +110,16 @@ def main():
             batches = Batches(x, y)
             data_args = ((batches[i] for i in range(len(batches))),)
             data_kwargs = {}
+        elif os.environ.get("INPUT") == "grain":
+            import grain
+
+            source = grain.MapDataset.source([(x[i], y[i]) for i in range(N)])
+            data_args, data_kwargs = (source.batch(BATCH),), {}
         else:
             data_args, data_kwargs = (x, y), {"batch_size": BATCH}
+        shuffle = os.environ.get("SHUFFLE") == "1"
         h = kerascale.fit(
-            m, *data_args, **data_kwargs, epochs=EPOCHS, shuffle=False, verbose=0,
+            m, *data_args, **data_kwargs, epochs=EPOCHS, shuffle=shuffle, verbose=0,
             checkpoint_dir=CHECKPOINTS, callbacks=[epochs, slow] if pause else [epochs],
             checkpoint_freq=int(os.environ.get("SAVE_FREQ", "0")) or "epoch",
         )  # fmt: skip

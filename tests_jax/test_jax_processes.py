@@ -97,12 +97,14 @@ def test_two_processes_train_as_one_process_on_the_global_batch(tmp_path):
 
 
 @several_processes
-@pytest.mark.parametrize("kind, epochs", [("pydataset", "3"), ("generator", "1")])
-def test_a_pydataset_or_generator_across_two_processes_trains_as_one_process(
+@pytest.mark.parametrize(
+    "kind, epochs", [("pydataset", "3"), ("generator", "1"), ("grain", "3")]
+)
+def test_a_pydataset_generator_or_grain_across_two_processes_trains_as_one_process(
     tmp_path, kind, epochs
 ):
-    """Each process reads every global batch of a PyDataset (or a generator)
-    and trains on its block: the weights of one process on the arrays' global
+    """Each process reads every global batch of a PyDataset (a generator, a
+    grain dataset) and trains on its block: the weights of one process on the arrays' global
     batches."""
     first, second = _run("multi", 2, tmp_path, epochs, env_extra={"INPUT": kind})
     (alone,) = _run("single", 2, tmp_path, epochs)
@@ -161,10 +163,23 @@ def test_sigterm_to_one_process_saves_on_all_at_one_step_and_exits_143(
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.fixture(scope="module")
+def straight_shuffled(tmp_path_factory):
+    """As `straight`, with fit's shuffle=True."""
+    path = tmp_path_factory.mktemp("straight_shuffled")
+    return _run("multi", 2, path, "4", env_extra={"SHUFFLE": "1"})[0]
+
+
 @several_processes
-def test_a_kill_of_every_process_mid_epoch_resumes_bit_identical(tmp_path, straight):
+def test_a_kill_of_every_process_mid_epoch_resumes_bit_identical(
+    tmp_path, straight, straight_shuffled
+):
+    """Shuffled: each process shuffles its own share with its own random
+    state, so the checkpoint holds every process's, and each puts its own
+    back (only process 0's, and process 1 would shuffle as process 0 did)."""
+    assert straight_shuffled["loss"] != straight["loss"]  # it does shuffle
     checkpoints = tmp_path / "checkpoints"
-    slow = {"STEP_SLEEP": "0.2", "SAVE_FREQ": "2"}
+    slow = {"STEP_SLEEP": "0.2", "SAVE_FREQ": "2", "SHUFFLE": "1"}
     procs = _start("multi", 2, tmp_path, "4", str(checkpoints), env_extra=slow)
     deadline = time.monotonic() + 120
     while not (checkpoints / "ckpt-00000005").exists():  # mid-epoch 2 (7 steps)
@@ -175,12 +190,16 @@ def test_a_kill_of_every_process_mid_epoch_resumes_bit_identical(tmp_path, strai
         p.kill()  # SIGKILL: no handler runs
     for p in procs:
         p.wait(timeout=60)
-    resumed, other = _run("multi", 2, tmp_path, "4", str(checkpoints))
+    newest = max(checkpoints.glob("ckpt-*"))
+    meta = json.loads((newest / "meta.json").read_text())
+    assert len(meta["random_by_worker"]) == 2  # every process's own
+    resumed, other = _run(
+        "multi", 2, tmp_path, "4", str(checkpoints), env_extra={"SHUFFLE": "1"}
+    )
     assert resumed["epochs_begun"] == other["epochs_begun"] == [1, 2, 3]  # resumed
-    assert straight["epochs_begun"] == [0, 1, 2, 3]
-    np.testing.assert_array_equal(resumed["loss"], straight["loss"])
+    np.testing.assert_array_equal(resumed["loss"], straight_shuffled["loss"])
     weights = zip(
-        resumed["weights"], other["weights"], straight["weights"], strict=True
+        resumed["weights"], other["weights"], straight_shuffled["weights"], strict=True
     )
     for a, b, c in weights:
         np.testing.assert_array_equal(a, b)
@@ -277,3 +296,28 @@ def test_a_malformed_description_is_not_joined_and_says_why(env, says):
 def test_nothing_described_means_nothing_to_join():
     assert jax_processes.describe({}) is None
     assert jax_processes.describe({"SLURM_JOB_ID": "7"}) is None  # not under srun
+
+
+def test_each_process_restores_its_own_random_state_and_no_other():
+    from kerascale.callbacks import _backup_meta as meta_lib
+
+    meta = {
+        "random": "chief now",
+        "data": {"mode": "replay", "consumed": 3, "random": "chief epoch"},
+        "random_by_worker": [
+            {"now": "chief now", "epoch": "chief epoch"},
+            {"now": "1 now", "epoch": "1 epoch"},
+        ],
+    }
+    mine = meta_lib.for_worker(meta, 1)
+    assert mine["random"] == "1 now" and mine["data"]["random"] == "1 epoch"
+    assert mine["data"]["consumed"] == 3
+    assert meta["data"]["random"] == "chief epoch"  # the read meta is unchanged
+    assert meta_lib.for_worker(meta, 0)["random"] == "chief now"
+    # written by fewer processes, or by an older kerascale: as written
+    assert meta_lib.for_worker(meta, 2) is meta
+    assert meta_lib.for_worker({"random": "r", "data": {}}, 1)["random"] == "r"
+    # a worker's entry without an epoch state leaves the record's as written
+    ended = {**meta, "random_by_worker": [{}, {"now": "1 now", "epoch": None}]}
+    mine = meta_lib.for_worker(ended, 1)
+    assert mine["random"] == "1 now" and mine["data"]["random"] == "chief epoch"

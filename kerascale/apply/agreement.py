@@ -155,6 +155,19 @@ class Agreement:
             return value
         return json.loads(self.store.kv_get(key, self.timeout))
 
+    def gather(self, name: str, value: Any) -> list[Any] | None:
+        """Every worker's `value` (JSON-able) for `name`, in worker order, on
+        the chief; None on the others. Every worker calls it (at the same
+        point of the run, once per name and run); the chief waits for all."""
+        key = f"{self.prefix}/gather/{name}"
+        self.store.kv_set(f"{key}/{self.worker_id}", json.dumps(value))
+        if self.worker_id != 0:
+            return None
+        return [
+            json.loads(self.store.kv_get(f"{key}/{i}", self.timeout))
+            for i in range(self.num_workers)
+        ]
+
     def close(self) -> None:
         """Stops the watcher thread (idempotent; within `_POLL_SECONDS`)."""
         self._closed.set()

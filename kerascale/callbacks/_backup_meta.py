@@ -184,6 +184,37 @@ def restore_random_state(saved: dict[str, Any]) -> None:
         raise ValueError(f"its random state is malformed ({e})") from None
 
 
+def gather_random(
+    agreement: Any, name: str, meta: dict[str, Any], data: dict[str, Any]
+) -> None:
+    """With several workers, puts every worker's random state (now, and at
+    its epoch's start where the data record has one) into the chief's
+    `meta` as "random_by_worker": each process's own draws (a shuffle of
+    its share of the arrays) differ, and a resume puts each one's back. Every
+    worker calls it at the same save."""
+    if agreement is None:
+        return
+    mine = {"now": meta["random"], "epoch": data.get("random")}
+    every = agreement.gather(name, mine)
+    if every is not None:
+        meta["random_by_worker"] = every
+
+
+def for_worker(meta: dict[str, Any], worker: int) -> dict[str, Any]:
+    """`meta` as worker `worker` restores it: its own random states where
+    the checkpoint holds every worker's (`gather_random`), else as written."""
+    every = meta.get("random_by_worker")
+    if not isinstance(every, list) or not 0 <= worker < len(every):
+        return meta
+    own = every[worker]
+    if not isinstance(own, dict):
+        return meta
+    data = dict(meta.get("data") or {})
+    if own.get("epoch") is not None and "random" in data:
+        data["random"] = own["epoch"]
+    return {**meta, "random": own.get("now", meta.get("random")), "data": data}
+
+
 class StateMismatch(Exception):
     """A checkpoint's state does not agree with its metadata."""
 

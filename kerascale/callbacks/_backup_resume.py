@@ -59,7 +59,9 @@ class Resume:
             )
 
         started = time.perf_counter()
-        for found, meta in store.verified(candidates, on_damaged=unusable):
+        worker = self._agreement.worker_id if self._agreement is not None else 0
+        for found, written in store.verified(candidates, on_damaged=unusable):
+            meta = meta_lib.for_worker(written, worker)
             self.restore_seconds += time.perf_counter() - started
             if not now:
                 self._restore_pending = True

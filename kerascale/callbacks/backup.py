@@ -382,6 +382,8 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             data=data,
             history=self._history,
         )
+        meta_lib.gather_random(self._agreement, f"save{self._saves}", meta, data)
+        self._saves += 1
         iterator = self._position.trackable(data)
         if iterator is not None:
             objects["iterator"] = iterator
@@ -451,6 +453,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
     def _reset_run_state(self) -> None:
         self._active = True
         self._global_step = 0
+        self._saves = 0  # this run's, the same count on every worker
         self._last_save_step = 0
         self._last_save_time = 0.0
         self._epoch = 0
