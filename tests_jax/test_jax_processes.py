@@ -104,8 +104,8 @@ def test_a_pydataset_generator_or_grain_across_two_processes_trains_as_one_proce
     tmp_path, kind, epochs
 ):
     """Each process reads every global batch of a PyDataset (a generator, a
-    grain dataset) and trains on its block: the weights of one process on the arrays' global
-    batches."""
+    grain dataset) and trains on its block: the weights of one process on
+    the arrays' global batches."""
     first, second = _run("multi", 2, tmp_path, epochs, env_extra={"INPUT": kind})
     (alone,) = _run("single", 2, tmp_path, epochs)
     assert first["plan"]["replicas"] == 2
