@@ -15,7 +15,9 @@ feeds the processes a `keras.utils.PyDataset` of global batches instead of
 arrays (each reads all of every batch; kerascale cuts each process's block),
 INPUT=generator a generator of them (one pass: EPOCHS 1), INPUT=grain a
 grain `MapDataset` batched in them; SHUFFLE=1 passes
-fit's shuffle=True (arrays only).
+fit's shuffle=True (arrays only). WIDE=1 trains a model with a 4 MiB kernel
+(two hidden layers of 1024), DEVICE_MEMORY is fit's `device_memory`, and
+LOCAL_DEVICES makes each process that many CPU devices.
 Writes JSON: the plan, the losses and the trained weights.
 """
 
@@ -28,7 +30,10 @@ mode, port, count, index, out = sys.argv[1:6]
 EPOCHS = int(sys.argv[6]) if len(sys.argv) > 6 else 3
 CHECKPOINTS = sys.argv[7] if len(sys.argv) > 7 else None
 os.environ["KERAS_BACKEND"] = "jax"
-os.environ["XLA_FLAGS"] = ""
+LOCAL = os.environ.get("LOCAL_DEVICES")
+os.environ["XLA_FLAGS"] = (
+    f"--xla_force_host_platform_device_count={LOCAL}" if LOCAL else ""
+)
 if mode != "single":
     os.environ["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{port}"
     os.environ["JAX_NUM_PROCESSES"] = count
@@ -67,7 +72,11 @@ class Batches(keras.utils.PyDataset):
 def model(seed):
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((6,))
-    h = keras.layers.Dense(16, activation="relu")(inputs)
+    if os.environ.get("WIDE") == "1":
+        h = keras.layers.Dense(1024, activation="relu")(inputs)
+        h = keras.layers.Dense(1024, activation="relu")(h)
+    else:
+        h = keras.layers.Dense(16, activation="relu")(inputs)
     outputs = keras.layers.Dense(2)(h)
     m = keras.Model(inputs, outputs)
     m.compile(
@@ -122,6 +131,7 @@ def main():
             m, *data_args, **data_kwargs, epochs=EPOCHS, shuffle=shuffle, verbose=0,
             checkpoint_dir=CHECKPOINTS, callbacks=[epochs, slow] if pause else [epochs],
             checkpoint_freq=int(os.environ.get("SAVE_FREQ", "0")) or "epoch",
+            device_memory=os.environ.get("DEVICE_MEMORY"),
         )  # fmt: skip
         plan = h.plan
         result["plan"] = {
@@ -130,6 +140,8 @@ def main():
             "global_batch_size": plan.global_batch_size,
             "reason": plan.reasons.get("strategy", ""),
             "data_changes": list(plan.data_changes),
+            "sharding": dict(plan.sharding),
+            "sharding_reason": plan.reasons.get("sharding", ""),
         }
         result["distribution_after"] = repr(keras.distribution.distribution())
         # the model is the user's again: it predicts here, alone

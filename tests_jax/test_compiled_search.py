@@ -108,6 +108,30 @@ def test_the_step_counts_batches_read_ahead_and_gradient_accumulators():
     assert search._less_accumulators(10**9, "", step, model, 4, False)[0] == 10**9
 
 
+def test_a_requested_batch_that_fits_in_one_pass_holds_no_accumulators():
+    """The check of batch_size against device_memory counted accumulators for
+    a split that a batch fitting in one pass never makes: it refused a batch
+    (even a batch of 1) that trains in the memory given."""
+    x = np.zeros((256, 256), "float32")
+    y = np.zeros(256, "int32")
+    element = compiled.element_of(x, y)
+    step = compiled.StepMemory(_mlp(), element, None, 1, held_batches=3)
+    need = step.need(32).need_bytes
+    # room for the state and a step of 32, not for the accumulators too
+    device = step.state_bytes + need + step.accumulator_bytes // 2
+    plan = kerascale.plan(_mlp(), x, y, batch_size=32, device_memory=device, verbose=0)
+    assert (plan.micro_batch_size, plan.accumulation_steps) == (32, 1), plan
+    # one that does not fit in one pass is split, its accumulators counted
+    x, y = np.zeros((2048, 256), "float32"), np.zeros(2048, "int32")
+    device = step.state_bytes + step.need(128).need_bytes + step.accumulator_bytes
+    assert step.state_bytes + step.need(1024).need_bytes > device
+    plan = kerascale.plan(
+        _mlp(), x, y, batch_size=1024, device_memory=device, verbose=0
+    )
+    assert plan.global_batch_size == 1024 and plan.accumulation_steps > 1, plan
+    assert plan.micro_batch_size <= 128, plan
+
+
 @pytest.mark.once
 def test_find_batch_size_on_jax_fits_the_limit_by_xla_count_and_trains():
     x = np.zeros((100_000, 256), "float32")

@@ -163,6 +163,31 @@ def test_sigterm_to_one_process_saves_on_all_at_one_step_and_exits_143(
         np.testing.assert_array_equal(a, b)
 
 
+@several_processes
+def test_a_model_over_device_memory_is_sharded_across_two_processes(tmp_path):
+    """2 processes of 2 CPU devices each: a replica needs ~20 MiB, over 12 MiB
+    a device, so the plan shards over the 4 devices of both processes (not
+    timed: each process would time its own; the smallest model axis that
+    fits), and it trains as one process on one device does."""
+    wide = {"WIDE": "1"}
+    env = {**wide, "LOCAL_DEVICES": "2", "DEVICE_MEMORY": "12MiB"}
+    first, second = _run("multi", 2, tmp_path, "2", env_extra=env)
+    (alone,) = _run("single", 2, tmp_path, "2", env_extra=wide)
+    plan = first["plan"]
+    assert plan["strategy"] == "model_parallel", plan
+    assert plan["sharding"]["mesh"] == [2, 2]  # the smallest model axis
+    assert plan["sharding"]["bytes"]["sharded"] <= 12 << 20
+    assert plan["sharding"]["bytes"]["replicated"] > 12 << 20
+    assert "not timed: each of several processes" in plan["sharding_reason"]
+    assert "4 devices of 2 processes" in plan["reason"]
+    np.testing.assert_allclose(first["loss"], alone["loss"], rtol=1e-5)
+    for a, b, c in zip(
+        first["weights"], second["weights"], alone["weights"], strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def straight_shuffled(tmp_path_factory):
     """As `straight`, with fit's shuffle=True."""

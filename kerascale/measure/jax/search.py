@@ -100,9 +100,14 @@ def run_search(
         # what is held then stays held while training.
         need = reported(step.need)
         first_compile = need(max(1, min(start, cap)))
+        alone = _free(hw, options, step)
         free, why_free = _less_accumulators(
-            *_free(hw, options, step), step, trained, accumulation_steps, host
+            *alone, step, trained, accumulation_steps, host
         )
+        if first_compile.batch >= cap and first_compile.need_bytes <= alone[0]:
+            # The largest batch asked for fits in one pass: no split, so no
+            # accumulators to hold beside it.
+            free, why_free = alone
         fits, fails, seen = compiled.search(
             need, free, start=start, cap=cap, measured=(first_compile,)
         )
