@@ -224,3 +224,26 @@ def test_the_mesh_that_fits_and_trains_fastest_is_chosen():
     assert "only mesh" in pick([over, fast], usable)[1]
     text = sharding.describe([over, fast], usable)
     assert "2 x 2: 120 B (over)" in text and "1 x 4: 50 B, 10.0 ms" in text
+
+
+@several
+def test_a_second_plan_reads_the_decision_from_the_cache(monkeypatch):
+    """A compile per mesh (20 s and more each on a GPU) is made once."""
+    from kerascale.measure.jax import sharding as jax_sharding
+
+    x, y = data()
+    first = kerascale.plan(large_model(), x, y, batch_size=16,
+                           device_memory=SMALL_DEVICE, verbose=0)  # fmt: skip
+
+    def compiles(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(jax_sharding, "_measured", compiles)
+    again = kerascale.plan(large_model(), x, y, batch_size=16,
+                           device_memory=SMALL_DEVICE, verbose=0)  # fmt: skip
+    assert again.sharding == first.sharding and again.strategy == "model_parallel"
+    assert "read from kerascale's cache" in again.reasons["sharding"]
+    # another limit is another decision: compiled (here, refused) again
+    with pytest.raises(AssertionError, match="compiled again"):
+        kerascale.plan(large_model(), x, y, batch_size=16,
+                       device_memory="70MiB", verbose=0)  # fmt: skip

@@ -25,9 +25,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import keras
+
 from kerascale._units import format_bytes
 from kerascale.apply.session import Session
 from kerascale.errors import BatchSizeSearchError, ConfigurationError
+from kerascale.measure import cache
 from kerascale.measure.jax import compiled
 from kerascale.plan import sharding
 from kerascale.plan.rules import make_plan
@@ -36,6 +39,7 @@ from kerascale.sense.model_facts import gist
 # kerascale's own choices, which it may replace by a sharded one; a
 # distribution of yours is used as it is.
 REPLACEABLE = ("default", "data_parallel")
+KIND = "jax-sharding-1"  # the cache's folder for these decisions
 
 
 def plan_sharding(
@@ -51,8 +55,10 @@ def plan_sharding(
 ) -> tuple[Any, Any]:
     """(options, plan): `plan` as it is where one replica fits a device (its
     reasons saying so where `device_memory` was given), else the plan over
-    the first mesh that fits, with `options.strategy` the request that
-    makes it (`sharding.Sharded`).
+    the mesh that fits and trains fastest, with `options.strategy` the
+    request that makes it (`sharding.Sharded`). The decision is kept in
+    kerascale's cache, by the model, the data's shapes, the hardware, the
+    plan and the device's limit: a later run makes none of its compiles.
 
     Where the check cannot decide (the model's step fails to compile here,
     or nothing fits a device whose memory you did not give), the plan stays
@@ -72,17 +78,25 @@ def plan_sharding(
     usable = int(limit * (1 - margin))
     element = compiled.element_of(x, y)
     yours = search is not None and bool(search.device_memory)
-    try:
-        one = _per_device(model, element, plan, 1)
-        if one > usable:
-            figures = (one, usable, source, search)
-            return _sharded(model, options, hw, facts, data, element, figures)
-    except BatchSizeSearchError as e:  # the model's own failure: fit raises it
-        return options, _with_warning(plan, f"no sharding check: {e}")
-    except ConfigurationError as e:
-        if yours:
-            raise
-        return options, _with_warning(plan, f"{e} Trained as planned, unsharded.")
+    key = _key(model, element, plan, hw, (limit, source, margin))
+    decided = _cached(key, search)
+    if decided is None:
+        try:
+            decided = _decide(
+                model, (options, plan), hw, facts, data, element, search, usable
+            )
+        except BatchSizeSearchError as e:  # the model's own failure: fit raises it
+            return options, _with_warning(plan, f"no sharding check: {e}")
+        except ConfigurationError as e:
+            if yours:
+                raise
+            return options, _with_warning(plan, f"{e} Trained as planned, unsharded.")
+        if search is None or search.cache:
+            cache.cache_write(KIND, key, _as_json(*decided))
+    one, request = decided
+    if request is not None:
+        trial = dataclasses.replace(options, strategy=request)
+        return trial, _with_reason(make_plan(hw, trial, facts, data), request.why)
     if not yours:
         return options, plan
     why = (
@@ -93,6 +107,95 @@ def plan_sharding(
     return options, _with_reason(plan, why)
 
 
+def _decide(
+    model: Any,
+    planned: tuple[Any, Any],
+    hw: Any,
+    facts: Any,
+    data: Any,
+    element: Any,
+    search: Any,
+    usable: int,
+) -> tuple[int, sharding.Sharded | None]:
+    """(one replica's bytes per device, the sharded request or None where
+    one replica fits), by compiling (and timing) the step."""
+    options, plan = planned
+    one = _per_device(model, element, plan, 1)
+    if one <= usable:
+        return one, None
+    _, source = _device_limit(hw, search)
+    figures = (one, usable, source, search)
+    return one, _sharded(model, options, hw, facts, data, element, figures)
+
+
+def _key(model: Any, element: Any, plan: Any, hw: Any, limit: tuple) -> str:
+    """The decision's cache key: the model, the data's shapes, the hardware
+    and processes, the plan it starts from, and the device's limit."""
+    import jax
+
+    shapes = keras.tree.map_structure(
+        lambda leaf: (tuple(leaf.shape), str(leaf.dtype)), element
+    )
+    return cache.cache_key(
+        {
+            "decision": KIND,
+            "model": cache.model_fingerprint(model),
+            "element": repr(shapes),
+            "hardware": hw.to_dict(),
+            "processes": jax.process_count(),
+            "devices": [str(d.device_kind) for d in jax.devices()],
+            "plan": [
+                plan.precision,
+                plan.strategy,
+                plan.replicas,
+                plan.micro_batch_size,
+                plan.global_batch_size,
+            ],
+            "limit": list(limit),
+        }
+    )
+
+
+def _cached(key: str, search: Any) -> tuple[int, sharding.Sharded | None] | None:
+    """The decision cached under `key` (a compile per mesh saved: 20 s and
+    more each on a GPU), unless the options refuse the cache."""
+    if search is not None and (not search.cache or search.force):
+        return None
+    found = cache.cache_read(KIND, key)
+    if found is None:
+        return None
+    try:
+        request = found["sharded"]
+        if request is None:
+            return int(found["one"]), None
+        return int(found["one"]), sharding.Sharded(
+            tuple(request["mesh"]),
+            {path: tuple(axes) for path, axes in request["layouts"].items()},
+            f"{request['why']} (decided before, read from kerascale's cache)",
+            int(request["replicated"]),
+            int(request["sharded"]),
+            dict(request["seconds"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None  # written by another version: decided again
+
+
+def _as_json(one: int, request: sharding.Sharded | None) -> dict[str, Any]:
+    if request is None:
+        return {"one": one, "sharded": None}
+    return {
+        "one": one,
+        "sharded": {
+            "mesh": list(request.mesh),
+            "layouts": {p: list(axes) for p, axes in request.layouts.items()},
+            "why": request.why,
+            "replicated": request.replicated,
+            "sharded": request.sharded,
+            "seconds": dict(request.seconds),
+        },
+    }
+
+
 def _sharded(
     model: Any,
     options: Any,
@@ -101,8 +204,8 @@ def _sharded(
     data: Any,
     element: Any,
     figures: tuple[int, int, str, Any],
-) -> tuple[Any, Any]:
-    """The options and plan over the mesh that fits and trains fastest."""
+) -> sharding.Sharded:
+    """The request for the mesh that fits and trains fastest."""
     import jax
 
     one, usable, source, search = figures
@@ -151,11 +254,9 @@ def _sharded(
         f"{format_bytes(chosen.need)} per device; {why_mesh} "
         f"(tried {sharding.describe(tried, usable)})"
     )
-    request = sharding.Sharded(
+    return sharding.Sharded(
         chosen.mesh, chosen.split, why, one, chosen.need, sharding.timings(tried)
     )
-    trial = dataclasses.replace(options, strategy=request)
-    return trial, _with_reason(make_plan(hw, trial, facts, data), why)
 
 
 def _model_layouts(model: Any, mesh: tuple[int, int]) -> tuple[Any, str]:
