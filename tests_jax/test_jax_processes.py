@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import devices
 
+from kerascale.callbacks import checkpoint_store as store
 from kerascale.sense import jax_processes
 
 CHILD = Path(__file__).with_name("processes_child.py")
@@ -215,8 +216,7 @@ def test_a_kill_of_every_process_mid_epoch_resumes_bit_identical(
         p.kill()  # SIGKILL: no handler runs
     for p in procs:
         p.wait(timeout=60)
-    newest = max(checkpoints.glob("ckpt-*"))
-    meta = json.loads((newest / "meta.json").read_text())
+    _, meta = next(store.verified(store.scan(str(checkpoints))))  # the newest
     assert len(meta["random_by_worker"]) == 2  # every process's own
     resumed, other = _run(
         "multi", 2, tmp_path, "4", str(checkpoints), env_extra={"SHUFFLE": "1"}

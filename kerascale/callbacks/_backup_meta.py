@@ -265,13 +265,21 @@ def read_state(model: keras.Model, prefix: str, meta: dict[str, Any]) -> None:
 
 
 def record(
-    model: keras.Model, plan: Any, objects: dict[str, Any], **position: Any
+    model: keras.Model,
+    plan: Any,
+    objects: dict[str, Any],
+    *,
+    workers: tuple[Any, str] = (None, ""),
+    **position: Any,
 ) -> dict[str, Any]:
     """A checkpoint's metadata: its `position` (epoch, step, global_step,
     epoch_steps, epochs, data, history), the configuration's fingerprint,
-    the plan, the random state and the versions."""
+    the plan, the random state and the versions. `workers`: the run's
+    agreement among several workers (None alone) and this save's name, the
+    same on every worker: every worker's random state is gathered then
+    (`gather_random`)."""
     epoch, step = position["epoch"], position["step"]
-    return {
+    meta = {
         **position,
         "iterations": int(value_of(model.optimizer.iterations)),
         "finished": bool(epoch >= position["epochs"] and step == 0),
@@ -286,6 +294,8 @@ def record(
             backend_lib.name(): backend_lib.version(),
         },
     }
+    gather_random(workers[0], workers[1], meta, position["data"])
+    return meta
 
 
 def prepend_history(model: keras.Model, before: dict[str, Any]) -> None:

@@ -1,10 +1,9 @@
 """`FaultTolerantBackup`: resume after a kill or preemption at the exact batch,
 with nothing applied twice and nothing lost.
 
-The storage (publish, verify, prune) is `checkpoint_store`; the input's
-position is `_input_position`; the fingerprint and random state are
-`_backup_meta`. This module is the callback: when to save, what to restore,
-and the preemption exit.
+The storage (publish, verify, prune) is `checkpoint_store`; the input's position
+`_input_position`; the fingerprint and random state `_backup_meta`. This module
+is the callback: when to save, what to restore, and the preemption exit.
 """
 
 from __future__ import annotations
@@ -374,6 +373,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             self.model,
             self.plan,
             objects,
+            workers=(self._agreement, f"save{len(self.save_seconds)}"),
             epoch=epoch,
             step=step,
             global_step=self._global_step,
@@ -382,8 +382,6 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             data=data,
             history=self._history,
         )
-        meta_lib.gather_random(self._agreement, f"save{self._saves}", meta, data)
-        self._saves += 1
         iterator = self._position.trackable(data)
         if iterator is not None:
             objects["iterator"] = iterator
@@ -453,7 +451,6 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
     def _reset_run_state(self) -> None:
         self._active = True
         self._global_step = 0
-        self._saves = 0  # this run's, the same count on every worker
         self._last_save_step = 0
         self._last_save_time = 0.0
         self._epoch = 0
@@ -478,8 +475,8 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
                 lambda: self._epoch_steps,
                 persistent=self.steps_per_epoch_given,
             )
-        self._save_due = False
-        self._save_owed = False  # an agreed time-based save, at a window's end
+        # _save_owed: an agreed time-based save, at a window's end
+        self._save_due = self._save_owed = False
         self._preempt_due = False  # decided at an epoch's last batch: at its end
         self._agreement: agreement_lib.Agreement | None = None
         self._lease: lease_lib.Lease | None = None
