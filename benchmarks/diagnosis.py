@@ -46,9 +46,11 @@ from quickstart import make_data, make_model  # noqa: E402
 from test_diagnosis import (  # noqa: E402
     compute_bound_workload,
     input_bound_data,
+    small_model,
+)
+from test_diagnosis_memory import (  # noqa: E402
     memory_bound_limit,
     memory_bound_workload,
-    small_model,
 )
 
 

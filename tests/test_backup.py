@@ -111,8 +111,8 @@ def test_sigkill_mid_epoch_three_resumes_to_identical_weights(reference, tmp_pat
     np.testing.assert_allclose(h_res["loss"], h_ref["loss"], rtol=0, atol=1e-6)
 
 
-def test_five_kills_in_one_run_give_the_same_result(reference, tmp_path):
-    kills = sorted(random.sample(range(5, EPOCHS * STEPS_PER_EPOCH - 5), 5))
+def test_three_kills_in_one_run_give_the_same_result(reference, tmp_path):
+    kills = sorted(random.sample(range(5, EPOCHS * STEPS_PER_EPOCH - 5), 3))
     for step in kills:
         rc, _ = run_and_kill(tmp_path / "ckpt", tmp_path / "out.npz", step)
         assert rc == -signal.SIGKILL, f"the run finished before the kill at {step}"

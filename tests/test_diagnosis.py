@@ -74,40 +74,6 @@ def compute_bound_workload():
     return model, ds.batch(32).cache()
 
 
-def memory_bound_workload():
-    """An MLP whose batch of 2048 peaks near 830 MiB of data memory on CPU."""
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((1024,)),
-            keras.layers.Dense(2048, activation="relu"),
-            keras.layers.Dense(2048, activation="relu"),
-            keras.layers.Dense(1),
-        ]
-    )
-    model.compile("adam", "mse")
-    x = np.random.default_rng(0).random((4096, 1024), dtype=np.float32)
-    return model, tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
-
-
-def memory_bound_limit(model):
-    """A resident-memory limit at the peak of batch 2048 of
-    `memory_bound_workload`, measured by a child with no limit: batch 2048 is
-    then at the limit on any machine (its probe runs out of memory, or fits
-    with no headroom), whatever TensorFlow's own footprint there, and small
-    batches fit well under it (the peak of batch 64 is checked ~100 MiB
-    lower: children's fixed memory varies by tens of MiB)."""
-    from test_batch_search import spec_for
-
-    from kerascale.measure import child
-
-    x, y = np.zeros((1, 1024), "float32"), np.zeros((1, 1), "float32")
-    with child.IsolatedProber(model, spec_for(x, y)) as prober:
-        small, large = prober(64).peak_bytes, prober(2048).peak_bytes
-    assert large - small > 64 << 20, (small, large)
-    return int(large)
-
-
 def test_compute_bound_workload():
     model, ds = compute_bound_workload()
     d = kerascale.diagnose(
@@ -117,26 +83,6 @@ def test_compute_bound_workload():
     assert d.input_batches_per_s > 5 * d.step_batches_per_s
     assert d.training_batches_per_s >= 0.85 * d.step_batches_per_s
     assert any("smaller model" in r.action for r in d.recommendations)
-
-
-def test_memory_bound_workload_with_a_real_memory_limit():
-    """A batch above a real resident-memory limit: the probe in a child
-    process does not fit, or peaks within 10% of the limit."""
-    model, ds = memory_bound_workload()
-    limit = memory_bound_limit(model)
-    d = kerascale.diagnose(
-        model,
-        ds,
-        steps=2,
-        verbose=0,
-        batch_size=2048,
-        memory_limit=limit,
-        precision="float32",
-    )
-    assert d.bound == "memory"
-    assert d.plan.accumulation_steps > 1 or d.memory_headroom < 0.10
-    assert any("accumulation" in r.action for r in d.recommendations)
-    assert d.to_dict()["bound"] == "memory"
 
 
 OPTIMIZE_CHILD = """

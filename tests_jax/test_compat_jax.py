@@ -91,3 +91,19 @@ def test_lay_out_splits_an_optimizer_slot_built_before_as_its_variable():
     finally:
         undo()
     assert all(v.value.sharding.is_fully_replicated for v in slots)
+
+
+def test_set_remat_sets_what_a_remat_scope_around_construction_sets():
+    """keras_compat section 5: `Operation._remat_mode`, read at each call."""
+    import keras
+
+    from kerascale.apply import keras_compat
+
+    with keras.RematScope(mode="activations"):
+        scoped = keras.layers.Dense(4, activation="gelu")
+    plain = keras.layers.Dense(4, activation="gelu")
+    assert keras_compat.remat_mode(plain) is None
+    undo = keras_compat.set_remat([plain], "activations")
+    assert keras_compat.remat_mode(plain) == keras_compat.remat_mode(scoped)
+    undo()
+    assert keras_compat.remat_mode(plain) is None

@@ -108,6 +108,7 @@ def test_the_step_counts_batches_read_ahead_and_gradient_accumulators():
     assert search._less_accumulators(10**9, "", step, model, 4, False)[0] == 10**9
 
 
+@pytest.mark.once  # its figures are one device's
 def test_a_requested_batch_that_fits_in_one_pass_holds_no_accumulators():
     """The check of batch_size against device_memory counted accumulators for
     a split that a batch fitting in one pass never makes: it refused a batch

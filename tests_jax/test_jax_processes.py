@@ -121,24 +121,6 @@ def test_a_pydataset_generator_or_grain_across_two_processes_trains_as_one_proce
 
 
 @several_processes
-def test_two_processes_resume_from_process_0s_checkpoint_exactly(tmp_path, straight):
-    checkpoints = tmp_path / "checkpoints"
-    first, _ = _run("multi", 2, tmp_path, "2", str(checkpoints))
-    assert sorted(p.name for p in checkpoints.iterdir()) == [
-        "ckpt-00000001",
-        "ckpt-00000002",
-    ]  # process 0 writes; process 1 writes nothing there
-    resumed, other = _run("multi", 2, tmp_path, "4", str(checkpoints))
-    assert resumed["loss"][:2] == first["loss"]
-    np.testing.assert_array_equal(resumed["loss"], straight["loss"])
-    for a, b, c in zip(
-        resumed["weights"], other["weights"], straight["weights"], strict=True
-    ):
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(a, c)
-
-
-@several_processes
 def test_sigterm_to_one_process_saves_on_all_at_one_step_and_exits_143(
     tmp_path, straight
 ):
@@ -156,6 +138,9 @@ def test_sigterm_to_one_process_saves_on_all_at_one_step_and_exits_143(
     assert [p.returncode for p in procs] == [143, 143], [o[-2000:] for o in outs]
     saved = sorted(p.name for p in checkpoints.iterdir())
     assert len(saved) >= 2, saved  # the epoch's, and the preemption's mid-epoch
+    # process 0 alone writes there, and numbers its saves one after another
+    first = int(saved[0].split("-")[1])
+    assert saved == [f"ckpt-{n:08d}" for n in range(first, first + len(saved))]
     # The rerun resumes where both stopped and ends as an uninterrupted run.
     resumed, _ = _run("multi", 2, tmp_path, "4", str(checkpoints))
     assert resumed["epochs_begun"][0] >= 1  # it resumed, past the first epoch

@@ -75,6 +75,18 @@ distribution). Keras has no public way to lay out an existing variable.
 `lay_out` gives each such variable the layout the distribution would have
 given it and places its value so; the undo puts every variable back on the
 device it was on, so that the model is as before, plus the trained values.
+
+5. Recomputation (rematerialization) on a model built without it.
+
+Keras's public switch is `keras.RematScope`, read once, when a layer is
+constructed (`Operation.__init__` stores it as `Operation._remat_mode`, and
+every call reads that attribute); a model built outside a scope has no
+public way to turn it on, and re-building it is what kerascale never does.
+`set_remat` sets that attribute, to the value a `RematScope` would have
+given (`keras.src.backend.common.remat.RematMode`), on the layers named, and
+its undo puts back each layer's own. Checked by tests/test_compat.py and
+tests_jax/test_compat_jax.py (the memory a compiled step needs drops, and
+the undo restores it).
 """
 
 from __future__ import annotations
@@ -210,6 +222,7 @@ PRIVATE_NAMES = (
     "_update_model_variables_moving_average",
     "keras.Optimizer._distribution_strategy (TensorFlow backend, after build)",
     "keras.Variable._layout, _direct_assign, _value (JAX backend)",
+    "keras.Operation._remat_mode, keras.src.backend.common.remat.RematMode",
 )
 ACCUMULATION_METHODS = (
     "_backend_apply_gradients",
@@ -454,3 +467,27 @@ from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402
 from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402
     train_state as train_state,
 )
+
+
+def set_remat(layers: list[Any], mode: str) -> Any:
+    """Sets recomputation `mode` ("activations" or "full", as
+    `keras.RematScope` takes it) on `layers`, as a scope around their
+    construction would have; returns the undo, which puts back each one's
+    own setting."""
+    from keras.src.backend.common import remat
+
+    before = [(layer, layer._remat_mode) for layer in layers]
+    setting = remat.RematMode(mode, 1024, [])
+    for layer in layers:
+        layer._remat_mode = setting
+
+    def undo() -> None:
+        for layer, own in before:
+            layer._remat_mode = own
+
+    return undo
+
+
+def remat_mode(layer: Any) -> Any:
+    """The layer's recomputation setting (None without one)."""
+    return layer._remat_mode

@@ -1,0 +1,67 @@
+"""One fresh process for benchmarks/remat.py: a deep MLP whose activations
+dominate (gelu), trained for a few real steps at BATCH, with or without
+recomputation set in place by kerascale (`kerascale.apply.remat`).
+
+    python remat_child.py MODE BATCH        (MODE: none | activations)
+
+Prints JSON: the peak resident memory (VmHWM: what a container's limit and
+the OOM killer count) and the median seconds of a step after the first two.
+The backend is KERAS_BACKEND's.
+"""
+
+import json
+import sys
+import time
+
+import keras
+import numpy as np
+
+DEPTH, WIDTH, FEATURES = 8, 1024, 256
+
+
+def build():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((FEATURES,))
+    h = inputs
+    for _ in range(DEPTH):
+        h = keras.layers.Dense(WIDTH, activation="gelu")(h)
+    model = keras.Model(inputs, keras.layers.Dense(10)(h))
+    model.compile(
+        keras.optimizers.Adam(1e-3),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def peak_resident():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def main(mode, batch, steps=6):
+    from kerascale.apply import remat
+
+    model = build()
+    if mode != "none":
+        remat.apply(model, mode)
+    batch = int(batch)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch, FEATURES)).astype("float32")
+    y = rng.integers(0, 10, batch)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        loss = model.train_on_batch(x, y)
+        float(np.asarray(loss if np.ndim(loss) == 0 else loss[0]))  # waits
+        times.append(time.perf_counter() - start)
+    print(json.dumps({
+        "mode": mode, "batch": batch, "peak": peak_resident(),
+        "step_seconds": float(np.median(times[2:])),
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
