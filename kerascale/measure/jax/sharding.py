@@ -172,28 +172,17 @@ def _cached(key: str, search: Any) -> tuple[int, sharding.Sharded | None] | None
             tuple(request["mesh"]),
             {path: tuple(axes) for path, axes in request["layouts"].items()},
             f"{request['why']} (decided before, read from kerascale's cache)",
-            int(request["replicated"]),
-            int(request["sharded"]),
-            dict(request["seconds"]),
+            int(request["bytes"]["replicated"]),
+            int(request["bytes"]["sharded"]),
+            dict(request["seconds_per_step"]),
         )
     except (KeyError, TypeError, ValueError):
         return None  # written by another version: decided again
 
 
 def _as_json(one: int, request: sharding.Sharded | None) -> dict[str, Any]:
-    if request is None:
-        return {"one": one, "sharded": None}
-    return {
-        "one": one,
-        "sharded": {
-            "mesh": list(request.mesh),
-            "layouts": {p: list(axes) for p, axes in request.layouts.items()},
-            "why": request.why,
-            "replicated": request.replicated,
-            "sharded": request.sharded,
-            "seconds": dict(request.seconds),
-        },
-    }
+    field = None if request is None else {**request.as_plan_field(), "why": request.why}
+    return {"one": one, "sharded": field}
 
 
 def _sharded(
