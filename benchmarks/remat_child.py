@@ -33,16 +33,9 @@ def build():
     return model
 
 
-def peak_resident():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return None
-
-
 def main(mode, batch, steps=6):
     from kerascale.apply import remat
+    from kerascale.sense import memory
 
     model = build()
     if mode != "none":
@@ -58,7 +51,7 @@ def main(mode, batch, steps=6):
         float(np.asarray(loss if np.ndim(loss) == 0 else loss[0]))  # waits
         times.append(time.perf_counter() - start)
     print(json.dumps({
-        "mode": mode, "batch": batch, "peak": peak_resident(),
+        "mode": mode, "batch": batch, "peak": memory.resident_peak_bytes(),
         "step_seconds": float(np.median(times[2:])),
     }))  # fmt: skip
 

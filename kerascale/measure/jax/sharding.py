@@ -82,9 +82,8 @@ def plan_sharding(
     decided = _cached(key, search)
     if decided is None:
         try:
-            decided = _decide(
-                model, (options, plan), hw, facts, data, element, search, usable
-            )
+            figures = (usable, source, search)
+            decided = _decide(model, (options, plan), hw, facts, data, element, figures)
         except BatchSizeSearchError as e:  # the model's own failure: fit raises it
             return options, _with_warning(plan, f"no sharding check: {e}")
         except ConfigurationError as e:
@@ -114,18 +113,20 @@ def _decide(
     facts: Any,
     data: Any,
     element: Any,
-    search: Any,
-    usable: int,
+    figures: tuple[int, str, Any],
 ) -> tuple[int, sharding.Sharded | None]:
     """(one replica's bytes per device, the sharded request or None where
-    one replica fits), by compiling (and timing) the step."""
+    one replica fits), by compiling (and timing) the step. `figures`: the
+    bytes a device may hold, where that figure comes from, the search's
+    options."""
     options, plan = planned
+    usable, source, search = figures
     one = _per_device(model, element, plan, 1)
     if one <= usable:
         return one, None
-    _, source = _device_limit(hw, search)
-    figures = (one, usable, source, search)
-    return one, _sharded(model, options, hw, facts, data, element, figures)
+    return one, _sharded(
+        model, options, hw, facts, data, element, (one, usable, source, search)
+    )
 
 
 def _key(model: Any, element: Any, plan: Any, hw: Any, limit: tuple) -> str:
@@ -205,7 +206,12 @@ def _sharded(
     tried: list[sharding.Candidate] = []
     meshes = sharding.meshes(len(jax.devices()))
     # Timed where there is a choice, and only one process would time it.
-    timed = len(meshes) > 1 and jax.process_count() == 1
+    if jax.process_count() > 1:
+        untimed_why = "not timed: each of several processes would time its own"
+    elif len(meshes) == 1:
+        untimed_why = "not timed: the only mesh of these devices"
+    else:
+        untimed_why = ""
     for mesh in meshes:
         split, whose = _model_layouts(model, mesh)
         if split is None:
@@ -217,10 +223,15 @@ def _sharded(
         candidate = make_plan(hw, trial, facts, data)
         batch = candidate.micro_batch_size
         need, seconds, untimed = _measured(
-            model, element, candidate, batch, usable if timed else None, hw, search
+            model,
+            element,
+            candidate,
+            batch,
+            None if untimed_why else usable,
+            hw,
+            search,
         )
-        if jax.process_count() > 1:
-            untimed = "not timed: each of several processes would time its own"
+        untimed = untimed_why or untimed
         tried.append(
             sharding.Candidate(
                 mesh, split, whose, batch * mesh[0], need, seconds, untimed
