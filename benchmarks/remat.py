@@ -9,8 +9,11 @@ the activations' room. Real steps in fresh processes (benchmarks/
 remat_child.py: a deep gelu MLP, Adam) bisect the largest batch whose peak
 resident memory stays within it, without recomputation and with it;
 then each batch found is timed, and the batch without recomputation is
-timed with it too (the recomputation's cost at one batch). Writes
-benchmarks/results/remat.json.
+timed with it too (the recomputation's cost at one batch). Then
+`kerascale.plan` is asked, under the same limit, for a batch that fits in
+one pass only with recomputation (the bound with it, less 5%, a multiple of
+64), and its decision is recorded: recomputation, or accumulation alone,
+weighed by measured throughput. Writes benchmarks/results/remat.json.
 """
 
 import argparse
@@ -29,11 +32,11 @@ PYTHONS = {
 }
 
 
-def child(backend, mode, batch):
+def child(backend, mode, batch, *more):
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2",
            "XLA_FLAGS": ""}  # fmt: skip
     out = subprocess.run(
-        [str(PYTHONS[backend]), str(CHILD), mode, str(batch)],
+        [str(PYTHONS[backend]), str(CHILD), mode, str(batch), *map(str, more)],
         capture_output=True, text=True, timeout=900, env=env, check=True,
     )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -64,13 +67,14 @@ def main():
     parser.add_argument("--budget", type=int, default=512 << 20)
     parser.add_argument("--backends", default="tensorflow,jax")
     args = parser.parse_args()
-    rows = []
+    rows, plans = [], []
     for backend in args.backends.split(","):
         if not PYTHONS[backend].exists():
             print(f"{backend}: no {PYTHONS[backend]}, skipped")
             continue
         limit = child(backend, "none", 8)["peak"] + args.budget
         plain = largest(backend, "none", limit)
+        bound = None
         for mode in ("none", "activations"):
             batch = plain if mode == "none" else largest(backend, mode, limit)
             at_own = child(backend, mode, batch)
@@ -85,7 +89,12 @@ def main():
             }  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
-    _results.write("remat", rows=rows)
+            bound = batch
+        asked = int(bound * 0.95) // 64 * 64
+        decided = {"backend": backend, **child(backend, "plan", asked, limit)}
+        plans.append(decided)
+        print(json.dumps(decided), flush=True)
+    _results.write("remat", rows=rows, plans=plans)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,13 @@ dominate (gelu), trained for a few real steps at BATCH, with or without
 recomputation set in place by kerascale (`kerascale.apply.remat`).
 
     python remat_child.py MODE BATCH        (MODE: none | activations)
+    python remat_child.py plan BATCH LIMIT
 
 Prints JSON: the peak resident memory (VmHWM: what a container's limit and
 the OOM killer count) and the median seconds of a step after the first two.
+With "plan": what `kerascale.plan` decides for `batch_size=BATCH` under
+`memory_limit=LIMIT` (bytes), float32: the recomputation weighed against
+accumulation, with its figures and the seconds planning took.
 The backend is KERAS_BACKEND's.
 """
 
@@ -56,5 +60,28 @@ def main(mode, batch, steps=6):
     }))  # fmt: skip
 
 
+def plan(batch, limit):
+    import kerascale
+
+    rng = np.random.default_rng(0)
+    n = 4 * int(batch)
+    x = rng.normal(size=(n, FEATURES)).astype("float32")
+    y = rng.integers(0, 10, n)
+    start = time.perf_counter()
+    p = kerascale.plan(
+        build(), x, y, batch_size=int(batch), memory_limit=int(limit),
+        precision="float32", remeasure=True, verbose=0,
+    )  # fmt: skip
+    print(json.dumps({
+        "batch_size": int(batch), "recompute": p.recompute,
+        "split": [p.micro_batch_size, p.replicas, p.accumulation_steps],
+        "why": p.reasons.get("recompute", ""),
+        "planning_seconds": round(time.perf_counter() - start, 1),
+    }))  # fmt: skip
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if sys.argv[1] == "plan":
+        plan(*sys.argv[2:4])
+    else:
+        main(*sys.argv[1:3])

@@ -128,6 +128,7 @@ def diagnose(
     max_batch_size: int | None = None,
     accumulation_steps: int | None = None,
     optimize_data: bool | str = "auto",
+    recompute: bool | str = "auto",
     remeasure: bool = False,
     verbose: int | str = "auto",
 ) -> Diagnosis:
@@ -139,7 +140,7 @@ def diagnose(
         steps: Timed steps per measurement, after 3 warm-up steps (>= 1).
             Defaults to 20.
         batch_size, strategy, precision, memory_limit, max_batch_size,
-        accumulation_steps, optimize_data, remeasure, verbose: As for
+        accumulation_steps, optimize_data, recompute, remeasure, verbose: As for
             `kerascale.fit`: the plan they give is the one measured.
 
     Returns:
@@ -166,6 +167,7 @@ def diagnose(
         memory_limit=memory_limit,
         accumulation_steps=accumulation_steps,
         optimize_data=optimize_data,
+        recompute=recompute,
         remeasure=remeasure,
         verbose=verbose,
     )
@@ -244,7 +246,7 @@ def _verdict(
         headroom is not None and headroom < MEMORY_BOUND_HEADROOM
     ):
         bound = "memory"
-        recs = advice.memory_advice(plan)
+        recs = advice.memory_advice(plan, decided.recomputed)
     elif (
         training_rate < INPUT_BOUND_SHARE * step_rate
         and input_rate < INPUT_BOUND_MAX_RATIO * step_rate

@@ -32,6 +32,7 @@ def find_batch_size(
     force: bool = False,
     strategy: Any = "auto",
     precision: str = "auto",
+    recompute: Any = "auto",
     verbose: Any = "auto",
 ) -> BatchSearchResult:
     """Finds the largest batch that trains without running out of memory.
@@ -65,11 +66,17 @@ def find_batch_size(
         timeout: Seconds before a probe is killed. Defaults to 600.
         cache, force: Use the result cache (True); search anew (False).
         strategy, precision: As in `kerascale.fit` ("auto").
+        recompute: "auto": where memory stops the search (not the cap),
+            search again with recomputation (Keras's remat, as fit's
+            `recompute=True` trains) and report that bound too, in
+            `.recompute_batch_size`. True: search with recomputation only;
+            False: without only. Defaults to "auto".
         verbose: 0 prints nothing, else a line per probe. Defaults to "auto".
 
     Returns:
         A `BatchSearchResult`: `.batch_size` (all replicas, as `fit` takes
-        it), `.per_replica_batch_size`, `.precision`, `.strategy`, `.probes`.
+        it), `.per_replica_batch_size`, `.precision`, `.strategy`, `.probes`,
+        `.recompute_batch_size`.
 
     Raises:
         ConfigurationError: For an invalid argument (named in the message).
@@ -82,7 +89,11 @@ def find_batch_size(
     ...               precision=result.precision)
     """
     options = Options.validate(
-        strategy=strategy, precision=precision, verbose=verbose, optimize_data=False
+        strategy=strategy,
+        precision=precision,
+        verbose=verbose,
+        optimize_data=False,
+        recompute=recompute,
     )
     _validation.one_of("mode", mode, MODES)
     search = SearchOptions.validate(

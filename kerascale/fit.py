@@ -118,6 +118,14 @@ _ARGUMENTS = """\
             on start-up and on one exchange scale with it (see
             `kerascale.apply.tensorflow.cluster`). Defaults to `None`: what
             `connect_cluster` was given, else 60.
+        recompute: Recompute activations in the backward pass instead of
+            keeping them (Keras's remat, "activations" mode, set on your
+            model's layers for the run and taken off after). "auto": where
+            the batch wanted does not fit in one forward pass, kerascale
+            finds the bound with recomputation too and keeps it only where
+            it trains measurably faster than gradient accumulation alone
+            (the plan's "recompute" row gives both figures). True: always;
+            False: never. Defaults to "auto".
         remeasure: Measure again (the batch search, the trials) instead of
             using kerascale's cached measurements, which the new ones replace.
             `kerascale.clear_cache()` forgets them all. Defaults to False.
@@ -156,6 +164,7 @@ def fit(
     profile: bool | tuple[int, int] = False,
     time_budget: float | str | None = None,
     worker_timeout: float | str | None = None,
+    recompute: bool | str = "auto",
     remeasure: bool = False,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
@@ -278,6 +287,7 @@ def plan(
     profile: bool | tuple[int, int] = False,
     time_budget: float | str | None = None,
     worker_timeout: float | str | None = None,
+    recompute: bool | str = "auto",
     remeasure: bool = False,
     verbose: int | str = "auto",
     **fit_kwargs: Any,
@@ -448,16 +458,19 @@ class _Deciding:
         options, what = plain(self.options, decided.plan, decided.model.policy)
         if not what:
             return None
+        # The arguments that skip each attempt, as the user writes them.
+        skip = {
+            "precision": options.precision,
+            "optimize_data": options.optimize_data,
+            "recompute": False,
+        }
         why = (
             f"{what} failed at the first training step ({type(error).__name__}: "
             f"{gist(error)}): trained without. Pass "
             + " and ".join(
                 f"{k}={v!r}"
-                for k, v in (
-                    ("precision", options.precision),
-                    ("optimize_data", options.optimize_data),
-                )
-                if getattr(self.options, k) != v
+                for k, v in skip.items()
+                if getattr(options, k) != getattr(self.options, k)
             )
             + " to skip the attempt."
         )
@@ -466,6 +479,8 @@ class _Deciding:
             reasons["precision"] = why
         if options.optimize_data != self.options.optimize_data:
             reasons["data_changes"] = why
+        if options.recompute != self.options.recompute:
+            reasons["recompute"] = why
         return with_notes(
             self.decide(options=options), reasons=reasons, warnings=(why,)
         )

@@ -269,6 +269,9 @@ def test_plan_prints_as_a_table_with_reasons():
         ({"optimize_data": "yes"}, "optimize_data='yes'"),
         ({"verbose": 3}, "verbose=3"),
         ({"verbose": True}, "verbose=True"),
+        ({"recompute": "full"}, "recompute='full'"),
+        ({"recompute": None}, "recompute=None"),
+        ({"recompute": 1.0}, "recompute=1.0"),
     ],
 )
 def test_options_are_validated_at_the_door(kwargs, message):

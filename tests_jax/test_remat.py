@@ -60,3 +60,56 @@ def test_recomputation_keeps_less_and_trains_the_same(mode):
 def test_only_keras_s_activations_mode_is_offered():
     with pytest.raises(ValueError, match="recomputation mode"):
         remat.apply(gelu_mlp(), "full")
+
+
+@pytest.mark.once  # its figures are one device's
+def test_a_batch_that_does_not_fit_weighs_recomputation_against_accumulation():
+    """512 asked under a 20 MiB device (XLA's count): 191 fit without
+    recomputation, 512 with. Whichever trained faster here is chosen, and
+    either way trains as the same plan without the weighing does."""
+    import kerascale
+
+    x, y = data(1024)
+    fit = dict(batch_size=512, epochs=2, shuffle=False, verbose=0)
+    fit.update(device_memory="20MiB", precision="float32", remeasure=True)
+    model = gelu_mlp()
+    history = kerascale.fit(model, x, y, **fit)
+    plan = history.plan
+    why = plan.reasons["recompute"]
+    assert "with recomputation 512 per replica fit in one pass, without 191" in why
+    assert "samples/s" in why  # both candidates ran for real
+    assert all(keras_compat.remat_mode(layer) is None for layer in model.layers)
+    if plan.recompute:
+        assert why.startswith("activations")
+        assert (plan.micro_batch_size, plan.accumulation_steps) == (512, 1)
+        reference = gelu_mlp()
+        expected = reference.fit(
+            x, y, **{k: fit[k] for k in ("batch_size", "epochs", "shuffle", "verbose")}
+        )
+    else:
+        assert why.startswith("not used")
+        assert (plan.micro_batch_size, plan.accumulation_steps) == (128, 4)
+        reference = gelu_mlp()
+        expected = kerascale.fit(reference, x, y, recompute=False, **fit)
+        assert expected.plan.accumulation_steps == 4
+    np.testing.assert_allclose(
+        history.history["loss"], expected.history["loss"], rtol=1e-5
+    )
+
+
+@pytest.mark.once
+def test_find_batch_size_reports_the_bound_with_and_without_recomputation():
+    import kerascale
+
+    x, y = data(4096)
+    found = kerascale.find_batch_size(
+        gelu_mlp(), x, y, device_memory="20MiB", precision="float32", verbose=0
+    )
+    assert found.recompute_batch_size > 1.5 * found.batch_size
+    assert "with recomputation (fit's recompute=True)" in found.reasons["recompute"]
+    plain = kerascale.find_batch_size(
+        gelu_mlp(), x, y, device_memory="20MiB", precision="float32",
+        recompute=False, verbose=0,
+    )  # fmt: skip
+    assert plain.recompute_batch_size is None
+    assert plain.batch_size == found.batch_size

@@ -14,6 +14,7 @@ probes all prepare what trains here, so they cannot drift apart:
   the model as it is (`replan` gives the plan without re-creation, and a
   measurement borrows the model and puts it back afterwards); then the
   plan's precision, set in place (`apply.precision`);
+- recomputation (Keras's remat) on the layers, where the plan has it;
 - gradient accumulation and learning-rate scaling (undone on exit);
 - the data: batched, re-batched and optimised as the plan says, validation
   data alike; arrays get the plan's batch through `fit`'s `batch_size`;
@@ -36,7 +37,7 @@ from typing import Any
 import keras
 
 from kerascale._tf import tf
-from kerascale.apply import accumulation
+from kerascale.apply import accumulation, remat
 from kerascale.apply import data as data_lib
 from kerascale.apply import model as model_lib
 from kerascale.apply import precision as precision_lib
@@ -130,7 +131,9 @@ class Session:
         dist = strategy_lib.build(plan, instance)
         self.enter(strategy_lib.activated(plan, dist))
         if is_builder(model):
-            return model_lib.recreate(model, plan.precision, dist), dist
+            new = model_lib.recreate(model, plan.precision, dist)
+            self._recompute(new, plan)
+            return new, dist
         change = precision_lib.layers_to_change(model)
         new = model
         if plan.rebuild or copy:
@@ -163,10 +166,18 @@ class Session:
             and plan.precision != "mixed_float16"
             and plan.accumulation_steps <= 1
             and plan.lr_factor == 1.0
+            and not getattr(plan, "recompute", "")
         )
         undo = precision_lib.apply(new, plan.precision, change, reuse=reuse)
         self.undo(f"the {plan.precision} policy set on the model", undo, outcome=True)
+        self._recompute(new, plan)
         return new, dist
+
+    def _recompute(self, model: keras.Model, plan: Any) -> None:
+        """The plan's recomputation set on `model`'s layers, undone on exit."""
+        mode = getattr(plan, "recompute", "")
+        if mode:
+            self.undo(f"recomputation ({mode}) on the layers", remat.apply(model, mode))
 
     def accumulate(self, model: keras.Model, plan: Any, *, final: bool) -> None:
         """Gradient accumulation and learning-rate scaling as `plan` says, on

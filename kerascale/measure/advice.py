@@ -165,8 +165,10 @@ def compute_advice(decided: Any, headroom: float | None) -> list[Recommendation]
     return recs
 
 
-def memory_advice(plan: Any) -> list[Recommendation]:
-    recs = []
+def memory_advice(plan: Any, recomputed: Any = None) -> list[Recommendation]:
+    """What to do on a memory-bound run; `recomputed`: the plan's weighing
+    of recomputation (`measure.recompute.Weighing`), where it ran."""
+    recs = [_recompute_advice(plan, recomputed)]
     if plan.precision == "float32":
         recs.append(
             Recommendation(
@@ -191,3 +193,35 @@ def memory_advice(plan: Any) -> list[Recommendation]:
         )
     )
     return recs
+
+
+def _recompute_advice(plan: Any, weighing: Any) -> Recommendation:
+    """Recomputation, with the batch it buys where the plan weighed it."""
+    if weighing is None:
+        return Recommendation(
+            "recompute=True (Keras's remat)"
+            if not plan.recompute
+            else "keep recompute",
+            None,
+            "activations recomputed in the backward pass instead of kept: a "
+            "larger batch in one pass; kerascale.find_batch_size reports the "
+            "bound with and without it",
+        )
+    speeds = {c.name: c.samples_per_s for c in weighing.candidates}
+    remat = [v for k, v in speeds.items() if k.startswith("recomputation") and v]
+    alone = [v for k, v in speeds.items() if not k.startswith("recomputation") and v]
+    gain = remat[0] / alone[0] if remat and alone else None
+    if gain is not None and gain <= 1:
+        gain = None  # slower: the reason gives both speeds
+    action = (
+        "recomputation is on (the plan chose it)"
+        if plan.recompute
+        else "recompute=True (Keras's remat)"
+    )
+    return Recommendation(
+        action,
+        gain,
+        f"{weighing.bound} per replica fit in one pass with it, "
+        f"{weighing.bound_without} without ({weighing.ratio:.2f}x the batch); "
+        f"{weighing.why}",
+    )

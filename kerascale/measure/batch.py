@@ -218,14 +218,18 @@ def run_search(
     first: int | None = None,
     accumulation_steps: int | None = None,
     budget: Any = None,
+    timed: bool = True,
 ) -> BatchSearchResult:
-    """Searches the per-replica batch for `plan` (its precision, strategy and
-    accumulation, or `accumulation_steps`) on this hardware, with real
-    probes, probing `first` before anything else. Uses the cache.
+    """Searches the per-replica batch for `plan` (its precision, strategy,
+    accumulation (or `accumulation_steps`) and recomputation) on this
+    hardware, with real probes, probing `first` before anything else. Uses
+    the cache. Every probe that runs is timed (`timed` is the JAX search's
+    argument, here always so).
 
     Raises:
         SearchSkipped: A "ladder" would cost more than `budget` allows.
     """
+    del timed  # every probe is timed
     isolate, why_isolate = _isolation(model, hw, options, instance)
     # Where the probes run decides the memory they have (on GPUs); a child
     # that cannot load the model falls back to this process.
@@ -371,6 +375,7 @@ def _spec(
         timed_seconds=THROUGHPUT_TIMED_SECONDS
         if mode == "throughput"
         else probe_lib.MIN_TIMED_SECONDS,
+        recompute=getattr(plan, "recompute", ""),
     )
 
 

@@ -20,13 +20,20 @@ from typing import Any
 
 from kerascale.apply import strategy as strategy_lib
 from kerascale.apply.model import CannotRecreate
-from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import batch as batch_lib
 from kerascale.measure import budget as budget_lib
 from kerascale.measure import engines
+from kerascale.measure import recompute as recompute_lib
 from kerascale.measure import trials as trials_lib
 from kerascale.measure.agree import agree
 from kerascale.measure.batch import SearchOptions
+from kerascale.measure.batch_plan import (
+    AUTO_MIN_STEPS,
+    ProbeFailed,
+    batch_for_plan,
+    check_options,
+    searched,
+)
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
 from kerascale.plan.options import Options, say_pinned, user_instance
@@ -42,8 +49,6 @@ _SEARCH_ANYWAY = (
     "to search anyway, pass batch_size=kerascale.find_batch_size(model, data)"
     ".batch_size"
 )
-# An "auto" batch leaves an epoch at least this many optimizer updates.
-AUTO_MIN_STEPS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +66,8 @@ class Decided:
         search: The batch search's result, where one ran.
         optimize_data: The pipeline decision, "auto" resolved.
         trials: The trials' result (`trials.TrialResult`), where they ran.
+        recomputed: Recomputation weighed against accumulation
+            (`recompute.Weighing`), where memory bound the batch.
     """
 
     hardware: Hardware
@@ -72,6 +79,7 @@ class Decided:
     search: BatchSearchResult | None = None
     optimize_data: bool = True
     trials: Any = None
+    recomputed: Any = None
 
 
 def validate_options(**kwargs: Any) -> tuple[Options, SearchOptions]:
@@ -86,24 +94,6 @@ def validate_options(**kwargs: Any) -> tuple[Options, SearchOptions]:
         force=options.remeasure,
     )
     return options, search
-
-
-def needs_check(
-    options: Options, data: DataFacts, hw: Hardware, search: SearchOptions | None
-) -> bool:
-    """Whether a requested batch is checked against memory (and split with
-    gradient accumulation if it does not fit): on GPUs and TPUs, whose memory
-    is small and fixed, or wherever `memory_limit` is given; not when the
-    split is already stated (accumulation_steps, max_batch_size) or the data
-    makes its own batches (a PyDataset)."""
-    if searched_batch(options, data) or data.kind in ("pydataset", "other"):
-        return False
-    if not data.measurable:
-        return False
-    if options.accumulation_steps or options.max_batch_size:
-        return False
-    limit = search is not None and (search.memory_limit or search.device_memory)
-    return hw.accelerator in ("gpu", "tpu") or bool(limit)
 
 
 def decide(
@@ -210,16 +200,18 @@ def _measured(
     options, new = shard(model, x, y, options, hw, facts, data, plan, search)
     kept, plan = (new.reasons, new.warnings[len(plan.warnings) :]), new  # re-plans
     can_try = trials_lib.possible(options, hw, facts)
+    # The batch per replica asked for (None for "auto"), before a split.
+    asked = None if searched_batch(options, data) else plan.micro_batch_size
     skipped, unavailable = "", False
     try:
-        result, ladder, note = _batch(
+        result, ladder, note = batch_for_plan(
             model, x, y, options, facts, hw, data, plan, search, force_search,
             can_try, budget,
         )  # fmt: skip
     except batch_lib.SearchSkipped as e:
         result, ladder, note, skipped = None, False, "", str(e)
         unavailable = isinstance(e, batch_lib.SearchUnavailable)
-    except _ProbeFailed as e:
+    except ProbeFailed as e:
         if options.precision == "auto" and plan.precision != facts.policy:
             plain = dataclasses.replace(options, precision=facts.policy)
             decided = _measured(
@@ -243,6 +235,8 @@ def _measured(
     )  # fmt: skip
     if can_try:
         decided = _tried(decided, model, x, y, ladder, budget)
+    if options.recompute == "auto" or force_search:
+        decided = _recomputed(decided, (model, x, y), search, asked, force_search)
     reasons = {k: v for k, v in kept[0].items() if k == "sharding"}
     if skipped:
         why = decided.plan.reasons["global_batch_size"]
@@ -267,118 +261,62 @@ def with_notes(
     return dataclasses.replace(decided, plan=plan)
 
 
-class _ProbeFailed(Exception):
-    """An automatic search's probe failed for a reason other than memory."""
-
-
-def _batch(
-    model: Any,
-    x: Any,
-    y: Any,
-    options: Options,
-    facts: ModelFacts,
-    hw: Hardware,
-    data: DataFacts,
-    plan: Plan,
+def _recomputed(
+    decided: Decided,
+    data: tuple,
     search: SearchOptions | None,
-    force_search: bool,
-    can_try: bool,
-    budget: budget_lib.RunBudget | None = None,
-) -> tuple[BatchSearchResult | None, bool, str]:
-    """(the batch search's result or None, whether it ran as a ladder for the
-    trials, a warning: why a search, a check or a memory_limit was not used).
-
-    Raises:
-        SearchSkipped: The ladder would cost more than `budget` allows.
-    """
-    instance = user_instance(options)
-    run = dict(instance=instance, verbose=options.verbose)
-    wanted = force_search or searched_batch(options, data)
-    check = not wanted and needs_check(options, data, hw, search)
-    unmeasurable = _unmeasurable(facts, data, wanted, check, force_search, hw)
-    if unmeasurable is not None:
-        return None, False, unmeasurable
-    if wanted:
+    asked: int | None,
+    force: bool,
+) -> Decided:
+    """`decided` with recomputation weighed where memory binds its batch
+    (`recompute.weighed`); `data`: (model, x, y); `asked`: the requested
+    batch per replica, None for an "auto" one; `force`: for
+    `find_batch_size`, whose result then gives the bound with recomputation
+    too. A weighing that fails is dropped with a warning: the plan trains
+    as it was."""
+    result = decided.search
+    if decided.plan.recompute or result is None:
+        return decided
+    if force:  # find_batch_size: the bound with it beside the bound without
+        if decided.options.recompute == "off" or result.smallest_failing is None:
+            return decided
+        plan = dataclasses.replace(decided.plan, recompute=recompute_lib.MODE)
+        args = (*data, decided.data, plan, decided.hardware, search)
+        found = searched(args, dict(instance=decided.instance), True)
+        return dataclasses.replace(
+            decided, search=recompute_lib.reported(result, found)
+        )
+    if not recompute_lib.binding(decided, asked):
+        return decided
+    if asked is None:
         search = search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
-        ladder = not force_search and search.mode == "auto" and can_try
-        if ladder:
-            # On a CPU the fastest batch depends on your input pipeline, which
-            # synthetic probes do not run: the children find what fits, on a
-            # ladder of batches, and trials time the rungs on the real data.
-            search = dataclasses.replace(search, mode="ladder")
-            # A bound you gave (memory_limit, max_batch_size) is always
-            # searched under: Keras's default batch might break it.
-            bounded = search.memory_limit or search.max_batch_size
-            run["budget"] = None if bounded else budget
-        args = (model, x, y, data, plan, hw, search)
-        return _searched(args, run, force_search), ladder, ""
-    if check:
-        # Does the requested batch fit in one forward pass? One probe if it
-        # does; otherwise the largest micro-batch, for the accumulation split.
-        # Probes carry accumulators (k=2): the split will need them.
-        per_replica = plan.micro_batch_size
-        check_options = dataclasses.replace(
-            search or SearchOptions(),
-            mode="max",
-            max_batch_size=per_replica * plan.replicas,
-            min_steps_per_epoch=1,
-        )
-        args = (model, x, y, data, plan, hw, check_options)
-        run.update(first=per_replica, accumulation_steps=2)
-        return _searched(args, run, False), False, ""
-    if search is not None and search.memory_limit:
-        why = (
-            "your PyDataset makes its own batches"
-            if data.kind == "pydataset"
-            else "accumulation_steps or max_batch_size already states the split"
-            if options.accumulation_steps or options.max_batch_size
-            else f"your dataset brings its own batch of {data.batch_size}"
-        )
-        return None, False, f"memory_limit was not used (nothing was probed): {why}."
-    return None, False, ""
+    else:
+        search = check_options(search, asked * decided.plan.replicas)
+    run = dict(instance=decided.instance, verbose=decided.options.verbose)
 
+    def searcher(plan: Plan, options: SearchOptions, **kwargs: Any) -> Any:
+        args = (*data, decided.data, plan, decided.hardware, options)
+        return searched(args, {**run, **kwargs}, True)
 
-def _unmeasurable(
-    facts: ModelFacts, data: DataFacts, wanted: bool, check: bool, force: bool, hw
-) -> str | None:
-    """The warning when a search or check is wanted and the data or the model
-    cannot be probed ("" where the plan's own warning says it), else None.
-
-    Raises:
-        BatchSizeSearchError: When `find_batch_size` forces the search.
-    """
-    if wanted and not data.measurable:
-        if force:
-            raise BatchSizeSearchError(
-                f"The data cannot be probed: {data.why_not_measurable}. Pass "
-                f"{data_facts.readable_inputs(hw.backend)}."
-            )
-        return ""  # the plan's warning says what was skipped
-    if not (wanted or check) or facts.measurable:
-        return None
-    why = (
-        "kerascale can neither copy your model nor put back what a probe "
-        f"would change ({facts.why_not_measurable})"
-    )
-    if force:
-        raise BatchSizeSearchError(f"The model cannot be probed: {why}.")
-    if wanted:
-        return (
-            f"No batch search: {why}. Training at Keras's default batch; "
-            "pass batch_size= to choose."
-        )
-    return f"batch_size was not checked against memory: {why}."
-
-
-def _searched(args: tuple, run: dict[str, Any], force: bool) -> BatchSearchResult:
-    search = engines.batch_search(args[5].backend)  # args[5]: Hardware
     try:
-        return search(*args, **run)
-    except BatchSizeSearchError as e:
-        if force or e.out_of_memory:
-            raise
-        body = str(e).split(":\n", 1)[-1]  # the probe's own message
-        raise _ProbeFailed(gist(RuntimeError(body))) from e
+        weighing = recompute_lib.weighed(decided, searcher, search, asked)
+    except Exception as e:  # a model remat cannot trace: trains as planned
+        why = (
+            f"recomputation was not weighed: its search failed ({type(e).__name__}: "
+            f"{gist(e)}); pass recompute=True to use it anyway, or False to skip "
+            "the attempt"
+        )
+        return with_notes(decided, reasons={"recompute": why}, warnings=(why,))
+    plan, why = weighing.plan, weighing.why
+    options = dataclasses.replace(decided.options, recompute=plan.recompute or "auto")
+    decided = dataclasses.replace(
+        decided,
+        plan=plan,
+        options=options,
+        recomputed=weighing,
+        search=weighing.search if plan.recompute else result,
+    )
+    return with_notes(decided, reasons={"recompute": why})
 
 
 def _tried(

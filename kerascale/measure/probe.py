@@ -173,6 +173,7 @@ class ProbeSpec:
         on_gpu: Whether the plan trains on GPUs.
         timed_seconds: The least time the timed steps take (more steps are
             run when they are quicker), for a steady samples/s.
+        recompute: The plan's recomputation mode ("" for none).
     """
 
     element: Any
@@ -186,6 +187,7 @@ class ProbeSpec:
     memory_limit: int | None = None
     on_gpu: bool = False
     timed_seconds: float = MIN_TIMED_SECONDS
+    recompute: str = ""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -330,6 +332,7 @@ def build_probe_model(
         rebuild=not in_scope,
         accumulation_steps=spec.accumulation_steps,
         lr_factor=1.0,
+        recompute=spec.recompute,
         backend="tensorflow",  # the probes' children run TensorFlow
     )
     new, _ = session.model_for(

@@ -51,6 +51,9 @@ class BatchSearchResult:
         margin: The safety margin applied.
         reasons: Field -> why.
         cached: Whether the result came from the cache.
+        recompute_batch_size: `batch_size` with recomputation (Keras's
+            remat, fit's `recompute=True`), where `find_batch_size` found
+            memory binding and searched again with it; else None.
     """
 
     batch_size: int
@@ -68,6 +71,7 @@ class BatchSearchResult:
     margin: float
     reasons: dict[str, str]
     cached: bool = False
+    recompute_batch_size: int | None = None
 
     @property
     def global_batch_size(self) -> int:

@@ -30,6 +30,9 @@ class Options:
     base_batch_size: int | None = None
     max_batch_size: int | None = None  # global; the largest batch per forward pass
     remeasure: bool = False  # measure again instead of reading the cache
+    # "auto" (weighed where the batch wanted does not fit), "activations"
+    # (Keras's remat mode, always), or "off".
+    recompute: str = "auto"
 
     @classmethod
     def validate(
@@ -45,6 +48,7 @@ class Options:
         base_batch_size: Any = None,
         max_batch_size: Any = None,
         remeasure: Any = False,
+        recompute: Any = "auto",
     ) -> Options:
         """Checks every option at the door; raises `ConfigurationError`."""
         if batch_size != "auto" or isinstance(batch_size, bool):
@@ -55,6 +59,7 @@ class Options:
         _validation.one_of("precision", precision, precision_rules.CHOICES)
         _validation.boolean_or_auto("optimize_data", optimize_data)
         _validation.boolean("remeasure", remeasure)
+        recompute = recompute_request(recompute)
         if isinstance(verbose, bool) or verbose not in VERBOSE_CHOICES:
             raise _validation.fail("verbose", verbose, '"auto", 0, 1 or 2')
         for name, value in (
@@ -85,7 +90,24 @@ class Options:
             base_batch_size=base_batch_size,
             max_batch_size=max_batch_size,
             remeasure=remeasure,
+            recompute=recompute,
         )
+
+
+def recompute_request(value: Any) -> str:
+    """`recompute=` checked, as "auto", "activations" or "off"."""
+    if value is True or value == "activations":
+        return "activations"
+    if value is False:
+        return "off"
+    if value == "auto" and not isinstance(value, bool):
+        return "auto"
+    raise _validation.fail(
+        "recompute",
+        value,
+        '"auto" (weighed against accumulation where the batch does not fit), '
+        'True or "activations" (always), or False (never)',
+    )
 
 
 def user_instance(options: Options) -> Any:
@@ -101,6 +123,7 @@ _PINNED_REASON = {
     "optimize_data": "data_changes",
     "batch_size": "global_batch_size",
     "accumulation_steps": "accumulation_steps",
+    "recompute": "recompute",
 }
 
 
@@ -123,6 +146,8 @@ def pin(
     batch = changes.get("batch_size", options.batch_size)
     if options.accumulation_steps is None and batch == saved.global_batch_size:
         changes["accumulation_steps"] = saved.accumulation_steps
+    if options.recompute == "auto":
+        changes["recompute"] = saved.recompute or "off"
     return dataclasses.replace(options, **changes), sorted(changes)
 
 
@@ -146,6 +171,9 @@ def plain(options: Options, plan: Plan, model_policy: str) -> tuple[Options, str
     if options.precision == "auto" and plan.precision != model_policy:
         changes["precision"] = model_policy
         said.append(f"precision {plan.precision}")
+    if options.recompute == "auto" and plan.recompute:
+        changes["recompute"] = "off"
+        said.append("recomputation")
     pipeline = [c for c in plan.data_changes if not c.startswith(("batch", "rebatch"))]
     if options.optimize_data == "auto" and pipeline:
         changes["optimize_data"] = False

@@ -40,6 +40,11 @@ class Plan:
             model], "layouts": {variable path: its axes' mesh names},
             "bytes": {"replicated": per-device bytes of one replica,
             "sharded": per device under the mesh}}; else empty.
+        recompute: Keras's recomputation (rematerialization) mode set on
+            the model's layers for the run ("activations"), or "" for none.
+            Where the batch wanted does not fit in one forward pass, it is
+            weighed against gradient accumulation alone by measured
+            throughput (`kerascale.measure.recompute`).
     """
 
     strategy: str
@@ -57,6 +62,7 @@ class Plan:
     warnings: tuple[str, ...] = ()
     backend: str = "tensorflow"
     sharding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    recompute: str = ""
 
     def __post_init__(self):
         # Frozen means frozen: the reasons cannot be edited behind the plan's back.
@@ -152,6 +158,14 @@ class Plan:
                     f"{batch} x {model} (batch x model), "
                     f"{len(self.sharding['layouts'])} variables split",
                     self.reasons.get("sharding", ""),
+                )
+            )
+        if self.recompute or self.reasons.get("recompute"):
+            rows.append(
+                (
+                    "recompute",
+                    self.recompute or "no",
+                    self.reasons.get("recompute", ""),
                 )
             )
         if self.lr_factor != 1.0:

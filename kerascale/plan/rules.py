@@ -85,6 +85,13 @@ def make_plan(
     reasons["data_changes"] = why_data
     split, split_warnings = _split(hardware, where, data, sp.micro * replicas)
     data_changes, warnings = data_changes + split, warnings + split_warnings
+    recompute = "activations" if options.recompute == "activations" else ""
+    if options.recompute != "auto":
+        reasons["recompute"] = (
+            "recompute=True you passed: Keras's remat (activations mode) on every layer"
+            if recompute
+            else "recompute=False you passed"
+        )
 
     return Plan(
         strategy=where.strategy,
@@ -102,6 +109,7 @@ def make_plan(
         warnings=tuple(warnings),
         backend=hardware.backend,
         sharding=sharding.plan_field(options.strategy),
+        recompute=recompute,
     )
 
 

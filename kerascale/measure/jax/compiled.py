@@ -56,11 +56,14 @@ class Compiled:
         need_bytes: What the step needs on one device beyond the state held
             there.
         seconds: The lowering and compile's wall time.
+        samples_per_s: Real steps' throughput across replicas, where the
+            step was also run (`StepMemory.seconds`); else None.
     """
 
     batch: int
     need_bytes: int
     seconds: float
+    samples_per_s: float | None = None
 
 
 class StepMemory:

@@ -25,13 +25,19 @@ TIMEOUT_SECONDS = 600
 
 
 def real_need(
-    model: Any, element: Any, policy: str, batch: int, replicas: int = 1
+    model: Any,
+    element: Any,
+    policy: str,
+    batch: int,
+    replicas: int = 1,
+    recompute: str = "",
 ) -> tuple[int | None, str]:
     """(the bytes one real step at per-replica `batch` adds to a fresh
     process's resident memory, or None where it cannot be measured; why
     not). With `replicas` > 1 the child makes that many CPU devices and
     trains under `keras.distribution.DataParallel` over them, as `fit` does:
-    every replica's buffers are in its memory."""
+    every replica's buffers are in its memory. `recompute`: the plan's
+    remat mode, set on the child's model too."""
     with tempfile.TemporaryDirectory(prefix="kerascale-step-") as directory:
         path = os.path.join(directory, "model.keras")
         spec = os.path.join(directory, "spec.json")
@@ -50,7 +56,7 @@ def real_need(
         command = [sys.executable, "-m", "kerascale.measure.jax.step_child"]
         try:
             done = subprocess.run(
-                [*command, path, spec, policy, str(batch), str(replicas)],
+                [*command, path, spec, policy, str(batch), str(replicas), recompute],
                 capture_output=True,
                 text=True,
                 timeout=TIMEOUT_SECONDS,

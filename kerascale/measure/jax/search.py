@@ -12,6 +12,7 @@ slots and the compiled metrics' variables (zeros).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -55,6 +56,7 @@ def run_search(
     first: int | None = None,
     accumulation_steps: int | None = None,
     budget: Any = None,
+    timed: bool = False,
 ) -> BatchSearchResult:
     """The largest per-replica batch whose compiled step fits, for `plan`
     (its precision and distribution), starting at `first`. The arguments are
@@ -63,7 +65,9 @@ def run_search(
     held beside it, and of the batches `Prefetch` reads ahead where the plan
     has it. With `options.mode == "ladder"` (a CPU's trials will time the
     batches), the answer is the rungs up to the largest that fits, none run;
-    `budget` then refuses a ladder the run would not repay.
+    `budget` then refuses a ladder the run would not repay. With `timed`,
+    the largest batch that fits is also run for a few real steps (where a
+    copy of the state fits beside it): its probe's `samples_per_s`.
 
     Raises:
         SearchUnavailable: Where the compiler's analysis cannot answer (no
@@ -83,6 +87,7 @@ def run_search(
     key = _key(
         model, element, plan, hw, options, cap=cap, first=first,
         accumulation=accumulation_steps, ahead=held, mode=options.mode,
+        timed=timed,
     )  # fmt: skip
     cached = _cached(key, options)
     if cached is not None:
@@ -111,6 +116,8 @@ def run_search(
         fits, fails, seen = compiled.search(
             need, free, start=start, cap=cap, measured=(first_compile,)
         )
+        if timed and options.mode != "ladder":
+            seen = _timed(step, trained, fits, seen, (hw, options, host))
     found = _answer(
         model, element, plan, options, host, (fits, fails, seen), (free, why_free),
         why_cap,
@@ -168,7 +175,12 @@ def _key(model: Any, element: Any, plan: Any, hw: Any, options: Any, **parts: An
             "model": cache.model_fingerprint(model),
             "element": repr(shapes),
             "hardware": hw.to_dict(),
-            "plan": [plan.precision, plan.strategy, plan.replicas],
+            "plan": [
+                plan.precision,
+                plan.strategy,
+                plan.replicas,
+                getattr(plan, "recompute", ""),
+            ],
             "limit": options.memory_limit,
             "margin": options.margin,
             "isolate": options.isolate,
@@ -227,8 +239,9 @@ def _confirmed(
     said = []
     for _ in range(2):
         real, why = confirm.real_need(
-            model, element, plan.precision, chosen, plan.replicas
-        )
+            model, element, plan.precision, chosen, plan.replicas,
+            getattr(plan, "recompute", ""),
+        )  # fmt: skip
         if real is None:
             return chosen, "; ".join(
                 ["", *said, f"not confirmed by a real step: {why}"]
@@ -428,6 +441,32 @@ def _with_margin(fits: int, fails: int | None, margin: float) -> tuple[int, int]
     return max(1, chosen - chosen % granularity), granularity
 
 
+def _timed(
+    step: Any, trained: Any, fits: int, seen: list[compiled.Compiled], where: tuple
+) -> list[compiled.Compiled]:
+    """`seen` with the compile at `fits` timed by a few real steps, where
+    they fit the memory free now (`free_bytes`: the device's, or on CPU
+    devices this process's): the step's buffers and a copy of the state,
+    which the steps consume; as it was otherwise. `where`: (the hardware,
+    the search options, whether the devices are the host's)."""
+    hw, options, host = where
+    try:
+        free, _ = free_bytes(hw, dataclasses.replace(options, device_memory=None))
+    except batch_lib.SearchUnavailable:
+        return seen
+    out = []
+    for c in seen:
+        taken = (c.need_bytes + step.state_bytes) * (step.replicas if host else 1)
+        if c.batch == fits and taken <= free:
+            try:
+                speed = fits * step.replicas / step.seconds(trained, fits)
+            except Exception:  # kerascale's own timing: the batch is untimed
+                speed = None
+            c = dataclasses.replace(c, samples_per_s=speed)
+        out.append(c)
+    return out
+
+
 def _as_probe(c: compiled.Compiled, free: int) -> ProbeResult:
     fits = c.need_bytes <= free
     return ProbeResult(
@@ -436,4 +475,5 @@ def _as_probe(c: compiled.Compiled, free: int) -> ProbeResult:
         peak_bytes=c.need_bytes,
         seconds=c.seconds,
         message="" if fits else "over the free memory by XLA's count (not run)",
+        samples_per_s=c.samples_per_s,
     )

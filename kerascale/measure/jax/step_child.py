@@ -3,14 +3,16 @@ confirmation on a CPU (`confirm.real_need`): what the compiler does not see
 (a convolution's scratch memory outside XLA's buffers, the host's copies)
 shows in the process's peak resident memory.
 
-    python -m kerascale.measure.jax.step_child MODEL SPEC POLICY BATCH [REPLICAS]
+    python -m kerascale.measure.jax.step_child MODEL SPEC POLICY BATCH \
+        [REPLICAS [RECOMPUTE]]
 
 (MODEL: a .keras file; SPEC: the JSON of `encode_spec`.)
 
 With REPLICAS > 1 (its parent makes that many CPU devices visible with
 XLA_FLAGS), the model is loaded under `keras.distribution.DataParallel` over
 them, as `fit` trains it, and BATCH is each replica's share. Loads the
-model, sets POLICY in place (as `fit` does), steps once at one sample per
+model, sets POLICY in place (as `fit` does) and RECOMPUTE's remat mode on
+its layers where given, steps once at one sample per
 replica (the compiler and the state in memory), then once at BATCH per
 replica on zeros shaped as SPEC says, and prints JSON: {"need": peak
 resident memory during the second step, less the resident memory before it}.
@@ -27,13 +29,18 @@ LEAF = "__kerascale_leaf__"
 
 
 def main(
-    path: str, spec_path: str, policy: str, batch: str, replicas: str = "1"
+    path: str,
+    spec_path: str,
+    policy: str,
+    batch: str,
+    replicas: str = "1",
+    recompute: str = "",
 ) -> None:
     os.environ["KERAS_BACKEND"] = "jax"
     import keras
     import numpy as np
 
-    from kerascale.apply import precision
+    from kerascale.apply import precision, remat
     from kerascale.sense import memory
 
     with open(spec_path, encoding="utf-8") as f:
@@ -50,6 +57,8 @@ def main(
         )
     model = keras.models.load_model(path)
     precision.apply(model, policy)
+    if recompute:
+        remat.apply(model, recompute)
 
     def zeros(node: object, n: int) -> object:
         if isinstance(node, dict) and LEAF in node:
@@ -68,7 +77,7 @@ def main(
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:7])
 
 
 def encode_spec(element: object) -> object:

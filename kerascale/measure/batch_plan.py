@@ -1,0 +1,170 @@
+"""How the batch of a plan is measured: the batch-size search for an "auto"
+batch, the memory check of a requested one (`batch_for_plan`), and the
+warnings where the model or the data cannot be probed. `decide` runs it
+between its first plan and the final one."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kerascale.errors import BatchSizeSearchError
+from kerascale.measure import budget as budget_lib
+from kerascale.measure import engines
+from kerascale.measure.batch import SearchOptions
+from kerascale.measure.result import BatchSearchResult
+from kerascale.plan.options import Options, user_instance
+from kerascale.plan.plan import Plan
+from kerascale.plan.rules import searched_batch
+from kerascale.sense import data_facts
+from kerascale.sense.data_facts import DataFacts
+from kerascale.sense.hardware import Hardware
+from kerascale.sense.model_facts import ModelFacts, gist
+
+# An "auto" batch leaves an epoch at least this many optimizer updates.
+AUTO_MIN_STEPS = 8
+
+
+def needs_check(
+    options: Options, data: DataFacts, hw: Hardware, search: SearchOptions | None
+) -> bool:
+    """Whether a requested batch is checked against memory (and split with
+    gradient accumulation if it does not fit): on GPUs and TPUs, whose memory
+    is small and fixed, or wherever `memory_limit` is given; not when the
+    split is already stated (accumulation_steps, max_batch_size) or the data
+    makes its own batches (a PyDataset)."""
+    if searched_batch(options, data) or data.kind in ("pydataset", "other"):
+        return False
+    if not data.measurable:
+        return False
+    if options.accumulation_steps or options.max_batch_size:
+        return False
+    limit = search is not None and (search.memory_limit or search.device_memory)
+    return hw.accelerator in ("gpu", "tpu") or bool(limit)
+
+
+class ProbeFailed(Exception):
+    """An automatic search's probe failed for a reason other than memory."""
+
+
+def batch_for_plan(
+    model: Any,
+    x: Any,
+    y: Any,
+    options: Options,
+    facts: ModelFacts,
+    hw: Hardware,
+    data: DataFacts,
+    plan: Plan,
+    search: SearchOptions | None,
+    force_search: bool,
+    can_try: bool,
+    budget: budget_lib.RunBudget | None = None,
+) -> tuple[BatchSearchResult | None, bool, str]:
+    """(the batch search's result or None, whether it ran as a ladder for the
+    trials, a warning: why a search, a check or a memory_limit was not used).
+
+    Raises:
+        SearchSkipped: The ladder would cost more than `budget` allows.
+    """
+    instance = user_instance(options)
+    run = dict(instance=instance, verbose=options.verbose)
+    wanted = force_search or searched_batch(options, data)
+    check = not wanted and needs_check(options, data, hw, search)
+    cannot = unmeasurable(facts, data, wanted, check, force_search, hw)
+    if cannot is not None:
+        return None, False, cannot
+    if wanted:
+        search = search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
+        ladder = not force_search and search.mode == "auto" and can_try
+        if ladder:
+            # On a CPU the fastest batch depends on your input pipeline, which
+            # synthetic probes do not run: the children find what fits, on a
+            # ladder of batches, and trials time the rungs on the real data.
+            search = dataclasses.replace(search, mode="ladder")
+            # A bound you gave (memory_limit, max_batch_size) is always
+            # searched under: Keras's default batch might break it.
+            bounded = search.memory_limit or search.max_batch_size
+            run["budget"] = None if bounded else budget
+        args = (model, x, y, data, plan, hw, search)
+        return searched(args, run, force_search), ladder, ""
+    if check:
+        # Does the requested batch fit in one forward pass? One probe if it
+        # does; otherwise the largest micro-batch, for the accumulation split.
+        # Probes carry accumulators (k=2): the split will need them.
+        per_replica = plan.micro_batch_size
+        args = (
+            model,
+            x,
+            y,
+            data,
+            plan,
+            hw,
+            check_options(search, plan.micro_batch_size * plan.replicas),
+        )
+        run.update(first=per_replica, accumulation_steps=2)
+        return searched(args, run, False), False, ""
+    if search is not None and search.memory_limit:
+        why = (
+            "your PyDataset makes its own batches"
+            if data.kind == "pydataset"
+            else "accumulation_steps or max_batch_size already states the split"
+            if options.accumulation_steps or options.max_batch_size
+            else f"your dataset brings its own batch of {data.batch_size}"
+        )
+        return None, False, f"memory_limit was not used (nothing was probed): {why}."
+    return None, False, ""
+
+
+def check_options(search: SearchOptions | None, batch_size: int) -> SearchOptions:
+    """The search that checks a requested (global) `batch_size`: the largest
+    micro-batch up to it."""
+    return dataclasses.replace(
+        search or SearchOptions(),
+        mode="max",
+        max_batch_size=batch_size,
+        min_steps_per_epoch=1,
+    )
+
+
+def unmeasurable(
+    facts: ModelFacts, data: DataFacts, wanted: bool, check: bool, force: bool, hw
+) -> str | None:
+    """The warning when a search or check is wanted and the data or the model
+    cannot be probed ("" where the plan's own warning says it), else None.
+
+    Raises:
+        BatchSizeSearchError: When `find_batch_size` forces the search.
+    """
+    if wanted and not data.measurable:
+        if force:
+            raise BatchSizeSearchError(
+                f"The data cannot be probed: {data.why_not_measurable}. Pass "
+                f"{data_facts.readable_inputs(hw.backend)}."
+            )
+        return ""  # the plan's warning says what was skipped
+    if not (wanted or check) or facts.measurable:
+        return None
+    why = (
+        "kerascale can neither copy your model nor put back what a probe "
+        f"would change ({facts.why_not_measurable})"
+    )
+    if force:
+        raise BatchSizeSearchError(f"The model cannot be probed: {why}.")
+    if wanted:
+        return (
+            f"No batch search: {why}. Training at Keras's default batch; "
+            "pass batch_size= to choose."
+        )
+    return f"batch_size was not checked against memory: {why}."
+
+
+def searched(args: tuple, run: dict[str, Any], force: bool) -> BatchSearchResult:
+    search = engines.batch_search(args[5].backend)  # args[5]: Hardware
+    try:
+        return search(*args, **run)
+    except BatchSizeSearchError as e:
+        if force or e.out_of_memory:
+            raise
+        body = str(e).split(":\n", 1)[-1]  # the probe's own message
+        raise ProbeFailed(gist(RuntimeError(body))) from e

@@ -1,0 +1,193 @@
+"""Recomputation weighed against gradient accumulation, where memory binds.
+
+When the batch wanted does not fit in one forward pass (a requested
+`batch_size` above the memory bound, or an "auto" batch that memory stopped
+rather than the cap), there are three ways to train it: gradient
+accumulation alone (the micro-batch that fits, several passes per update);
+recomputation (Keras's remat: a larger micro-batch fits, at the cost of
+recomputing activations in the backward pass); or both. `weighed` searches
+the bound again with recomputation on, and where it lets a larger
+micro-batch train, runs both candidates for real at their micro-batches
+(the probes the search already runs: a TensorFlow probe, or the JAX step
+timed from a copy of its state) and keeps recomputation only where it is
+at least `GAIN` faster per sample. The plan's reason gives both figures.
+
+On a CPU's ladder (an "auto" batch whose rungs the trials time) nothing is
+weighed: the trials pick the fastest rung below the bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from kerascale.measure.result import BatchSearchResult
+from kerascale.plan.rules import make_plan
+
+# Recomputation is kept only where it trains at least this much faster per
+# sample than accumulation alone (timings on a shared CPU vary by a few %).
+GAIN = 0.05
+MODE = "activations"
+
+# (plan, search options, first, accumulation_steps, timed) -> the result.
+Searcher = Callable[..., BatchSearchResult]
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One way to train the batch: its plan and its measured speed."""
+
+    name: str
+    plan: Any
+    samples_per_s: float | None
+
+    def describe(self) -> str:
+        p = self.plan
+        speed = (
+            f"{self.samples_per_s:,.0f} samples/s"
+            if self.samples_per_s
+            else "not timed"
+        )
+        return (
+            f"{self.name}: {p.micro_batch_size} x {p.replicas} x "
+            f"{p.accumulation_steps} at {speed}"
+        )
+
+
+def binding(decided: Any, requested: int | None) -> bool:
+    """Whether memory binds the batch `decided` trains: a requested batch
+    (`requested` per replica) split for memory, or a largest-that-fits
+    search stopped by memory (not by its cap)."""
+    result = decided.search
+    if result is None or decided.plan.recompute:
+        return False
+    if requested is not None:
+        return result.per_replica_batch_size < requested
+    return result.mode == "max" and result.smallest_failing is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Weighing:
+    """What weighing recomputation found.
+
+    Attributes:
+        plan: The plan to train (with recomputation where it won).
+        bound: The largest per-replica batch that fits in one pass with
+            recomputation.
+        bound_without: The same without (the decision's own search).
+        candidates: The timed candidates (empty where none ran).
+        why: The plan's "recompute" reason.
+        search: The batch search with recomputation.
+    """
+
+    plan: Any
+    bound: int
+    bound_without: int
+    candidates: tuple[Candidate, ...]
+    why: str
+    search: BatchSearchResult | None = None
+
+    @property
+    def ratio(self) -> float:
+        """The largest batch with recomputation over without."""
+        return self.bound / max(1, self.bound_without)
+
+
+def weighed(
+    decided: Any,
+    search: Searcher,
+    options: Any,
+    requested: int | None,
+) -> Weighing:
+    """The weighing of recomputation for `decided`'s batch; its plan is
+    `decided`'s own where recomputation does not win.
+
+    Args:
+        decided: The decision, with its batch search (`binding` is true).
+        search: Runs the engine's batch search for a plan (see `Searcher`).
+        options: The search options the decision's search ran under.
+        requested: The requested batch per replica, or None for an "auto"
+            batch (the largest that fits).
+    """
+    plan, result = decided.plan, decided.search
+    with_remat = dataclasses.replace(plan, recompute=MODE)
+    found = search(
+        with_remat,
+        options,
+        first=requested,
+        accumulation_steps=2 if requested else None,
+    )
+    bound, before = found.per_replica_batch_size, result.per_replica_batch_size
+    settled = dataclasses.replace(decided.options, recompute=MODE)
+    remat_plan = make_plan(
+        decided.hardware, settled, decided.model, decided.data, search=found
+    )
+    figures = (
+        f"with recomputation {bound} per replica fit in one pass, without {before}"
+    )
+
+    def kept(why: str, *candidates: Candidate) -> Weighing:
+        why = f"not used: {figures}{why}"
+        return Weighing(plan, bound, before, candidates, why, found)
+
+    if remat_plan.micro_batch_size <= plan.micro_batch_size:
+        return kept(", no larger micro-batch")
+    asked = decided.options.batch_size
+    if requested and plan.global_batch_size == asked != remat_plan.global_batch_size:
+        return kept(f", but not for batch_size={asked}")
+    alone = Candidate(_name(plan), plan, _speed(search, plan, options))
+    remat = Candidate(
+        _name(remat_plan), remat_plan, _speed(search, remat_plan, options)
+    )
+    measured = f"{remat.describe()}; {alone.describe()}"
+    if not (alone.samples_per_s and remat.samples_per_s):
+        return kept(f"; not both timed ({measured})", remat, alone)
+    if remat.samples_per_s < alone.samples_per_s * (1 + GAIN):
+        return kept(f", but it was not {GAIN:.0%} faster ({measured})", remat, alone)
+    why = f"{MODE}: {figures}, and it trains faster ({measured})"
+    return Weighing(remat_plan, bound, before, (remat, alone), why, found)
+
+
+def reported(result: BatchSearchResult, found: BatchSearchResult) -> BatchSearchResult:
+    """`result` (a search without recomputation, for `find_batch_size`)
+    with `found`'s bound (the same search with it) reported beside it."""
+    ratio = found.per_replica_batch_size / max(1, result.per_replica_batch_size)
+    why = (
+        f"with recomputation (fit's recompute=True) {found.per_replica_batch_size} "
+        f"per replica fit, {ratio:.2f}x the {result.per_replica_batch_size} without"
+    )
+    return dataclasses.replace(
+        result,
+        recompute_batch_size=found.batch_size,
+        reasons={**result.reasons, "recompute": why},
+    )
+
+
+def _name(plan: Any) -> str:
+    if not plan.recompute:
+        return "accumulation alone" if plan.accumulation_steps > 1 else "as it is"
+    if plan.accumulation_steps > 1:
+        return "recomputation and accumulation"
+    return "recomputation"
+
+
+def _speed(search: Searcher, plan: Any, options: Any) -> float | None:
+    """Samples per second of one real run at `plan`'s micro-batch and
+    accumulation: a search capped at that batch, timed."""
+    micro = plan.micro_batch_size
+    at = dataclasses.replace(
+        options,
+        mode="max",
+        max_batch_size=micro * plan.replicas,
+        min_steps_per_epoch=1,
+    )
+    found = search(
+        plan, at, first=micro, accumulation_steps=plan.accumulation_steps, timed=True
+    )
+    speeds = [
+        p.samples_per_s
+        for p in found.probes
+        if p.batch == micro and p.outcome == "ok" and p.samples_per_s
+    ]
+    return speeds[-1] if speeds else None
