@@ -222,11 +222,14 @@ def stateful_ops(ds: tf.data.Dataset) -> None:
     )  # 2: FAIL
 
 
-def reapply_map(ds: tf.data.Dataset, wrapper: Any, **map_kwargs: Any) -> Any:
+def reapply_map(
+    ds: tf.data.Dataset, wrapper: Any, *, filter: bool = False, **map_kwargs: Any
+) -> Any:
     """`ds.map` of an already traced map function (`wrapper`, from
     `dataset_functions`), with new `map_kwargs` (num_parallel_calls): the
     flat tensors in and out, packed by `tensorflow.python.data.util.structure`
-    as the original map did."""
+    as the original map did. With `filter`, `ds.filter` of a traced
+    predicate."""
     from tensorflow.python.data.util import structure
 
     spec = ds.element_spec
@@ -238,7 +241,80 @@ def reapply_map(ds: tf.data.Dataset, wrapper: Any, **map_kwargs: Any) -> Any:
         result = wrapper.function(*flat)
         return structure.from_compatible_tensor_list(wrapper.output_structure, result)
 
+    if filter:
+        return ds.filter(call)
     return ds.map(call, **map_kwargs)
+
+
+class NotReplayable(Exception):
+    """A transformation `replay` cannot apply again; its message names it."""
+
+
+def _deterministic(node: Any) -> bool | None:
+    """A parallel node's `deterministic=` argument (`_deterministic`:
+    "default", "true" or "false")."""
+    return {"true": True, "false": False}.get(str(getattr(node, "_deterministic", "")))
+
+
+def replay(node: Any, ds: tf.data.Dataset) -> tf.data.Dataset:
+    """`node`'s transformation applied to `ds` instead of its own input,
+    through the public method that made it, from the arguments the node
+    keeps (`_buffer_size`, `_reshuffle_each_iteration`, `_drop_remainder`,
+    `_count`, `_options_attr`, the traced functions): a map, filter,
+    shuffle, batch, prefetch, repeat or `with_options`. No public API
+    re-applies a pipeline's steps to another input (tensorflow#37517).
+
+    A shuffle keeps its op seed (`seed2`): under the same global seed it
+    shuffles as the original did.
+
+    Raises:
+        NotReplayable: For any other transformation, or a changed structure.
+    """
+    name = type(node).__name__
+    try:
+        if name in ("_MapDataset", "_ParallelMapDataset"):
+            (wrapper,) = dataset_functions(node)
+            parallel = {}
+            if name == "_ParallelMapDataset":
+                parallel = dict(
+                    num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=_deterministic(node),
+                )
+            return reapply_map(ds, wrapper, **parallel)
+        if name == "_FilterDataset":
+            (wrapper,) = dataset_functions(node)
+            return reapply_map(ds, wrapper, filter=True)
+        if name == "_ShuffleDataset":
+            _, seed2 = shuffle_seeds(node) or (0, 0)
+            return ds.shuffle(
+                int(node._buffer_size),
+                seed=seed2 or None,
+                reshuffle_each_iteration=bool(node._reshuffle_each_iteration),
+            )
+        if name in ("_BatchDataset", "_ParallelBatchDataset"):
+            size = static_batch_size(node)
+            if size is None:
+                raise NotReplayable(f"{name} of a batch size set at run time")
+            drop = bool(tf.get_static_value(node._drop_remainder))
+            parallel = {}
+            if name == "_ParallelBatchDataset":
+                parallel = dict(
+                    num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=_deterministic(node),
+                )
+            return ds.batch(size, drop_remainder=drop, **parallel)
+        if name == "_PrefetchDataset":
+            return ds.prefetch(int(node._buffer_size))
+        if name == "_RepeatDataset":
+            count = int(node._count)
+            return ds.repeat(None if count < 0 else count)
+        if name == "_OptionsDataset":
+            return ds.with_options(node._options_attr)
+    except NotReplayable:
+        raise
+    except Exception as e:  # a private structure changed
+        raise NotReplayable(f"{name} ({type(e).__name__}: {e})") from e
+    raise NotReplayable(name)
 
 
 def iterator_dataset(iterator: Any) -> Any:

@@ -193,6 +193,46 @@ def test_the_tf_data_structure_readers_see_this_tensorflows_pipelines():
         raise AssertionError("a random map was not reported as stateful")
 
 
+def test_each_transformation_materialize_applies_again_gives_what_it_gave():
+    """_tf_compat.replay, against this TensorFlow: every transformation it
+    knows, applied again on the same input from what the node keeps, gives
+    the original's elements in the original's order (the shuffle too: its
+    op seed is kept); any other transformation is refused by name."""
+    import pytest
+    import tensorflow as tf
+
+    from kerascale import _tf_compat as tfc
+
+    source = tf.data.Dataset.range(10)
+    steps = [
+        source.map(lambda v: v * 2),
+        source.map(lambda v: (v, -v), num_parallel_calls=2, deterministic=True),
+        source.filter(lambda v: v % 3 > 0),
+        source.shuffle(10, seed=7),
+        source.shuffle(10, seed=7, reshuffle_each_iteration=False),
+        source.batch(3, drop_remainder=True),
+        source.batch(4, num_parallel_calls=2),
+        source.prefetch(2),
+        source.repeat(2),
+        source.with_options(tf.data.Options()),
+    ]
+    for node in steps:
+        again = tfc.replay(node, source)
+        assert type(again).__name__ == type(node).__name__
+        assert again.element_spec == node.element_spec
+        got = [
+            tf.nest.map_structure(lambda t: t.tolist(), e)
+            for e in again.as_numpy_iterator()
+        ]
+        want = [
+            tf.nest.map_structure(lambda t: t.tolist(), e)
+            for e in node.as_numpy_iterator()
+        ]
+        assert got == want, type(node).__name__
+    with pytest.raises(tfc.NotReplayable, match="Take"):
+        tfc.replay(source.take(3), source)
+
+
 def test_the_optimizer_internals_accumulation_uses_still_exist():
     """keras_compat section 3, against this Keras: the accumulators made on
     a built optimizer are the ones Keras's build makes, and every method the
