@@ -16,6 +16,7 @@ from typing import Any
 
 from kerascale import _validation as v
 from kerascale._units import format_bytes
+from kerascale.apply import materialize
 from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session, prepare
 from kerascale.errors import UnsupportedError
@@ -188,8 +189,14 @@ def diagnose(
         rates = timing.rates(prepared, steps)
     loader_rate = None if math.isnan(rates.loaded) else rates.loaded
     peak, limit = _memory(prepared.decided)
+    per_batch = prepared.decided.plan.step_batch_size
+
+    def decode() -> Any:  # measured only for an input-bound verdict
+        return materialize.decode_share(x, rates.input * per_batch)
+
     return _verdict(
         prepared.decided,
+        decode=decode if data_facts.is_dataset(x) else None,
         input_rate=rates.input,
         step_rate=rates.step,
         training_rate=rates.plain,
@@ -239,6 +246,7 @@ def _verdict(
     peak: int | None,
     limit: int | None,
     loader_rate: float | None = None,
+    decode: Any = None,
 ) -> Diagnosis:
     plan = decided.plan
     headroom = (1 - peak / limit) if peak and limit else None
@@ -253,7 +261,9 @@ def _verdict(
     ):
         bound = "input"
         if loader_rate is None:
-            recs = advice.input_advice(decided, input_rate, step_rate, training_rate)
+            recs = advice.input_advice(
+                decided, input_rate, step_rate, training_rate, decode
+            )
         else:
             recs = advice.host_input_advice(
                 input_rate, step_rate, training_rate, loader_rate

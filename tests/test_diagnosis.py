@@ -187,3 +187,32 @@ def test_cli_diagnose_prints_json(tmp_path):
     assert out["bound"] in ("input", "compute", "memory")
     assert out["step_batches_per_s"] > 0 and out["batch_size"] == 32
     assert out["recommendations"]
+
+
+def test_a_decode_bound_pipeline_is_told_to_materialize_with_the_decode_share(
+    tmp_path,
+):
+    rng = np.random.default_rng(0)
+    for i in range(96):
+        pixels = rng.integers(0, 255, (160, 160, 3), dtype=np.uint8)
+        tf.io.write_file(str(tmp_path / f"{i:03d}.jpg"), tf.io.encode_jpeg(pixels))
+
+    def decode(path):
+        pixels = tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
+        return tf.image.resize(pixels, (96, 96)), tf.strings.length(path) % 2
+
+    files = tf.data.Dataset.list_files(str(tmp_path / "*.jpg"), shuffle=False)
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((96, 96, 3))
+    outputs = keras.layers.Dense(1)(keras.layers.GlobalAveragePooling2D()(inputs))
+    model = keras.Model(inputs, outputs)
+    model.compile("adam", "mse")
+    d = kerascale.diagnose(
+        model, files.map(decode).batch(16), optimize_data=False,
+        precision="float32", steps=4, verbose=0,
+    )  # fmt: skip
+    assert d.bound == "input"
+    (rec,) = [r for r in d.recommendations if "materialize" in r.action]
+    assert "the deterministic part (TensorSlice -> Map) takes" in rec.why
+    share = int(rec.why.split(" takes ")[1].split("%")[0])
+    assert share >= 50 and rec.expected_gain > 1

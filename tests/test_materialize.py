@@ -193,3 +193,54 @@ def test_arguments_are_checked_at_the_door(images, tmp_path, kwargs, message):
     with pytest.raises(kerascale.ConfigurationError, match=message):
         kerascale.data.materialize(**arguments)
     assert not os.listdir(tmp_path)  # nothing written
+
+
+def small_model():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((32, 32, 3))
+    h = keras.layers.Conv2D(4, 3, strides=2, activation="relu")(inputs)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    model = keras.Model(inputs, keras.layers.Dense(24)(h))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_fit_materializes_and_trains_as_on_the_pipeline(images, tmp_path):
+    folder = tmp_path / "shards"
+    settings = dict(epochs=2, verbose=0, precision="float32", optimize_data=False)
+    plan = kerascale.plan(
+        small_model(), decoded(images).batch(8), materialize=folder, **settings
+    )
+    assert "(written when fit runs)" in plan.reasons["data_changes"]
+    assert not folder.exists()  # planning writes nothing
+    history = kerascale.fit(
+        small_model(), decoded(images).batch(8), materialize=folder, **settings
+    )
+    plan = history.plan
+    assert plan.data_changes[0] == "materialized"
+    assert "materialized TensorSlice -> ParallelMap to" in plan.reasons["data_changes"]
+    reference = small_model().fit(decoded(images).batch(8), epochs=2, verbose=0)
+    np.testing.assert_allclose(
+        history.history["loss"], reference.history["loss"], rtol=1e-5
+    )
+    again = kerascale.plan(
+        small_model(), decoded(images).batch(8), materialize=folder, **settings
+    )
+    assert "(reused)" in again.reasons["data_changes"]
+
+
+def test_fit_trains_what_it_cannot_materialize_as_given_with_one_warning(
+    images, tmp_path
+):
+    ds = tf.data.Dataset.list_files(str(images / "*.jpg")).map(decode).batch(8)
+    with pytest.warns(kerascale.KerascaleWarning, match="list_files shuffles") as w:
+        history = kerascale.fit(
+            small_model(), ds, materialize=tmp_path, epochs=1, verbose=0,
+            precision="float32",
+        )  # fmt: skip
+    assert sum("materialize=" in str(m.message) for m in w) == 1
+    assert "materialized" not in history.plan.data_changes
+    with pytest.raises(kerascale.ConfigurationError, match="materialize must be"):
+        kerascale.fit(small_model(), ds, materialize=3)

@@ -155,26 +155,35 @@ def materialize(
     return done.dataset
 
 
-def materialized(ds: Any, directory: Any, *, then: Any = None) -> Materialized:
-    """`materialize`'s work, with its record (`Materialized`)."""
+def materialized(
+    ds: Any, directory: Any, *, then: Any = None, write: bool = True
+) -> Materialized:
+    """`materialize`'s work, with its record (`Materialized`). Without
+    `write` (`kerascale.plan`), nothing is written or removed: the record
+    says whether a trusted set is there, and its dataset is `ds`."""
     directory = _checked(ds, directory, then)
     prefix, tail = split(ds, then)
     key = fingerprint(prefix)
     path = _fs_join(directory, key)
+    if not write:
+        found = _trusted(path, key, prefix, discard=False)
+        return Materialized(
+            dataset=ds, path=path, reused=found is not None,
+            elements=int(found["elements"]) if found else 0,
+            bytes=sum(found["files"].values()) if found else 0, seconds=0.0,
+            deterministic=_steps(prefix), then=_after(tail, then),
+        )  # fmt: skip
     manifest = _trusted(path, key, prefix)
     start = time.perf_counter()
     reused = manifest is not None
     if manifest is None:
         manifest = _write(prefix, directory, key)
     seconds = 0.0 if reused else time.perf_counter() - start
-    read = _read(path, manifest)
+    out = _read(path, manifest)
     if then is not None:
-        out, after = then(read), ("then=",)
-    else:
-        out = read
-        for node in reversed(tail):
-            out = tfc.replay(node, out)
-        after = tuple(_step(n) for n in reversed(tail))
+        out = then(out)
+    for node in reversed(tail):
+        out = tfc.replay(node, out)
     return Materialized(
         dataset=out,
         path=path,
@@ -182,9 +191,81 @@ def materialized(ds: Any, directory: Any, *, then: Any = None) -> Materialized:
         elements=int(manifest["elements"]),
         bytes=sum(manifest["files"].values()),
         seconds=seconds,
-        deterministic=tuple(_step(n) for n in reversed(data_facts.chain(prefix))),
-        then=after,
+        deterministic=_steps(prefix),
+        then=_after(tail, then),
     )
+
+
+def _steps(prefix: Any) -> tuple[str, ...]:
+    return tuple(_step(n) for n in reversed(data_facts.chain(prefix)))
+
+
+def _after(tail: list[Any], then: Any) -> tuple[str, ...]:
+    return ("then=",) if then is not None else tuple(_step(n) for n in reversed(tail))
+
+
+def decode_share(
+    ds: Any, elements_per_s: float, elements: int = 256
+) -> tuple[float, str] | None:
+    """(the share of the pipeline's time per element that its deterministic
+    part takes, measured here; that part's steps), for `diagnose`: the part
+    alone is read for up to `elements` elements (after one), against the
+    whole pipeline's `elements_per_s`. None where there is no split, or the
+    part batches (its elements are not the pipeline's)."""
+    try:
+        prefix, _ = split(ds)
+    except ConfigurationError:
+        return None
+    if any(tfc.static_batch_size(n) for n in data_facts.chain(prefix)):
+        return None
+    count = int(prefix.cardinality())
+    n = min(elements, count) if count > 0 else elements
+    it = iter(data_facts.peekable(prefix).take(n))
+    next(it, None)  # the first element: start-up, not the rate
+    start, read = time.perf_counter(), 0
+    for _ in it:
+        read += 1
+    seconds = time.perf_counter() - start
+    if read < 8 or seconds <= 0:
+        return None
+    share = min(1.0, elements_per_s / (read / seconds))
+    return share, " -> ".join(_steps(prefix))
+
+
+def for_fit(x: Any, directory: Any, *, write: bool) -> tuple[Any, str, str]:
+    """`fit(materialize=directory)`: (what trains, the plan's note, a
+    warning). What cannot be materialized trains as given, with the warning
+    saying why and how to get it."""
+    if directory is None:
+        return x, "", ""
+    if not data_facts.is_dataset(x):
+        return (
+            x,
+            "",
+            (
+                f"materialize={os.fspath(directory)!r} was not applied: it writes a "
+                f"tf.data.Dataset's deterministic part, and x is a {type(x).__name__} "
+                "(trained as given)"
+            ),
+        )
+    try:
+        done = materialized(x, directory, write=write)
+    except Exception as e:  # kerascale's own addition: dropped, said once
+        return (
+            x,
+            "",
+            (
+                f"materialize={os.fspath(directory)!r} was not applied "
+                f"({type(e).__name__}: {e}); trained on the pipeline as given. "
+                "kerascale.data.materialize(ds, directory, then=...) takes the split "
+                "yourself"
+            ),
+        )
+    if write:
+        return done.dataset, done.describe(), ""
+    state = "reused" if done.reused else "written when fit runs"
+    steps = " -> ".join(done.deterministic)
+    return x, f"materialized {steps} to {done.path} ({state})", ""
 
 
 def _checked(ds: Any, directory: Any, then: Any) -> str:
@@ -333,13 +414,16 @@ def _fs_join(directory: str, name: str) -> str:
     return f"{directory.rstrip('/')}/{name}"
 
 
-def _trusted(path: str, key: str, prefix: Any) -> dict[str, Any] | None:
+def _trusted(
+    path: str, key: str, prefix: Any, *, discard: bool = True
+) -> dict[str, Any] | None:
     """The manifest of the set at `path`, where it can be trusted: written
     in full for this fingerprint and element spec, every file its size.
-    A set that fails the check is removed (it would never be read)."""
+    A set that fails the check is removed (it would never be read), with
+    `discard`."""
     manifest_path = _fs_join(path, MANIFEST)
     if not _fs.exists(manifest_path):
-        if _fs.exists(path):
+        if _fs.exists(path) and discard:
             _discard(path, "it has no manifest")
         return None
     try:
@@ -349,7 +433,8 @@ def _trusted(path: str, key: str, prefix: Any) -> dict[str, Any] | None:
     except (OSError, ValueError, KeyError, TypeError) as e:
         problem = f"its manifest cannot be read ({e})"
     if problem:
-        _discard(path, problem)
+        if discard:
+            _discard(path, problem)
         return None
     return manifest
 

@@ -68,12 +68,38 @@ def host_input_advice(
     return recs
 
 
+# Materializing is recommended where the deterministic part takes at least
+# this share of the input pipeline's time.
+MATERIALIZE_SHARE = 0.3
+
+
 def input_advice(
-    decided: Any, input_rate: float, step_rate: float, training_rate: float
+    decided: Any,
+    input_rate: float,
+    step_rate: float,
+    training_rate: float,
+    decode: Any = None,
 ) -> list[Recommendation]:
+    """On TensorFlow; `decode`: a function giving (the share of the
+    pipeline's time its deterministic part takes, that part's steps), or
+    None where `materialize` cannot split it."""
     data, hw = decided.data, decided.hardware
     ceiling = step_rate / training_rate
     recs = []
+    share = decode() if decode is not None and input_rate < step_rate else None
+    if share is not None and share[0] >= MATERIALIZE_SHARE:
+        fraction, steps = share
+        recs.append(
+            Recommendation(
+                "kerascale.data.materialize(ds, directory) (or fit(..., "
+                "materialize=directory)): the deterministic part written once "
+                "as shards, read back in parallel every epoch after",
+                min(ceiling, 1 / max(1e-3, 1 - fraction)),
+                f"measured here: the deterministic part ({steps}) takes "
+                f"{fraction:.0%} of the pipeline's time per element, and it runs "
+                "again every epoch",
+            )
+        )
     if data.kind == "dataset" and not decided.optimize_data:
         recs.append(
             Recommendation(
