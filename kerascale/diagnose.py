@@ -161,17 +161,11 @@ def diagnose(
     backend = backend_lib.name()
     _supported(backend)
     options, search = validate_options(
-        batch_size=batch_size,
-        strategy=strategy,
-        precision=precision,
-        max_batch_size=max_batch_size,
-        memory_limit=memory_limit,
-        accumulation_steps=accumulation_steps,
-        optimize_data=optimize_data,
-        recompute=recompute,
-        remeasure=remeasure,
-        verbose=verbose,
-    )
+        batch_size=batch_size, strategy=strategy, precision=precision,
+        max_batch_size=max_batch_size, memory_limit=memory_limit,
+        accumulation_steps=accumulation_steps, optimize_data=optimize_data,
+        recompute=recompute, remeasure=remeasure, verbose=verbose,
+    )  # fmt: skip
     timing = engines.timing(backend)
     _readable(timing, x, y)
 
@@ -189,21 +183,20 @@ def diagnose(
         rates = timing.rates(prepared, steps)
     loader_rate = None if math.isnan(rates.loaded) else rates.loaded
     peak, limit = _memory(prepared.decided)
-    per_batch = prepared.decided.plan.step_batch_size
-
-    def decode() -> Any:  # measured only for an input-bound verdict
-        return materialize.decode_share(x, rates.input * per_batch)
-
     return _verdict(
-        prepared.decided,
-        decode=decode if data_facts.is_dataset(x) else None,
-        input_rate=rates.input,
-        step_rate=rates.step,
-        training_rate=rates.plain,
-        peak=peak,
-        limit=limit,
-        loader_rate=loader_rate,
-    )
+        prepared.decided, decode=_decode(x, prepared, rates.input),
+        input_rate=rates.input, step_rate=rates.step, training_rate=rates.plain,
+        peak=peak, limit=limit, loader_rate=loader_rate,
+    )  # fmt: skip
+
+
+def _decode(x: Any, prepared: Any, batches_per_s: float) -> Any:
+    """For a `tf.data` input: measures, when called (an input-bound verdict
+    only), the share of the input's time its deterministic part takes."""
+    if not data_facts.is_dataset(x):
+        return None
+    per_s = batches_per_s * prepared.decided.plan.step_batch_size
+    return lambda: materialize.decode_share(x, per_s)
 
 
 def _readable(timing: Any, x: Any, y: Any) -> None:

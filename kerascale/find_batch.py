@@ -38,11 +38,10 @@ def find_batch_size(
     """Finds the largest batch that trains without running out of memory.
 
     On TensorFlow each probe is a real training step on a synthetic batch
-    like your data, under the precision and strategy `fit` would use: on CPU
-    in child processes, on GPU in this process; a memory model fitted to
-    small probes predicts the boundary, probes around it confirm it
-    (cached). On JAX, XLA's memory analysis of the compiled step answers, in
-    at most 5 compiles. Either answers for one step as `model.fit` runs it.
+    like your data, under the precision and strategy `fit` would use (on CPU
+    in child processes); a memory model fitted to small probes predicts the
+    boundary, probes around it confirm it (cached). On JAX, XLA's memory
+    analysis of the compiled step answers, in at most 5 compiles.
 
     Args:
         model: A compiled Keras model, or a function that builds one.
@@ -60,23 +59,20 @@ def find_batch_size(
             in `kerascale.fit`; counted per device. Defaults to `None`.
         max_batch_size: The largest global batch to consider (default: the
             dataset size, at most 65536).
-        steps_per_trial: Steps per probe (the first warms up). Defaults to 3.
-        margin: Fraction kept below the largest batch that fits (0.03).
-        max_trials: The most probes to run. Defaults to 20.
-        timeout: Seconds before a probe is killed. Defaults to 600.
+        steps_per_trial, margin, max_trials, timeout: Steps per probe (the
+            first warms up; 3); the fraction kept below the largest batch
+            that fits (0.03); the most probes (20); seconds before a probe
+            is killed (600).
         cache, force: Use the result cache (True); search anew (False).
         strategy, precision: As in `kerascale.fit` ("auto").
-        recompute: "auto": where memory stops the search (not the cap),
-            search again with recomputation (Keras's remat, as fit's
-            `recompute=True` trains) and report that bound too, in
-            `.recompute_batch_size`. True: search with recomputation only;
-            False: without only. Defaults to "auto".
+        recompute: "auto": where memory stops the search, also the bound
+            with recomputation (fit's `recompute=True`), in
+            `.recompute_batch_size`. True: with it only; False: without.
         verbose: 0 prints nothing, else a line per probe. Defaults to "auto".
 
     Returns:
         A `BatchSearchResult`: `.batch_size` (all replicas, as `fit` takes
-        it), `.per_replica_batch_size`, `.precision`, `.strategy`, `.probes`,
-        `.recompute_batch_size`.
+        it), `.precision`, `.probes`, `.recompute_batch_size`...
 
     Raises:
         ConfigurationError: For an invalid argument (named in the message).
@@ -88,22 +84,30 @@ def find_batch_size(
     >>> kerascale.fit(model, x, y, batch_size=result.batch_size,
     ...               precision=result.precision)
     """
-    options = Options.validate(
-        strategy=strategy,
-        precision=precision,
-        verbose=verbose,
-        optimize_data=False,
-        recompute=recompute,
-    )
-    _validation.one_of("mode", mode, MODES)
-    search = SearchOptions.validate(
-        mode=mode, isolate=isolate, memory_limit=memory_limit,
-        device_memory=device_memory, max_batch_size=max_batch_size,
-        steps_per_trial=steps_per_trial, margin=margin,
-        max_trials=max_trials, timeout=timeout, cache=cache, force=force,
-    )  # fmt: skip
+    options, search = _validated(locals())
     _supported_backend()
     return decide(model, x, y, options, search=search, force_search=True).search
+
+
+def _validated(arguments: dict[str, Any]) -> tuple[Options, SearchOptions]:
+    """`find_batch_size`'s arguments (its `locals()`), checked at the door."""
+    a = arguments
+    options = Options.validate(
+        strategy=a["strategy"], precision=a["precision"], verbose=a["verbose"],
+        optimize_data=False, recompute=a["recompute"],
+    )  # fmt: skip
+    _validation.one_of("mode", a["mode"], MODES)
+    search = SearchOptions.validate(
+        **{
+            k: a[k]
+            for k in (
+                "mode", "isolate", "memory_limit", "device_memory",
+                "max_batch_size", "steps_per_trial", "margin", "max_trials",
+                "timeout", "cache", "force",
+            )
+        }
+    )  # fmt: skip
+    return options, search
 
 
 def _supported_backend() -> None:

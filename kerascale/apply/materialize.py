@@ -12,50 +12,28 @@ kerascale cannot tell (Python code, a first step that shuffles, a step it
 cannot apply again), it asks for the split: `materialize(deterministic,
 directory, then=lambda ds: ...)`.
 
-The format is TensorFlow's own `tf.data.Dataset.save` (the snapshot
-format), not TFRecord: it keeps the element structure (nested, ragged,
-any dtype) without a parsing spec the user writes, records the element
-count, and `Dataset.load` reads its shards through a reader function.
-Elements are dealt round-robin to one shard per core (at most 16), and
-read back by an interleave over the shards in the same rotation, in
-parallel: the order the pipeline gave, exactly.
-
-A set is written under a temporary name; its manifest (the fingerprint,
-the element count and spec, every file's size) is written last, and the
-set is renamed into place after it. A later run trusts a set only when its
-manifest matches the pipeline's fingerprint and every file its size: a set
-cut short by a kill has no manifest under the trusted name, and a stale one
-(the pipeline or the files it reads changed) has another fingerprint.
+The shards on disk, their fingerprint and their checks: `apply.shards`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from kerascale import _fs, _validation
 from kerascale import _tf_compat as tfc
+from kerascale import _validation
 from kerascale._tf import tf
 from kerascale._units import format_bytes
+from kerascale.apply import shards
 from kerascale.errors import ConfigurationError
 from kerascale.sense import data_facts
 
 logger = logging.getLogger("kerascale")
 
-MANIFEST = "manifest.json"
-FORMAT = 1  # the manifest's version
-MAX_SHARDS = 16
-_PARTIAL = ".partial-"
 # Steps kept out of the materialized part even when deterministic: they
 # shape what trains (the batch) or only schedule reading, and are applied
 # again after reading.
@@ -66,8 +44,6 @@ _AFTER = (
     "_OptionsDataset",
     "_RepeatDataset",
 )
-# A chain starting with one of these reads files; its first argument lists them.
-_GLOB = set("*?[")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,23 +139,23 @@ def materialized(
     says whether a trusted set is there, and its dataset is `ds`."""
     directory = _checked(ds, directory, then)
     prefix, tail = split(ds, then)
-    key = fingerprint(prefix)
-    path = _fs_join(directory, key)
+    key = shards.fingerprint(prefix)
+    path = shards.join(directory, key)
     if not write:
-        found = _trusted(path, key, prefix, discard=False)
+        found = shards.trusted(path, key, prefix, discard=False)
         return Materialized(
             dataset=ds, path=path, reused=found is not None,
             elements=int(found["elements"]) if found else 0,
             bytes=sum(found["files"].values()) if found else 0, seconds=0.0,
             deterministic=_steps(prefix), then=_after(tail, then),
         )  # fmt: skip
-    manifest = _trusted(path, key, prefix)
+    manifest = shards.trusted(path, key, prefix)
     start = time.perf_counter()
     reused = manifest is not None
     if manifest is None:
-        manifest = _write(prefix, directory, key)
+        manifest = shards.write(prefix, directory, key)
     seconds = 0.0 if reused else time.perf_counter() - start
-    out = _read(path, manifest)
+    out = shards.read(path, manifest)
     if then is not None:
         out = then(out)
     for node in reversed(tail):
@@ -356,199 +332,3 @@ def _ask(why: str) -> ConfigurationError:
 
 def _step(node: Any) -> str:
     return type(node).__name__.strip("_").removesuffix("Dataset") or "Dataset"
-
-
-def fingerprint(ds: Any) -> str:
-    """What identifies the part written: its steps and their functions'
-    graphs, its element spec and length (`data_facts.signature`), every
-    constant it holds (file names, in-memory tensors), and the size and
-    modification time of each file those name (globs expanded)."""
-    h = hashlib.sha256(data_facts.signature(ds).encode())
-    for value in _constants(ds):
-        h.update(value)
-    for path in _files(ds):
-        try:
-            stat = os.stat(path)
-            h.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-        except OSError:
-            h.update(f"{path}:missing".encode())
-    return h.hexdigest()[:20]
-
-
-def _constants(ds: Any) -> list[bytes]:
-    from tensorflow.core.framework import graph_pb2
-
-    graph = graph_pb2.GraphDef()
-    policy = tf.data.experimental.ExternalStatePolicy.WARN
-    graph.ParseFromString(ds._as_serialized_graph(external_state_policy=policy).numpy())
-    return [
-        node.attr["value"].tensor.SerializeToString()
-        for node in graph.node
-        if node.op == "Const" and "value" in node.attr
-    ]
-
-
-def _files(ds: Any) -> list[str]:
-    """Local files the pipeline's string constants name, globs expanded."""
-    from tensorflow.core.framework import tensor_pb2, types_pb2
-
-    names = set()
-    for raw in _constants(ds):
-        proto = tensor_pb2.TensorProto()
-        proto.ParseFromString(raw)
-        if proto.dtype != types_pb2.DT_STRING:
-            continue
-        values = tf.io.parse_tensor(raw, tf.string).numpy()
-        for value in np.ravel(values):
-            text = value.decode("utf-8", "replace")
-            if not text or len(text) > 4096 or not _fs.is_local(text):
-                continue
-            if _GLOB & set(text):
-                names.update(tf.io.gfile.glob(text))
-            elif os.path.isfile(text):
-                names.add(text)
-    return sorted(names)
-
-
-def _fs_join(directory: str, name: str) -> str:
-    return f"{directory.rstrip('/')}/{name}"
-
-
-def _trusted(
-    path: str, key: str, prefix: Any, *, discard: bool = True
-) -> dict[str, Any] | None:
-    """The manifest of the set at `path`, where it can be trusted: written
-    in full for this fingerprint and element spec, every file its size.
-    A set that fails the check is removed (it would never be read), with
-    `discard`."""
-    manifest_path = _fs_join(path, MANIFEST)
-    if not _fs.exists(manifest_path):
-        if _fs.exists(path) and discard:
-            _discard(path, "it has no manifest")
-        return None
-    try:
-        with _fs.open_file(manifest_path, "rb") as f:
-            manifest = json.loads(f.read().decode())
-        problem = _mismatch(manifest, path, key, prefix)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        problem = f"its manifest cannot be read ({e})"
-    if problem:
-        if discard:
-            _discard(path, problem)
-        return None
-    return manifest
-
-
-def _mismatch(manifest: dict, path: str, key: str, prefix: Any) -> str:
-    if manifest.get("format") != FORMAT or manifest.get("fingerprint") != key:
-        return "its manifest is for another pipeline"
-    if manifest.get("element_spec") != repr(prefix.element_spec):
-        return "its element spec differs"
-    for name, size in manifest["files"].items():
-        file = _fs_join(path, name)
-        if not _fs.exists(file) or _fs.size(file) != size:
-            return f"{name} is missing or not the size it was written at"
-    return ""
-
-
-def _discard(path: str, why: str) -> None:
-    logger.warning("kerascale: not reading the shard set %s: %s", path, why)
-    try:
-        _fs.rmtree(path)
-    except OSError as e:
-        logger.warning("kerascale: could not remove %s (%s)", path, e)
-
-
-def _write(prefix: Any, directory: str, key: str) -> dict[str, Any]:
-    """Writes the set under a temporary name, then its manifest, then
-    renames it into place; returns the manifest. Sets others left
-    half-written by processes that are gone are removed first."""
-    _fs.makedirs(directory)
-    _sweep(directory)
-    name = f"{_PARTIAL}{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    partial = _fs_join(directory, name)
-    shards = _shards(prefix)
-    data = _fs_join(partial, "data")
-    try:
-        prefix.enumerate().save(data, shard_func=lambda i, _: i % shards)
-        files = _listing(partial)
-        elements = int(tf.data.Dataset.load(data).cardinality())
-        manifest = {
-            "format": FORMAT,
-            "fingerprint": key,
-            "element_spec": repr(prefix.element_spec),
-            "elements": elements,
-            "shards": shards,
-            "files": files,
-        }
-        with _fs.open_file(_fs_join(partial, MANIFEST), "wb") as f:
-            f.write(json.dumps(manifest, indent=1).encode())
-        final = _fs_join(directory, key)
-        if _fs.exists(final):  # another process wrote it meanwhile
-            _fs.rmtree(partial)
-        else:
-            _fs.rename(partial, final)
-    except BaseException:
-        if _fs.exists(partial):
-            _fs.rmtree(partial)
-        raise
-    return manifest
-
-
-def _shards(prefix: Any) -> int:
-    n = min(MAX_SHARDS, os.cpu_count() or 1)
-    count = int(prefix.cardinality())
-    return max(1, min(n, count) if count > 0 else n)
-
-
-def _listing(root: str) -> dict[str, int]:
-    """Every file under `root`, by path relative to it, with its size."""
-    out = {}
-    for folder, _, names in tf.io.gfile.walk(root):
-        for name in names:
-            full = _fs_join(folder, name)
-            out[full[len(root) :].lstrip("/")] = _fs.size(full)
-    return out
-
-
-def _sweep(directory: str) -> None:
-    """Removes sets left half-written by processes that no longer run."""
-    for name in _fs.listdir(directory):
-        if not name.startswith(_PARTIAL):
-            continue
-        try:
-            pid = int(name.rsplit("-", 2)[-2])
-        except ValueError:
-            continue
-        if _alive(pid):
-            continue
-        with contextlib.suppress(OSError):  # another process's sweep won
-            _fs.rmtree(_fs_join(directory, name))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _read(path: str, manifest: dict[str, Any]) -> Any:
-    """The set read back: the shards interleaved in the rotation they were
-    dealt in (the original order), in parallel; the index dropped."""
-    shards = int(manifest["shards"])
-
-    def reader(datasets: Any) -> Any:
-        return datasets.interleave(
-            lambda d: d,
-            cycle_length=shards,
-            block_length=1,
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True,
-        )
-
-    loaded = tf.data.Dataset.load(_fs_join(path, "data"), reader_func=reader)
-    return loaded.map(lambda _, element: element)

@@ -221,18 +221,15 @@ def run_search(
     timed: bool = True,
 ) -> BatchSearchResult:
     """Searches the per-replica batch for `plan` (its precision, strategy,
-    accumulation (or `accumulation_steps`) and recomputation) on this
-    hardware, with real probes, probing `first` before anything else. Uses
-    the cache. Every probe that runs is timed (`timed` is the JAX search's
-    argument, here always so).
+    accumulation or `accumulation_steps`, recomputation) with real probes,
+    `first` first. Uses the cache. Every probe is timed (`timed`: JAX's).
 
     Raises:
         SearchSkipped: A "ladder" would cost more than `budget` allows.
     """
-    del timed  # every probe is timed
+    del timed
     isolate, why_isolate = _isolation(model, hw, options, instance)
-    # Where the probes run decides the memory they have (on GPUs); a child
-    # that cannot load the model falls back to this process.
+    # Where probes run decides their memory (GPUs); see `_found`'s fallback.
     in_children, here = _memories(hw, plan, options)
     memory = in_children if isolate else here
     cap, why_cap = cap_for(data, plan, options)
@@ -248,8 +245,7 @@ def run_search(
         return cached
     if budget is not None and mode == "ladder":
         rungs = ladder(cap, granularity_for(hw.accelerator, cap))
-        why = budget.refuse_search(plan, rungs, spec.steps)
-        if why:
+        if why := budget.refuse_search(plan, rungs, spec.steps):
             raise SearchSkipped(why)
     if verbose != 0:
         print(

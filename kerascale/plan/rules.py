@@ -85,14 +85,7 @@ def make_plan(
     reasons["data_changes"] = why_data
     split, split_warnings = _split(hardware, where, data, sp.micro * replicas)
     data_changes, warnings = data_changes + split, warnings + split_warnings
-    recompute = "activations" if options.recompute == "activations" else ""
-    if options.recompute != "auto":
-        reasons["recompute"] = (
-            "recompute=True you passed: Keras's remat (activations mode) on every layer"
-            if recompute
-            else "recompute=False you passed"
-        )
-
+    recompute = _recompute(options, reasons)
     return Plan(
         strategy=where.strategy,
         devices=tuple(where.devices),
@@ -111,6 +104,20 @@ def make_plan(
         sharding=sharding.plan_field(options.strategy),
         recompute=recompute,
     )
+
+
+def _recompute(options: Options, reasons: dict[str, str]) -> str:
+    """The plan's recomputation as you asked for it, its reason set in
+    `reasons` ("auto" is weighed later, by `measure.recompute`)."""
+    if options.recompute == "auto":
+        return ""
+    if options.recompute == "activations":
+        reasons["recompute"] = (
+            "recompute=True you passed: Keras's remat (activations mode) on every layer"
+        )
+        return "activations"
+    reasons["recompute"] = "recompute=False you passed"
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,9 +65,8 @@ def run_search(
     held beside it, and of the batches `Prefetch` reads ahead where the plan
     has it. With `options.mode == "ladder"` (a CPU's trials will time the
     batches), the answer is the rungs up to the largest that fits, none run;
-    `budget` then refuses a ladder the run would not repay. With `timed`,
-    the largest batch that fits is also run for a few real steps (where a
-    copy of the state fits beside it): its probe's `samples_per_s`.
+    `budget` then refuses a ladder the run would not repay. `timed`: the
+    largest batch that fits also runs a few real steps (`_timed`).
 
     Raises:
         SearchUnavailable: Where the compiler's analysis cannot answer (no
@@ -110,9 +109,7 @@ def run_search(
             *alone, step, trained, accumulation_steps, host
         )
         if first_compile.batch >= cap and first_compile.need_bytes <= alone[0]:
-            # The largest batch asked for fits in one pass: no split, so no
-            # accumulators to hold beside it.
-            free, why_free = alone
+            free, why_free = alone  # it fits in one pass: no accumulators
         fits, fails, seen = compiled.search(
             need, free, start=start, cap=cap, measured=(first_compile,)
         )
