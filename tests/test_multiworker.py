@@ -515,7 +515,7 @@ def decided_for(options, search):
     return decide_lib.Decided(TWO_WORKERS, model, data, plan, None, options, search)
 
 
-def test_workers_agree_on_the_smallest_batch_and_the_chiefs_precision(monkeypatch):
+def test_workers_agree_on_the_smallest_batch_and_the_chiefs_choices(monkeypatch):
     options = Options.validate()
     mine = decided_for(options, searched(64))
     assert mine.plan.global_batch_size == 128
@@ -524,11 +524,13 @@ def test_workers_agree_on_the_smallest_batch_and_the_chiefs_precision(monkeypatc
     def exchange(value):
         sent.append(value)
         chief = {"batch": 48, "precision": "mixed_bfloat16", "global_batch_size": 96}
-        return [chief, dict(value)]
+        return [{**chief, "recompute": "activations"}, dict(value)]
 
     monkeypatch.setattr(multiworker, "exchange", exchange)
     agreed = agree_lib.agree(mine)
-    assert sent == [{"batch": 64, "precision": "float32", "global_batch_size": 128}]
+    assert sent == [
+        {"batch": 64, "precision": "float32", "recompute": "", "global_batch_size": 128}
+    ]
     p = agreed.plan
     assert (p.micro_batch_size, p.global_batch_size) == (48, 96)
     assert p.precision == "mixed_bfloat16"
@@ -537,6 +539,8 @@ def test_workers_agree_on_the_smallest_batch_and_the_chiefs_precision(monkeypatc
         in p.reasons["global_batch_size"]
     )
     assert "the chief's" in p.reasons["precision"]
+    assert p.recompute == "activations"
+    assert "the chief's (activations)" in p.reasons["recompute"]
 
 
 def test_workers_that_agree_keep_their_plan(monkeypatch):
@@ -544,7 +548,10 @@ def test_workers_that_agree_keep_their_plan(monkeypatch):
     mine = decided_for(options, None)
     monkeypatch.setattr(multiworker, "exchange", lambda v: [dict(v), dict(v)])
     assert agree_lib.agree(mine) is mine
-    other = {"batch": None, "precision": "float32", "global_batch_size": 32}
+    other = {
+        "batch": None, "precision": "float32", "recompute": "",
+        "global_batch_size": 32,
+    }  # fmt: skip
     monkeypatch.setattr(multiworker, "exchange", lambda v: [other, dict(v)])
     with pytest.raises(kerascale.ConfigurationError, match="different global batches"):
         agree_lib.agree(mine)

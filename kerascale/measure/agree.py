@@ -15,8 +15,9 @@ def agree(decided: Any) -> Any:
 
     Each worker searched its own memory: all take the smallest batch any of
     them holds (so the global batch is the same everywhere and fits on every
-    worker), and the chief's precision (workers with different devices could
-    choose differently, and the replicas must compute alike). Needs
+    worker), and the chief's precision and recomputation (workers with
+    different devices could choose differently, and the replicas must compute
+    alike; a bound searched without recomputation holds with it). Needs
     `cluster.connect()`; every worker calls it once per `fit` or `plan`.
     """
     plan, result = decided.plan, decided.search
@@ -24,6 +25,7 @@ def agree(decided: Any) -> Any:
         {
             "batch": result.per_replica_batch_size if result is not None else None,
             "precision": plan.precision,
+            "recompute": plan.recompute,
             "global_batch_size": plan.global_batch_size,
         }
     )
@@ -40,6 +42,8 @@ def agree(decided: Any) -> Any:
     changes: dict[str, Any] = {}
     if chief["precision"] != plan.precision:
         changes["precision"] = chief["precision"]
+    if chief.get("recompute", "") != plan.recompute:
+        changes["recompute"] = chief.get("recompute") or "off"
     settled = dataclasses.replace(decided.options, **changes)
     if result is not None:
         smallest = min(batches)
@@ -56,11 +60,17 @@ def agree(decided: Any) -> Any:
     agreed = make_plan(
         decided.hardware, settled, decided.model, decided.data, search=result
     )
-    if changes:
-        reasons = {
-            **agreed.reasons,
-            "precision": f"the chief's ({chief['precision']}), so that all "
-            "workers compute alike",
-        }
-        agreed = dataclasses.replace(agreed, reasons=reasons)
+    reasons = dict(agreed.reasons)
+    if "precision" in changes:
+        reasons["precision"] = (
+            f"the chief's ({chief['precision']}), so that all workers compute alike"
+        )
+    if "recompute" in changes:
+        reasons["recompute"] = (
+            f"the chief's ({chief.get('recompute') or 'none'}), so that all "
+            "workers compute alike"
+        )
+    elif "recompute" in plan.reasons:
+        reasons["recompute"] = plan.reasons["recompute"]
+    agreed = dataclasses.replace(agreed, reasons=reasons)
     return dataclasses.replace(decided, plan=agreed, search=result, options=settled)

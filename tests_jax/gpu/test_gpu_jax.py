@@ -83,3 +83,25 @@ def test_fit_plans_bf16_and_training_reuses_the_search_compile():
     assert history.plan.backend == "jax"
     # The first step reads its program from JAX's cache: well under a compile.
     assert started["first"] < 0.5 * compile_seconds, (started, compile_seconds)
+
+
+def test_recomputation_against_xlas_own_on_the_device():
+    """On a GPU XLA rematerializes toward the device's limit by itself: the
+    bound with kerascale's recomputation is measured against that one (not
+    against none), and a real step at it runs with recomputation on."""
+    from kerascale.apply import remat
+
+    x = np.zeros((1 << 16, 256), "int32")
+    found = kerascale.find_batch_size(_lm(), x, x, precision="mixed_bfloat16")
+    assert found.recompute_batch_size is not None
+    assert found.recompute_batch_size >= found.batch_size
+    print(f"bound: {found.batch_size} XLA's own, {found.recompute_batch_size} with")
+    keras.backend.clear_session()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = _lm()
+        remat.apply(model)
+        batch = x[: found.recompute_batch_size]
+        model.train_on_batch(batch, batch)  # a real OOM here fails the test
+    finally:
+        keras.config.set_dtype_policy("float32")
