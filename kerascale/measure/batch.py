@@ -218,16 +218,16 @@ def run_search(
     first: int | None = None,
     accumulation_steps: int | None = None,
     budget: Any = None,
-    timed: bool = True,
+    timed: bool = False,
 ) -> BatchSearchResult:
     """Searches the per-replica batch for `plan` (its precision, strategy,
     accumulation or `accumulation_steps`, recomputation) with real probes,
-    `first` first. Uses the cache. Every probe is timed (`timed`: JAX's).
+    `first` first. Uses the cache. Probes are timed, for a second with
+    `timed` (when their speed decides).
 
     Raises:
         SearchSkipped: A "ladder" would cost more than `budget` allows.
     """
-    del timed
     isolate, why_isolate = _isolation(model, hw, options, instance)
     # Where probes run decides their memory (GPUs); see `_found`'s fallback.
     in_children, here = _memories(hw, plan, options)
@@ -236,7 +236,8 @@ def run_search(
     mode = options.mode
     if mode == "auto":
         mode = "throughput" if hw.accelerator == "cpu" else "max"
-    spec = _spec(x, y, data, plan, hw, options, mode, memory, accumulation_steps)
+    long = timed or mode == "throughput"  # where speed decides
+    spec = _spec(x, y, data, plan, hw, options, long, memory, accumulation_steps)
     key = _key(
         model, spec, hw, options, mode=mode, cap=cap, first=first, isolate=isolate
     )
@@ -255,14 +256,9 @@ def run_search(
         )
     args = dict(mode=mode, cap=cap, hw=hw, first=first, verbose=verbose)
     found, why_isolate, isolated = _found(
-        model,
-        spec,
-        options,
-        instance,
-        args,
-        (isolate, why_isolate),
+        model, spec, options, instance, args, (isolate, why_isolate),
         (in_children, here),
-    )
+    )  # fmt: skip
     memory = memory if isolated else here
     seconds = sum(p.seconds for p in found.probes)
     reasons = {
@@ -352,7 +348,7 @@ def _found(
 
 
 def _spec(
-    x, y, data, plan, hw, options, mode, memory: _Memory, accumulation_steps
+    x, y, data, plan, hw, options, long: bool, memory: _Memory, accumulation_steps
 ) -> ProbeSpec:
     element = samples.element_structure(x, y, data)
     return ProbeSpec(
@@ -367,10 +363,8 @@ def _spec(
         accumulation_steps=accumulation_steps or plan.accumulation_steps,
         memory_limit=memory.enforce,
         on_gpu=hw.accelerator == "gpu",
-        # Speed decides in throughput mode: time each probe long enough.
-        timed_seconds=THROUGHPUT_TIMED_SECONDS
-        if mode == "throughput"
-        else probe_lib.MIN_TIMED_SECONDS,
+        # Where speed decides, each probe is timed long enough.
+        timed_seconds=THROUGHPUT_TIMED_SECONDS if long else probe_lib.MIN_TIMED_SECONDS,
         recompute=getattr(plan, "recompute", ""),
     )
 
