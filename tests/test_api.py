@@ -66,7 +66,12 @@ def test_callbacks_and_data_are_public():
     for name in kerascale.callbacks.__all__:
         assert hasattr(kerascale.callbacks, name), name
     assert kerascale.callbacks.PREEMPTED_EXIT_CODE == 143
-    assert sorted(kerascale.data.__all__) == ["optimize", "optimize_report"]
+    assert sorted(kerascale.data.__all__) == [
+        "materialize",
+        "materialized",
+        "optimize",
+        "optimize_report",
+    ]
     assert issubclass(kerascale.KerascaleWarning, UserWarning)
 
 
