@@ -109,20 +109,27 @@ def epochs_fit(ds, n, epochs):
 
 
 def killed_writer(folder, shards):
-    """A writer killed half-way; what the next run did."""
+    """A writer killed half-way (SIGKILL while its set is still under its
+    temporary name; tried again sooner if it finished first); what the next
+    run did."""
+    here = str(pathlib.Path(__file__).parent)
     code = (
-        "import sys; sys.path.insert(0, %r); import materialize as b, pathlib, "
-        "kerascale; kerascale.data.materialize(b.pipeline(pathlib.Path(%r)), %r, "
-        "verbose=0)" % (str(pathlib.Path(__file__).parent), str(folder), str(shards))
+        f"import sys; sys.path.insert(0, {here!r}); import materialize as b, "
+        "pathlib, kerascale; kerascale.data.materialize("
+        f"b.pipeline(pathlib.Path({str(folder)!r})), {str(shards)!r}, verbose=0)"
     )
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    child = subprocess.Popen([sys.executable, "-c", code], env=env)
-    while not any(n.startswith(".partial-") for n in _names(shards)):
-        time.sleep(0.05)
-    time.sleep(1.0)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    left = sorted(_names(shards))
+    for delay in (0.3, 0.1, 0.0):
+        shutil.rmtree(shards, ignore_errors=True)
+        child = subprocess.Popen([sys.executable, "-c", code], env=env)
+        while not any(n.startswith(".partial-") for n in _names(shards)):
+            time.sleep(0.02)
+        time.sleep(delay)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        left = sorted(_names(shards))
+        if all(n.startswith(".partial-") for n in left):
+            break  # killed while writing
     again = kerascale.data.materialized(pipeline(folder), shards)
     return {
         "left_by_the_kill": left,
@@ -165,7 +172,7 @@ def main():
         again = kerascale.data.materialized(pipeline(folder), shards)
         assert again.reused
         rows["materialized"] = {
-            "read": [n / write] + epochs_read(again.dataset, n, e - 1),
+            "read": [n / write, *epochs_read(again.dataset, n, e - 1)],
             "fit": epochs_fit(again.dataset, n, e),
         }
         base = rows["as written (parallel map, prefetch)"]
