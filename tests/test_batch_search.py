@@ -380,7 +380,9 @@ def test_real_resident_memory_limit_in_child_processes():
         verbose=0,
         cache=False,
         margin=0.03,
+        recompute=False,  # the bound without it is what this test checks
     )
+    assert r.recompute_batch_size is None
     assert r.reasons["isolate"] == "each probe in a child process"
     assert r.reasons["memory"] == "resident memory (RSS) of child processes"
     assert r.reasons["limit"] == "memory_limit you passed"

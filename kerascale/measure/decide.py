@@ -236,7 +236,9 @@ def _measured(
     if can_try:
         decided = _tried(decided, model, x, y, ladder, budget)
     if options.recompute == "auto" or force_search:
-        decided = _recomputed(decided, (model, x, y), search, asked, force_search)
+        decided = _recomputed(
+            decided, (model, x, y), search, (asked, force_search), budget
+        )
     reasons = {k: v for k, v in kept[0].items() if k == "sharding"}
     if skipped:
         why = decided.plan.reasons["global_batch_size"]
@@ -265,15 +267,16 @@ def _recomputed(
     decided: Decided,
     data: tuple,
     search: SearchOptions | None,
-    asked: int | None,
-    force: bool,
+    request: tuple[int | None, bool],
+    budget: budget_lib.RunBudget | None,
 ) -> Decided:
     """`decided` with recomputation weighed where memory binds its batch
-    (`recompute.weighed`); `data`: (model, x, y); `asked`: the requested
-    batch per replica, None for an "auto" one; `force`: for
-    `find_batch_size`, whose result then gives the bound with recomputation
-    too. A weighing that fails is dropped with a warning: the plan trains
-    as it was."""
+    (`recompute.weighed`), where `budget`'s run repays it (None: always).
+    `data`: (model, x, y); `request`: (the requested batch per replica, None
+    for an "auto" one; whether `find_batch_size` forces the search: its
+    result then gives the bound with recomputation too). A weighing that
+    fails is dropped with a warning: the plan trains as it was."""
+    asked, force = request
     result = decided.search
     if decided.plan.recompute or result is None:
         return decided
@@ -288,6 +291,10 @@ def _recomputed(
         )
     if not recompute_lib.binding(decided, asked):
         return decided
+    rungs = [p.batch for p in result.probes] + [decided.plan.micro_batch_size] * 2
+    if budget is not None and (why := budget.refuse_search(decided.plan, rungs, 3)):
+        why = f"not weighed: {why}; pass recompute=True to use it anyway"
+        return with_notes(decided, reasons={"recompute": why})
     if asked is None:
         search = search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
     else:
