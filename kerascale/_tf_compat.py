@@ -123,12 +123,9 @@ def unshared_dataset(ds: tf.data.Dataset) -> tf.data.Dataset:
     Raises:
         Whatever serializing raises (a graph over protobuf's 2 GiB).
     """
-    from tensorflow.core.framework import graph_pb2
     from tensorflow.python.data.ops import dataset_ops
 
-    policy = tf.data.experimental.ExternalStatePolicy.WARN
-    graph = graph_pb2.GraphDef()
-    graph.ParseFromString(ds._as_serialized_graph(external_state_policy=policy).numpy())
+    graph = dataset_graph(ds)
     for node in graph.node:
         value = node.attr["value"].tensor if "value" in node.attr else None
         handles = value.resource_handle_val if value is not None else ()
@@ -139,6 +136,17 @@ def unshared_dataset(ds: tf.data.Dataset) -> tf.data.Dataset:
             node.attr.clear()
     variant = tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString())
     return dataset_ops._VariantDataset(variant, ds.element_spec)
+
+
+def dataset_graph(ds: tf.data.Dataset) -> Any:
+    """The `GraphDef` of `ds`'s pipeline (`_as_serialized_graph`; no public
+    API serializes a dataset), stateful ops kept with a warning."""
+    from tensorflow.core.framework import graph_pb2
+
+    policy = tf.data.experimental.ExternalStatePolicy.WARN
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(ds._as_serialized_graph(external_state_policy=policy).numpy())
+    return graph
 
 
 # The datasets that take seeds from a generator of their own at each new

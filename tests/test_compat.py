@@ -231,6 +231,12 @@ def test_each_transformation_materialize_applies_again_gives_what_it_gave():
         assert got == want, type(node).__name__
     with pytest.raises(tfc.NotReplayable, match="Take"):
         tfc.replay(source.take(3), source)
+    # dataset_graph: the pipeline's GraphDef, constants included.
+    names = tf.data.Dataset.from_tensor_slices(["a.jpg", "b.jpg"]).map(
+        tf.strings.length
+    )
+    ops = [node.op for node in tfc.dataset_graph(names).node]
+    assert "Const" in ops and "TensorSliceDataset" in ops and "MapDataset" in ops
 
 
 def test_the_optimizer_internals_accumulation_uses_still_exist():

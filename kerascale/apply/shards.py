@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from kerascale import _fs
+from kerascale import _tf_compat as tfc
 from kerascale._tf import tf
 from kerascale.sense import data_facts
 
@@ -48,9 +49,10 @@ def fingerprint(ds: Any) -> str:
     constant it holds (file names, in-memory tensors), and the size and
     modification time of each file those name (globs expanded)."""
     h = hashlib.sha256(data_facts.signature(ds).encode())
-    for value in _constants(ds):
+    constants = _constants(ds)  # the pipeline's graph, serialized once
+    for value in constants:
         h.update(value)
-    for path in _files(ds):
+    for path in _files(constants):
         try:
             stat = os.stat(path)
             h.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode())
@@ -60,11 +62,8 @@ def fingerprint(ds: Any) -> str:
 
 
 def _constants(ds: Any) -> list[bytes]:
-    from tensorflow.core.framework import graph_pb2
-
-    graph = graph_pb2.GraphDef()
-    policy = tf.data.experimental.ExternalStatePolicy.WARN
-    graph.ParseFromString(ds._as_serialized_graph(external_state_policy=policy).numpy())
+    """Every constant tensor of the pipeline's graph, serialized."""
+    graph = tfc.dataset_graph(ds)
     return [
         node.attr["value"].tensor.SerializeToString()
         for node in graph.node
@@ -72,12 +71,12 @@ def _constants(ds: Any) -> list[bytes]:
     ]
 
 
-def _files(ds: Any) -> list[str]:
+def _files(constants: list[bytes]) -> list[str]:
     """Local files the pipeline's string constants name, globs expanded."""
     from tensorflow.core.framework import tensor_pb2, types_pb2
 
     names = set()
-    for raw in _constants(ds):
+    for raw in constants:
         proto = tensor_pb2.TensorProto()
         proto.ParseFromString(raw)
         if proto.dtype != types_pb2.DT_STRING:
