@@ -53,6 +53,10 @@ def main(directory):
                 on_epoch_begin=lambda epoch, logs: trained.append(epoch)
             )],
         )  # fmt: skip
+        materialized = kerascale.fit(
+            model(), data(), epochs=3, verbose=0,
+            materialize=os.path.join(directory, "shards"),
+        )  # fmt: skip
     theirs = model().fit(data(), epochs=3, verbose=0)
     events = [
         os.path.join(root, name)
@@ -74,6 +78,8 @@ def main(directory):
                 "resumed": resumed.history["loss"],
                 "resumed_epochs": trained,
                 "theirs": theirs.history["loss"],
+                "materialized": materialized.history["loss"],
+                "materialized_changes": list(materialized.plan.data_changes),
                 "event_files": len(events),
                 "state_files": sorted(
                     name

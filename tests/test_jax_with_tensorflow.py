@@ -35,6 +35,9 @@ def test_tf_data_checkpoints_and_event_files_on_the_jax_backend(tmp_path):
     np.testing.assert_allclose(found["resumed"], found["theirs"], rtol=1e-6)
     assert "state.npz" in found["state_files"]  # Keras's variables, not tf.train
     assert found["event_files"] >= 1  # the monitors' TensorBoard scalars
+    # fit(materialize=...) on JAX: the map written once, trained as plain fit.
+    assert found["materialized_changes"][0] == "materialized"
+    np.testing.assert_allclose(found["materialized"], found["theirs"], rtol=1e-6)
     assert found["warnings"] == []
 
 
