@@ -386,9 +386,11 @@ def test_accumulate_needs_a_compiled_model():
 
 
 class ThresholdProber:
-    """Batches up to T per replica fit; records each probe and its spec."""
+    """Batches up to T per replica fit, ACCUMULATORS fewer when a probe
+    holds gradient accumulators; records each probe and its spec."""
 
     calls: list = []
+    ACCUMULATORS = 0
 
     def __init__(self, model, spec, **kwargs):
         self.spec = spec
@@ -400,8 +402,9 @@ class ThresholdProber:
         return None
 
     def __call__(self, b):
-        ThresholdProber.calls.append((b, self.spec.accumulation_steps))
-        if b <= ThresholdProber.T:
+        k = self.spec.accumulation_steps
+        ThresholdProber.calls.append((b, k))
+        if b <= ThresholdProber.T - (ThresholdProber.ACCUMULATORS if k > 1 else 0):
             return ProbeResult(b, "ok", peak_bytes=(1 << 30) + b * (1 << 20))
         return ProbeResult(b, "oom", message="ResourceExhaustedError: OOM")
 
@@ -424,7 +427,7 @@ def gpu_seam(monkeypatch):
     monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: gpu_box(1))
     # On a GPU the probes run in this process (its allocator is training's).
     monkeypatch.setattr(probe, "InProcessProber", ThresholdProber)
-    ThresholdProber.calls = []
+    ThresholdProber.calls, ThresholdProber.ACCUMULATORS = [], 0
     return ThresholdProber
 
 
@@ -433,7 +436,17 @@ def test_a_batch_that_fits_costs_one_probe(gpu_seam):
     x, y = data(4096)
     p = kerascale.plan(regression_model("sgd"), x, y, batch_size=256, verbose=0)
     assert (p.micro_batch_size, p.accumulation_steps) == (256, 1)
-    assert gpu_seam.calls == [(256, 2)]  # probed with accumulator memory
+    assert gpu_seam.calls == [(256, 1)]  # alone: it needs no accumulators
+
+
+def test_a_batch_that_fits_only_without_accumulators_is_not_split(gpu_seam):
+    """256 fits in one pass, but not beside accumulators: it needs none, so
+    it trains unsplit (it was split into 2 x 128 before)."""
+    gpu_seam.T, gpu_seam.ACCUMULATORS = 300, 100
+    x, y = data(4096)
+    p = kerascale.plan(regression_model("sgd"), x, y, batch_size=256, verbose=0)
+    assert (p.micro_batch_size, p.accumulation_steps) == (256, 1)
+    assert gpu_seam.calls == [(256, 1)]
 
 
 def test_a_batch_that_does_not_fit_is_accumulated(gpu_seam):
@@ -449,8 +462,9 @@ def test_a_batch_that_does_not_fit_is_accumulated(gpu_seam):
         1024,
     )
     assert "measured bound" in p.reasons["accumulation_steps"]
-    assert gpu_seam.calls[0] == (1024, 2)
-    assert all(k == 2 for _, k in gpu_seam.calls)
+    assert gpu_seam.calls[0] == (1024, 1)  # alone, once: it does not fit
+    assert all(k == 2 for _, k in gpu_seam.calls[1:])  # the split's bound
+    assert (1024, 2) not in gpu_seam.calls  # not probed again
     # Cached: a second plan probes nothing.
     gpu_seam.calls.clear()
     again = kerascale.plan(model, x, y, batch_size=1024, verbose=0)

@@ -255,7 +255,7 @@ def run_search(
             flush=True,
         )
     args = dict(mode=mode, cap=cap, hw=hw, first=first, verbose=verbose)
-    found, why_isolate, isolated = _found(
+    found, why_isolate, isolated = _found_checked(
         model, spec, options, instance, args, (isolate, why_isolate),
         (in_children, here),
     )  # fmt: skip
@@ -311,6 +311,40 @@ def _key(model, spec, hw, options, **parts) -> str:
             **parts,
         }
     )
+
+
+def _found_checked(
+    model: Any,
+    spec: ProbeSpec,
+    options: SearchOptions,
+    instance: Any,
+    args: dict,
+    isolation: tuple[bool, str],
+    memories: tuple[_Memory, _Memory],
+) -> tuple[BatchSearchResult, str, bool]:
+    """`_found`; for the check of a requested batch (probed `first`, capped
+    there, with accumulators for the split it may need), the batch probed
+    alone first, once: a batch that fits in one pass needs no split, so no
+    accumulators. Only where it does not is the largest micro-batch searched
+    with them, not starting at the batch that just failed."""
+    first = args["first"]
+    if first is None or first < args["cap"] or spec.accumulation_steps < 2:
+        return _found(model, spec, options, instance, args, isolation, memories)
+    alone = dataclasses.replace(spec, accumulation_steps=1)
+    once = dataclasses.replace(options, max_trials=1)
+    try:
+        found = _found(model, alone, once, instance, args, isolation, memories)
+    except BatchSizeSearchError as e:
+        if not e.out_of_memory:
+            raise
+    else:
+        if found[0].per_replica_batch_size >= first:
+            why = "it fits in one pass: no split, so no accumulators held"
+            result = found[0]
+            reasons = {**result.reasons, "accumulation": why}
+            return (dataclasses.replace(result, reasons=reasons), *found[1:])
+    args = {**args, "first": None}
+    return _found(model, spec, options, instance, args, isolation, memories)
 
 
 def _found(
