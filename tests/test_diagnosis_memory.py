@@ -57,13 +57,12 @@ def test_memory_bound_workload_with_a_real_memory_limit():
         batch_size=2048,
         memory_limit=limit,
         precision="float32",
+        # Weighing recomputation would add a search's probes (about 40 s of
+        # test time): tests/test_recompute.py and tests_jax/test_remat.py test it.
+        recompute=False,
     )
     assert d.bound == "memory"
     assert d.plan.accumulation_steps > 1 or d.memory_headroom < 0.10
     assert any("accumulation" in r.action for r in d.recommendations)
     assert d.to_dict()["bound"] == "memory"
-    if d.plan.accumulation_steps > 1:  # split: recomputation was weighed, for real
-        first = d.recommendations[0]
-        assert "recompute" in first.action or "recomputation" in first.action
-        assert "per replica fit in one pass with it" in first.why, first.why
-        assert d.plan.reasons["recompute"].startswith(("not used", "activations"))
+    assert d.plan.reasons["recompute"] == "recompute=False you passed"

@@ -82,7 +82,8 @@ def main(mode, name, policy, value):
         start = time.perf_counter()
         # cache=False: each run measures (a cached answer would time nothing).
         r = kerascale.find_batch_size(model, x, y, memory_limit=int(value),
-                                      precision=policy, cache=False)  # fmt: skip
+                                      precision=policy, cache=False,
+                                      recompute=False)  # fmt: skip
         print(json.dumps({
             "batch": r.per_replica_batch_size,
             "fits": r.largest_fitting,

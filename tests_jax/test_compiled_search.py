@@ -141,7 +141,9 @@ def test_find_batch_size_on_jax_fits_the_limit_by_xla_count_and_trains():
     before = [w.copy() for w in model.get_weights()]
     # isolate=False: no confirming step in a child (the truth tests below
     # run one); the compiled figures alone.
-    result = kerascale.find_batch_size(model, x, y, memory_limit="1GiB", isolate=False)
+    result = kerascale.find_batch_size(
+        model, x, y, memory_limit="1GiB", isolate=False, recompute=False
+    )
     assert len(result.probes) <= compiled.MAX_COMPILES
     assert result.replicas == devices()
     fits = [p for p in result.probes if p.outcome == "ok"]
@@ -301,13 +303,12 @@ def test_a_searched_batch_that_runs_out_at_the_first_step_is_stepped_down(
 def test_a_second_search_reads_the_cache():
     x = np.zeros((20_000, 256), "float32")
     y = np.zeros(20_000, "int32")
-    first = kerascale.find_batch_size(_mlp(), x, y, memory_limit="1GiB", isolate=False)
-    again = kerascale.find_batch_size(_mlp(), x, y, memory_limit="1GiB", isolate=False)
+    once = dict(memory_limit="1GiB", isolate=False, recompute=False)
+    first = kerascale.find_batch_size(_mlp(), x, y, **once)
+    again = kerascale.find_batch_size(_mlp(), x, y, **once)
     assert not first.cached and again.cached
     assert again.batch_size == first.batch_size
-    fresh = kerascale.find_batch_size(
-        _mlp(), x, y, memory_limit="1GiB", isolate=False, force=True
-    )
+    fresh = kerascale.find_batch_size(_mlp(), x, y, force=True, **once)
     assert not fresh.cached
 
 
