@@ -7,10 +7,9 @@ import json
 import random
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
+import children
 import keras
 import numpy as np
 import pytest
@@ -21,52 +20,19 @@ from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import CheckpointError
 
-CHILD = Path(__file__).with_name("backup_child.py")
+CHILD = children.TrainingChild(Path(__file__).with_name("backup_child.py"))
 STEPS_PER_EPOCH = 20  # 320 samples, batch 16
 EPOCHS = 4
 
 
-def child_cmd(directory, out, *extra):
-    return [sys.executable, str(CHILD), str(directory), str(out), *extra]
-
-
 def run_child(directory, out, *extra, timeout=240):
-    command = child_cmd(directory, out, *extra)
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = CHILD.run(directory, out, *extra, timeout=timeout)
     assert "tensorflow imported: False" in result.stdout
     return result
 
 
-def run_and_kill(directory, out, kill_after_step, *extra, sig=signal.SIGKILL):
-    """Starts the child, waits until it reports `kill_after_step`, sleeps a
-    random fraction of a step and sends `sig`. Returns (returncode, the last
-    step the child reported)."""
-    proc = subprocess.Popen(
-        child_cmd(directory, out, "--step-sleep", "0.01", *extra),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    seen, sent = 0, False
-    try:
-        for line in proc.stdout:
-            if line.startswith("step"):
-                seen = int(line.split()[1])
-                if seen >= kill_after_step and not sent:
-                    time.sleep(random.uniform(0, 0.02))
-                    proc.send_signal(sig)
-                    sent = True
-        return proc.wait(timeout=120), seen
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def load(out):
-    with np.load(out) as f:
-        return {k: f[k] for k in f.files}
+child_cmd, run_and_kill = CHILD.command, CHILD.run_and_kill
+load = children.load_npz
 
 
 def assert_same_run(resumed, reference):
