@@ -1,6 +1,8 @@
 """Gradient accumulation: the split, the effective-batch contract, schedules
 counted per update, learning-rate scaling, the partial window, BatchNorm."""
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -468,7 +470,15 @@ def test_a_batch_that_does_not_fit_is_accumulated(gpu_seam):
     # Cached: a second plan probes nothing.
     gpu_seam.calls.clear()
     again = kerascale.plan(model, x, y, batch_size=1024, verbose=0)
-    assert gpu_seam.calls == [] and again == p
+    assert gpu_seam.calls == []
+    # The same plan; only the recompute reason's timing of this run may move
+    # (the weighing is not worth it here, and it says so with its estimate).
+    assert all("not weighed" in plan.reasons["recompute"] for plan in (p, again))
+    assert untimed(again) == untimed(p)
+
+
+def untimed(plan):
+    return dataclasses.replace(plan, reasons={**plan.reasons, "recompute": ""})
 
 
 def test_no_check_on_a_cpu_without_memory_limit(monkeypatch):
