@@ -36,6 +36,26 @@ def no_budget(monkeypatch):
     monkeypatch.setattr(budget, "BUDGET_SHARE", float("inf"))
 
 
+@pytest.fixture
+def bf16_cpu(monkeypatch):
+    """This machine, as a CPU with native bf16 (the hardware seam): for tests
+    of what kerascale does once it has chosen or been given mixed_bfloat16,
+    which must not depend on the CPU CI happens to run on (TensorFlow runs
+    bf16 on any CPU, emulated where the CPU lacks the instructions)."""
+    import dataclasses
+
+    from kerascale.sense import hardware
+
+    real = hardware.detect_hardware
+
+    def detect(*, nvml=True):
+        found = real(nvml=nvml)
+        cpu = dataclasses.replace(found.cpu, bf16=True, bf16_flags=("amx_bf16",))
+        return dataclasses.replace(found, cpu=cpu)
+
+    monkeypatch.setattr(hardware, "detect_hardware", detect)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_keras():
     """A clean Keras session, a fixed seed and the float32 policy per test."""

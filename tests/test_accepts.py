@@ -423,7 +423,9 @@ def test_a_second_fit_with_the_same_plan_reuses_what_keras_traced():
     assert fit() is not first
 
 
-def test_a_dict_output_model_with_a_raw_op_trains_and_keeps_keras_errors():
+def test_a_dict_output_model_with_a_raw_op_trains_and_keeps_keras_errors(
+    bf16_cpu,
+):
     def make():
         inputs = keras.Input((4,), name="x")
         hidden = keras.layers.Dense(8)(inputs)

@@ -79,7 +79,7 @@ def test_a_gan_with_its_own_train_step_trains_as_it_is():
     }  # put back
 
 
-def test_a_choice_that_fails_at_the_first_step_is_tried_again_plain():
+def test_a_choice_that_fails_at_the_first_step_is_tried_again_plain(bf16_cpu):
     """A PyDataset gets no precision trial: mixed_bfloat16 reaches the real
     run, fails at its first step, and the run goes on in float32."""
     model, x, y, _ = make("noisy")
@@ -98,7 +98,7 @@ def test_a_choice_that_fails_at_the_first_step_is_tried_again_plain():
         )
 
 
-def test_a_failing_search_probe_is_tried_again_in_float32(no_budget):
+def test_a_failing_search_probe_is_tried_again_in_float32(no_budget, bf16_cpu):
     model, x, y, _ = make("noisy")
     history = kerascale.fit(model, x, y, epochs=1, verbose=0)
     why = history.plan.reasons["precision"]
