@@ -68,6 +68,59 @@ def test_nothing_fits():
     assert fits == 0 and fails == min(c.batch for c in seen)
 
 
+def _confirming(monkeypatch, takes):
+    """A CPU's confirming real step through its seam (`confirm.real_need`):
+    a step at `batch` takes `takes(batch)` bytes. Returns the batches run."""
+    from kerascale.measure.jax import confirm
+
+    calls = []
+
+    def real_need(model, element, policy, batch, replicas=1, recompute=""):
+        calls.append(batch)
+        return int(takes(batch)), ""
+
+    monkeypatch.setattr(confirm, "real_need", real_need)
+    return calls
+
+
+def _confirmed(chosen=970, free=1.1e9, margin=0.03, ceiling=1099):
+    """XLA counts 100 MB + 1 MB a sample: 1000 fits in 1.1 GB, 1100 not."""
+    import types
+
+    from kerascale.measure.jax import search
+
+    seen = [compiled.Compiled(b, int(100e6 + 1e6 * b), 0.0) for b in (32, 1000, 1100)]
+    plan = types.SimpleNamespace(precision="float32", replicas=1, recompute="")
+    return search._confirmed(None, None, plan, chosen, seen, (free, margin, ceiling))
+
+
+def test_a_real_step_that_takes_less_than_xla_counts_steps_up_within_the_bracket(
+    monkeypatch,
+):
+    calls = _confirming(monkeypatch, lambda b: 0.85 * (100e6 + 1e6 * b))
+    batch, said = _confirmed()
+    # In proportion 1138 would fit, but XLA's bracket stops at 1099; the
+    # step there is run too, and fits.
+    assert (batch, calls) == (1099, [970, 1099]), said
+    assert "stepped up to 1099" in said
+
+
+def test_a_step_up_that_does_not_fit_goes_back_to_the_batch_that_did(monkeypatch):
+    calls = _confirming(monkeypatch, lambda b: 0.8e9 if b < 1050 else 1.2e9)
+    batch, said = _confirmed()
+    assert (batch, calls) == (970, [970, 1099]), said
+    assert "back to 970" in said
+
+
+def test_a_real_step_over_the_room_steps_down_and_a_close_one_stays(monkeypatch):
+    calls = _confirming(monkeypatch, lambda b: 1.2 * (100e6 + 1e6 * b))
+    batch, said = _confirmed()
+    assert calls[0] == 970 and batch <= calls[1] < 970 and "stepped down" in said
+    # Within STEP_UP of the room: no second step.
+    calls = _confirming(monkeypatch, lambda b: 0.99 * (100e6 + 1e6 * b))
+    assert _confirmed()[0] == 970 and calls == [970]
+
+
 def _mlp():
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
