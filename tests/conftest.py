@@ -1,3 +1,4 @@
+import gc
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -56,13 +57,19 @@ def bf16_cpu(monkeypatch):
     monkeypatch.setattr(hardware, "detect_hardware", detect)
 
 
+def pytest_collection_finish(session):
+    """What the imports made (TensorFlow's, Keras's, JAX's modules) is moved
+    out of the garbage collector's sight once the tests are collected, so
+    that the full collection `clear_session` runs before each test walks
+    only what tests made: 1 ms instead of 0.3-0.5 s a test."""
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_keras():
     """A clean Keras session, a fixed seed and the float32 policy per test."""
-    # Without Keras's full garbage collection (0.3-0.5 s a test once
-    # TensorFlow is loaded: minutes over the suite); Python's own
-    # collector still runs.
-    keras.backend.clear_session(free_memory=False)
+    keras.backend.clear_session()
     keras.config.set_dtype_policy("float32")
     keras.utils.set_random_seed(1234)
     yield

@@ -3,6 +3,7 @@ and no TensorFlow (README, "Development"), on 1 and on 2 forced host devices
 (`XLA_FLAGS=--xla_force_host_platform_device_count=2`).
 """
 
+import gc
 import os
 
 os.environ["KERAS_BACKEND"] = "jax"
@@ -20,13 +21,19 @@ def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KERASCALE_CACHE_DIR", str(tmp_path / "kerascale-cache"))
 
 
+def pytest_collection_finish(session):
+    """What the imports made (TensorFlow's, Keras's, JAX's modules) is moved
+    out of the garbage collector's sight once the tests are collected, so
+    that the full collection `clear_session` runs before each test walks
+    only what tests made: 1 ms instead of 0.3-0.5 s a test."""
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_keras():
     """A clean Keras session, a fixed seed, float32 and no distribution."""
-    # Without Keras's full garbage collection (0.3-0.5 s a test once
-    # TensorFlow is loaded: minutes over the suite); Python's own
-    # collector still runs.
-    keras.backend.clear_session(free_memory=False)
+    keras.backend.clear_session()
     keras.config.set_dtype_policy("float32")
     keras.distribution.set_distribution(None)
     keras.utils.set_random_seed(1234)
