@@ -8,8 +8,9 @@ recomputation set in place by kerascale (`kerascale.apply.remat`).
 Prints JSON: the peak resident memory (VmHWM: what a container's limit and
 the OOM killer count) and the median seconds of a step after the first two.
 With "plan": what `kerascale.plan` decides for `batch_size=BATCH` under
-`memory_limit=LIMIT` (bytes), float32: the recomputation weighed against
-accumulation, with its figures and the seconds planning took.
+`memory_limit=LIMIT` (bytes), float32, for a run of 1,000 epochs: the
+recomputation weighed against accumulation, with its figures and the seconds
+planning took.
 The backend is KERAS_BACKEND's.
 """
 
@@ -68,9 +69,11 @@ def plan(batch, limit):
     x = rng.normal(size=(n, FEATURES)).astype("float32")
     y = rng.integers(0, 10, n)
     start = time.perf_counter()
+    # A long run (1,000 epochs): the weighing runs only where the run repays
+    # it 10x (the trials' budget); a 1-epoch plan says "not weighed".
     p = kerascale.plan(
         build(), x, y, batch_size=int(batch), memory_limit=int(limit),
-        precision="float32", remeasure=True, verbose=0,
+        precision="float32", remeasure=True, verbose=0, epochs=1000,
     )  # fmt: skip
     print(json.dumps({
         "batch_size": int(batch), "recompute": p.recompute,
