@@ -1,0 +1,13 @@
+"""A pytest hook that both test suites' conftests import (tests/ with
+TensorFlow, tests_jax/ without it)."""
+
+import gc
+
+
+def pytest_collection_finish(session):
+    """What the imports made (TensorFlow's, Keras's, JAX's modules) is moved
+    out of the garbage collector's sight once the tests are collected, so
+    that the full collection `clear_session` runs before each test walks
+    only what tests made: 1 ms instead of 0.3-0.5 s a test."""
+    gc.collect()
+    gc.freeze()
