@@ -5,7 +5,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import numpy as np
 import pytest
-from gc_freeze import pytest_collection_finish  # noqa: F401 (a hook)
 
 from kerascale.sense.hardware import CPUInfo, GPUInfo, Hardware
 

@@ -11,7 +11,6 @@ import jax
 import keras
 import numpy as np
 import pytest
-from gc_freeze import pytest_collection_finish  # noqa: F401 (a hook)
 
 assert keras.backend.backend() == "jax", "tests_jax must run on the JAX backend"
 

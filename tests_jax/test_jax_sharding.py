@@ -160,10 +160,9 @@ def test_a_sharded_checkpoint_resumes_on_another_mesh_and_on_one_device(tmp_path
     for a, b in zip(resumed.get_weights(), straight.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     # and on one device, in a process of its own: the checkpoint of epoch 3
-    here = Path(__file__).resolve().parent  # conftest imports from tests_common
     child = f"""
 import os, sys, json
-sys.path[:0] = {[str(here), str(here.parent / "tests_common")]!r}  # as pytest's
+sys.path.insert(0, {str(Path(__file__).parent)!r})
 import numpy as np, kerascale
 from test_jax_sharding import large_model, data
 x, y = data()

@@ -1,5 +1,6 @@
-"""A pytest hook that both test suites' conftests import (tests/ with
-TensorFlow, tests_jax/ without it)."""
+"""The repository's root conftest: pytest loads it for both test suites
+(tests/ with TensorFlow, tests_jax/ without it), as the parent of each. It
+imports nothing heavy, and no test module or child process imports it."""
 
 import gc
 
