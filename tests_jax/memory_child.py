@@ -4,6 +4,10 @@ tests_jax/test_compiled_search.py and benchmarks/jax_batch_search.py).
     python memory_child.py search MODEL POLICY LIMIT_BYTES
         kerascale.find_batch_size under memory_limit=LIMIT: prints JSON with
         the batch found, the bracket, the compiles and their seconds.
+    python memory_child.py search-then-step MODEL POLICY LIMIT_BYTES
+        the same search, then one real step at the batch found in this same
+        process (as fit trains after planning): adds its peak resident
+        memory (VmHWM) to the JSON as "peak".
     python memory_child.py step MODEL POLICY BATCH
         one real training step at BATCH (Keras's own train_on_batch, the
         policy set as kerascale sets it: in place), then prints JSON with the
@@ -72,31 +76,48 @@ def main(mode, name, policy, value):
     import jax
 
     import kerascale
-    from kerascale.apply import precision
 
     replicas = len(jax.devices())
     if replicas > 1 and mode == "step":  # the search plans DataParallel itself
         keras.distribution.set_distribution(keras.distribution.DataParallel())
     model, x, y = build(name)
-    if mode == "search":
+    if mode in ("search", "search-then-step"):
         start = time.perf_counter()
         # cache=False: each run measures (a cached answer would time nothing).
         r = kerascale.find_batch_size(model, x, y, memory_limit=int(value),
                                       precision=policy, cache=False,
                                       recompute=False)  # fmt: skip
-        print(json.dumps({
+        answer = {
             "batch": r.per_replica_batch_size,
             "fits": r.largest_fitting,
             "fails": r.smallest_failing,
             "compiles": len(r.probes),
             "compile_seconds": sum(p.seconds for p in r.probes),
             "seconds": time.perf_counter() - start,
-        }))  # fmt: skip
+            "why": r.reasons["batch_size"],
+        }
+        if mode == "search-then-step":
+            from kerascale.sense import memory
+
+            memory.release_freed()  # as fit does before it trains
+            answer["peak"] = step(model, x, y, policy, r.per_replica_batch_size)
+        print(json.dumps(answer))
         return
     batch = int(value)
+    print(json.dumps({"batch": batch, "peak": step(model, x, y, policy, batch)}))
+
+
+def step(model, x, y, policy, batch):
+    """One real step at per-replica `batch`, `policy` set in place as
+    kerascale sets it; the process's peak resident memory."""
+    import jax
+
+    from kerascale.apply import precision
+
+    replicas = len(jax.devices())
     precision.apply(model, policy)
     model.train_on_batch(x[: batch * replicas], y[: batch * replicas])
-    print(json.dumps({"batch": batch, "peak": peak_resident()}))
+    return peak_resident()
 
 
 if __name__ == "__main__":

@@ -105,10 +105,11 @@ def run_search(
             trained, element, dist, plan.replicas, host=host, held_batches=held
         )
         # Read after the step's state is built (the optimizer's slots) and a
-        # first compile (the compiler's own memory, which a CPU process keeps):
-        # what is held then stays held while training.
+        # first compile (the compiled program, held while training), less
+        # the heap the compiler freed, which a CPU process would keep.
         need = reported(step.need)
         first_compile = need(max(1, min(start, cap)))
+        memory.release_freed()
         alone = _free(hw, options, step)
         free, why_free = _less_accumulators(
             *alone, step, trained, accumulation_steps, host
@@ -126,6 +127,10 @@ def run_search(
     )  # fmt: skip
     if options.cache:
         cache.cache_write(KIND, key, found.to_dict())
+    # The search's compiles (and the model saved for the confirming child)
+    # leave garbage and freed heap: training in this process must start
+    # from what the budget above was read against.
+    memory.release_freed()
     return found
 
 
@@ -246,7 +251,9 @@ def _confirmed(
     fit, or the cap).
 
     A proportional step is conservative both ways: a step's constant part
-    makes it too small going down and short of the room going up."""
+    makes it too small going down and short of the room going up. The first
+    step down also aims `margin` below the room: the step that showed XLA's
+    count short is the only figure there is, and it varies."""
     free, margin, ceiling = limit
     room = free * (1 - margin)  # the margin against the real figure too
     best = max((c for c in seen if c.need_bytes <= free), key=lambda c: c.batch)
@@ -275,7 +282,12 @@ def _confirmed(
                 return chosen, "; ".join(["", *said])
             fitted, moved = chosen, f"stepped up to {upper}"
         else:
-            upper, moved = proportional, f"stepped down to {proportional}"
+            # XLA's count fell short: the real figure rules, and it is noisy
+            # (two steps of a CNN at one batch took 2% apart), so the first
+            # step down aims a margin below the room, not at it; a second
+            # (the first's step over the room, by the noise) aims at it.
+            upper = max(1, math.floor(proportional * (1 - margin * (not attempt))))
+            moved = f"stepped down to {upper}"
         said[-1] += f": {moved}"
         predicted, chosen = predicted * upper / chosen, upper
     return chosen, "; ".join(["", *said])

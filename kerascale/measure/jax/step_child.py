@@ -69,6 +69,9 @@ def main(
 
     model.train_on_batch(*zeros(spec, n))
     small = zeros(spec, int(batch) * n)
+    # The parent's budget is read with its freed heap released: so is this
+    # baseline, or the step would reuse the first step's freed pages unseen.
+    memory.release_freed()
     before = memory.resident_bytes()
     if not memory.reset_resident_peak():
         raise SystemExit("cannot reset the resident peak here")
