@@ -11,7 +11,9 @@ like memory running out).
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Any
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -60,20 +62,28 @@ def release_freed() -> bool:
     the batch found then went over the limit in that process. False where
     this C library has no `malloc_trim` (macOS, musl): only the garbage is
     freed."""
-    import ctypes
-    import ctypes.util
     import gc
 
     gc.collect()
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
+    trim = _malloc_trim()
+    if trim is None:
         return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
     return True
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's `malloc_trim`, found among the symbols this process has
+    loaded (no search of the library path, no subprocess), or None."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
 
 
 def reset_resident_peak() -> bool:

@@ -109,7 +109,8 @@ def run_search(
         # the heap the compiler freed, which a CPU process would keep.
         need = reported(step.need)
         first_compile = need(max(1, min(start, cap)))
-        memory.release_freed()
+        if host:
+            memory.release_freed()
         alone = _free(hw, options, step)
         free, why_free = _less_accumulators(
             *alone, step, trained, accumulation_steps, host
@@ -130,7 +131,8 @@ def run_search(
     # The search's compiles (and the model saved for the confirming child)
     # leave garbage and freed heap: training in this process must start
     # from what the budget above was read against.
-    memory.release_freed()
+    if host:
+        memory.release_freed()
     return found
 
 
