@@ -34,7 +34,7 @@ from kerascale.measure.probe import is_oom_exception
 from kerascale.plan.options import Options, pin, plain, smaller_batch
 from kerascale.plan.plan import Plan
 from kerascale.sense import backend as backend_lib
-from kerascale.sense import data_facts, memory
+from kerascale.sense import data_facts
 from kerascale.sense import hardware as hardware_lib
 from kerascale.sense.model_facts import gist, is_builder
 
@@ -160,9 +160,6 @@ def _train(deciding: _Deciding, decided: Decided) -> keras.callbacks.History:
             print(plan.describe(warnings=False), flush=True)
         for w in plan.warnings:
             warn(w)
-        # Planning's compiles, probes and trials leave garbage and freed
-        # heap in this process: training's memory was planned without them.
-        memory.release_freed()
         history = session_lib.train(prepared, verbose=request.options.verbose)
     if not is_builder(model):
         history.set_model(model)

@@ -87,11 +87,11 @@ def _confirmed(chosen=970, free=1.1e9, margin=0.03, ceiling=1099):
     """XLA counts 100 MB + 1 MB a sample: 1000 fits in 1.1 GB, 1100 not."""
     import types
 
-    from kerascale.measure.jax import search
+    from kerascale.measure.jax import confirm
 
     seen = [compiled.Compiled(b, int(100e6 + 1e6 * b), 0.0) for b in (32, 1000, 1100)]
     plan = types.SimpleNamespace(precision="float32", replicas=1, recompute="")
-    return search._confirmed(None, None, plan, chosen, seen, (free, margin, ceiling))
+    return confirm.confirmed(None, None, plan, chosen, seen, (free, margin, ceiling))
 
 
 def test_a_real_step_that_takes_less_than_xla_counts_steps_up_within_the_bracket(

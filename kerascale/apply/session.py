@@ -47,7 +47,7 @@ from kerascale.apply.jax import shard
 from kerascale.apply.tensorflow import cluster
 from kerascale.errors import ConfigurationError, warn
 from kerascale.sense import backend as backend_lib
-from kerascale.sense import data_facts
+from kerascale.sense import data_facts, memory
 from kerascale.sense.model_facts import borrow_problem, gist, is_builder
 
 logger = logging.getLogger("kerascale")
@@ -403,6 +403,9 @@ def train(prepared: Prepared, *, verbose: Any) -> keras.callbacks.History:
     restore = None
     if prepared.decided.search is not None:
         restore = strategy_lib.keep_state(prepared.plan, prepared.model)
+    # Planning's compiles, probes and trials leave garbage and freed heap in
+    # this process: training's memory was planned without them.
+    memory.release_freed()
     with warnings.catch_warnings():
         if prepared.quiet_end_of_data:
             warnings.filterwarnings("ignore", "Your input ran out of data")

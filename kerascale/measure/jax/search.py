@@ -40,11 +40,6 @@ START = 32
 # Batches from ROUND_FROM up are rounded down to a multiple of ROUND_TO
 # (tensor cores and vector units work in such tiles).
 ROUND_FROM, ROUND_TO = 512, 8
-# On a CPU, the confirming real step moves the answer up (within XLA's
-# bracket) only where it has room for at least this much more: XLA's count
-# can exceed what a step really takes (an MLP in bf16 on a CPU without
-# AVX-512), and the 3% margin then lands below 0.9 of the truth.
-STEP_UP = 0.05
 
 
 def run_search(
@@ -96,6 +91,35 @@ def run_search(
     cached = _cached(key, options)
     if cached is not None:
         return cached
+    searched, free = _compiled(
+        model, element, plan, (hw, options, host), instance,
+        (start, cap, held, accumulation_steps, timed),
+    )  # fmt: skip
+    found = _answer(model, element, plan, options, host, searched, free, (cap, why_cap))
+    if options.cache:
+        cache.cache_write(KIND, key, found.to_dict())
+    # The search's compiles (and the model saved for the confirming child)
+    # leave garbage and freed heap: training in this process must start
+    # from what the budget above was read against.
+    if host:
+        memory.release_freed()
+    return found
+
+
+def _compiled(
+    model: Any,
+    element: Any,
+    plan: Any,
+    where: tuple[Any, batch_lib.SearchOptions, bool],
+    instance: Any,
+    asked: tuple[int, int, int, int | None, bool],
+) -> tuple[tuple[int, int | None, list[compiled.Compiled]], tuple[int, str]]:
+    """The compiles of `run_search`, in a session that puts everything back:
+    ((fits, fails, the compiles), (the bytes free, why)). `where`: (hw,
+    options, whether the host's memory is the budget); `asked`: (the first
+    batch, the cap, the batches read ahead, the accumulation steps, timed)."""
+    hw, options, host = where
+    start, cap, held, accumulation_steps, timed = asked
     with Session() as session:
         # model_for sets the run's distribution, and JAX's compilation cache
         # with it (`apply.jax.distribution.activated`): training finds there
@@ -122,18 +146,7 @@ def run_search(
         )
         if timed and options.mode != "ladder":
             seen = _timed(step, trained, fits, seen, (hw, options, host))
-    found = _answer(
-        model, element, plan, options, host, (fits, fails, seen), (free, why_free),
-        (cap, why_cap),
-    )  # fmt: skip
-    if options.cache:
-        cache.cache_write(KIND, key, found.to_dict())
-    # The search's compiles (and the model saved for the confirming child)
-    # leave garbage and freed heap: training in this process must start
-    # from what the budget above was read against.
-    if host:
-        memory.release_freed()
-    return found
+    return (fits, fails, seen), (free, why_free)
 
 
 def _answer(
@@ -167,7 +180,7 @@ def _answer(
         # Up to XLA's bracket: the batch its count showed not to fit is the
         # smallest failing one the result reports.
         ceiling = min(cap, fails - 1) if fails is not None else chosen
-        chosen, confirmed = _confirmed(
+        chosen, confirmed = confirm.confirmed(
             model, element, plan, chosen, seen, (free, options.margin, ceiling)
         )
         granularity = ROUND_TO if chosen >= ROUND_FROM else 1
@@ -233,66 +246,6 @@ def _confirmable(plan: Any) -> bool:
     the user's). Another distribution of the user's (a `ModelParallel`'s
     layouts) is not rebuilt in a child, so not confirmed."""
     return plan.replicas == 1 or plan.strategy in ("data_parallel", "DataParallel")
-
-
-def _confirmed(
-    model: Any,
-    element: Any,
-    plan: Any,
-    chosen: int,
-    seen: list[compiled.Compiled],
-    limit: tuple[int, float, int],
-) -> tuple[int, str]:
-    """On a CPU: `chosen` checked by a real step in a child process
-    (`confirm`), and moved by what the step really took, in proportion: down
-    where it would not fit (once more checked), up where it took at least
-    `STEP_UP` less than there is room for (checked too, and given up for
-    `chosen` where it does not fit); the batch and what the checks said.
-    `limit`: (the bytes free, the margin kept below them, the largest batch
-    it may step up to: below the smallest that XLA's count showed not to
-    fit, or the cap).
-
-    A proportional step is conservative both ways: a step's constant part
-    makes it too small going down and short of the room going up. The first
-    step down also aims `margin` below the room: the step that showed XLA's
-    count short is the only figure there is, and it varies."""
-    free, margin, ceiling = limit
-    room = free * (1 - margin)  # the margin against the real figure too
-    best = max((c for c in seen if c.need_bytes <= free), key=lambda c: c.batch)
-    predicted = best.need_bytes * chosen / best.batch
-    said: list[str] = []
-    fitted = None  # the largest batch a real step showed to fit
-    for attempt in range(2):
-        real, why = confirm.real_need(
-            model, element, plan.precision, chosen, plan.replicas,
-            getattr(plan, "recompute", ""),
-        )  # fmt: skip
-        if real is None:
-            said.append(f"not confirmed by a real step: {why}")
-            return fitted or chosen, "; ".join(["", *said])
-        said.append(
-            f"a real step at {chosen} took {format_bytes(real)} "
-            f"({real / max(1.0, predicted):.2f}x XLA's count)"
-        )
-        proportional = max(1, math.floor(chosen * room / real))
-        if real > room and fitted is not None:
-            said[-1] += f": back to {fitted}"
-            return fitted, "; ".join(["", *said])
-        if real <= room:
-            upper = min(ceiling, proportional)
-            if attempt or upper < chosen * (1 + STEP_UP):
-                return chosen, "; ".join(["", *said])
-            fitted, moved = chosen, f"stepped up to {upper}"
-        else:
-            # XLA's count fell short: the real figure rules, and it is noisy
-            # (two steps of a CNN at one batch took 2% apart), so the first
-            # step down aims a margin below the room, not at it; a second
-            # (the first's step over the room, by the noise) aims at it.
-            upper = max(1, math.floor(proportional * (1 - margin * (not attempt))))
-            moved = f"stepped down to {upper}"
-        said[-1] += f": {moved}"
-        predicted, chosen = predicted * upper / chosen, upper
-    return chosen, "; ".join(["", *said])
 
 
 def _result(
