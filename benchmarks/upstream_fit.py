@@ -47,8 +47,24 @@ FILES = (
     "callbacks/reduce_lr_on_plateau_test.py",
     "callbacks/swap_ema_weights_test.py",
     "callbacks/terminate_on_nan_test.py",
-    "backend/tensorflow/distribute_test.py",
 )
+# Each backend's own trainer and distribution tests; on JAX also the
+# optimizer tests that train through fit (gradient accumulation).
+BACKEND_FILES = {
+    "tensorflow": ("backend/tensorflow/distribute_test.py",),
+    "jax": (
+        "backend/jax/trainer_test.py",
+        "backend/jax/distribution_lib_test.py",
+        "distribution/distribution_lib_test.py",
+        "optimizers/optimizer_test.py",
+        "optimizers/adam_test.py",
+        "optimizers/lion_test.py",
+        "optimizers/multi_optimizer_test.py",
+        "optimizers/muon_test.py",
+        "optimizers/schedule_free_adamw_test.py",
+        "optimizers/loss_scale_optimizer_test.py",
+    ),
+}
 
 
 def _keras_src() -> pathlib.Path:
@@ -57,22 +73,26 @@ def _keras_src() -> pathlib.Path:
     return pathlib.Path(keras.__file__).parent / "src"
 
 
-def run(files: list[pathlib.Path], routed: bool, options: str) -> dict[str, dict]:
+def run(
+    files: list[pathlib.Path], routed: bool, options: str, env: dict[str, str]
+) -> dict[str, dict]:
     """{"file_test::Class::test": {"outcome", "message", "seconds", "fit"}},
     one child pytest per file (a crash costs one file, and names are clear);
     "fit": whether the test called `fit`."""
     results = {}
     for path in files:
-        for name, r in _run_file(path, routed, options).items():
+        for name, r in _run_file(path, routed, options, env).items():
             results[f"{path.stem}::{name}"] = r
     return results
 
 
-def _run_file(path: pathlib.Path, routed: bool, options: str) -> dict[str, dict]:
+def _run_file(
+    path: pathlib.Path, routed: bool, options: str, backend_env: dict[str, str]
+) -> dict[str, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         report = pathlib.Path(tmp) / "report.xml"
         log = pathlib.Path(tmp) / "called.json"
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **backend_env)
         env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
         env["KERASCALE_CACHE_DIR"] = str(pathlib.Path(tmp) / "cache")
         env["KERASCALE_ROUTE_OPTIONS"] = options
@@ -115,12 +135,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--options", default="{}", help="kerascale options, JSON")
     parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--backend", choices=sorted(BACKEND_FILES), default="tensorflow")
+    parser.add_argument(
+        "--devices", type=int, default=1, help="JAX: forced host devices"
+    )
+    parser.add_argument("--only", action="append", help="a file under keras/src")
     args = parser.parse_args()
     src = _keras_src()
-    files = [src / f for f in FILES if (src / f).exists()]
+    names = args.only or [*FILES, *BACKEND_FILES[args.backend]]
+    files = [src / f for f in names if (src / f).exists()]
+    env = {"KERAS_BACKEND": args.backend}
+    if args.backend == "jax":
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
     start = time.perf_counter()
-    plain = run(files, False, args.options)
-    routed = run(files, True, args.options)
+    plain = run(files, False, args.options, env)
+    routed = run(files, True, args.options, env)
     elapsed = time.perf_counter() - start
     # The tests that call fit (seen at run time) and pass plainly.
     base = [t for t, r in plain.items() if r["outcome"] == "passed" and r["fit"]]
@@ -128,6 +157,8 @@ def main() -> None:
                if routed.get(t, {}).get("outcome") != "passed"}  # fmt: skip
     both = [t for t in base if t not in failing]
     summary = {
+        "backend": args.backend,
+        "devices": args.devices,
         "options": json.loads(args.options),
         "fit_tests_passing_plainly": len(base),
         "passing_routed": len(both),
@@ -138,9 +169,11 @@ def main() -> None:
     }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "upstream_fit.json").write_text(json.dumps(summary, indent=2))
+    stem = f"upstream_fit_{args.backend}_{args.devices}dev"
+    (out / f"{stem}.json").write_text(json.dumps(summary, indent=2))
     lines = [
-        f"Keras's fit tests through kerascale.fit (options {args.options}): "
+        f"Keras's fit tests through kerascale.fit on {args.backend}, "
+        f"{args.devices} device(s) (options {args.options}): "
         f"{len(both)} of {len(base)} pass; time over those "
         f"{summary['seconds_routed']} s routed vs {summary['seconds_plain']} s plain",
         "",
@@ -148,7 +181,7 @@ def main() -> None:
         "|---|---|",
         *(f"| `{t}` | {m.replace('|', '/')} |" for t, m in summary["failing"].items()),
     ]
-    (out / "upstream_fit.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -8,7 +8,7 @@ import logging
 from kerascale import callbacks, data
 from kerascale._version import __version__
 from kerascale.apply.accumulation import accumulate
-from kerascale.apply.tensorflow.cluster import connect as connect_cluster
+from kerascale.apply.strategy import connect_cluster
 from kerascale.diagnose import Diagnosis, diagnose
 from kerascale.errors import (
     BatchSizeSearchError,

@@ -27,6 +27,7 @@ from kerascale.apply import session as session_lib
 from kerascale.apply.tensorflow import cluster
 from kerascale.callbacks import for_fit
 from kerascale.callbacks._base import KerascaleCallback
+from kerascale.callbacks._input_source import InputSource
 from kerascale.errors import warn
 from kerascale.measure.batch import SearchOptions
 from kerascale.measure.decide import Decided, decide, validate_options, with_notes
@@ -155,7 +156,9 @@ def _train(deciding: _Deciding, decided: Decided) -> keras.callbacks.History:
             replan=lambda why: deciding.decide(not_rebuildable=why),
         )
         plan = prepared.plan
-        _install_callbacks(session, prepared, request.monitor, deciding.backup)
+        _install_callbacks(
+            session, prepared, request.monitor, deciding.backup, deciding.x
+        )
         if request.options.verbose != 0:
             print(plan.describe(warnings=False), flush=True)
         for w in plan.warnings:
@@ -230,7 +233,11 @@ def plan(
 
 
 def _install_callbacks(
-    session: session_lib.Session, prepared: Any, monitor: tuple, backup: Any
+    session: session_lib.Session,
+    prepared: Any,
+    monitor: tuple,
+    backup: Any,
+    x: Any,
 ) -> None:
     """Adds the callbacks `fit`'s arguments ask for, and gives the session
     every kerascale callback of the run to release on exit (Keras skips
@@ -238,6 +245,13 @@ def _install_callbacks(
     plan = prepared.plan
     if backup is not None:
         backup.plan = plan
+        backup.input_source = InputSource(x, host_iterated=plan.backend == "jax")
+
+        def forget(source: InputSource = backup.input_source) -> None:
+            source.release()
+            backup.input_source = None
+
+        session.undo("following the input across epochs", forget)
     callbacks = [
         *(prepared.fit_kwargs.get("callbacks") or []),
         *for_fit.for_fit(
@@ -399,13 +413,14 @@ class _Deciding:
             return None
         # The arguments that skip each attempt, as the user writes them.
         skip = {
+            "strategy": options.strategy,
             "precision": options.precision,
             "optimize_data": options.optimize_data,
             "recompute": False,
         }
         why = (
             f"{what} failed at the first training step ({type(error).__name__}: "
-            f"{gist(error)}): trained without. Pass "
+            f"{gist(error)}): training without them. Pass "
             + " and ".join(
                 f"{k}={v!r}"
                 for k, v in skip.items()
@@ -414,6 +429,8 @@ class _Deciding:
             + " to skip the attempt."
         )
         reasons = {}
+        if options.strategy != self.options.strategy:
+            reasons["strategy"] = why
         if options.precision != self.options.precision:
             reasons["precision"] = why
         if options.optimize_data != self.options.optimize_data:

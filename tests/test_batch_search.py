@@ -1,13 +1,17 @@
 import glob
+import json
 import os
 import random
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 from conftest import dense_model, toy_data
-from probe_helpers import Broken, Sleep, wide_mlp
+from probe_helpers import Broken, Sleep
 
 import kerascale
 from kerascale import _units
@@ -362,45 +366,39 @@ def test_model_bug_is_an_error_not_a_smaller_batch():
 REAL_LIMIT = 3 << 29
 
 
+def _user_process(*args):
+    """Runs tests/user_process_child.py; its JSON."""
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("user_process_child.py")),
+         *map(str, args)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def test_real_resident_memory_limit_in_child_processes():
     """A model whose activations dominate, under a real 1.5 GiB resident-memory
-    limit (what a container counts): the found batch trains, the bracket is
-    real, and the found batch is within 10% below the truth, which fresh
-    children with no limit at all confirm from their own peak resident
-    memory. (A small convnet under 2 GiB took twice as long: its probes'
-    steps, not its memory, were the cost.)"""
-    keras.utils.set_random_seed(0)
-    model = wide_mlp()
-    x = np.zeros((16384, 64), "float32")
-    y = np.zeros(16384, "int64")
+    limit (what a container counts). The truth is the user's process: a
+    script that holds its data as arrays and runs Keras's own `fit` on them
+    (which builds a dataset holding a copy). The search's answer, trained
+    there, stays under the limit; one 10% larger, in a fresh run of the same
+    script, does not. (A small convnet under 2 GiB took twice as long: its
+    probes' steps, not its memory, were the cost.)"""
     before_dirs = _probe_dirs()
-    r = kerascale.find_batch_size(
-        model,
-        x,
-        y,
-        memory_limit=REAL_LIMIT,
-        precision="float32",
-        verbose=0,
-        cache=False,
-        margin=0.03,
-        recompute=False,  # the bound without it is what this test checks
-    )
-    assert r.recompute_batch_size is None
-    assert r.reasons["isolate"] == "each probe in a child process"
-    assert r.reasons["memory"] == "resident memory (RSS) of child processes"
-    assert r.reasons["limit"] == "memory_limit you passed"
-    lo, hi = r.largest_fitting, r.smallest_failing
-    assert hi is not None and 0 < hi - lo <= max(r.granularity, 0.01 * lo)
-    assert 0.96 * lo <= r.batch_size <= 0.97 * lo  # the 3% margin
-    assert len(r.probes) <= 12
-    # The truth, from children that run with no limit and report their peak
-    # resident memory: the found batch fits, and one 10% larger does not.
-    spec = spec_for(x, y)  # no memory_limit
-    with child.IsolatedProber(model, spec) as prober:
-        fits = prober(r.batch_size)
-        beyond = prober(int(r.batch_size / 0.9) + 1)
-    assert fits.outcome == "ok" and fits.peak_bytes <= REAL_LIMIT
-    assert beyond.outcome == "ok" and beyond.peak_bytes > REAL_LIMIT
+    found = _user_process("search-then-fit", REAL_LIMIT)
+    reasons = found["reasons"]
+    assert reasons["isolate"] == "each probe in a child process"
+    assert reasons["memory"].startswith("resident memory (RSS) of child processes")
+    assert "what Keras's fit builds from the input" in reasons["memory"]
+    assert reasons["limit"] == "memory_limit you passed"
+    lo, hi = found["fits"], found["fails"]
+    assert hi is not None and 0 < hi - lo <= max(found["granularity"], 0.01 * lo)
+    assert 0.96 * lo <= found["batch"] <= 0.97 * lo  # the 3% margin
+    assert found["probes"] <= 12
+    assert found["peak"] <= REAL_LIMIT, found  # it trains where the user is
+    beyond = _user_process("fit", int(found["batch"] / 0.9) + 1)
+    assert beyond["peak"] > REAL_LIMIT, (found, beyond)
     assert _probe_dirs() == before_dirs
 
 

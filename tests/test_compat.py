@@ -35,7 +35,7 @@ def test_two_workers_train_like_one_process(tmp_path):
 def test_the_model_internals_kerascale_uses_still_do_what_it_relies_on():
     """Fails when Keras renames or changes them (see PRIVATE_NAMES; the JAX
     backend's, the last, are checked in tests_jax/test_compat_jax.py)."""
-    assert len(compat.PRIVATE_NAMES) == 18
+    assert len(compat.PRIVATE_NAMES) == 20
     x, y = np.zeros((8, 2), "float32"), np.zeros((8, 1), "float32")
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
@@ -269,3 +269,20 @@ def test_the_optimizer_internals_accumulation_uses_still_exist():
     # Under TensorFlow's default strategy Keras's own path is kept.
     compat.fix_distributed_accumulation(opt)
     assert "_backend_apply_gradients" not in opt.__dict__
+
+
+def test_read_like_fit_builds_what_keras_fit_builds_of_arrays():
+    """keras_compat section 6: Keras's data adapter for arrays; on TensorFlow
+    its dataset holds a copy of them (what the batch search counts in the
+    process where fit trains). Fails when Keras renames it."""
+    from kerascale.sense import memory
+
+    x = np.ones((4096, 16, 16, 3), "float32")  # 12 MiB
+    y = np.zeros((4096, 1), "float32")
+    memory.release_freed()
+    before = memory.resident_bytes()
+    adapter, _, held = compat.read_like_fit(x, y, 32, True, "tensorflow", 3)
+    grown = memory.resident_bytes() - before
+    assert len(held) == 2 and tuple(held[0][0].shape) == (32, 16, 16, 3)
+    assert grown > x.nbytes * 0.8, grown  # the copy Keras makes of them
+    del adapter, held

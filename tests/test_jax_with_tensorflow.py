@@ -54,3 +54,60 @@ def test_a_keras_hub_backbone_is_sharded_with_its_own_layout_map(tmp_path):
     assert found["expected"]  # the hub splits something here
     assert "GemmaBackbone.get_layout_map" in found["reason"]
     assert np.isfinite(found["loss"]).all()
+
+
+PROCESSES_CHILD = Path(__file__).parent.parent / "tests_jax" / "processes_child.py"
+
+
+def _free_ports(n):
+    import socket
+
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + n < 65536:
+            return port
+
+
+@pytest.mark.parametrize("connect", ["import", "explicit"])
+def test_connect_cluster_on_jax_joins_jax_distributed_and_never_starts_tf(
+    tmp_path, connect
+):
+    """README's cluster script on the JAX backend with TensorFlow installed:
+    TF_CONFIG describes two processes, and the script calls
+    kerascale.connect_cluster() (after the import joined them, or itself).
+    It joins jax.distributed alone: TensorFlow's MultiWorkerMirroredStrategy
+    would bind the port JAX's coordinator holds, and abort both."""
+    port = _free_ports(2)
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "XLA_FLAGS")}
+    env.update(CONNECT=connect, KERASCALE_CACHE_DIR=str(tmp_path))
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(PROCESSES_CHILD),
+                "multi",
+                str(port),
+                "2",
+                str(i),
+                str(tmp_path / f"p{i}.json"),
+                "1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out[-3000:]
+    found = [json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2)]
+    for result in found:
+        assert result["processes"] == 2
+        assert result["connected"] == "DataParallel"
+        assert result["tensorflow_started"] is False
+        assert result["plan"]["replicas"] == 2
+    np.testing.assert_array_equal(found[0]["weights"][0], found[1]["weights"][0])

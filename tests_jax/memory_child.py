@@ -9,13 +9,15 @@ tests_jax/test_compiled_search.py and benchmarks/jax_batch_search.py).
         process (as fit trains after planning): adds its peak resident
         memory (VmHWM) to the JSON as "peak".
     python memory_child.py step MODEL POLICY BATCH
-        one real training step at BATCH (Keras's own train_on_batch, the
+        two real training steps at BATCH (Keras's own fit on the arrays, the
         policy set as kerascale sets it: in place), then prints JSON with the
         process's peak resident memory (VmHWM), which is what a container's
         limit and the kernel's OOM killer count.
 
-Both build the same model on the same (untouched, so not resident) data, so
-that each starts from the same resident memory. Where several devices are
+Both build the same model on the same data, held in memory as a user's
+process holds it (the truth is the process where fit trains: its data, and
+what Keras's fit builds from it, count), so that each starts from the same
+resident memory; a step is one of Keras's own `fit` on those arrays. Where several devices are
 visible (XLA_FLAGS=--xla_force_host_platform_device_count=N), the search
 plans keras.distribution.DataParallel over them by itself, as kerascale.fit
 does, and a step trains under it; BATCH (like the batch found) is each
@@ -32,7 +34,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 import keras
 import numpy as np
 
-SAMPLES = 1_000_000
+SAMPLES = 16_384
 
 
 def build(name):
@@ -59,7 +61,7 @@ def build(name):
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    x = np.zeros((SAMPLES, *shape), "float32")  # calloc: resident once touched
+    x = np.ones((SAMPLES, *shape), "float32")  # resident, as a user's data is
     y = np.zeros(SAMPLES, "int32")
     return model, x, y
 
@@ -116,7 +118,7 @@ def step(model, x, y, policy, batch):
 
     replicas = len(jax.devices())
     precision.apply(model, policy)
-    model.train_on_batch(x[: batch * replicas], y[: batch * replicas])
+    model.fit(x, y, batch_size=batch * replicas, epochs=1, steps_per_epoch=2, verbose=0)
     return peak_resident()
 
 

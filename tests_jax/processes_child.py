@@ -15,7 +15,10 @@ feeds the processes a `keras.utils.PyDataset` of global batches instead of
 arrays (each reads all of every batch; kerascale cuts each process's block),
 INPUT=generator a generator of them (one pass: EPOCHS 1), INPUT=grain a
 grain `MapDataset` batched in them; SHUFFLE=1 passes
-fit's shuffle=True (arrays only). WIDE=1 trains a model with a 4 MiB kernel
+fit's shuffle=True (arrays only). CONNECT=import (or explicit) describes the
+processes in TF_CONFIG and calls kerascale.connect_cluster() after `import
+kerascale` joined them (or, explicit, with KERASCALE_AUTO_CONNECT=0, joins).
+WIDE=1 trains a model with a 4 MiB kernel
 (two hidden layers of 1024), DEVICE_MEMORY is fit's `device_memory`, and
 LOCAL_DEVICES makes each process that many CPU devices.
 Writes JSON: the plan, the losses and the trained weights.
@@ -34,7 +37,21 @@ LOCAL = os.environ.get("LOCAL_DEVICES")
 os.environ["XLA_FLAGS"] = (
     f"--xla_force_host_platform_device_count={LOCAL}" if LOCAL else ""
 )
-if mode != "single":
+CONNECT = os.environ.get("CONNECT")
+if mode != "single" and CONNECT:
+    # README's cluster script: TF_CONFIG describes the job, and the script
+    # calls kerascale.connect_cluster() (after the import joined, or itself
+    # with KERASCALE_AUTO_CONNECT=0).
+    workers = [f"127.0.0.1:{int(port) + i}" for i in range(int(count))]
+    os.environ["TF_CONFIG"] = json.dumps(
+        {
+            "cluster": {"worker": workers},
+            "task": {"type": "worker", "index": int(index)},
+        }
+    )
+    if CONNECT == "explicit":
+        os.environ["KERASCALE_AUTO_CONNECT"] = "0"
+elif mode != "single":
     os.environ["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{port}"
     os.environ["JAX_NUM_PROCESSES"] = count
     os.environ["JAX_PROCESS_ID"] = index
@@ -43,6 +60,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kerascale  # noqa: E402  (joins the processes)
+
+CONNECTED = kerascale.connect_cluster() if CONNECT else None
 
 N, BATCH = 101, 16  # the last batch of 5: one sample left out over 2 processes
 
@@ -86,11 +105,19 @@ def model(seed):
     return m
 
 
+def _tf_started():
+    from kerascale import _tf_compat
+
+    return _tf_compat.tf_started()
+
+
 def main():
     import jax
 
     x, y = data()
     result = {"processes": jax.process_count(), "index": jax.process_index()}
+    result["connected"] = type(CONNECTED).__name__
+    result["tensorflow_started"] = "tensorflow" in sys.modules and _tf_started()
     if mode == "single":
         m = model(seed=0)
         keep = N - (N % BATCH) % int(count)

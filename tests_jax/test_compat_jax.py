@@ -107,3 +107,58 @@ def test_set_remat_sets_what_a_remat_scope_around_construction_sets():
     assert keras_compat.remat_mode(plain) == keras_compat.remat_mode(scoped)
     undo()
     assert keras_compat.remat_mode(plain) is None
+
+
+def test_a_fit_that_raises_leaves_empty_variables_and_the_guard_refills_them():
+    """keras_compat section 6: Keras's JAX fit empties the variables at an
+    epoch's first step and leaves them empty when that step raises. Fails
+    when Keras stops doing so (then StateGuard can go)."""
+    import numpy as np
+
+    from kerascale.apply import keras_compat
+
+    class Breaks(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2)
+            self.broken = False
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, state, data):
+            if self.broken:
+                raise TypeError("a train_step of its own that fails")
+            return super().train_step(state, data)
+
+    keras.utils.set_random_seed(0)
+    model = Breaks()
+    model.compile("sgd", "mse")
+    x, y = np.ones((8, 3), "float32"), np.ones((8, 2), "float32")
+    model.fit(x, y, epochs=1, verbose=0)  # built, optimizer too
+    before = [np.asarray(w) for w in model.get_weights()]
+    guard = keras_compat.StateGuard(model)
+
+    class Guarded(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            guard.before_first_step()
+
+    model.broken, model.train_function = True, None
+    with pytest.raises(TypeError, match="of its own"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[Guarded()])
+    assert guard.emptied()  # what Keras leaves
+    assert guard.recover() and not guard.emptied()
+    for a, b in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(a, b)  # nothing was trained
+
+
+def test_read_like_fit_reads_the_batches_kerascale_counts():
+    """keras_compat section 6: Keras's data adapter for arrays, read as
+    fit reads it on JAX."""
+    import numpy as np
+
+    from kerascale.apply import keras_compat
+
+    x, y = np.zeros((40, 3), "float32"), np.zeros((40, 1), "float32")
+    _, _, held = keras_compat.read_like_fit(x, y, 8, True, "jax", 3)
+    assert len(held) == 3 and held[0][0].shape == (8, 3)

@@ -75,7 +75,7 @@ def prepare(ds: tf.data.Dataset, facts: DataFacts, plan: Plan, *, optimize: bool
     if not facts.batched:
         ds = ds.batch(batch)
     elif facts.batch_size != batch:
-        ds = ds.rebatch(batch)
+        ds = rebatch(ds, batch)
     if optimize:
         ds, _ = _finish(ds, cache=facts.cacheable, deterministic=None)
         if plan.replicas > 1:
@@ -88,6 +88,40 @@ def prepare(ds: tf.data.Dataset, facts: DataFacts, plan: Plan, *, optimize: bool
             )
             ds = ds.with_options(options)
     return ds
+
+
+def rebatch(ds: tf.data.Dataset, batch: int) -> tf.data.Dataset:
+    """`ds.rebatch(batch)`, with its length kept known where the samples
+    behind it can be counted: Keras creates one iterator more per epoch for a
+    dataset of known length, and each draws a shuffle's seed, so a length
+    lost would shuffle the epochs after the first unlike a plain `fit`."""
+    out = ds.rebatch(batch)
+    samples = _batched_samples(ds)
+    if samples is None or int(out.cardinality()) >= 0:
+        return out
+    return out.apply(tf.data.experimental.assert_cardinality(-(-samples // batch)))
+
+
+def _batched_samples(ds: tf.data.Dataset) -> int | None:
+    """How many samples the batches of `ds` hold, where its nearest batch
+    node reads a dataset of known length and nothing after it changes the
+    number of batches; else None."""
+    batches = int(ds.cardinality())
+    if batches < 0:
+        return None
+    for node in chain(ds):
+        size = tfc.static_batch_size(node)
+        if size is None:
+            continue
+        source = tfc.dataset_input(node)
+        n = int(source.cardinality()) if source is not None else -1
+        drop = tf.get_static_value(getattr(node, "_drop_remainder", None))
+        if n < 0 or drop is None or type(node).__name__ != "_BatchDataset":
+            return None
+        if drop:
+            n -= n % size
+        return n if -(-n // size) == batches == int(node.cardinality()) else None
+    return None
 
 
 def optimize(

@@ -37,7 +37,7 @@ from typing import Any
 import keras
 
 from kerascale._tf import tf
-from kerascale.apply import accumulation, remat
+from kerascale.apply import accumulation, keras_compat, remat
 from kerascale.apply import data as data_lib
 from kerascale.apply import model as model_lib
 from kerascale.apply import precision as precision_lib
@@ -368,12 +368,14 @@ class _StepWatch:
     frames out of tracebacks, so the traceback cannot say where an error was
     raised.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, before_first: Callable[[], None] | None = None) -> None:
         self.started = self.done = 0
         watch = self
 
         class Begin(keras.callbacks.Callback):
             def on_train_batch_begin(self, batch, logs=None):
+                if not watch.started and before_first is not None:
+                    before_first()
                 watch.started += 1
 
         class End(keras.callbacks.Callback):
@@ -395,7 +397,12 @@ def train(prepared: Prepared, *, verbose: Any) -> keras.callbacks.History:
     """Keras's own `fit` on what `prepare` set up. A peer lost on a cluster
     becomes `WorkerLostError`; a failure inside the very first training step
     becomes `FirstStepFailed`; every other error is Keras's, unchanged."""
-    steps = _StepWatch()
+    # Keras's JAX fit empties the model's variables while it trains, and
+    # leaves them empty when it raises: they are put back here.
+    guard = None
+    if prepared.plan.backend == "jax":
+        guard = keras_compat.StateGuard(prepared.model)
+    steps = _StepWatch(guard.before_first_step if guard is not None else None)
     kwargs = dict(prepared.fit_kwargs)
     kwargs["callbacks"] = [steps.end, *(kwargs.get("callbacks") or []), steps.begin]
     # Where a step consumes its state (JAX donates it) and kerascale chose the
@@ -414,11 +421,12 @@ def train(prepared: Prepared, *, verbose: Any) -> keras.callbacks.History:
                 prepared.x, prepared.y, verbose=verbose, **kwargs
             )
         except Exception as e:
+            recovered = guard is None or guard.recover()
             lost = cluster.translate_error(e)
             if lost is not None:
                 raise lost from e
             if steps.failed_in_first_step:
-                if restore is not None:
+                if not recovered and restore is not None:
                     restore()
                 raise FirstStepFailed(e) from e
             raise

@@ -38,6 +38,55 @@ def join_at_import() -> None:
         cluster.join_at_import()
 
 
+def connect_cluster(worker_timeout: float | str = 60.0, **kwargs: Any) -> Any:
+    """Joins the cluster the environment describes, the backend's own way.
+
+    On TensorFlow it builds `tf.distribute.MultiWorkerMirroredStrategy`; on
+    JAX it joins `jax.distributed` (and never starts TensorFlow's runtime).
+    `import kerascale` does the same already, unless `KERASCALE_AUTO_CONNECT=0`:
+    call this at the top of a script that turned that off, before the model
+    and the data are built. On one machine it does nothing and returns None,
+    so the same script runs everywhere.
+
+    Args:
+        worker_timeout: Seconds (or "2min") a worker may stay silent before
+            the others stop with `WorkerLostError`. Defaults to 60.
+
+    Returns:
+        TensorFlow: the `MultiWorkerMirroredStrategy`; JAX: a
+        `keras.distribution.DataParallel` over every process's devices;
+        None where the environment describes no cluster of two or more.
+
+    Raises:
+        ClusterConfigError: For a malformed TF_CONFIG, CLUSTER_SPEC, SLURM or
+            JAX description (the message names the field), or when the
+            backend has already started and can no longer join.
+        UnsupportedError: For a parameter-server or evaluator task.
+
+    Example:
+
+    >>> import kerascale
+    >>> kerascale.connect_cluster()   # first, before building anything
+    >>> model = build_model()
+    >>> kerascale.fit(model, ds, epochs=10)
+    """
+    name = backend_lib.name()
+    if name == "jax":
+        from kerascale.apply.jax import cluster as jax_cluster
+
+        return jax_cluster.connect(worker_timeout, **kwargs)
+    if name == "tensorflow":
+        from kerascale.apply.tensorflow import cluster
+
+        return cluster.connect(worker_timeout, **kwargs)
+    from kerascale.errors import UnsupportedError
+
+    raise UnsupportedError(
+        f"kerascale.connect_cluster joins clusters on the TensorFlow and JAX "
+        f"backends, and Keras runs on {name!r} here."
+    )
+
+
 def build(plan: Any, instance: Any = None) -> Any:
     """What trains the plan's replicas: a `tf.distribute.Strategy`; on JAX a
     `keras.distribution.Distribution`, or None (Keras's default). The user's

@@ -39,24 +39,39 @@ from kerascale.callbacks._backup_meta import (
 )
 
 
-class InputPosition:
-    """The input's position in the running epoch (see the module doc).
+class _EpochPosition:
+    """What both positions share: how many batches the epoch's iterator has
+    given, and whether it is used up, which a `tf.data` iterator of unknown
+    cardinality (Keras's own dataset for arrays) cannot tell itself.
+
+    Keras creates a new iterator each epoch, except with `steps_per_epoch`,
+    where one iterator runs on until the data ends (`persistent`).
 
     Args:
         warn_order: Called once with the reason when the data order after a
             resume may differ from an uninterrupted run's.
+        epoch_steps: Returns the epoch's number of steps, when known.
+        persistent: Whether `fit` was given `steps_per_epoch` (None: not
+            known, as inside a plain `model.fit`; taken as not given, and a
+            warning is given if an iterator is seen to outlive its epoch).
     """
 
-    def __init__(self, warn_order: Callable[[str], None]):
+    def __init__(
+        self,
+        warn_order: Callable[[str], None],
+        epoch_steps: Callable[[], int | None] = lambda: None,
+        persistent: bool | None = None,
+    ):
         self._warn_order = warn_order
+        self._epoch_steps = epoch_steps
+        self._persistent = persistent
         self.keras_iterator: Any = None
-        self.next_epoch_iterator: Any = None  # created for an epoch-end save
-        self._rewind: tempfile.TemporaryDirectory | None = None  # its copy
-        self.dataset: Any = None
-        self.cardinality: int | None = None
         self.consumed = 0
         self.exhausted = False
-        self._savable: bool | None = None
+        self._new_this_epoch = False
+        # Python's and NumPy's random state when the iterator started.
+        self._start_random: dict[str, Any] | None = None
+        self.source: Any = None  # an InputSource, where kerascale.fit gave one
 
     @property
     def live(self) -> Any:
@@ -64,19 +79,121 @@ class InputPosition:
         return self.keras_iterator
 
     def new_epoch(self) -> None:
-        """An epoch begins (nothing to note: the iterator's checkpoint keeps
-        its place)."""
+        """An epoch begins (before its first step)."""
+        self._new_this_epoch = False
 
     def seen(self, iterator: Any) -> None:
-        """The step reads the iterator it read before (nothing to note)."""
+        """The step reads `iterator`, which Keras created before this epoch
+        (or earlier in it)."""
+        if not self._new_this_epoch and self._persistent is None:
+            self._persistent = True
+            self._warn_order(
+                "Keras kept one iterator across epochs (steps_per_epoch), and "
+                "FaultTolerantBackup inside a plain model.fit cannot know that "
+                "before its first epoch-end save; kerascale.fit knows it"
+            )
+        self._new_this_epoch = True
 
-    def new_iterator(self, iterator: Any) -> bool:
-        """Keras created `iterator` (a new epoch); returns whether it is the
-        run's first."""
+    def _started(self, iterator: Any) -> bool:
+        """Keras created `iterator`; returns whether it is the run's first."""
         first = self.keras_iterator is None
         self.keras_iterator = iterator
         self.consumed = 0
         self.exhausted = False
+        self._new_this_epoch = True
+        self._start_random = random_state()
+        if self.source is not None:
+            self.source.new_iterator()
+        return first
+
+    def record(self, boundary: bool) -> dict[str, Any]:
+        """How to put the input back where it is now (`meta.json`'s "data").
+        `boundary`: at an epoch's end, not between batches."""
+        if self.keras_iterator is None:
+            return {"mode": "none"}
+        used_up = boundary and self.used_up()
+        record = self._record(used_up)
+        source = self.source.record(used_up) if self.source is not None else None
+        if source is not None:
+            record["source"] = source
+        return record
+
+    def _record(self, used_up: bool) -> dict[str, Any]:
+        """Re-read what this iterator gave, from its start's random state; or
+        (`used_up`) nothing: the next iterator starts from now's."""
+        if used_up:
+            return {"mode": "replay", "consumed": 0, "random": random_state()}
+        return {
+            "mode": "replay",
+            "consumed": self.consumed,
+            "random": self._start_random,
+        }
+
+    def restore(
+        self, iterator: Any, record: dict[str, Any], prefix: str, epochs_left: bool
+    ) -> None:
+        """Puts `iterator` (the run's first) where `record` says, reading an
+        iterator's checkpoint under `prefix` where the record has one."""
+        mode = record["mode"]
+        if mode == "none":
+            if epochs_left:
+                self._warn_order(
+                    "the run was saved after its last epoch, with no input to "
+                    "continue from"
+                )
+            return
+        if self.source is not None:
+            self.source.restore(record.get("source"))
+        if mode != "replay":
+            self._restore_iterator(iterator, record, prefix)
+            return
+        if record.get("random") is not None:
+            restore_random_state(record["random"])
+            self._start_random = record["random"]
+        consumed = int(record["consumed"])  # read again and drop what was used
+        for _ in range(consumed):
+            next(iterator)
+        self.consumed = consumed
+
+    def _restore_iterator(
+        self, iterator: Any, record: dict[str, Any], prefix: str
+    ) -> None:
+        raise ValueError(f"unknown input position mode {record['mode']!r}")
+
+    def used_up(self) -> bool:
+        """Whether the current iterator has no batch left (when known): it
+        ran out, or gave the epoch's steps of an iterator made per epoch."""
+        steps = self._epoch_steps()
+        return self.exhausted or (
+            not self._persistent and steps is not None and self.consumed >= steps
+        )
+
+
+class InputPosition(_EpochPosition):
+    """The input's position in the running epoch (see the module doc).
+
+    Args:
+        warn_order: Called once with the reason when the data order after a
+            resume may differ from an uninterrupted run's.
+    """
+
+    def __init__(
+        self,
+        warn_order: Callable[[str], None],
+        epoch_steps: Callable[[], int | None] = lambda: None,
+        persistent: bool | None = None,
+    ):
+        super().__init__(warn_order, epoch_steps, persistent)
+        self.next_epoch_iterator: Any = None  # created for an epoch-end save
+        self._rewind: tempfile.TemporaryDirectory | None = None  # its copy
+        self.dataset: Any = None
+        self.cardinality: int | None = None
+        self._savable: bool | None = None
+
+    def new_iterator(self, iterator: Any) -> bool:
+        """Keras created `iterator` (a new epoch); returns whether it is the
+        run's first."""
+        first = self._started(iterator)
         if not first and self._rewind is not None:
             # The last epoch's end was saved with an iterator created for
             # this epoch: Keras's own becomes that one, shuffle seeds and all.
@@ -96,32 +213,28 @@ class InputPosition:
         return first
 
     def used_up(self) -> bool:
-        """Whether the current iterator has no batch left (when known)."""
-        return self.exhausted or (
+        return super().used_up() or (
             self.cardinality is not None
             and self.cardinality >= 0
             and self.consumed >= self.cardinality
         )
 
-    def record(self, boundary: bool) -> dict[str, Any]:
-        """How to put the input back where it is now (`meta.json`'s "data").
-        `boundary`: at an epoch's end, not between batches."""
-        if self.keras_iterator is None:
-            return {"mode": "none"}
+    def _record(self, used_up: bool) -> dict[str, Any]:
         savable = self.savable()
-        if boundary and self.used_up():
-            if not savable or self.dataset is None:
-                if savable:
-                    self._warn_order(
-                        f"its iterator ({type(self.keras_iterator).__name__}) "
-                        "cannot be re-created at an epoch's end"
-                    )
-                return {"mode": "replay", "consumed": 0}
+        if not savable:
+            return super()._record(used_up)
+        if used_up:
+            if self.dataset is None:
+                self._warn_order(
+                    f"its iterator ({type(self.keras_iterator).__name__}) "
+                    "cannot be re-created at an epoch's end"
+                )
+                return super()._record(used_up)
             if self.next_epoch_iterator is None:  # one per epoch end
                 self.next_epoch_iterator = iter(self.dataset)
                 self._copy_next()
             return {"mode": "next_epoch", "consumed": 0}
-        return {"mode": "iterator" if savable else "replay", "consumed": self.consumed}
+        return {"mode": "iterator", "consumed": self.consumed}
 
     def _copy_next(self) -> None:
         """A local copy of the next epoch's iterator as created (its seed
@@ -155,7 +268,9 @@ class InputPosition:
         return None
 
     def savable(self) -> bool:
-        """Whether the live iterator can be checkpointed (tried once)."""
+        """Whether the live iterator can be checkpointed (tried once). Where
+        it cannot, the batches are read again (said once, unless the input
+        is one that reads again exactly)."""
         if self._savable is None:
             live, reasons = self.live, []
             try:
@@ -178,36 +293,30 @@ class InputPosition:
             reason = nondeterminism(self.dataset)
             if reason:
                 reasons.append(reason)
-            if reasons:
+            # A PyDataset or a generator is read again exactly, where no
+            # tf.distribute iterator reads it ahead on several devices.
+            exact = (
+                self.source is not None
+                and self.source.replayable
+                and type(live).__name__ != "DistributedIterator"
+            )
+            if reasons and not exact:
                 self._warn_order("; ".join(reasons))
         return self._savable
 
-    def restore(
-        self, iterator: Any, record: dict[str, Any], prefix: str, epochs_left: bool
+    def _restore_iterator(
+        self, iterator: Any, record: dict[str, Any], prefix: str
     ) -> None:
-        """Puts `iterator` (the run's first) where `record` says, reading the
-        iterator's checkpoint under `prefix`."""
         mode = record["mode"]
-        if mode == "none":
-            if epochs_left:
-                self._warn_order(
-                    "the run was saved after its last epoch, with no input to "
-                    "continue from"
-                )
-            return
-        if mode in ("iterator", "next_epoch", "advance"):
-            self._read(iterator, prefix)
-            self.consumed = int(record["consumed"])
-            if mode == "advance" and self.dataset is not None:
-                # Written before "next_epoch" (kerascale 0.1 before 2026-11-25):
-                # the saved run created one iterator more than Keras, and
-                # shuffled its later epochs accordingly; so does this one.
-                iter(self.dataset)
-            return
-        consumed = int(record["consumed"])  # "replay": read and drop what was used
-        for _ in range(consumed):
-            next(iterator)
-        self.consumed = consumed
+        if mode not in ("iterator", "next_epoch", "advance"):
+            super()._restore_iterator(iterator, record, prefix)
+        self._read(iterator, prefix)
+        self.consumed = int(record["consumed"])
+        if mode == "advance" and self.dataset is not None:
+            # Written before "next_epoch" (kerascale 0.1 before 2026-11-25):
+            # the saved run created one iterator more than Keras, and
+            # shuffled its later epochs accordingly; so does this one.
+            iter(self.dataset)
 
     @staticmethod
     def _read(iterator: Any, prefix: str) -> None:
@@ -222,7 +331,7 @@ def _checkpoint_errors() -> tuple[type[BaseException], ...]:
     return (tf.errors.OpError, AssertionError, ValueError, OSError)
 
 
-class HostInputPosition:
+class HostInputPosition(_EpochPosition):
     """The input's position where Keras iterates in Python (the JAX backend:
     arrays, `PyDataset`, generators): the same interface as `InputPosition`.
 
@@ -232,18 +341,8 @@ class HostInputPosition:
     with NumPy's and a `PyDataset` with Python's random, when the iterator
     starts): on resume that state is put back and the batches read again and
     dropped, so the resumed run reads the same batches in the same order.
-
-    Keras creates a new iterator each epoch, except with `steps_per_epoch`,
-    where one iterator runs on until the data ends (`persistent`); a save at
-    an epoch's end then records where that iterator is.
-
-    Args:
-        warn_order: Called once with the reason when the data order after a
-            resume may differ from an uninterrupted run's.
-        epoch_steps: Returns the epoch's number of steps, when known.
-        persistent: Whether `fit` was given `steps_per_epoch` (None: not
-            known, as inside a plain `model.fit`; taken as not given, and a
-            warning is given if an iterator is seen to outlive its epoch).
+    With `steps_per_epoch`, a save at an epoch's end records where the one
+    iterator Keras keeps across epochs is.
     """
 
     def __init__(
@@ -252,84 +351,16 @@ class HostInputPosition:
         epoch_steps: Callable[[], int | None],
         persistent: bool | None = None,
     ):
-        self._warn_order = warn_order
-        self._epoch_steps = epoch_steps
-        self._persistent = persistent
-        self.keras_iterator: Any = None
-        self.consumed = 0
-        self.exhausted = False
-        self._start_random: dict[str, Any] | None = None
-        self._new_this_epoch = False
-
-    @property
-    def live(self) -> Any:
-        return self.keras_iterator
-
-    def new_epoch(self) -> None:
-        """An epoch begins (before its first step)."""
-        self._new_this_epoch = False
+        super().__init__(warn_order, epoch_steps, persistent)
 
     def new_iterator(self, iterator: Any) -> bool:
-        first = self.keras_iterator is None
-        self.keras_iterator = iterator
-        self.consumed = 0
-        self.exhausted = False
-        self._new_this_epoch = True
-        self._start_random = random_state()
-        return first
-
-    def seen(self, iterator: Any) -> None:
-        """The step reads `iterator`, which Keras created before this epoch."""
-        if not self._new_this_epoch and self._persistent is None:
-            self._persistent = True
-            self._warn_order(
-                "Keras kept one iterator across epochs (steps_per_epoch), and "
-                "FaultTolerantBackup inside a plain model.fit cannot know that "
-                "before its first epoch-end save; kerascale.fit knows it"
-            )
-        self._new_this_epoch = True
-
-    def used_up(self) -> bool:
-        steps = self._epoch_steps()
-        return self.exhausted or (
-            not self._persistent and steps is not None and self.consumed >= steps
-        )
-
-    def record(self, boundary: bool) -> dict[str, Any]:
-        if self.keras_iterator is None:
-            return {"mode": "none"}
-        if boundary and self.used_up():
-            # The next epoch's iterator is new, and starts from now's state.
-            return {"mode": "replay", "consumed": 0, "random": random_state()}
-        return {
-            "mode": "replay",
-            "consumed": self.consumed,
-            "random": self._start_random,
-        }
+        return self._started(iterator)
 
     def trackable(self, record: dict[str, Any]) -> Any:
         return None  # nothing but meta.json: the record says it all
 
     def close(self) -> None:
         """Nothing held between epochs."""
-
-    def restore(
-        self, iterator: Any, record: dict[str, Any], prefix: str, epochs_left: bool
-    ) -> None:
-        if record["mode"] == "none":
-            if epochs_left:
-                self._warn_order(
-                    "the run was saved after its last epoch, with no input to "
-                    "continue from"
-                )
-            return
-        if record.get("random") is not None:
-            restore_random_state(record["random"])
-            self._start_random = record["random"]
-        consumed = int(record["consumed"])
-        for _ in range(consumed):
-            next(iterator)
-        self.consumed = consumed
 
 
 class Wrapped:

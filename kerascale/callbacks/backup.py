@@ -31,6 +31,7 @@ from kerascale.callbacks._input_position import (
     InputPosition,
     Wrapped,
 )
+from kerascale.callbacks._input_source import InputSource
 from kerascale.callbacks._preemption import SigtermWatch
 from kerascale.errors import CheckpointError, UnsupportedError, warn
 from kerascale.sense import backend as backend_lib
@@ -119,6 +120,9 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         self.plan: Any = None  # set by kerascale.fit: its fingerprint is checked
         # Set by kerascale.fit: whether fit has steps_per_epoch (None: unknown).
         self.steps_per_epoch_given: bool | None = None
+        # Set by kerascale.fit, which owns it: what the input carries across
+        # epochs (None inside a plain model.fit).
+        self.input_source: InputSource | None = None
         self._clock = time.monotonic  # a seam for tests
         self._lease_timeout = lease_lib.DEFAULT_TIMEOUT  # a seam for tests
         self.resumed_from: dict[str, Any] | None = None  # the restored meta.json
@@ -467,14 +471,13 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         self._history_before: dict[str, Any] = {"epoch": [], "logs": {}}
         self._order_warned = False
         self._format = state_lib.format_name()
-        if self._format == "tf":
-            self._position = InputPosition(self._warn_order_once)
-        else:
-            self._position = HostInputPosition(
-                self._warn_order_once,
-                lambda: self._epoch_steps,
-                persistent=self.steps_per_epoch_given,
-            )
+        position = InputPosition if self._format == "tf" else HostInputPosition
+        self._position = position(
+            self._warn_order_once,
+            lambda: self._epoch_steps,
+            persistent=self.steps_per_epoch_given,
+        )
+        self._position.source = self.input_source
         # _save_owed: an agreed time-based save, at a window's end
         self._save_due = self._save_owed = False
         self._preempt_due = False  # decided at an epoch's last batch: at its end

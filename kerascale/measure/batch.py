@@ -11,7 +11,7 @@ from typing import Any
 from kerascale import _validation
 from kerascale._units import format_bytes, parse_bytes
 from kerascale.errors import BatchSizeSearchError
-from kerascale.measure import cache, child
+from kerascale.measure import cache, child, host_share
 from kerascale.measure import probe as probe_lib
 from kerascale.measure.probe import ProbeResult, ProbeSpec
 from kerascale.measure.result import BatchSearchResult, describe_probe
@@ -237,12 +237,17 @@ def run_search(
     if mode == "auto":
         mode = "throughput" if hw.accelerator == "cpu" else "max"
     long = timed or mode == "throughput"  # where speed decides
+    share = _host_share(x, y, data, plan, hw, options, cap, first)
     spec = _spec(x, y, data, plan, hw, options, long, memory, accumulation_steps)
+    spec = dataclasses.replace(spec, host_share=tuple(share.to_list()))
     key = _key(
         model, spec, hw, options, mode=mode, cap=cap, first=first, isolate=isolate
     )
     cached = _cached(key, options, verbose)
-    if cached is not None:
+    slack = (options.memory_limit or host_share.NO_LIMIT_SLACK * 100) // 100
+    if cached is not None and share.covered_by(
+        cached.host_share, cached.batch_size, slack
+    ):
         return cached
     if budget is not None and mode == "ladder":
         rungs = ladder(cap, granularity_for(hw.accelerator, cap))
@@ -266,7 +271,7 @@ def run_search(
         "limit": memory.why,
         "cap": why_cap,
         "isolate": why_isolate,
-        "memory": memory.measured,
+        "memory": memory.measured + (f", counting {share.why}" if share.why else ""),
         "search": f"{len(found.probes)} probes, {seconds:.0f}s, {memory.measured}",
     }
     result = dataclasses.replace(
@@ -276,6 +281,7 @@ def run_search(
         precision=spec.policy,
         strategy=plan.strategy,
         reasons=reasons,
+        host_share=spec.host_share,
     )
     if options.cache:
         cache.cache_write("batch_search", key, result.to_dict())
@@ -302,8 +308,10 @@ def _key(model, spec, hw, options, **parts) -> str:
             "model": cache.model_fingerprint(model),
             # The limit as asked for: a default limit follows the memory free
             # at this moment, which must not make every search a cache miss.
+            # What this process holds is checked against the cached answer's
+            # (`HostShare.covered_by`): a few MB apart must not be a miss.
             "spec": dataclasses.replace(
-                spec, memory_limit=options.memory_limit
+                spec, memory_limit=options.memory_limit, host_share=()
             ).to_json(),
             "hardware": hw.to_dict(),
             "margin": options.margin,
@@ -379,6 +387,34 @@ def _found(
             why = f"in this process: the model cannot be shipped ({e})"
     prober = probe_lib.InProcessProber(model, spec, strategy=instance)
     return _probe(prober, options, memory=memories[1], **args), why, False
+
+
+def _host_share(
+    x: Any,
+    y: Any,
+    data: Any,
+    plan: Any,
+    hw: Any,
+    options: SearchOptions,
+    cap: int,
+    first: int | None,
+) -> host_share.HostShare:
+    """On a CPU, what the process where `fit` trains holds beside a probe's
+    step: its memory where `memory_limit` counts it, and what Keras's fit
+    builds from this input (`measure.host_share`)."""
+    if hw.accelerator != "cpu":
+        return host_share.HostShare()
+    small = max(1, min(cap, first or 32))
+    large = max(1, min(cap, 4 * small))
+    share = host_share.measure(
+        x,
+        y,
+        data,
+        plan,
+        counts_resident=bool(options.memory_limit),
+        batches=(small * plan.replicas, large * plan.replicas),
+    )
+    return share
 
 
 def _spec(

@@ -70,22 +70,34 @@ def _child_main(argv: list[str]) -> int:
         payload = {"outcome": outcome, "message": text[-2000:], "traceback": tb}
         write(batch, {**payload, **extra})
 
-    current = {"batch": batches[0]}
+    # Until the baseline is known, the limit as it is (the setup is the
+    # same in the process where fit trains, and there its data besides).
+    current = {"batch": batches[0], "limit": limit, "offset": 0}
     if limit:
-        _watch_resident(limit, current, write)
+        _watch_resident(current, write)
     try:
         model = _child_setup(workdir, spec)
     except BaseException as e:  # reported against the first batch
         failure(batches[0], e, stage="setup")
         return 0
+    share, base = spec.share(), memory.resident_bytes() or 0
     for batch in batches:
+        # The peak counted is the one the process where fit trains would
+        # reach: its own memory and its input's in place of this child's.
+        global_batch = spec.global_batch(batch)
+        offset = share.offset(global_batch, base)
         current["batch"] = batch
+        if limit:
+            current["limit"], current["offset"] = limit - offset, offset
         try:
             result = train_probe(model, spec, batch, in_child=True)
         except BaseException as e:
             failure(batch, e)
             return 0
-        if limit and result["peak_bytes"] > limit:
+        result["peak_bytes"] += offset
+        if result["tensor_peak_bytes"] is not None:
+            result["tensor_peak_bytes"] += share.input_bytes(global_batch)
+        if limit and result["peak_bytes"] > limit:  # both as fit's process
             write(
                 batch,
                 {
@@ -106,22 +118,25 @@ def _over(peak: int, limit: int) -> str:
     )
 
 
-def _watch_resident(limit: int, current: dict[str, int], write: Any) -> None:
-    """Stops the child the moment its resident memory passes `limit`, as a
-    container's limit would (the exact peak is also checked after each
-    probe: a spike shorter than the watch's millisecond is not lost)."""
+def _watch_resident(current: dict[str, int], write: Any) -> None:
+    """Stops the child the moment its resident memory passes
+    `current["limit"]` (the limit less what the process where fit trains
+    holds beyond this child), as a container's limit would (the exact peak
+    is also checked after each probe: a spike shorter than the watch's
+    millisecond is not lost)."""
     import threading
 
     def watch() -> None:
         while True:
-            now = memory.resident_bytes()
+            now, limit = memory.resident_bytes(), current["limit"]
             if now is not None and now > limit:
+                offset = current["offset"]
                 write(
                     current["batch"],
                     {
                         "outcome": OOM,
-                        "peak_bytes": now,
-                        "message": _over(now, limit)
+                        "peak_bytes": now + offset,
+                        "message": _over(now + offset, limit + offset)
                         + " (stopped by kerascale's watch)",
                     },
                 )

@@ -174,6 +174,11 @@ class ProbeSpec:
         timed_seconds: The least time the timed steps take (more steps are
             run when they are quicker), for a steady samples/s.
         recompute: The plan's recomputation mode ("" for none).
+        host_share: On a CPU, what the process where `fit` trains holds
+            beside a probe's step (`measure.host_share.HostShare.to_list`:
+            its resident memory where the limit counts it, what Keras's fit
+            builds from the input, fixed and per sample of a global batch):
+            each probe's peak is the peak that process would reach.
     """
 
     element: Any
@@ -188,6 +193,18 @@ class ProbeSpec:
     on_gpu: bool = False
     timed_seconds: float = MIN_TIMED_SECONDS
     recompute: str = ""
+    host_share: tuple[Any, ...] = ()
+
+    def share(self) -> Any:
+        from kerascale.measure.host_share import HostShare
+
+        if not self.host_share:
+            return HostShare()
+        resident, fixed, per_sample, why = self.host_share
+        return HostShare(int(resident), int(fixed), float(per_sample), str(why))
+
+    def global_batch(self, batch: int) -> int:
+        return batch * max(1, len(self.devices))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -196,6 +213,7 @@ class ProbeSpec:
     def from_json(cls, text: str) -> ProbeSpec:
         d = json.loads(text)
         d["devices"] = tuple(d["devices"])
+        d["host_share"] = tuple(d.get("host_share", ()))
         return cls(**d)
 
 
@@ -408,6 +426,12 @@ class InProcessProber:
             )
         finally:
             gc.collect()
+        # This process holds the data already; what fit builds from it is not
+        # in a probe's one-batch pipeline.
+        extra = self.spec.share().input_bytes(self.spec.global_batch(batch))
+        r["peak_bytes"] += extra
+        if r["tensor_peak_bytes"] is not None:
+            r["tensor_peak_bytes"] += extra
         limit = self.spec.memory_limit
         if limit and r["peak_bytes"] > limit:
             # On CPU in-process nothing enforces the limit: honour it by measure.

@@ -54,6 +54,10 @@ class BatchSearchResult:
         recompute_batch_size: `batch_size` with recomputation (Keras's
             remat, fit's `recompute=True`), where `find_batch_size` found
             memory binding and searched again with it; else None.
+        host_share: On a CPU, what the process where `fit` trains held
+            beside the step when it was searched
+            (`measure.host_share.HostShare.to_list`): a cached answer holds
+            only for a process that holds no more.
     """
 
     batch_size: int
@@ -72,6 +76,7 @@ class BatchSearchResult:
     reasons: dict[str, str]
     cached: bool = False
     recompute_batch_size: int | None = None
+    host_share: tuple = ()
 
     @property
     def global_batch_size(self) -> int:
@@ -87,6 +92,7 @@ class BatchSearchResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BatchSearchResult:
         d = dict(d)
+        d["host_share"] = tuple(d.get("host_share") or ())
         d["probes"] = tuple(ProbeResult(**p) for p in d["probes"])
         d["memory_model"] = (
             MemoryModel.from_dict(d["memory_model"]) if d["memory_model"] else None

@@ -174,6 +174,13 @@ def plain(options: Options, plan: Plan, model_policy: str) -> tuple[Options, str
     if options.recompute == "auto" and plan.recompute:
         changes["recompute"] = "off"
         said.append("recomputation")
+    if (
+        options.strategy == "auto"
+        and plan.strategy in ("data_parallel", "mirrored")
+        and plan.replicas == len(plan.devices) > 1  # one process, one machine
+    ):
+        changes["strategy"] = "default"
+        said.append(f"training over {plan.replicas} devices")
     pipeline = [c for c in plan.data_changes if not c.startswith(("batch", "rebatch"))]
     if options.optimize_data == "auto" and pipeline:
         changes["optimize_data"] = False

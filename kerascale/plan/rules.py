@@ -54,6 +54,14 @@ def make_plan(
         UnsupportedError: For a cluster task that does not train.
     """
     where = _placement(hardware, options, model)
+    uneven = _uneven(hardware, options, data, where)
+    if uneven:
+        where = _on_one_device(
+            hardware, where.strategy, where.policy, where.reasons["precision"],
+            model, list(where.warnings), why=uneven,
+            how=f"pass batches whose size is a multiple of {where.replicas}, of "
+            "dense arrays",
+        )  # fmt: skip
     replicas = where.replicas
     reasons, warnings = dict(where.reasons), list(where.warnings)
     if data.kind == "pydataset" and options.batch_size not in ("auto", data.batch_size):
@@ -182,6 +190,34 @@ def _placement(hardware: Hardware, options: Options, model: ModelFacts) -> _Plac
     )
 
 
+def _uneven(
+    hardware: Hardware, options: Options, data: DataFacts, where: _Placement
+) -> str:
+    """Why data-parallel training that kerascale chose on its own over JAX's
+    devices would fail where plain `fit` on one device trains, or "": a
+    batch the devices do not divide, or data that cannot be split (sparse,
+    ragged). Across processes nothing is dropped (each would train alone)."""
+    if (
+        hardware.backend != "jax"
+        or options.strategy != "auto"
+        or where.strategy != "data_parallel"
+        or where.replicas <= 1
+        or (hardware.cluster is not None and hardware.cluster.is_multi_worker)
+    ):
+        return ""
+    if data.unsplittable:
+        return f"{data.unsplittable}, which JAX cannot split over devices"
+    batch = data.batch_size if data.batched else None
+    if data.kind != "pydataset" and isinstance(options.batch_size, int):
+        batch = options.batch_size
+    if batch and batch % where.replicas:
+        return (
+            f"your batch of {batch} does not split evenly over the "
+            f"{where.replicas} devices"
+        )
+    return ""
+
+
 def _as_it_is(
     hardware: Hardware,
     choice: Any,
@@ -223,17 +259,24 @@ def _on_one_device(
     why_policy: str,
     model: ModelFacts,
     warnings: list[str],
+    *,
+    why: str = "",
+    how: str = "",
 ) -> _Placement:
     """One device, for a JAX plan whose distribution could not lay the
-    model's variables out (`model.unplaceable`): dropped, and said so."""
+    model's variables out (`model.unplaceable`), or (`why`) that the data
+    cannot split: dropped, and said so."""
+    why = why or model.unplaceable
+    how = how or (
+        "set keras.distribution.set_distribution(keras.distribution."
+        "DataParallel()) before building the model"
+    )
     warnings.append(
-        f"Not applied: strategy {dropped}, because {model.unplaceable}: trained "
-        "on one device, as model.fit does. To get it, set "
-        "keras.distribution.set_distribution(keras.distribution.DataParallel()) "
-        "before building the model; to say you want one device, pass "
+        f"Not applied: strategy {dropped}, because {why}: trained on one device, "
+        f"as model.fit does. To get it, {how}; to say you want one device, pass "
         "strategy='default'."
     )
-    kept = f"kept one device: {model.unplaceable}"
+    kept = f"kept one device: {why}"
     return _by_default(hardware, policy, why_policy, model, warnings, kept)
 
 
@@ -284,8 +327,8 @@ def _accumulation(
     """How each replica reaches its share of `requested`: micro x k."""
     per_replica = requested // replicas
     k = options.accumulation_steps
-    if data.kind == "other" and (not k or k == 1):
-        return accumulation_rules.Split(per_replica, 1, True, "not split"), []
+    if data.kind in ("pydataset", "other") and (not k or k == 1):
+        return _unsplit(options, data, per_replica, replicas, search)
     if k and k > 1 and data.kind in ("pydataset", "other"):
         raise ConfigurationError(
             "accumulation_steps cannot split the batches of a keras.utils.PyDataset "
@@ -303,13 +346,7 @@ def _accumulation(
             )
         why = f"accumulation_steps={k} you passed" if k > 1 else "accumulation_steps=1"
         return accumulation_rules.Split(per_replica // k, k, True, why), []
-    bound, source = None, ""
-    if options.max_batch_size:
-        bound, source = max(1, options.max_batch_size // replicas), "max_batch_size"
-    if search is not None and not searched_batch(options, data):
-        measured = search.per_replica_batch_size
-        if bound is None or measured < bound:
-            bound, source = measured, "measured"
+    bound, source = _micro_bound(options, data, replicas, search)
     sp = accumulation_rules.split(per_replica, bound)
     if sp.steps > 1:
         sp = dataclasses.replace(sp, why=f"{sp.why} ({source} bound)")
@@ -328,6 +365,41 @@ def _accumulation(
             + f", or accumulation_steps= a divisor of {per_replica}."
         )
     return sp, warnings
+
+
+def _micro_bound(
+    options: Options, data: DataFacts, replicas: int, search: Any
+) -> tuple[int | None, str]:
+    """The most samples per replica one forward pass may take, and whence:
+    `max_batch_size`, or the search's measure where it only bounds it."""
+    bound, source = None, ""
+    if options.max_batch_size:
+        bound, source = max(1, options.max_batch_size // replicas), "max_batch_size"
+    if search is not None and not searched_batch(options, data):
+        measured = search.per_replica_batch_size
+        if bound is None or measured < bound:
+            bound, source = measured, "measured"
+    return bound, source
+
+
+def _unsplit(
+    options: Options, data: DataFacts, per_replica: int, replicas: int, search: Any
+) -> tuple[accumulation_rules.Split, list[str]]:
+    """Data that makes its own batches trains on them as they are: kerascale
+    cannot cut them into micro-batches, and says so where a bound asks it."""
+    sp = accumulation_rules.Split(per_replica, 1, True, "not split")
+    bound, source = _micro_bound(options, data, replicas, search)
+    if not bound or not per_replica or per_replica <= bound:
+        return sp, []
+    what = "keras.utils.PyDataset" if data.kind == "pydataset" else "input"
+    return sp, [
+        f"Gradient accumulation skipped: your {what} makes its own batches of "
+        f"{per_replica} per replica, above the {bound} that fit in one forward "
+        f"pass ({source}), and kerascale cannot cut them. They train as they "
+        f"are. To accumulate, make its batches {bound * replicas} and pass "
+        f"accumulation_steps= with a tf.data.Dataset or arrays, or "
+        "kerascale.accumulate(model, steps) with plain model.fit."
+    ]
 
 
 def _lr_factor(options: Options, data: DataFacts, effective: int) -> tuple[float, str]:

@@ -97,3 +97,22 @@ def unsynthesisable(x: Any, y: Any) -> str:
         if not numeric:
             return f"it holds {dtype} values (not numbers)"
     return ""
+
+
+def unsplittable(x: Any, y: Any = None) -> str:
+    """Why JAX cannot split a batch of these arrays evenly over devices
+    (Keras lays out dense arrays only), or "": sparse or ragged values."""
+    leaves = keras.tree.flatten(x) + ([] if y is None else keras.tree.flatten(y))
+    for leaf in leaves:
+        if leaf is None:
+            continue
+        if _is_composite(leaf) or _is_sparse(leaf):
+            return f"your data holds a {type(leaf).__name__}"
+    return ""
+
+
+def _is_sparse(leaf: Any) -> bool:
+    """A SciPy sparse matrix or a JAX sparse array (by module: neither
+    library is imported for it)."""
+    module = type(leaf).__module__ or ""
+    return module.startswith(("scipy.sparse", "jax.experimental.sparse"))

@@ -58,6 +58,8 @@ class DataFacts:
         splittable: Whether each batch can be cut as it is read, without
             reading ahead (a `PyDataset`, a generator, a grain dataset): how
             JAX's devices and processes get their even shares of it.
+        unsplittable: Why no batch of it can be split over devices (sparse
+            or ragged values), or "".
     """
 
     kind: str
@@ -68,6 +70,7 @@ class DataFacts:
     cacheable: bool = False
     why_not_measurable: str = ""
     splittable: bool = False
+    unsplittable: str = ""
 
     @property
     def measurable(self) -> bool:
@@ -174,6 +177,7 @@ def inspect(
         listed = arrays.scalar_lists(x) or (y is not None and arrays.scalar_lists(y))
         x, y = arrays.lists_as_arrays(x), arrays.lists_as_arrays(y)
         facts = _inspect_arrays(x, y, name=name)
+        facts = dataclasses.replace(facts, unsplittable=arrays.unsplittable(x, y))
         why = arrays.unsynthesisable(x, y) or (
             "it holds Python lists of values (pass NumPy arrays)" if listed else ""
         )
@@ -252,6 +256,11 @@ def _inspect_dataset(
         cardinality >= 0
     ):  # known: elements, or batches of `batch` (the last may be short)
         samples = cardinality * batch if batch else cardinality
+    composite = [
+        type(spec).__name__
+        for spec in tf.nest.flatten(ds.element_spec)
+        if not isinstance(spec, tf.TensorSpec)
+    ]
     return DataFacts(
         kind="dataset",
         batched=batch is not None,
@@ -259,6 +268,7 @@ def _inspect_dataset(
         num_samples=samples,
         from_files=reads_files(ds),
         cacheable=cacheable(ds)[0],
+        unsplittable=f"your data holds a {composite[0]}" if composite else "",
     )
 
 

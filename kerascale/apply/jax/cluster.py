@@ -26,7 +26,7 @@ from typing import Any
 
 from kerascale.apply import keras_compat
 from kerascale.apply.tensorflow import cluster as tf_cluster
-from kerascale.errors import warn
+from kerascale.errors import ClusterConfigError, warn
 from kerascale.sense import jax_processes
 
 logger = logging.getLogger("kerascale")
@@ -81,6 +81,67 @@ def join_at_import(environ: Mapping[str, str] | None = None) -> bool:
         jax.process_index(),
     )
     return True
+
+
+def connect(
+    worker_timeout: float | str = tf_cluster.DEFAULT_WORKER_TIMEOUT,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> Any:
+    """`kerascale.connect_cluster()` on JAX: joins the JAX processes the
+    environment describes through `jax.distributed` (or finds them joined
+    already, by `import kerascale` or by you), and never starts TensorFlow.
+
+    Returns:
+        A `keras.distribution.DataParallel` over every process's devices,
+        or None where the environment describes one process only.
+
+    Raises:
+        ClusterConfigError: For a malformed description, or when JAX has
+            already computed in this process and cannot join any more.
+    """
+    timeouts = tf_cluster.validate_timeout(worker_timeout)
+    env = os.environ if environ is None else environ
+    import jax
+
+    if not jax.distributed.is_initialized():
+        described = jax_processes.describe(env)
+        if described is None:
+            return None
+        if described.error:
+            raise ClusterConfigError(f"{described.source}: {described.error}")
+        if not described.several:
+            return None
+        try:
+            jax.distributed.initialize(
+                coordinator_address=described.coordinator,
+                num_processes=described.num_processes,
+                process_id=described.process_id,
+                initialization_timeout=math.ceil(timeouts.start),
+                heartbeat_timeout_seconds=math.ceil(timeouts.heartbeat),
+            )
+        except RuntimeError as e:
+            if "before any JAX" not in str(e):
+                raise
+            raise ClusterConfigError(
+                f"{described.source} describes {described.num_processes or 'several'}"
+                " JAX processes, but JAX has already computed in this process, and "
+                "it can only join them before. Call kerascale.connect_cluster() "
+                "(or import kerascale, which joins them) at the top of your "
+                "script, before building the model or the data."
+            ) from None
+    elif worker_timeout != tf_cluster.DEFAULT_WORKER_TIMEOUT:
+        warn(
+            f"JAX's processes were joined already (at import, or by "
+            f"jax.distributed.initialize); worker_timeout={worker_timeout!r} is "
+            f"ignored. Set {tf_cluster.WORKER_TIMEOUT_ENV} in the environment "
+            "for the join at import."
+        )
+    if jax.process_count() == 1:
+        return None
+    import keras
+
+    return keras.distribution.DataParallel(devices=jax.devices())
 
 
 def processes() -> tuple[int, int]:

@@ -87,10 +87,21 @@ given (`keras.src.backend.common.remat.RematMode`), on the layers named, and
 its undo puts back each layer's own. Checked by tests/test_compat.py and
 tests_jax/test_compat_jax.py (the memory a compiled step needs drops, and
 the undo restores it).
+
+6. What Keras's `fit` builds from arrays, and Keras's JAX state after a
+failed `fit`.
+
+- `keras.src.trainers.data_adapters.get_data_adapter`: Keras exports no way
+  to build the pipeline its `fit` makes of arrays (on TensorFlow a dataset
+  holding a copy of them), which the batch search must count in the process
+  where `fit` trains (`read_like_fit`; `kerascale.measure.host_share`).
+- `Variable._value` (JAX backend): `fit` empties the variables while it
+  trains and leaves them empty when its first step raises (`StateGuard`).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import inspect
@@ -223,6 +234,8 @@ PRIVATE_NAMES = (
     "keras.Optimizer._distribution_strategy (TensorFlow backend, after build)",
     "keras.Variable._layout, _direct_assign, _value (JAX backend)",
     "keras.Operation._remat_mode, keras.src.backend.common.remat.RematMode",
+    "keras.src.trainers.data_adapters.get_data_adapter",
+    "keras.Variable._value emptied by a JAX fit whose first step raises",
 )
 ACCUMULATION_METHODS = (
     "_backend_apply_gradients",
@@ -459,6 +472,9 @@ def _built_under_a_strategy(opt: Any) -> bool:
 
 # 4. (JAX backend) in jax_variables.py, re-exported here.
 from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402
+    StateGuard as StateGuard,
+)
+from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402
     lay_out as lay_out,
 )
 from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402
@@ -467,6 +483,25 @@ from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402
 from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402
     train_state as train_state,
 )
+
+
+def read_like_fit(
+    x: Any, y: Any, batch: int, shuffle: Any, backend: str, batches: int
+) -> Any:
+    """Builds the pipeline Keras's `fit` makes of arrays at `batch`
+    (`get_data_adapter`, then its TensorFlow dataset or its JAX iterator),
+    reads `batches` batches from it, and returns what holds them."""
+    from keras.src.trainers.data_adapters import get_data_adapter
+
+    adapter = get_data_adapter(x=x, y=y, batch_size=batch, shuffle=shuffle)
+    if backend == "tensorflow":
+        iterator = iter(adapter.get_tf_dataset())
+    else:
+        iterator = adapter.get_jax_iterator()
+    # A step's batch and the next one: what training holds at once.
+    held = collections.deque(maxlen=2)
+    held.extend(b for b, _ in zip(iterator, range(batches), strict=False))
+    return adapter, iterator, list(held)
 
 
 def set_remat(layers: list[Any], mode: str) -> Any:

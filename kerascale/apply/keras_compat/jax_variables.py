@@ -110,3 +110,45 @@ def _layouts_by_reference(model: Any, distribution: Any) -> Callable[[Any], Any]
 
 
 _JAX_TRACED = ("train_function", "test_function", "predict_function")
+
+
+class StateGuard:
+    """Puts a model's variables back after Keras's JAX `fit` raised in its
+    first step.
+
+    Keras's JAX `fit` takes every variable's value into the step's state at
+    an epoch's first step and empties the variable (`_value = None`,
+    `_purge_model_variables`); its `finally` puts back the state of the last
+    step that completed (`jax_state_sync` from `_jax_state`). When the very
+    first step raises there is none, and the model is left with empty
+    variables: any later use fails with "'NoneType' object is not callable"
+    (Keras 3.15). `before_first_step` keeps references to the values (no
+    copy); `recover` puts them back where the failed step did not consume
+    them (a step that ran donates its inputs)."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self._kept: list[tuple[Any, Any]] = []
+
+    def before_first_step(self) -> None:
+        self._kept = [(v, v._value) for v in model_variables(self.model)]
+
+    def emptied(self) -> bool:
+        return any(v._value is None for v in model_variables(self.model))
+
+    def recover(self) -> bool:
+        """Returns whether the model holds values in every variable again."""
+        if not self.emptied():
+            return True
+        if self._kept and not _deleted([value for _, value in self._kept]):
+            for v, value in self._kept:
+                if v._value is None:
+                    v._value = value
+        return not self.emptied()
+
+
+def _deleted(values: Any) -> bool:
+    import jax
+
+    leaves = jax.tree_util.tree_leaves(values)
+    return any(getattr(leaf, "is_deleted", lambda: False)() for leaf in leaves)

@@ -80,12 +80,15 @@ class StepMemory:
         distribution: The `keras.distribution` the run sets, or None.
         replicas: How many ways the batch is split.
         host: The devices are the CPU's: every replica's buffers share the
-            process's memory, and so does the batch the input pipeline
-            gathers on the host (Keras's array adapter copies each batch
-            out of your arrays), which the compiler does not see.
+            process's memory, and so does what the input pipeline holds on
+            the host (Keras's array adapter copies each batch out of your
+            arrays), which the compiler does not see.
         held_batches: Batches held beside the step's own, which the
             compiler does not see either: `kerascale.callbacks.Prefetch`'s
             read ahead (laid out on the devices as Keras lays out a batch).
+        input_bytes: With `host`, what the input pipeline holds at a global
+            batch, as measured in this process (`measure.host_share`); else
+            one batch is counted.
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class StepMemory:
         *,
         host: bool = False,
         held_batches: int = 0,
+        input_bytes: Callable[[int], int] | None = None,
     ):
         import jax
 
@@ -126,6 +130,7 @@ class StepMemory:
             model.train_step, donate_argnums=0, out_shardings=shardings
         )
         self.host, self.held_batches = host, held_batches
+        self.input_bytes = input_bytes
         # Gradient accumulation adds one accumulator per trainable variable,
         # in its dtype and layout: held beside the state while training.
         self.accumulator_bytes = sum(
@@ -150,8 +155,14 @@ class StepMemory:
         need = max(0, total - self.state_bytes)
         # A replica's share of each batch held ahead, on its device.
         need += self.held_batches * self.sample_bytes * batch
-        if self.host:  # every replica in this process's memory, and the batch
-            need = need * self.replicas + self.sample_bytes * batch * self.replicas
+        if self.host:  # every replica in this process's memory, and the input
+            global_batch = batch * self.replicas
+            taken = (
+                self.input_bytes(global_batch)
+                if self.input_bytes is not None
+                else self.sample_bytes * global_batch
+            )
+            need = need * self.replicas + taken
         found = Compiled(batch, need, time.perf_counter() - start)
         return found
 

@@ -7,7 +7,7 @@ end the process (an out-of-memory on a CPU is the kernel's kill), so it runs
 in a fresh child process (`step_child`), as the TensorFlow path's probes do:
 it measures what the step really adds to resident memory, and `confirmed`
 moves the search's answer by that ratio: down where it would not fit, up
-(within XLA's bracket) where the step left room.
+where the step left room, as far as real steps show it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kerascale._units import format_bytes
@@ -81,6 +82,10 @@ def real_need(
     return int(json.loads(done.stdout.strip().splitlines()[-1])["need"]), ""
 
 
+# Real steps the confirmation may take (each a child process and a compile).
+MAX_REAL_STEPS = 4
+
+
 def confirmed(
     model: Any,
     element: Any,
@@ -88,27 +93,31 @@ def confirmed(
     chosen: int,
     seen: list[Compiled],
     limit: tuple[int, float, int],
+    *,
+    input_bytes: Callable[[int], int] | None = None,
 ) -> tuple[int, str]:
-    """On a CPU: `chosen` checked by a real step in a child process
-    (`real_need`), and moved by what the step really took, in proportion: down
-    where it would not fit (once more checked), up where it took at least
-    `STEP_UP` less than there is room for (checked too, and given up for
-    `chosen` where it does not fit); the batch and what the checks said.
-    `limit`: (the bytes free, the margin kept below them, the largest batch
-    it may step up to: below the smallest that XLA's count showed not to
-    fit, or the cap).
+    """On a CPU: `chosen` checked by real steps in child processes
+    (`real_need`), and moved by what each step really took, in proportion:
+    down where it does not fit, up where it took at least `STEP_UP` less
+    than there is room for, as far as real steps show room (XLA's count is
+    not the truth here), each move checked by another real step, at most
+    `MAX_REAL_STEPS`. Returns the largest batch a real step showed to fit
+    (or, where none did, the last step down) and what the steps said.
+    `limit`: (the bytes free, the margin kept below them, the cap).
+    `input_bytes`: what the input holds at a global batch, beside the step.
 
     A proportional step is conservative both ways: a step's constant part
     makes it too small going down and short of the room going up. The first
-    step down also aims `margin` below the room: the step that showed XLA's
-    count short is the only figure there is, and it varies."""
-    free, margin, ceiling = limit
+    step down also aims `margin` below the room: a real step's figure varies
+    (two steps of a CNN at one batch took 2% apart)."""
+    free, margin, cap = limit
     room = free * (1 - margin)  # the margin against the real figure too
     best = max((c for c in seen if c.need_bytes <= free), key=lambda c: c.batch)
     predicted = best.need_bytes * chosen / best.batch
     said: list[str] = []
-    fitted = None  # the largest batch a real step showed to fit
-    for attempt in range(2):
+    fitted: int | None = None  # the largest batch a real step showed to fit
+    failed: int | None = None  # the smallest it showed not to
+    for attempt in range(MAX_REAL_STEPS):
         real, why = real_need(
             model, element, plan.precision, chosen, plan.replicas,
             getattr(plan, "recompute", ""),
@@ -116,26 +125,31 @@ def confirmed(
         if real is None:
             said.append(f"not confirmed by a real step: {why}")
             return fitted or chosen, "; ".join(["", *said])
+        if input_bytes is not None:
+            real += input_bytes(chosen * plan.replicas)
         said.append(
             f"a real step at {chosen} took {format_bytes(real)} "
             f"({real / max(1.0, predicted):.2f}x XLA's count)"
         )
         proportional = max(1, math.floor(chosen * room / real))
-        if real > room and fitted is not None:
-            said[-1] += f": back to {fitted}"
-            return fitted, "; ".join(["", *said])
         if real <= room:
-            upper = min(ceiling, proportional)
-            if attempt or upper < chosen * (1 + STEP_UP):
+            fitted = chosen
+            upper = min(cap, proportional, (failed or cap + 1) - 1)
+            if upper < chosen * (1 + STEP_UP) or attempt == MAX_REAL_STEPS - 1:
                 return chosen, "; ".join(["", *said])
-            fitted, moved = chosen, f"stepped up to {upper}"
+            moved = f"stepped up to {upper}"
         else:
-            # XLA's count fell short: the real figure rules, and it is noisy
-            # (two steps of a CNN at one batch took 2% apart), so the first
-            # step down aims a margin below the room, not at it; a second
-            # (the first's step over the room, by the noise) aims at it.
-            upper = max(1, math.floor(proportional * (1 - margin * (not attempt))))
+            failed = chosen
+            if fitted is not None:
+                upper = (fitted + chosen) // 2
+                if upper <= fitted:
+                    said[-1] += f": back to {fitted}"
+                    return fitted, "; ".join(["", *said])
+            else:
+                # The real figure rules, and it is noisy: the first step down
+                # aims a margin below the room, not at it.
+                upper = max(1, math.floor(proportional * (1 - margin * (not attempt))))
             moved = f"stepped down to {upper}"
         said[-1] += f": {moved}"
         predicted, chosen = predicted * upper / chosen, upper
-    return chosen, "; ".join(["", *said])
+    return fitted or chosen, "; ".join(["", *said])

@@ -24,7 +24,7 @@ from kerascale.apply.jax import reader
 from kerascale.apply.session import Session
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import batch as batch_lib
-from kerascale.measure import cache
+from kerascale.measure import cache, host_share
 from kerascale.measure.jax import compiled, confirm
 from kerascale.measure.probe import OK, OOM, ProbeResult
 from kerascale.measure.result import BatchSearchResult
@@ -83,27 +83,46 @@ def run_search(
     host = hw.accelerator == "cpu" and not options.device_memory
     element = compiled.element_of(x, y)
     held = reader.HELD if rules.PREFETCH in plan.data_changes else 0
+    share = _host_share(x, y, data, plan, options, host, (start, cap))
     key = _key(
         model, element, plan, hw, options, cap=cap, first=first,
         accumulation=accumulation_steps, ahead=held, mode=options.mode,
         timed=timed,
     )  # fmt: skip
     cached = _cached(key, options)
-    if cached is not None:
+    slack = (options.memory_limit or host_share.NO_LIMIT_SLACK * 100) // 100
+    if cached is not None and share.covered_by(
+        cached.host_share, cached.batch_size, slack
+    ):
         return cached
     searched, free = _compiled(
         model, element, plan, (hw, options, host), instance,
-        (start, cap, held, accumulation_steps, timed),
+        (start, cap, held, accumulation_steps, timed), share=share,
     )  # fmt: skip
-    found = _answer(model, element, plan, options, host, searched, free, (cap, why_cap))
+    found = _answer(
+        model, element, plan, options, host, searched, free, (cap, why_cap),
+        share=share,
+    )  # fmt: skip
+    found = dataclasses.replace(found, host_share=tuple(share.to_list()))
     if options.cache:
         cache.cache_write(KIND, key, found.to_dict())
     # The search's compiles (and the model saved for the confirming child)
     # leave garbage and freed heap: training in this process must start
     # from what the budget above was read against.
     if host:
-        memory.release_freed()
+        _release_compiles()
     return found
+
+
+def _release_compiles() -> None:
+    """Hands back what the search's compiles hold in this process (JAX's
+    in-memory caches of traced and compiled functions: 19 MB after five
+    compiles of an MLP) and the heap the compiler freed: training in this
+    process compiles its own step, and must find the room the budget saw."""
+    import jax
+
+    jax.clear_caches()
+    memory.release_freed()
 
 
 def _compiled(
@@ -113,6 +132,8 @@ def _compiled(
     where: tuple[Any, batch_lib.SearchOptions, bool],
     instance: Any,
     asked: tuple[int, int, int, int | None, bool],
+    *,
+    share: host_share.HostShare,
 ) -> tuple[tuple[int, int | None, list[compiled.Compiled]], tuple[int, str]]:
     """The compiles of `run_search`, in a session that puts everything back:
     ((fits, fails, the compiles), (the bytes free, why)). `where`: (hw,
@@ -126,15 +147,16 @@ def _compiled(
         # the compile of the batch it trains at.
         trained, dist = session.model_for(model, plan, instance=instance)
         step = reported(compiled.StepMemory, "Building the train step's state")(
-            trained, element, dist, plan.replicas, host=host, held_batches=held
-        )
+            trained, element, dist, plan.replicas, host=host, held_batches=held,
+            input_bytes=share.input_bytes if share.measured else None,
+        )  # fmt: skip
         # Read after the step's state is built (the optimizer's slots) and a
         # first compile (the compiled program, held while training), less
         # the heap the compiler freed, which a CPU process would keep.
         need = reported(step.need)
         first_compile = need(max(1, min(start, cap)))
         if host:
-            memory.release_freed()
+            _release_compiles()
         alone = _free(hw, options, step)
         free, why_free = _less_accumulators(
             *alone, step, trained, accumulation_steps, host
@@ -158,6 +180,8 @@ def _answer(
     searched: tuple[int, int | None, list[compiled.Compiled]],
     limit: tuple[int, str],
     capped: tuple[int, str],
+    *,
+    share: host_share.HostShare,
 ) -> BatchSearchResult:
     """The search's answer from its compiles: the ladder for the trials, or
     the batch (on a CPU confirmed by a real step in a child). `capped`: the
@@ -177,16 +201,44 @@ def _answer(
         return _ladder(plan, chosen, seen, limit, why_cap)
     confirmed = ""
     if host and _confirmable(plan) and options.isolate is not False:
-        # Up to XLA's bracket: the batch its count showed not to fit is the
-        # smallest failing one the result reports.
-        ceiling = min(cap, fails - 1) if fails is not None else chosen
+        # As far as real steps show room: XLA's count is not the truth on a
+        # CPU (it missed a conv net's scratch, and overstated others).
         chosen, confirmed = confirm.confirmed(
-            model, element, plan, chosen, seen, (free, options.margin, ceiling)
-        )
+            model, element, plan, chosen, seen, (free, options.margin, cap),
+            input_bytes=share.input_bytes if share.measured else None,
+        )  # fmt: skip
         granularity = ROUND_TO if chosen >= ROUND_FROM else 1
         chosen -= chosen % granularity
     result = (chosen, granularity, confirmed)
     return _result(plan, options, fits, fails, seen, limit, why_cap, result)
+
+
+def _host_share(
+    x: Any,
+    y: Any,
+    data: Any,
+    plan: Any,
+    options: batch_lib.SearchOptions,
+    host: bool,
+    first_and_cap: tuple[int, int],
+) -> host_share.HostShare:
+    """Where the host's memory is the budget, what Keras's fit holds of the
+    input beside the step (`measure.host_share`)."""
+    if not host:
+        return host_share.HostShare()
+    start, cap = first_and_cap
+    large = max(1, min(cap, 4 * start))
+    share = host_share.measure(
+        x,
+        y,
+        data,
+        plan,
+        # Its resident memory the budget subtracts itself; it is kept with
+        # the answer for the cache (`HostShare.covered_by`).
+        counts_resident=bool(options.memory_limit),
+        batches=(start * plan.replicas, large * plan.replicas),
+    )
+    return share
 
 
 def _key(model: Any, element: Any, plan: Any, hw: Any, options: Any, **parts: Any):
@@ -336,6 +388,8 @@ def free_bytes(hw: Any, options: batch_lib.SearchOptions) -> tuple[int, str]:
             raise batch_lib.SearchUnavailable("the memory available here is unknown")
         limit = int(available * compiled.CPU_DEFAULT_SHARE)
         why = f"{compiled.CPU_DEFAULT_SHARE:.0%} of the memory available"
+        # The memory available is what this process leaves: nothing to take.
+        return limit, f"{why} ({format_bytes(limit)})"
     resident = memory.resident_bytes() or 0
     return (
         limit - resident,

@@ -1,0 +1,182 @@
+"""What the process where `fit` trains holds beside a probe's step, on a CPU.
+
+`memory_limit` on a CPU is the resident memory of the process where `fit`
+trains: your data, the libraries, and what Keras's `fit` builds from the
+input (on TensorFlow, arrays become a dataset holding a copy of them; a
+pipeline's shuffle and prefetch buffers fill). A probe in a fresh child holds
+none of that. `measure` reads it in this process, where it is: the resident
+memory now, and what Keras's own data path for this input adds while it
+yields batches (at two batch sizes: a fixed part and a part per sample). The
+probes then count it (`HostShare.offset`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from typing import Any
+
+from kerascale._units import format_bytes
+from kerascale.sense import memory
+
+logger = logging.getLogger("kerascale")
+
+# Without memory_limit, how much more a process may hold than the one a
+# cached answer was searched in and still take it (with it: 1% of it).
+NO_LIMIT_SLACK = 64 << 20
+# Batches read from the input's pipeline while it is measured: enough for
+# its buffers (prefetch, a shuffle's) to fill as they do while training.
+BATCHES_READ = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class HostShare:
+    """The part of the process where `fit` trains that a probe child lacks.
+
+    Attributes:
+        resident: This process's resident memory, where `memory_limit`
+            counts it (0 where the limit is a share of the memory available
+            now, which this process's memory is already out of).
+        input_fixed: What Keras's `fit` builds from the input beside its
+            batches (a copy of arrays on TensorFlow), in bytes.
+        input_per_sample: What each sample of a global batch adds to it
+            (the batches held in its buffers), in bytes.
+        why: How it was found, for the result's reasons.
+    """
+
+    resident: int = 0
+    input_fixed: int = 0
+    input_per_sample: float = 0.0
+    why: str = ""
+
+    def input_bytes(self, global_batch: int) -> int:
+        return int(self.input_fixed + self.input_per_sample * global_batch)
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.why)
+
+    def offset(self, global_batch: int, child_base: int) -> int:
+        """Bytes to add to a child's resident memory (`child_base` before
+        its first batch) for the process where `fit` trains; 0 where
+        nothing was measured (a GPU's memory, a probe of its own)."""
+        if not self.measured:
+            return 0
+        return self.resident + self.input_bytes(global_batch) - child_base
+
+    def covered_by(self, saved: Any, global_batch: int, slack: int) -> bool:
+        """Whether an answer searched with `saved` (a `to_list()`) holding
+        beside its step holds here: this process holds no more than `slack`
+        bytes beyond it at `global_batch`."""
+        if not saved:
+            return not self.measured
+        resident, fixed, per_sample, why = saved
+        before = HostShare(int(resident), int(fixed), float(per_sample), str(why))
+        now = self.resident + self.input_bytes(global_batch)
+        then = before.resident + before.input_bytes(global_batch)
+        return now <= then + slack
+
+    def to_list(self) -> list[Any]:
+        return [self.resident, self.input_fixed, self.input_per_sample, self.why]
+
+
+def measure(
+    x: Any,
+    y: Any,
+    data: Any,
+    plan: Any,
+    *,
+    counts_resident: bool,
+    batches: tuple[int, int],
+    shuffle: Any = True,
+) -> HostShare:
+    """This process's share (see the module doc) for training `x`/`y` (the
+    data as `fit` gets it, `data` its facts) under `plan`.
+
+    Args:
+        counts_resident: Whether the limit counts this process's memory now
+            (`memory_limit` given).
+        batches: Two global batch sizes to read the input at.
+        shuffle: `fit`'s `shuffle` for arrays.
+    """
+    memory.release_freed()
+    resident = (memory.resident_bytes() or 0) if counts_resident else 0
+    reader = _reader(x, y, data, plan, shuffle)
+    if reader is None:
+        why = f"this process's {format_bytes(resident)} resident" if resident else ""
+        return HostShare(resident, why=why)
+    small, large = sorted(batches)
+    if small == large:
+        small = max(1, large // 4)
+    try:
+        at_small, at_large = _added(*reader, small), _added(*reader, large)
+    except Exception as e:  # Keras's own fit will say what is wrong
+        logger.debug("The input's memory was not measured: %s", e)
+        why = f"this process's {format_bytes(resident)} resident" if resident else ""
+        return HostShare(resident, why=why)
+    per_sample = max(0.0, (at_large - at_small) / max(1, large - small))
+    fixed = max(0, int(at_small - per_sample * small))
+    why = (
+        f"this process's {format_bytes(resident)} resident, and what Keras's fit "
+        f"builds from the input: {format_bytes(fixed)} + {format_bytes(per_sample)} "
+        "per sample, measured here"
+    )
+    return HostShare(resident, fixed, per_sample, why)
+
+
+def _added(setup: Any, read: Any, batch: int) -> int:
+    """The resident memory the input's pipeline holds while `BATCHES_READ`
+    batches of it at `batch` are read and held, beyond what `setup` (not
+    counted: what the process holds already) built. What it holds steadily,
+    not its momentary peak: a conversion's transient copy is gone before a
+    step's memory is taken (measured: a conv net's fit peaked at the data's
+    copy plus the step, not at the conversion's two copies plus the step)."""
+    built = setup(batch)
+    memory.release_freed()
+    before = memory.resident_bytes() or 0
+    held = read(built, batch)
+    memory.release_freed()
+    steady = memory.resident_bytes() or 0
+    del held, built
+    memory.release_freed()
+    return max(0, steady - before)
+
+
+def _reader(x: Any, y: Any, data: Any, plan: Any, shuffle: Any) -> Any:
+    """(setup, read) that build the input's pipeline at a batch as Keras's
+    `fit` does and read it; None where kerascale cannot read the input
+    without consuming it (a generator, a grain loader) or has no arrays."""
+    from kerascale.apply import keras_compat
+
+    if data.kind == "arrays" and data.measurable:
+        # Keras builds its pipeline of arrays (a copy, on TensorFlow) in fit.
+        def read_arrays(_: Any, batch: int) -> Any:
+            return keras_compat.read_like_fit(
+                x, y, batch, shuffle, plan.backend, BATCHES_READ
+            )
+
+        return (lambda batch: None), read_arrays
+    if data.kind == "dataset":
+        from kerascale.apply import data as data_lib
+        from kerascale.sense.data_facts import peekable
+
+        def setup(batch: int) -> Any:
+            # A copy with shuffles of its own (the user's order is left as
+            # it is), and with it a copy of what the pipeline holds in
+            # memory: built before the reading is measured, which the
+            # user's process holds once already.
+            planned = dataclasses.replace(
+                plan, micro_batch_size=max(1, batch // max(1, plan.replicas))
+            )
+            optimize = bool(plan.data_changes)
+            return data_lib.prepare(peekable(x), data, planned, optimize=optimize)
+
+        def read_dataset(ds: Any, _: int) -> Any:
+            # Its buffers fill as they do in training; the step holds one
+            # batch, and the next is on its way.
+            iterator = iter(ds.take(BATCHES_READ))
+            return iterator, collections.deque(iterator, maxlen=2)
+
+        return setup, read_dataset
+    return None

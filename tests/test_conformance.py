@@ -1,0 +1,52 @@
+"""kerascale's promises over the matrix (tests_common/conformance.py): the
+pairwise cover's TensorFlow cells here, in-process; its JAX-with-TensorFlow
+and two-device cells in a child process each (the backend and the devices
+are chosen before they start). tools/conformance_matrix.py runs every cell."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import conformance
+import pytest
+
+SCRIPT = Path(conformance.__file__)
+HERE = [
+    c
+    for c in conformance.covered_cells()
+    if (c.backend, c.devices) == ("tensorflow", 1)
+]
+
+
+@pytest.mark.parametrize("cell", HERE, ids=[c.id for c in HERE])
+def test_promise_holds(cell, tmp_path):
+    result = conformance.check(cell, tmp_path, _CACHE)
+    assert result == "ok" or result.startswith("dropped"), result
+
+
+_CACHE: dict = {}
+
+
+@pytest.mark.parametrize(
+    "backend, devices",
+    [("tensorflow", 2), ("jax", 1), ("jax", 2)],
+    ids=["tensorflow-2dev", "jax_with_tf-1dev", "jax_with_tf-2dev"],
+)
+def test_promises_hold_in_a_child(backend, devices, tmp_path):
+    """The pairwise cover's cells of another backend or device count."""
+    env = dict(
+        os.environ,
+        KERAS_BACKEND=backend,
+        KERASCALE_TEST_DEVICES=str(devices),
+        KERASCALE_CACHE_DIR=str(tmp_path / "cache"),
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", str(SCRIPT), "--pairwise"],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
+    assert rows, proc.stderr[-3000:]
+    failed = [row for row in rows if "| FAIL" in row]
+    assert proc.returncode == 0 and not failed, "\n".join(failed) or proc.stderr[-3000:]

@@ -1,0 +1,20 @@
+"""kerascale's promises over the matrix (tests_common/conformance.py): the
+pairwise cover's cells of JAX without TensorFlow, on this suite's device
+count (README runs it on 1 and on 2)."""
+
+import conformance
+import pytest
+from conftest import devices
+
+HERE = [
+    c
+    for c in conformance.covered_cells()
+    if (c.backend, c.devices) == ("jax", devices())
+]
+_CACHE: dict = {}
+
+
+@pytest.mark.parametrize("cell", HERE, ids=[c.id for c in HERE])
+def test_promise_holds(cell, tmp_path):
+    result = conformance.check(cell, tmp_path, _CACHE)
+    assert result == "ok" or result.startswith("dropped"), result
