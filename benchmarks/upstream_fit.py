@@ -135,7 +135,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--options", default="{}", help="kerascale options, JSON")
     parser.add_argument("--out", default=str(HERE / "results"))
-    parser.add_argument("--backend", choices=sorted(BACKEND_FILES), default="tensorflow")
+    parser.add_argument(
+        "--backend", choices=sorted(BACKEND_FILES), default="tensorflow"
+    )
     parser.add_argument(
         "--devices", type=int, default=1, help="JAX: forced host devices"
     )

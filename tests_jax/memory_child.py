@@ -17,10 +17,11 @@ tests_jax/test_compiled_search.py and benchmarks/jax_batch_search.py).
 Both build the same model on the same data, held in memory as a user's
 process holds it (the truth is the process where fit trains: its data, and
 what Keras's fit builds from it, count), so that each starts from the same
-resident memory; a step is one of Keras's own `fit` on those arrays. Where several devices are
-visible (XLA_FLAGS=--xla_force_host_platform_device_count=N), the search
-plans keras.distribution.DataParallel over them by itself, as kerascale.fit
-does, and a step trains under it; BATCH (like the batch found) is each
+resident memory; a step is one of Keras's own `fit` on those arrays.
+Where several devices are visible
+(XLA_FLAGS=--xla_force_host_platform_device_count=N), the search plans
+keras.distribution.DataParallel over them by itself, as kerascale.fit does,
+and a step trains under it; BATCH (like the batch found) is each
 replica's share.
 """
 
