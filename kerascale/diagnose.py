@@ -167,12 +167,15 @@ def diagnose(
         recompute=recompute, remeasure=remeasure, verbose=verbose,
     )  # fmt: skip
     timing = engines.timing(backend)
-    _readable(timing, x, y)
+    # A dataset that repeats forever is read for the steps diagnose times.
+    read = steps + timing.WARMUP_STEPS if _endless(x) else None
+    _readable(timing, x, y, read)
 
     def decided(not_rebuildable: Any = "") -> Any:
         return decide(
-            model, x, y, options, search=search, not_rebuildable=not_rebuildable
-        )
+            model, x, y, options, search=search, not_rebuildable=not_rebuildable,
+            steps_per_epoch=read,
+        )  # fmt: skip
 
     with Session() as session:
         session.enter(model_lib.preserved_state())
@@ -199,10 +202,19 @@ def _decode(x: Any, prepared: Any, batches_per_s: float) -> Any:
     return lambda: materialize.decode_share(x, per_s)
 
 
-def _readable(timing: Any, x: Any, y: Any) -> None:
+def _readable(timing: Any, x: Any, y: Any, steps: int | None) -> None:
     """Refuses, naming `x`, an input diagnose cannot read several times."""
-    if data_facts.inspect(x, y).kind not in timing.READABLE:
+    if data_facts.inspect(x, y, steps_per_epoch=steps).kind not in timing.READABLE:
         raise v.fail("x", type(x).__name__, timing.READABLE_HINT)
+
+
+def _endless(x: Any) -> bool:
+    """Whether `x` is a `tf.data` pipeline that repeats forever."""
+    if not data_facts.is_dataset(x):
+        return False
+    from kerascale._tf import tf
+
+    return int(x.cardinality()) == tf.data.INFINITE_CARDINALITY
 
 
 def _supported(backend: str) -> None:

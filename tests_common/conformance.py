@@ -46,6 +46,7 @@ PROMISES = (
     "sigterm_saves_and_exits",
     "accumulation_equals_large_batch",
     "time_budget_stops_with_checkpoint",
+    "diagnose_gives_a_verdict",
 )
 
 # How close two runs' weights must be: exact where nothing differs but the
@@ -346,7 +347,7 @@ def _resumed_like(cell, model, history, ref, steps) -> str:
     said = [w for w in _SAID if ORDER_MAY_DIFFER in w]
     assert said, f"{d} from uninterrupted, and nothing said"
     assert len(set(said)) == 1, said
-    why = said[0].split(ORDER_MAY_DIFFER)[-1].strip(": ")
+    why = said[0].split(ORDER_MAY_DIFFER)[-1].split(": ", 1)[-1]
     return f"dropped (one warning): order may differ: {why[:100]}"
 
 
@@ -517,6 +518,27 @@ def _time_budget_stops_with_checkpoint(cell, tmp_path, cache):
     return _resumed_like(cell, model, history, ref, steps)
 
 
+def _diagnose_gives_a_verdict(cell, tmp_path, cache):
+    """A verdict for every input `fit` takes that can be read more than once;
+    for one that cannot (a generator, a grain loader), an error that names
+    `x` and says why, before anything is read."""
+    import kerascale
+
+    model = make_model()
+    x, y, kwargs = make_input(cell.input)
+    try:
+        found = kerascale.diagnose(
+            model, x, y, steps=3, precision=cell.precision, verbose=0,
+            batch_size=kwargs.get("batch_size", "auto"),
+        )  # fmt: skip
+    except kerascale.ConfigurationError as e:
+        assert cell.input in ("generator", "grain"), e
+        assert str(e).startswith("x must be") and "read" in str(e), e
+        return "dropped (an error before reading): diagnose reads x several times"
+    assert found.bound in ("input", "compute", "memory"), found
+    return "ok"
+
+
 _CHECKS = {
     "trains_like_fit": _trains_like_fit,
     "continue_finished_run": _continue_finished_run,
@@ -524,6 +546,7 @@ _CHECKS = {
     "sigterm_saves_and_exits": _sigterm_saves_and_exits,
     "accumulation_equals_large_batch": _accumulation_equals_large_batch,
     "time_budget_stops_with_checkpoint": _time_budget_stops_with_checkpoint,
+    "diagnose_gives_a_verdict": _diagnose_gives_a_verdict,
 }
 
 

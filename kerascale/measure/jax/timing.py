@@ -27,13 +27,14 @@ from kerascale.apply.jax.reader import DEPTH, ReadAhead
 from kerascale.measure.result import Rates
 
 WARMUP_STEPS = 3
-# Prepared as Keras's JAX fit takes it (arrays, a PyDataset), which `rates`
-# reads several times: a generator can be read once.
+# Prepared as Keras's JAX fit takes it (arrays, a PyDataset, a tf.data
+# pipeline), which `rates` reads several times: a generator can be read once.
 AS_DATASET = False
-READABLE = ("arrays", "pydataset")
+READABLE = ("arrays", "pydataset", "dataset")
 READABLE_HINT = (
-    "arrays or a keras.utils.PyDataset for diagnose on JAX (it reads the data "
-    "several times, and a generator can be read once)"
+    "arrays, a keras.utils.PyDataset or a tf.data.Dataset for diagnose (it "
+    "reads the data several times, and a generator or a grain loader is used "
+    "up as it is read)"
 )
 
 
@@ -91,6 +92,11 @@ def measure(model: keras.Model, x: Any, y: Any, batch_size: int, steps: int) -> 
     kwargs: dict[str, Any] = {}
     if isinstance(x, keras.utils.PyDataset):
         args, batches = (x,), len(x)
+    elif _is_dataset(x):
+        # Read again and again, from a copy with shuffles of its own.
+        from kerascale.sense.data_facts import peekable
+
+        args, batches = (peekable(x).repeat(),), total
     else:
         args, kwargs["batch_size"] = (x, y), batch_size
         batches = math.ceil(_samples(x) / batch_size)
@@ -125,8 +131,20 @@ def first_batch(x: Any, y: Any, batch_size: int) -> Any:
     if isinstance(x, keras.utils.PyDataset):
         batch = x[0]
         return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+    if _is_dataset(x):
+        from kerascale.sense.data_facts import peekable
+
+        batch = next(iter(peekable(x).take(1)))
+        batch = keras.tree.map_structure(np.asarray, batch)
+        return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
     data = (x,) if y is None else (x, y)
     return keras.tree.map_structure(lambda a: np.asarray(a[:batch_size]), data)
+
+
+def _is_dataset(x: Any) -> bool:
+    from kerascale.sense.data_facts import is_dataset
+
+    return is_dataset(x)
 
 
 def _samples(x: Any) -> int:

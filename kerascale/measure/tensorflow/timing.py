@@ -22,8 +22,12 @@ WARMUP_STEPS = 3
 # Prepared as a tf.data pipeline (arrays become one), which this module reads.
 AS_DATASET = True
 # What diagnose can read several times here, and what to pass instead.
-READABLE = ("dataset", "arrays", "other")
-READABLE_HINT = "a tf.data.Dataset or arrays for diagnose"
+READABLE = ("dataset", "arrays", "pydataset")
+READABLE_HINT = (
+    "arrays, a keras.utils.PyDataset or a tf.data.Dataset for diagnose (it "
+    "reads the data several times, and a generator or a grain loader is used "
+    "up as it is read)"
+)
 
 
 def rates(prepared: Any, steps: int) -> Rates:
@@ -31,12 +35,37 @@ def rates(prepared: Any, steps: int) -> Rates:
     its data a `tf.data.Dataset`); no loader on TensorFlow (its `loaded` is
     NaN: tf.data's own prefetch is the pipeline's)."""
     ds, copy, total = prepared.x, prepared.model, WARMUP_STEPS + steps
+    if isinstance(ds, keras.utils.PyDataset):
+        ds = _cycled(ds)
     return Rates(
         input=_iterate(ds.repeat(), total),
         step=_train(copy, ds.take(1).cache().repeat(), total),
         plain=_train(copy, ds.repeat(), total),
         loaded=float("nan"),
     )
+
+
+def _cycled(py: Any) -> Any:
+    """A `PyDataset`'s batches as a `tf.data` pipeline, round and round."""
+    import itertools
+
+    import numpy as np
+    import tensorflow as tf
+
+    first = py[0]
+    first = tuple(first) if isinstance(first, (tuple, list)) else (first,)
+
+    def spec(a: Any) -> Any:
+        a = np.asarray(a)
+        return tf.TensorSpec((None, *a.shape[1:]), tf.as_dtype(a.dtype))
+
+    def batches() -> Any:
+        for i in itertools.count():
+            batch = py[i % len(py)]
+            yield tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+
+    signature = tuple(spec(a) for a in first)
+    return tf.data.Dataset.from_generator(batches, output_signature=signature)
 
 
 def _iterate(ds: Any, total: int) -> float:

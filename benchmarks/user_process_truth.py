@@ -1,0 +1,142 @@
+"""The batch search against the truth where `fit` trains (issue 38).
+
+    python benchmarks/user_process_truth.py [--limit 2GiB]
+        [--backends tensorflow,jax] [--models mlp,cnn]
+        [--precisions float32,mixed_bfloat16]
+
+For each backend, model and precision, a user's script
+(`user_process_child.py`) holds its data as arrays, calls
+`kerascale.find_batch_size(model, x, y, memory_limit=LIMIT)` and trains
+Keras's own `fit` at the answer in the same process, reporting its peak
+resident memory (what a container counts). The truth is found by bisection
+with fresh runs of the same script that train at a batch with no limit and
+report their peak: the largest batch whose peak stays under the limit. Beside
+it, the fresh-process truth the search answered for before (a process that
+holds one batch and nothing else). TensorFlow runs in `.venv`, JAX in
+`.venv-jax` (README's environments). Writes
+`benchmarks/results/user_process_truth.{json,md}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHILD = Path(__file__).with_name("user_process_child.py")
+PYTHON = {"tensorflow": ROOT / ".venv/bin/python", "jax": ROOT / ".venv-jax/bin/python"}
+
+
+def run(backend: str, *args: object) -> dict:
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run(
+        [str(PYTHON[backend]), str(CHILD), *map(str, args)],
+        capture_output=True, text=True, env=env, timeout=1800, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return {"peak": None, "error": done.stderr.strip().splitlines()[-1:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def truth(backend: str, mode: str, model: str, policy: str, limit: int, near: int):
+    """The largest batch whose `mode` run peaks under `limit`, by bisection
+    from `near`; (it, runs)."""
+    runs = 0
+
+    def fits(batch: int) -> bool:
+        nonlocal runs
+        runs += 1
+        peak = run(backend, mode, model, policy, batch).get("peak")
+        return peak is not None and peak <= limit
+
+    low, high = max(1, near), None
+    while not fits(low):
+        high, low = low, max(1, low // 2)
+        if low == 1 and not fits(1):
+            return 0, runs
+    step = max(1, low // 4)
+    while high is None:
+        if fits(low + step):
+            low, step = low + step, step * 2
+        else:
+            high = low + step
+    while high - low > max(1, low // 100):
+        mid = (low + high) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid
+    return low, runs
+
+
+def main() -> None:
+    from kerascale._units import format_bytes, parse_bytes
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--limit", default="2GiB")
+    p.add_argument("--backends", default="tensorflow,jax")
+    p.add_argument("--models", default="mlp,cnn")
+    p.add_argument("--precisions", default="float32,mixed_bfloat16")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = p.parse_args()
+    limit = parse_bytes("limit", args.limit)
+    rows = []
+    for backend in args.backends.split(","):
+        for model in args.models.split(","):
+            for policy in args.precisions.split(","):
+                started = time.perf_counter()
+                found = run(backend, "search-then-fit", model, policy, limit)
+                answer = found.get("answer") or found.get("batch") or 1
+                user, user_runs = truth(backend, "fit", model, policy, limit, answer)
+                fresh, fresh_runs = truth(
+                    backend, "fresh", model, policy, limit, user or answer
+                )
+                row = {
+                    "backend": backend,
+                    "model": model,
+                    "precision": policy,
+                    "answer": found.get("answer"),
+                    "peak_at_answer": found.get("peak"),
+                    "fits": found.get("peak") is not None and found["peak"] <= limit,
+                    "truth_user_process": user,
+                    "truth_fresh_process": fresh,
+                    "answer_vs_user_truth": round(answer / user, 3) if user else None,
+                    "search_seconds": found.get("seconds"),
+                    "truth_runs": user_runs + fresh_runs,
+                    "seconds": round(time.perf_counter() - started, 1),
+                    "error": found.get("error"),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "user_process_truth.json").write_text(json.dumps(rows, indent=2))
+    lines = [
+        f"Batch search vs the truth where fit trains, limit {args.limit} "
+        f"({time.strftime('%Y-%m-%d')})",
+        "",
+        "| backend | model | precision | answer | peak at answer (user's "
+        "process) | truth, user's process | answer / truth | truth, fresh "
+        "process | search s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        peak = format_bytes(r["peak_at_answer"]) if r["peak_at_answer"] else "-"
+        lines.append(
+            f"| {r['backend']} | {r['model']} | {r['precision']} | {r['answer']} | "
+            f"{peak}{'' if r['fits'] else ' (OVER)'} | {r['truth_user_process']} | "
+            f"{r['answer_vs_user_truth']} | {r['truth_fresh_process']} | "
+            f"{r['search_seconds']} |"
+        )
+    (out / "user_process_truth.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
