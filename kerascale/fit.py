@@ -333,6 +333,7 @@ class _Deciding:
         *,
         write: bool = True,
     ):
+        x = data_facts.first_read(x)
         x, self.materialized, why_not = materialize_lib.for_fit(
             x, request.materialize, write=write
         )

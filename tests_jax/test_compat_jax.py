@@ -161,4 +161,4 @@ def test_read_like_fit_reads_the_batches_kerascale_counts():
 
     x, y = np.zeros((40, 3), "float32"), np.zeros((40, 1), "float32")
     _, _, held = keras_compat.read_like_fit(x, y, 8, True, "jax", 3)
-    assert len(held) == 3 and held[0][0].shape == (8, 3)
+    assert len(held) == 2 and held[0][0].shape == (8, 3)  # the step's and the next

@@ -6,6 +6,7 @@ import os
 import pathlib
 import subprocess
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -394,17 +395,58 @@ def test_a_searched_batch_that_runs_out_at_the_first_step_is_stepped_down(
     assert np.isfinite(history.history["loss"]).all()
 
 
+_RERUN = """
+import json, sys
+import numpy as np
+sys.path.insert(0, {here!r})
+import kerascale
+from test_compiled_search import _mlp
+x = np.ones((20_000, 256), "float32")
+y = np.zeros(20_000, "int32")
+once = dict(memory_limit="1GiB", isolate=False, recompute=False, verbose=0)
+r = kerascale.find_batch_size(_mlp(), x, y, force={force}, **once)
+print(json.dumps([r.batch_size, r.cached]))
+"""
+
+
+def _rerun(tmp_path, force=False):
+    """The same script run again, in a process of its own, on one cache."""
+    code = _RERUN.format(here=str(Path(__file__).parent), force=force)
+    env = {**os.environ, "KERASCALE_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.once
-def test_a_second_search_reads_the_cache():
-    x = np.zeros((20_000, 256), "float32")
+def test_a_second_run_of_the_script_reads_the_cache(tmp_path):
+    """A rerun holds what the first run held (its data, its libraries): the
+    answer found for that process is read back; `force` searches anew. (In
+    one process, a second search holds the first's leftovers, and a
+    process that holds more than the answer was found for searches again.)"""
+    first_batch, first_cached = _rerun(tmp_path)
+    again_batch, again_cached = _rerun(tmp_path)
+    assert not first_cached and again_cached
+    assert again_batch == first_batch
+    assert _rerun(tmp_path, force=True)[1] is False
+
+
+@pytest.mark.once
+def test_a_process_that_holds_more_searches_again():
+    """The cached answer was found for a process holding less than this
+    one does now: searched anew, not read back."""
+    x = np.ones((20_000, 256), "float32")
     y = np.zeros(20_000, "int32")
     once = dict(memory_limit="1GiB", isolate=False, recompute=False)
     first = kerascale.find_batch_size(_mlp(), x, y, **once)
+    held = np.ones(550 << 20, "uint8")  # 550 MiB more, resident
     again = kerascale.find_batch_size(_mlp(), x, y, **once)
-    assert not first.cached and again.cached
-    assert again.batch_size == first.batch_size
-    fresh = kerascale.find_batch_size(_mlp(), x, y, force=True, **once)
-    assert not fresh.cached
+    assert not first.cached and not again.cached
+    assert again.batch_size < first.batch_size
+    del held
 
 
 class Picky(keras.layers.Layer):

@@ -99,5 +99,5 @@ def test_a_generator_is_refused_naming_x_and_why():
         while True:
             yield np.zeros((8, 512), "float32"), np.zeros((8,), "int32")
 
-    with pytest.raises(ValueError, match="read once"):
+    with pytest.raises(ValueError, match="used up as it is read"):
         kerascale.diagnose(mlp(), gen())

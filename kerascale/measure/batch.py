@@ -244,7 +244,7 @@ def run_search(
         model, spec, hw, options, mode=mode, cap=cap, first=first, isolate=isolate
     )
     cached = _cached(key, options, verbose)
-    slack = (options.memory_limit or host_share.NO_LIMIT_SLACK * 100) // 100
+    slack = host_share.slack(options.memory_limit)
     if cached is not None and share.covered_by(
         cached.host_share, cached.batch_size, slack
     ):

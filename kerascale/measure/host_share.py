@@ -22,9 +22,16 @@ from kerascale.sense import memory
 
 logger = logging.getLogger("kerascale")
 
-# Without memory_limit, how much more a process may hold than the one a
-# cached answer was searched in and still take it (with it: 1% of it).
-NO_LIMIT_SLACK = 64 << 20
+# How much more a process may hold than the one a cached answer was searched
+# in and still take it: 2% of memory_limit (a second search in one process
+# found 15 MB more resident), at least this much.
+MIN_SLACK = 32 << 20
+
+
+def slack(memory_limit: int | None) -> int:
+    return max(MIN_SLACK, (memory_limit or 0) // 50)
+
+
 # Batches read from the input's pipeline while it is measured: enough for
 # its buffers (prefetch, a shuffle's) to fill as they do while training.
 BATCHES_READ = 4

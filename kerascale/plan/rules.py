@@ -207,6 +207,11 @@ def _uneven(
         return ""
     if data.unsplittable:
         return f"{data.unsplittable}, which JAX cannot split over devices"
+    if data.kind == "other" and not data.splittable:
+        return (
+            "kerascale cannot cut each batch of your input into even shares as "
+            "it is read"
+        )
     batch = data.batch_size if data.batched else None
     if data.kind != "pydataset" and isinstance(options.batch_size, int):
         batch = options.batch_size
@@ -215,6 +220,18 @@ def _uneven(
             f"your batch of {batch} does not split evenly over the "
             f"{where.replicas} devices"
         )
+    n = data.num_samples if data.kind == "arrays" else None
+    if n:
+        # Each epoch's last batch keeps what the devices divide: worth it
+        # where that leaves out a sample in a hundred or fewer.
+        step = batch or DEFAULT_BATCH_PER_REPLICA * where.replicas
+        dropped = (n % step) % where.replicas
+        if dropped * 100 > n:
+            return (
+                f"your {n} samples end in a batch that does not split evenly "
+                f"over the {where.replicas} devices, and leaving out "
+                f"{dropped} of them each epoch would change training"
+            )
     return ""
 
 

@@ -102,13 +102,22 @@ def unsynthesisable(x: Any, y: Any) -> str:
 def unsplittable(x: Any, y: Any = None) -> str:
     """Why JAX cannot split a batch of these arrays evenly over devices
     (Keras lays out dense arrays only), or "": sparse or ragged values."""
-    leaves = keras.tree.flatten(x) + ([] if y is None else keras.tree.flatten(y))
-    for leaf in leaves:
-        if leaf is None:
-            continue
+    for leaf in [*_objects(x), *_objects(y)]:
         if _is_composite(leaf) or _is_sparse(leaf):
             return f"your data holds a {type(leaf).__name__}"
     return ""
+
+
+def _objects(x: Any) -> list[Any]:
+    """The values in nested tuples, lists and dicts, not taken apart further
+    (a JAX sparse array is a tree of arrays to `keras.tree`)."""
+    if x is None:
+        return []
+    if isinstance(x, Mapping):
+        return [o for v in x.values() for o in _objects(v)]
+    if isinstance(x, list | tuple):
+        return [o for v in x for o in _objects(v)]
+    return [x]
 
 
 def _is_sparse(leaf: Any) -> bool:

@@ -183,15 +183,53 @@ def inspect(
         )
         return dataclasses.replace(facts, why_not_measurable=why) if why else facts
     # A generator, a grain or torch loader, an iterator: Keras reads it, and
-    # raises its own error for what it cannot.
+    # raises its own error for what it cannot. A generator's first batch,
+    # read at the door (`first_read`), tells its size and kind.
+    first = _FIRST.get(x) if pyinspect.isgenerator(x) else None
+    batch, unsplittable = None, ""
+    if first is not None:
+        inputs = first[0] if isinstance(first, tuple) else first
+        unsplittable = arrays.unsplittable(first)
+        with contextlib.suppress(Exception):
+            batch = (leading_dims(inputs) or [None])[0]
     return DataFacts(
         kind="other",
         batched=True,
+        batch_size=batch,
         why_not_measurable=(
             f"a {type(x).__name__} cannot be read ahead without consuming it"
         ),
         splittable=pyinspect.isgenerator(x) or _is_grain(x),
+        unsplittable=unsplittable,
     )
+
+
+# A generator's first element, read by `first_read`, keyed by the generator
+# that yields it again.
+_FIRST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def first_read(x: Any) -> Any:
+    """`x`, or for a generator one that yields the same elements, whose first
+    was read here to learn its batch (Keras reads one too before training,
+    to build the model): the elements, their order and the generator's own
+    side effects are Keras's, only the first comes a moment earlier."""
+    if not pyinspect.isgenerator(x) or x in _FIRST:
+        return x
+    try:
+        first = next(x)
+    except StopIteration:
+        return x  # empty: Keras says so
+    except Exception:
+        return x  # the generator's own error: Keras raises it when it reads
+
+    def again() -> Any:
+        yield first
+        yield from x
+
+    chained = again()
+    _FIRST[chained] = first
+    return chained
 
 
 def _is_grain(x: Any) -> bool:

@@ -106,6 +106,8 @@ def arrays(x: Any, y: Any, sample_weight: Any, share: Share, batch: int) -> tupl
     x, y = lists_as_arrays(x), lists_as_arrays(y)
     sample_weight = lists_as_arrays(sample_weight)
     leaves = [leaf for leaf in keras.tree.flatten(x) if leaf is not None]
+    if not leaves:  # no input at all: Keras says which it needs
+        return x, y, sample_weight, share.local_batch(batch)
     n = int(np.shape(leaves[0])[0])
     rows = share.rows(n, batch)
 

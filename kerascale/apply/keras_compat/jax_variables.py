@@ -29,8 +29,25 @@ def model_variables(model: Any) -> list[Any]:
         *model.non_trainable_variables,
         *(getattr(optimizer, "variables", None) or []),
         *getattr(model, "metrics_variables", []),
+        *_compiled_metric_variables(model),
     ]
     return list({id(v): v for v in found}.values())
+
+
+def _compiled_metric_variables(model: Any) -> list[Any]:
+    """The variables of the metric objects `compile` received, which Keras
+    lists among the model's only once its first step built the compiled
+    metrics (`_compile_config`): a metric made (and its state set) before
+    the run must be laid out with the rest."""
+    import keras
+
+    config = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    found = []
+    for name in ("metrics", "weighted_metrics"):
+        for obj in keras.tree.flatten(config.get(name)):
+            if isinstance(obj, keras.metrics.Metric):
+                found.extend(obj.variables)
+    return found
 
 
 def train_state(model: Any) -> tuple[list[Any], ...]:

@@ -90,7 +90,7 @@ def run_search(
         timed=timed,
     )  # fmt: skip
     cached = _cached(key, options)
-    slack = (options.memory_limit or host_share.NO_LIMIT_SLACK * 100) // 100
+    slack = host_share.slack(options.memory_limit)
     if cached is not None and share.covered_by(
         cached.host_share, cached.batch_size, slack
     ):
