@@ -104,6 +104,9 @@ def fit(
     request = _Request.from_arguments(locals())
     if not backend_lib.supported():
         return _plain_fit(model, x, y, locals(), fit_kwargs)
+    # A generator's first batch tells its size (and is given back first):
+    # training reads it anyway, where `plan` must leave it unread.
+    x = data_facts.first_read(x)
     deciding = _Deciding(model, x, y, request, fit_kwargs)
     decided = deciding.decide()
     try:
@@ -333,7 +336,6 @@ class _Deciding:
         *,
         write: bool = True,
     ):
-        x = data_facts.first_read(x)
         x, self.materialized, why_not = materialize_lib.for_fit(
             x, request.materialize, write=write
         )
