@@ -248,7 +248,8 @@ def _install_callbacks(
     plan = prepared.plan
     if backup is not None:
         backup.plan = plan
-        backup.input_source = InputSource(x, host_iterated=plan.backend == "jax")
+        host = backend_lib.traits(plan.backend).reads_in_step_thread
+        backup.input_source = InputSource(x, host_iterated=host)
 
         def forget(source: InputSource = backup.input_source) -> None:
             source.release()

@@ -400,7 +400,7 @@ def train(prepared: Prepared, *, verbose: Any) -> keras.callbacks.History:
     # Keras's JAX fit empties the model's variables while it trains, and
     # leaves them empty when it raises: they are put back here.
     guard = None
-    if prepared.plan.backend == "jax":
+    if backend_lib.traits(prepared.plan.backend).empties_variables:
         guard = keras_compat.StateGuard(prepared.model)
     steps = _StepWatch(guard.before_first_step if guard is not None else None)
     kwargs = dict(prepared.fit_kwargs)

@@ -198,7 +198,7 @@ def _uneven(
     batch the devices do not divide, or data that cannot be split (sparse,
     ragged). Across processes nothing is dropped (each would train alone)."""
     if (
-        hardware.backend != "jax"
+        not backend_lib.traits(hardware.backend).even_batches
         or options.strategy != "auto"
         or where.strategy != "data_parallel"
         or where.replicas <= 1

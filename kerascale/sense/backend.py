@@ -55,6 +55,9 @@ class Traits:
         even_batches: Whether its devices must divide each batch evenly (JAX
             lays a batch out along the mesh; `tf.distribute` splits an
             uneven one itself).
+        empties_variables: Whether its `fit` takes the variables' values out
+            while it trains, and leaves them out when its first step raises
+            (JAX: `keras_compat.StateGuard` puts them back).
     """
 
     name: str
@@ -67,6 +70,7 @@ class Traits:
     profiler_needs_tensorflow: bool
     joins_tf_clusters: bool
     even_batches: bool
+    empties_variables: bool = False
 
 
 _TRAITS = {
@@ -93,6 +97,7 @@ _TRAITS = {
         profiler_needs_tensorflow=False,
         joins_tf_clusters=False,
         even_batches=True,
+        empties_variables=True,
     ),
 }
 
