@@ -126,7 +126,9 @@ def confirmed(
             said.append(f"not confirmed by a real step: {why}")
             return fitted or chosen, "; ".join(["", *said])
         if input_bytes is not None:
-            real += input_bytes(chosen * plan.replicas)
+            # The child's fit holds its own batches: what the input adds
+            # beyond them (a pipeline's buffers) is this process's.
+            real += max(0, input_bytes(0))
         said.append(
             f"a real step at {chosen} took {format_bytes(real)} "
             f"({real / max(1.0, predicted):.2f}x XLA's count)"
