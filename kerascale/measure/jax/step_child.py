@@ -80,9 +80,7 @@ def main(
     before = memory.resident_bytes()
     if not memory.reset_resident_peak():
         raise SystemExit("cannot reset the resident peak here")
-    model.fit(
-        *data, batch_size=global_batch, epochs=1, steps_per_epoch=2, verbose=0
-    )
+    model.fit(*data, batch_size=global_batch, epochs=1, steps_per_epoch=2, verbose=0)
     print(json.dumps({"need": memory.resident_peak_bytes() - before}), flush=True)
 
 
