@@ -44,10 +44,18 @@ def run(backend: str, *args: object) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# The largest batch the truth looks for: the "fit" runs hold this many
+# samples at most (a larger batch is the whole data set again, and its peak
+# stays flat, so an expansion past it would never stop).
+CAP = {"mlp": 16384, "cnn": 4096}
+
+
 def truth(backend: str, mode: str, model: str, policy: str, limit: int, near: int):
     """The largest batch whose `mode` run peaks under `limit`, by bisection
-    from `near`; (it, runs)."""
+    from `near`, at most `CAP[model]` (where that fits: the whole data set);
+    (it, runs)."""
     runs = 0
+    cap = CAP[model]
 
     def fits(batch: int) -> bool:
         nonlocal runs
@@ -55,18 +63,20 @@ def truth(backend: str, mode: str, model: str, policy: str, limit: int, near: in
         peak = run(backend, mode, model, policy, batch).get("peak")
         return peak is not None and peak <= limit
 
-    low, high = max(1, near), None
+    low, high = min(cap, max(1, near)), None
     while not fits(low):
         high, low = low, max(1, low // 2)
         if low == 1 and not fits(1):
             return 0, runs
     step = max(1, low // 4)
     while high is None:
-        if fits(low + step):
-            low, step = low + step, step * 2
+        if low >= cap:
+            return cap, runs
+        if fits(min(cap, low + step)):
+            low, step = min(cap, low + step), step * 2
         else:
-            high = low + step
-    while high - low > max(1, low // 100):
+            high = min(cap, low + step)
+    while high - low > max(1, low // 50):
         mid = (low + high) // 2
         if fits(mid):
             low = mid

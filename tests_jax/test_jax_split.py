@@ -126,3 +126,25 @@ def test_on_one_device_nothing_is_cut():
     history, _, said = _kerascale(x, y, batch_size=32, strategy="default")
     assert not said
     assert not any("left out" in c for c in history.plan.data_changes)
+
+
+@two
+def test_a_step_too_small_to_share_stays_on_one_device_without_a_warning():
+    """Keras's SwapEMAWeights test: 10 samples at the default batch, whose
+    validation metric must equal `evaluate`'s after fit, to the last digit.
+    Split 5 and 5 over 2 devices its sum came out one ulp apart."""
+    x, y = toy_data(10)
+    model = dense_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = kerascale.fit(
+            model, x, y, epochs=2, verbose=0, validation_data=(x, y)
+        )
+    assert not [w for w in caught if issubclass(w.category, kerascale.KerascaleWarning)]
+    assert history.plan.replicas == 1
+    assert "fewer than 8" in history.plan.reasons["strategy"]
+    logs = model.evaluate(x, y, return_dict=True, verbose=0)
+    assert history.history["val_loss"][-1] == logs["loss"]
+    # 16 samples a step (8 each) are split
+    plan = kerascale.plan(dense_model(), *toy_data(64), batch_size=16, verbose=0)
+    assert plan.replicas == 2

@@ -24,6 +24,12 @@ from kerascale.sense.model_facts import ModelFacts
 
 # Keras's own default when `fit` gets arrays and no batch size.
 DEFAULT_BATCH_PER_REPLICA = 32
+# Data-parallel chosen on its own needs at least this many samples per
+# device in a step: below it a device idles, the all-reduce costs more than
+# the share saves, and a sum over a few samples is split for nothing (Keras's
+# SwapEMAWeights test: 10 samples over 2 devices, whose validation metric
+# then differed from `evaluate`'s in the last digit).
+MIN_SHARE = 8
 
 
 def make_plan(
@@ -54,6 +60,12 @@ def make_plan(
         UnsupportedError: For a cluster task that does not train.
     """
     where = _placement(hardware, options, model)
+    small = _small_share(hardware, options, data, where)
+    if small:  # a decision, not a dropped request: no warning
+        where = _by_default(
+            hardware, where.policy, where.reasons["precision"], model,
+            list(where.warnings), f"kept one device: {small}",
+        )  # fmt: skip
     uneven = _uneven(hardware, options, data, where)
     if uneven:
         where = _on_one_device(
@@ -190,6 +202,38 @@ def _placement(hardware: Hardware, options: Options, model: ModelFacts) -> _Plac
     )
 
 
+def _chosen_split(hardware: Hardware, options: Options, where: _Placement) -> bool:
+    """Whether `where` is data-parallel over one process's JAX devices that
+    kerascale chose on its own (across processes each would train alone)."""
+    return (
+        backend_lib.traits(hardware.backend).even_batches
+        and options.strategy == "auto"
+        and where.strategy == "data_parallel"
+        and where.replicas > 1
+        and not (hardware.cluster is not None and hardware.cluster.is_multi_worker)
+    )
+
+
+def _small_share(
+    hardware: Hardware, options: Options, data: DataFacts, where: _Placement
+) -> str:
+    """Why data-parallel that kerascale chose on its own would not pay, or
+    "": a step whose share per device is under MIN_SHARE samples."""
+    if not _chosen_split(hardware, options, where):
+        return ""
+    batch = data.batch_size if data.batched else None
+    if data.kind != "pydataset" and isinstance(options.batch_size, int):
+        batch = options.batch_size
+    n = data.num_samples if data.kind == "arrays" else None
+    step = min(batch or DEFAULT_BATCH_PER_REPLICA * where.replicas, n or batch or 0)
+    if 0 < step < MIN_SHARE * where.replicas:
+        return (
+            f"{step} samples a step leave each of the {where.replicas} devices "
+            f"fewer than {MIN_SHARE}"
+        )
+    return ""
+
+
 def _uneven(
     hardware: Hardware, options: Options, data: DataFacts, where: _Placement
 ) -> str:
@@ -197,13 +241,7 @@ def _uneven(
     devices would fail where plain `fit` on one device trains, or "": a
     batch the devices do not divide, or data that cannot be split (sparse,
     ragged). Across processes nothing is dropped (each would train alone)."""
-    if (
-        not backend_lib.traits(hardware.backend).even_batches
-        or options.strategy != "auto"
-        or where.strategy != "data_parallel"
-        or where.replicas <= 1
-        or (hardware.cluster is not None and hardware.cluster.is_multi_worker)
-    ):
+    if not _chosen_split(hardware, options, where):
         return ""
     if data.unsplittable:
         return f"{data.unsplittable}, which JAX cannot split over devices"
