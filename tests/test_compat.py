@@ -52,6 +52,11 @@ def test_the_model_internals_kerascale_uses_still_do_what_it_relies_on():
     kinds = [type(layer).__name__ for layer in compat.all_layers(outer)]
     assert kinds[0] == "Functional" and kinds.count("Dense") == 2
     assert "Sequential" in kinds
+    # Keras's counters of automatic names are put back after models made
+    # for kerascale's own measurements.
+    with compat.names_kept():
+        made = [keras.layers.Dense(1).name for _ in range(2)]
+    assert keras.layers.Dense(1).name == made[0] != made[1]
     # Functional and its subclasses are told apart from subclassed models.
     assert compat.is_graph_model(outer) and not compat.is_graph_model(inner)
 

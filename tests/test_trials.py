@@ -340,9 +340,47 @@ def test_optimize_data_is_validated(bad):
 
 def test_a_short_fit_skips_the_trials_and_says_so(monkeypatch):
     """A real fit of one second on a bf16 CPU: the trials would cost more
-    than 10% of it, so the rules stand and the plan says why."""
+    than 10% of it, so the rules stand and the plan says why (bf16's start
+    taken as repaid: a run near the line goes either way with the timing)."""
+    from kerascale.measure import first_trace
+
     monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: BF16_HOST)
+    monkeypatch.setattr(first_trace, "bf16_repays", lambda *a: (True, 0.0))
     history = kerascale.fit(dense_model(), mapped(), batch_size=32, epochs=1, verbose=0)
     plan = history.plan
     assert plan.precision == "mixed_bfloat16"  # the rule for a bf16 CPU
     assert "(trials skipped: the run (about 0." in plan.reasons["precision"]
+
+
+def test_a_run_too_short_to_repay_bf16_stays_float32(monkeypatch):
+    """The CPU rule's bf16 is weighed against its start-up (the policy set in
+    place and its first trace, measured once per process on a reference
+    model): a run of a few steps stays float32, and says why; a long run
+    takes bf16 without measuring it. Keras's `test_loss_weights` failed at
+    its 1e-3 tolerance when a 2-step run trained in bf16."""
+    from kerascale.measure import budget, first_trace
+
+    monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: BF16_HOST)
+    monkeypatch.setattr(budget, "BUDGET_SHARE", 1e-12)  # no trials: the rule
+    x, y = toy_data(64)
+    short = kerascale.plan(dense_model(), x, y, epochs=1, verbose=0)
+    assert short.precision == "float32"
+    assert "too short to repay bf16's start" in short.reasons["precision"]
+    assert first_trace.bf16_extra_seconds.cache_info().currsize == 1
+    # The reference models left no trace in Keras's automatic names.
+    assert keras.Sequential().name == "sequential"
+    measured = first_trace.bf16_extra_seconds.cache_info().hits
+
+    long = kerascale.plan(dense_model(), x, y, epochs=10**7, verbose=0)
+    assert long.precision == "mixed_bfloat16"
+    assert first_trace.bf16_extra_seconds.cache_info().hits == measured
+
+
+def test_bf16_repays_weighs_the_saving_against_the_measured_start(monkeypatch):
+    from kerascale.measure import first_trace
+
+    monkeypatch.setattr(first_trace, "bf16_extra_seconds", lambda backend: 0.1)
+    model = dense_model()  # 3 layers: the reference's cost, not scaled up
+    assert first_trace.bf16_repays(model, "tensorflow", 0.3) == (False, 0.1)
+    assert first_trace.bf16_repays(model, "tensorflow", 0.5) == (True, 0.1)
+    assert first_trace.bf16_repays(model, "tensorflow", 100.0) == (True, 0.0)

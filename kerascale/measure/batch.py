@@ -237,22 +237,23 @@ def run_search(
     if mode == "auto":
         mode = "throughput" if hw.accelerator == "cpu" else "max"
     long = timed or mode == "throughput"  # where speed decides
-    share = _host_share(x, y, data, plan, hw, options, cap, first)
     spec = _spec(x, y, data, plan, hw, options, long, memory, accumulation_steps)
-    spec = dataclasses.replace(spec, host_share=tuple(share.to_list()))
     key = _key(
         model, spec, hw, options, mode=mode, cap=cap, first=first, isolate=isolate
     )
     cached = _cached(key, options, verbose)
+    if cached is None and budget is not None and mode == "ladder":
+        rungs = ladder(cap, granularity_for(hw.accelerator, cap))
+        if why := budget.refuse_search(plan, rungs, spec.steps):
+            raise SearchSkipped(why)
+    # Measured only for an answer to give: it reads the input (seconds).
+    share = _host_share(x, y, data, plan, hw, options, cap, first)
+    spec = dataclasses.replace(spec, host_share=tuple(share.to_list()))
     slack = host_share.slack(options.memory_limit)
     if cached is not None and share.covered_by(
         cached.host_share, cached.batch_size, slack
     ):
         return cached
-    if budget is not None and mode == "ladder":
-        rungs = ladder(cap, granularity_for(hw.accelerator, cap))
-        if why := budget.refuse_search(plan, rungs, spec.steps):
-            raise SearchSkipped(why)
     if verbose != 0:
         print(
             f"kerascale: searching the batch size ({mode}, up to {cap} per replica, "

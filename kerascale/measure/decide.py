@@ -22,7 +22,7 @@ from kerascale.apply import strategy as strategy_lib
 from kerascale.apply.model import CannotRecreate
 from kerascale.measure import batch as batch_lib
 from kerascale.measure import budget as budget_lib
-from kerascale.measure import engines
+from kerascale.measure import engines, first_trace
 from kerascale.measure import recompute as recompute_lib
 from kerascale.measure import trials as trials_lib
 from kerascale.measure.agree import agree
@@ -36,6 +36,7 @@ from kerascale.measure.batch_plan import (
 )
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
+from kerascale.plan import precision as precision_rules
 from kerascale.plan.options import Options, say_pinned, user_instance
 from kerascale.plan.plan import Plan
 from kerascale.plan.rules import make_plan, searched_batch
@@ -80,6 +81,15 @@ class Decided:
     optimize_data: bool = True
     trials: Any = None
     recomputed: Any = None
+
+    @property
+    def measured_here(self) -> bool:
+        """Whether planning measured anything in this process (a search not
+        read from the cache, trials, recomputation weighed): what leaves
+        compiles' garbage and freed heap behind."""
+        searched = self.search is not None and not self.search.cached
+        tried = self.trials is not None and bool(self.trials.trials)
+        return searched or tried or self.recomputed is not None
 
 
 def validate_options(**kwargs: Any) -> tuple[Options, SearchOptions]:
@@ -369,11 +379,15 @@ def _tried(
     )
     if len(rungs) > 1:
         result = _batch_chosen(result, measured, rungs, plan.replicas)
+    # The rule's bf16, where the trials did not time it, weighed by its start.
+    short = "" if measured.measured("precision") else _too_short_for_bf16(
+        decided, model, budget
+    )  # fmt: skip
     settled = dataclasses.replace(
         options,
         precision=measured.precision
         if measured.measured("precision")
-        else options.precision,
+        else ("float32" if short else options.precision),
         optimize_data=measured.optimize_data
         if measured.measured("data_changes")
         else options.optimize_data,
@@ -383,6 +397,8 @@ def _tried(
     for field, tried in (("precision", try_precision), ("data_changes", try_pipeline)):
         if measured.measured(field):
             reasons[field] = measured.why(field)
+        elif field == "precision" and short:
+            reasons[field] = short
         elif tried and measured.skip_reason(field):
             reasons[field] += f" (trials skipped: {measured.skip_reason(field)})"
     return dataclasses.replace(
@@ -394,6 +410,35 @@ def _tried(
         if measured.measured("data_changes")
         else decided.optimize_data,
         trials=measured,
+    )
+
+
+def _too_short_for_bf16(
+    decided: Decided, model: Any, budget: budget_lib.RunBudget | None
+) -> str:
+    """Why bf16, which the CPU rule picks without a trial, would cost this
+    run more than it saves (`first_trace.bf16_repays`), or "": also where
+    the run's length is unknown (then the rule holds)."""
+    plan, options = decided.plan, decided.options
+    rule = (
+        options.precision == "auto"
+        and decided.hardware.accelerator == "cpu"
+        and plan.precision == "mixed_bfloat16"
+        and decided.model.policy == "float32"
+        and not precision_rules.trial_candidate(decided.hardware)
+    )
+    if not rule or budget is None:
+        return ""
+    samples = budget.samples(plan)
+    if samples is None or budget.per_sample is None:
+        return ""
+    run = samples * budget.per_sample
+    repays, cost = first_trace.bf16_repays(model, plan.backend, run)
+    if repays:
+        return ""
+    return (
+        f"float32: the run (about {run:.1f}s) is too short to repay bf16's "
+        f"start (about {cost:.2f}s)"
     )
 
 

@@ -106,6 +106,7 @@ import contextlib
 import hashlib
 import inspect
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -222,7 +223,8 @@ PRIVATE_NAMES = (
     "keras.Layer._layers (the layers it tracks)",
     "keras.src.models.functional.Functional",
     "keras.src.random.seed_generator.global_seed_generator",
-    "keras.src.backend.common.global_state.get_global_attribute",
+    "keras.src.backend.common.global_state.get_global_attribute "
+    "(global_seed_generator, object_name_uids)",
     "keras.Optimizer._learning_rate, _trainable_variables (after build)",
     "keras.Optimizer._iterations (a variable)",
     "keras.Optimizer._accumulated_gradients (built with accumulation)",
@@ -283,6 +285,24 @@ def existing_global_seed_generator() -> Any:
     from keras.src.backend.common import global_state
 
     return global_state.get_global_attribute("global_seed_generator")
+
+
+@contextlib.contextmanager
+def names_kept() -> Iterator[None]:
+    """Puts back Keras's counters of automatic names on exit: models and
+    layers that kerascale makes for itself must not rename the user's next
+    ones ("functional_3" for "functional_2")."""
+    from keras.src.backend.common import global_state
+
+    counters = global_state.get_global_attribute("object_name_uids")
+    before = dict(counters) if counters is not None else None
+    try:
+        yield
+    finally:
+        now = global_state.get_global_attribute("object_name_uids")
+        if now is not None:
+            now.clear()
+            now.update(before or {})
 
 
 def global_seed_generator() -> Any:

@@ -1,0 +1,99 @@
+"""What planning adds to a `fit` call that measures nothing (issue 39's bar:
+at most 50 ms over `model.fit`, the median of 20 alternating calls).
+
+A user's small model on a CPU, built fresh for each call (a new model is
+the expensive case: nothing is cached on it), trained one epoch on 512
+samples of NumPy arrays at Keras's default batch: `model.fit(x, y)` against
+`kerascale.fit(model, x, y)`, alternating, each in float32 as the user wrote
+it (what kerascale picks for a run this short). The per-call difference of
+the medians is the overhead; the same figures with the batch search's cache
+warm are what a second run of a notebook cell pays.
+
+    .venv/bin/python benchmarks/planning_overhead.py        # TensorFlow
+    KERAS_BACKEND=jax .venv-jax/bin/python benchmarks/planning_overhead.py
+
+Writes benchmarks/results/planning_overhead_BACKEND.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+
+import kerascale
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _results
+
+
+def model() -> keras.Model:
+    m = keras.Sequential(
+        [
+            keras.Input((32,)),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
+    m.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return m
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 32)).astype("float32")
+    y = rng.integers(0, 10, 512)
+
+    def plain() -> float:
+        m = model()
+        start = time.perf_counter()
+        m.fit(x, y, epochs=1, verbose=0)
+        return time.perf_counter() - start
+
+    def ours() -> float:
+        m = model()
+        start = time.perf_counter()
+        kerascale.fit(m, x, y, epochs=1, verbose=0)
+        return time.perf_counter() - start
+
+    plain(), ours()  # imports, Keras's first traces of its own code
+    times: dict[str, list[float]] = {"plain": [], "kerascale": []}
+    for _ in range(args.calls):
+        times["plain"].append(plain())
+        times["kerascale"].append(ours())
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    overhead_ms = 1000 * (medians["kerascale"] - medians["plain"])
+    plan = kerascale.plan(model(), x, y, verbose=0)
+    backend = keras.backend.backend()
+    _results.write(
+        f"planning_overhead_{backend}",
+        backend=backend,
+        precision=plan.precision,
+        calls=args.calls,
+        median_seconds={k: round(v, 4) for k, v in medians.items()},
+        overhead_ms=round(overhead_ms, 1),
+        seconds={k: [round(t, 4) for t in v] for k, v in times.items()},
+    )
+    print(
+        f"{backend}: model.fit {medians['plain'] * 1000:.0f} ms, kerascale.fit "
+        f"{medians['kerascale'] * 1000:.0f} ms (median of {args.calls}): "
+        f"{overhead_ms:+.0f} ms a call; plan precision {plan.precision}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""What bf16 costs a `fit` call before it gains anything: the policy set in
+place and the first step's trace under it, beyond float32's.
+
+Measured once per process and backend on a small reference model (a first
+training step at float32, against one under `mixed_bfloat16` set in place as
+`fit` sets it), and scaled to the user's model by its layers: tracing costs
+per operation. Nothing of the measurement stays: the reference models'
+layers are named, Keras's name counters and the random state are put back.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from typing import Any
+
+import keras
+import numpy as np
+
+from kerascale._state import preserved_state
+from kerascale.apply import keras_compat
+
+REFERENCE_LAYERS = 4
+# What bf16 saves of a CPU step where it is faster (at least): float32 steps
+# 1.40x longer on the AVX512-BF16 CPU of benchmarks/README.md's overhead
+# table (a saving of 0.29), a conv net's 1.3-1.9x.
+BF16_SAVING = 0.25
+# The reference's extra is a difference of two noisy timings: it is taken as
+# at least what setting the policy in place measured alone (benchmarks/
+# README.md's overhead table: 25 ms a call on 2 cores).
+MIN_EXTRA_SECONDS = 0.025
+# A saving this large repays any start-up cost measured here (the
+# reference's extra was 0.07 s on TensorFlow, 0.3 s on JAX, on 2 cores).
+SURELY_REPAID_SECONDS = 5.0
+
+
+def _reference(name: str) -> Any:
+    layers: list[Any] = [keras.Input((32,), name=f"{name}_in")]
+    layers += [
+        keras.layers.Dense(64, activation="relu", name=f"{name}_dense_{i}")
+        for i in range(REFERENCE_LAYERS - 1)
+    ]
+    layers.append(keras.layers.Dense(10, name=f"{name}_out"))
+    model = keras.Sequential(layers, name=name)
+    model.compile(keras.optimizers.SGD(name=f"{name}_sgd"), "mse")
+    return model
+
+
+def _first_step(policy: str) -> float:
+    """Seconds of a fresh reference model's first training step (its trace
+    and one step) under `policy`, set in place as `fit` sets it."""
+    from kerascale.apply import precision
+
+    model = _reference("kerascale_reference")
+    x, y = np.zeros((32, 32), "float32"), np.zeros((32, 10), "float32")
+    start = time.perf_counter()
+    undo = precision.apply(model, policy) if policy != "float32" else None
+    model.train_on_batch(x, y)
+    if undo is not None:
+        undo()
+    return time.perf_counter() - start
+
+
+@functools.cache
+def bf16_extra_seconds(backend: str) -> float:
+    """Seconds a reference model's first step takes longer under
+    `mixed_bfloat16` set in place than in float32 (at least 0), measured
+    once per process and `backend`."""
+    del backend  # the cache's key: Keras's backend is fixed per process
+    with preserved_state(), keras_compat.names_kept():
+        _first_step("float32")  # the backend's own first-call setup
+        extra = [-_first_step("float32") + _first_step("mixed_bfloat16") for _ in "abc"]
+    return max(0.0, statistics.median(extra))
+
+
+def bf16_repays(model: Any, backend: str, run_seconds: float) -> tuple[bool, float]:
+    """(whether bf16 saves more over a float32 run of `run_seconds` than it
+    costs `model` at the start, that cost in seconds)."""
+    saving = BF16_SAVING * run_seconds
+    if saving > SURELY_REPAID_SECONDS:
+        return True, 0.0  # nothing to measure
+    layers = len(keras_compat.all_layers(model)) if hasattr(model, "layers") else 0
+    extra = max(MIN_EXTRA_SECONDS, bf16_extra_seconds(backend))
+    cost = extra * max(1.0, layers / REFERENCE_LAYERS)
+    return saving > cost, cost
