@@ -145,6 +145,6 @@ def test_a_step_too_small_to_share_stays_on_one_device_without_a_warning():
     assert "fewer than 8" in history.plan.reasons["strategy"]
     logs = model.evaluate(x, y, return_dict=True, verbose=0)
     assert history.history["val_loss"][-1] == logs["loss"]
-    # 16 samples a step (8 each) are split
-    plan = kerascale.plan(dense_model(), *toy_data(64), batch_size=16, verbose=0)
+    # 16 samples (8 each) are split, at a batch of 8 too (4 each)
+    plan = kerascale.plan(dense_model(), *toy_data(16), batch_size=8, verbose=0)
     assert plan.replicas == 2

@@ -238,6 +238,10 @@ def run_search(
         mode = "throughput" if hw.accelerator == "cpu" else "max"
     long = timed or mode == "throughput"  # where speed decides
     spec = _spec(x, y, data, plan, hw, options, long, memory, accumulation_steps)
+    optimizer = getattr(model, "optimizer", None)
+    spec = dataclasses.replace(
+        spec, optimizer_built=optimizer is None or bool(optimizer.built)
+    )
     key = _key(
         model, spec, hw, options, mode=mode, cap=cap, first=first, isolate=isolate
     )

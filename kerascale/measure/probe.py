@@ -179,6 +179,10 @@ class ProbeSpec:
             its resident memory where the limit counts it, what Keras's fit
             builds from the input, fixed and per sample of a global batch):
             each probe's peak is the peak that process would reach.
+        optimizer_built: Whether the model's optimizer has its state (slots)
+            where `fit` trains. Keras's `load_model` builds it in the child
+            (an Adam's 44 MiB for an MLP of 5.8M weights), before the child's
+            baseline: where `fit` will build it, a probe counts it too.
     """
 
     element: Any
@@ -194,6 +198,7 @@ class ProbeSpec:
     timed_seconds: float = MIN_TIMED_SECONDS
     recompute: str = ""
     host_share: tuple[Any, ...] = ()
+    optimizer_built: bool = True
 
     def share(self) -> Any:
         from kerascale.measure.host_share import HostShare

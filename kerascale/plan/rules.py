@@ -24,8 +24,8 @@ from kerascale.sense.model_facts import ModelFacts
 
 # Keras's own default when `fit` gets arrays and no batch size.
 DEFAULT_BATCH_PER_REPLICA = 32
-# Data-parallel chosen on its own needs at least this many samples per
-# device in a step: below it a device idles, the all-reduce costs more than
+# Data-parallel chosen on its own needs a data set of at least this many
+# samples per device: below it a device idles, the all-reduce costs more than
 # the share saves, and a sum over a few samples is split for nothing (Keras's
 # SwapEMAWeights test: 10 samples over 2 devices, whose validation metric
 # then differed from `evaluate`'s in the last digit).
@@ -218,18 +218,16 @@ def _small_share(
     hardware: Hardware, options: Options, data: DataFacts, where: _Placement
 ) -> str:
     """Why data-parallel that kerascale chose on its own would not pay, or
-    "": a step whose share per device is under MIN_SHARE samples."""
+    "": arrays whose samples leave each device fewer than MIN_SHARE a step,
+    all of them. (A batch you chose smaller stays split: a step of 16 over 4
+    devices of 80 MiB fitted them, and did not fit one.)"""
     if not _chosen_split(hardware, options, where):
         return ""
-    batch = data.batch_size if data.batched else None
-    if data.kind != "pydataset" and isinstance(options.batch_size, int):
-        batch = options.batch_size
     n = data.num_samples if data.kind == "arrays" else None
-    step = min(batch or DEFAULT_BATCH_PER_REPLICA * where.replicas, n or batch or 0)
-    if 0 < step < MIN_SHARE * where.replicas:
+    if n and n < MIN_SHARE * where.replicas:
         return (
-            f"{step} samples a step leave each of the {where.replicas} devices "
-            f"fewer than {MIN_SHARE}"
+            f"{n} samples leave each of the {where.replicas} devices fewer "
+            f"than {MIN_SHARE} a step"
         )
     return ""
 
