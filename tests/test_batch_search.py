@@ -366,18 +366,20 @@ def test_model_bug_is_an_error_not_a_smaller_batch():
 REAL_LIMIT = 3 << 29
 
 
-def _user_process(*args):
-    """Runs tests/user_process_child.py; its JSON."""
+def _user_process(*args, tmp=None):
+    """Runs tests/user_process_child.py (with its temporary files in `tmp`);
+    its JSON."""
+    env = {**os.environ, **({"TMPDIR": str(tmp)} if tmp else {})}
     done = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("user_process_child.py")),
          *map(str, args)],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=900, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_real_resident_memory_limit_in_child_processes():
+def test_real_resident_memory_limit_in_child_processes(tmp_path):
     """A model whose activations dominate, under a real 1.5 GiB resident-memory
     limit (what a container counts). The truth is the user's process: a
     script that holds its data as arrays and runs Keras's own `fit` on them
@@ -385,12 +387,11 @@ def test_real_resident_memory_limit_in_child_processes():
     there, stays under the limit; one 10% larger, in a fresh run of the same
     script, does not. (A small convnet under 2 GiB took twice as long: its
     probes' steps, not its memory, were the cost.)"""
-    before_dirs = _probe_dirs()
-    found = _user_process("search-then-fit", REAL_LIMIT)
+    found = _user_process("search-then-fit", REAL_LIMIT, tmp=tmp_path)
     reasons = found["reasons"]
     assert reasons["isolate"] == "each probe in a child process"
     assert reasons["memory"].startswith("resident memory (RSS) of child processes")
-    assert "what Keras's fit builds from the input" in reasons["memory"]
+    assert "the copy Keras's fit makes of the arrays" in reasons["memory"]
     assert reasons["limit"] == "memory_limit you passed"
     lo, hi = found["fits"], found["fails"]
     assert hi is not None and 0 < hi - lo <= max(found["granularity"], 0.01 * lo)
@@ -399,7 +400,7 @@ def test_real_resident_memory_limit_in_child_processes():
     assert found["peak"] <= REAL_LIMIT, found  # it trains where the user is
     beyond = _user_process("fit", int(found["batch"] / 0.9) + 1)
     assert beyond["peak"] > REAL_LIMIT, (found, beyond)
-    assert _probe_dirs() == before_dirs
+    assert not list(tmp_path.glob("kerascale-probe-*"))  # its probes' files
 
 
 def test_a_thread_that_cannot_be_created_is_not_out_of_memory(tmp_path):
