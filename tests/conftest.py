@@ -44,7 +44,7 @@ def bf16_cpu(monkeypatch):
     bf16 on any CPU, emulated where the CPU lacks the instructions)."""
     import dataclasses
 
-    from kerascale.measure import first_trace
+    from kerascale.measure import decide
     from kerascale.sense import hardware
 
     real = hardware.detect_hardware
@@ -56,7 +56,7 @@ def bf16_cpu(monkeypatch):
 
     monkeypatch.setattr(hardware, "detect_hardware", detect)
     # bf16 as if the run repaid its start: these runs are a second long.
-    monkeypatch.setattr(first_trace, "bf16_repays", lambda *a: (True, 0.0))
+    monkeypatch.setattr(decide, "_too_short_for_bf16", lambda *a: "")
 
 
 @pytest.fixture(autouse=True)

@@ -384,3 +384,21 @@ def test_bf16_repays_weighs_the_saving_against_the_measured_start(monkeypatch):
     assert first_trace.bf16_repays(model, "tensorflow", 0.3) == (False, 0.1)
     assert first_trace.bf16_repays(model, "tensorflow", 0.5) == (True, 0.1)
     assert first_trace.bf16_repays(model, "tensorflow", 100.0) == (True, 0.0)
+
+
+def test_a_run_of_unknown_length_stays_float32_and_says_so(monkeypatch):
+    """Nothing shows bf16 would repay its start: float32, as model.fit trains
+    (Keras's steps_per_execution test compares a run with steps_per_epoch
+    against one without, on a dataset of unknown size, to 1e-6)."""
+    monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: BF16_HOST)
+    x, y = toy_data(64)
+    ds = tf.data.Dataset.from_generator(
+        lambda: iter(zip(x, y, strict=True)),
+        output_signature=(
+            tf.TensorSpec((4,), tf.float32),
+            tf.TensorSpec((), tf.int64),
+        ),
+    ).batch(8)
+    plan = kerascale.plan(dense_model(), ds, epochs=1, verbose=0)
+    assert plan.precision == "float32"
+    assert "the run's length is unknown" in plan.reasons["precision"]

@@ -417,8 +417,11 @@ def _too_short_for_bf16(
     decided: Decided, model: Any, budget: budget_lib.RunBudget | None
 ) -> str:
     """Why bf16, which the CPU rule picks without a trial, would cost this
-    run more than it saves (`first_trace.bf16_repays`), or "": also where
-    the run's length is unknown (then the rule holds)."""
+    run more than it saves (`first_trace.bf16_repays`), or "". A run of
+    unknown length stays float32 (Keras's steps_per_execution test trained
+    a dataset of unknown size after one with steps_per_epoch: in bf16 and in
+    float32, 0.2% apart); a model that cannot be run before training (no
+    first speed) keeps the rule."""
     plan, options = decided.plan, decided.options
     rule = (
         options.precision == "auto"
@@ -430,7 +433,13 @@ def _too_short_for_bf16(
     if not rule or budget is None:
         return ""
     samples = budget.samples(plan)
-    if samples is None or budget.per_sample is None:
+    if samples is None:  # as model.fit trains: nothing shows bf16 repays
+        return (
+            "float32: the run's length is unknown (a dataset of unknown size), so "
+            "bf16's start may not be repaid; pass steps_per_epoch= to let "
+            "kerascale weigh it, or precision='mixed_bfloat16'"
+        )
+    if budget.per_sample is None:
         return ""
     run = samples * budget.per_sample
     repays, cost = first_trace.bf16_repays(model, plan.backend, run)
