@@ -315,8 +315,13 @@ def _key(model, spec, hw, options, **parts) -> str:
             # at this moment, which must not make every search a cache miss.
             # What this process holds is checked against the cached answer's
             # (`HostShare.covered_by`): a few MB apart must not be a miss.
+            # So is the optimizer's state: built by the first fit, it is in
+            # this process's memory for the next call.
             "spec": dataclasses.replace(
-                spec, memory_limit=options.memory_limit, host_share=()
+                spec,
+                memory_limit=options.memory_limit,
+                host_share=(),
+                optimizer_built=True,
             ).to_json(),
             "hardware": hw.to_dict(),
             "margin": options.margin,
