@@ -430,7 +430,13 @@ def _too_short_for_bf16(
         and decided.model.policy == "float32"
         and not precision_rules.trial_candidate(decided.hardware)
     )
-    if not rule or budget is None:
+    cluster = decided.hardware.cluster
+    if not rule or budget is None or (cluster is not None and cluster.is_multi_worker):
+        # A worker of a cluster keeps the rule (the chief's choice is taken
+        # by all): the reference steps it would time run under the cluster's
+        # strategy, and a worker that read the figure from a shared cache
+        # while another measured it would be a collective short (a SIGSTOP
+        # test's survivor hung).
         return ""
     samples = budget.samples(plan)
     if samples is None:  # as model.fit trains: nothing shows bf16 repays
