@@ -237,10 +237,8 @@ def run_search(
     if mode == "auto":
         mode = "throughput" if hw.accelerator == "cpu" else "max"
     long = timed or mode == "throughput"  # where speed decides
-    spec = _spec(x, y, data, plan, hw, options, long, memory, accumulation_steps)
-    optimizer = getattr(model, "optimizer", None)
-    spec = dataclasses.replace(
-        spec, optimizer_built=optimizer is None or bool(optimizer.built)
+    spec = _spec(
+        model, (x, y, data), plan, hw, options, long, memory, accumulation_steps
     )
     key = _key(
         model, spec, hw, options, mode=mode, cap=cap, first=first, isolate=isolate
@@ -251,7 +249,10 @@ def run_search(
         if why := budget.refuse_search(plan, rungs, spec.steps):
             raise SearchSkipped(why)
     # Measured only for an answer to give: it reads the input (seconds).
-    share = _host_share(x, y, data, plan, hw, options, cap, first)
+    share = host_share.for_search(
+        x, y, data, plan, memory_limit=options.memory_limit,
+        on_host=hw.accelerator == "cpu", start=first or 32, cap=cap,
+    )  # fmt: skip
     spec = dataclasses.replace(spec, host_share=tuple(share.to_list()))
     slack = host_share.slack(options.memory_limit)
     if cached is not None and share.covered_by(
@@ -270,16 +271,32 @@ def run_search(
         (in_children, here),
     )  # fmt: skip
     memory = memory if isolated else here
+    result = _reported(
+        found, plan, spec, memory, {"cap": why_cap, "isolate": why_isolate}, share
+    )
+    if options.cache:
+        cache.cache_write("batch_search", key, result.to_dict())
+    return result
+
+
+def _reported(
+    found: BatchSearchResult,
+    plan: Any,
+    spec: ProbeSpec,
+    memory: _Memory,
+    whys: dict[str, str],
+    share: host_share.HostShare,
+) -> BatchSearchResult:
+    """The probes' answer for `plan`, global, with every reason."""
     seconds = sum(p.seconds for p in found.probes)
     reasons = {
         **found.reasons,
         "limit": memory.why,
-        "cap": why_cap,
-        "isolate": why_isolate,
+        **whys,
         "memory": memory.measured + (f", counting {share.why}" if share.why else ""),
         "search": f"{len(found.probes)} probes, {seconds:.0f}s, {memory.measured}",
     }
-    result = dataclasses.replace(
+    return dataclasses.replace(
         found,
         replicas=plan.replicas,
         batch_size=found.per_replica_batch_size * plan.replicas,
@@ -288,9 +305,6 @@ def run_search(
         reasons=reasons,
         host_share=spec.host_share,
     )
-    if options.cache:
-        cache.cache_write("batch_search", key, result.to_dict())
-    return result
 
 
 def _cached(key: str, options: SearchOptions, verbose: Any) -> Any:
@@ -399,39 +413,13 @@ def _found(
     return _probe(prober, options, memory=memories[1], **args), why, False
 
 
-def _host_share(
-    x: Any,
-    y: Any,
-    data: Any,
-    plan: Any,
-    hw: Any,
-    options: SearchOptions,
-    cap: int,
-    first: int | None,
-) -> host_share.HostShare:
-    """On a CPU, what the process where `fit` trains holds beside a probe's
-    step: its memory where `memory_limit` counts it, and what Keras's fit
-    builds from this input (`measure.host_share`)."""
-    if hw.accelerator != "cpu":
-        return host_share.HostShare()
-    small = max(1, min(cap, first or 32))
-    large = max(1, min(cap, 4 * small))
-    share = host_share.measure(
-        x,
-        y,
-        data,
-        plan,
-        counts_resident=bool(options.memory_limit),
-        batches=(small * plan.replicas, large * plan.replicas),
-    )
-    return share
-
-
 def _spec(
-    x, y, data, plan, hw, options, long: bool, memory: _Memory, accumulation_steps
+    model, inputs, plan, hw, options, long: bool, memory: _Memory, accumulation_steps
 ) -> ProbeSpec:
-    element = samples.element_structure(x, y, data)
+    element = samples.element_structure(*inputs)
+    optimizer = getattr(model, "optimizer", None)
     return ProbeSpec(
+        optimizer_built=optimizer is None or bool(optimizer.built),
         element=probe_lib.encode_structure(element),
         policy=plan.precision,
         # A worker of a cluster probes alone, on its own devices.

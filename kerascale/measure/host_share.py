@@ -89,6 +89,34 @@ class HostShare:
         return [self.resident, self.input_fixed, self.input_per_sample, self.why]
 
 
+def for_search(
+    x: Any,
+    y: Any,
+    data: Any,
+    plan: Any,
+    *,
+    memory_limit: int | None,
+    on_host: bool,
+    start: int,
+    cap: int,
+) -> HostShare:
+    """The share a batch search (either engine) counts: `measure` at a
+    start batch per replica and 4x it (at most `cap`), where the host's
+    memory is the budget (`on_host`: a CPU); none elsewhere."""
+    if not on_host:
+        return HostShare()
+    small = max(1, min(cap, start))
+    large = max(1, min(cap, 4 * small))
+    return measure(
+        x,
+        y,
+        data,
+        plan,
+        counts_resident=bool(memory_limit),
+        batches=(small * plan.replicas, large * plan.replicas),
+    )
+
+
 def measure(
     x: Any,
     y: Any,

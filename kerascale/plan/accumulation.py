@@ -9,6 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING, Any
+
+from kerascale.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from kerascale.plan.options import Options
+    from kerascale.sense.data_facts import DataFacts
 
 # An exact split is taken if its micro-batch is at least this share of the
 # largest that fits; below it, fewer, fuller micro-batches are worth a
@@ -90,3 +97,87 @@ def lr_factor(scaling: str | None, effective: int, base: int | None) -> float:
         return 1.0
     ratio = effective / base
     return ratio if scaling == "linear" else math.sqrt(ratio)
+
+
+def for_request(
+    options: Options, data: DataFacts, requested: int, replicas: int, search: Any
+) -> tuple[Split, list[str]]:
+    """How each replica reaches its share of `requested`: micro x k, and
+    the warnings to give. `search`: the batch search's result, or None."""
+    per_replica = requested // replicas
+    k = options.accumulation_steps
+    if data.kind in ("pydataset", "other") and (not k or k == 1):
+        return _unsplit(options, data, per_replica, replicas, search)
+    if k and k > 1 and data.kind in ("pydataset", "other"):
+        raise ConfigurationError(
+            "accumulation_steps cannot split the batches of a keras.utils.PyDataset "
+            "(it makes its own): make its batches the micro-batch and pass "
+            "kerascale.accumulate(model, steps) with plain model.fit, or use a "
+            f"tf.data.Dataset. Received: accumulation_steps={k}"
+        )
+    if k:
+        if per_replica % k:
+            raise ConfigurationError(
+                f"accumulation_steps must divide the batch per replica "
+                f"({requested} / {replicas} replicas = {per_replica}) into equal "
+                f"micro-batches. Received: accumulation_steps={k}. Use a divisor of "
+                f"{per_replica}, or a batch_size divisible by {k * replicas}."
+            )
+        why = f"accumulation_steps={k} you passed" if k > 1 else "accumulation_steps=1"
+        return Split(per_replica // k, k, True, why), []
+    bound, source = _micro_bound(options, data, replicas, search)
+    sp = split(per_replica, bound)
+    if sp.steps > 1:
+        sp = dataclasses.replace(sp, why=f"{sp.why} ({source} bound)")
+    warnings = []
+    if not sp.exact:
+        below, above = nearest_exact(per_replica, bound, replicas)
+        effective = sp.micro * replicas * sp.steps
+        warnings.append(
+            f"batch_size={requested} cannot be reached exactly: at most {bound} "
+            f"samples per replica fit in one forward pass and {per_replica} has no "
+            f"split into equal micro-batches that uses them well. Training with "
+            f"{sp.micro} x {replicas} x {sp.steps} = {effective} samples per update "
+            f"instead ({requested - effective} fewer). For exactly what you ask, "
+            f"pass batch_size={below}"
+            + (f" or {above}" if above != below else "")
+            + f", or accumulation_steps= a divisor of {per_replica}."
+        )
+    return sp, warnings
+
+
+def _micro_bound(
+    options: Options, data: DataFacts, replicas: int, search: Any
+) -> tuple[int | None, str]:
+    """The most samples per replica one forward pass may take, and whence:
+    `max_batch_size`, or the search's measure where it only bounds it."""
+    bound, source = None, ""
+    if options.max_batch_size:
+        bound, source = max(1, options.max_batch_size // replicas), "max_batch_size"
+    # Where the search answered the batch itself, it bounds nothing here.
+    searched = options.batch_size == "auto" and not data.batched
+    if search is not None and not searched:
+        measured = search.per_replica_batch_size
+        if bound is None or measured < bound:
+            bound, source = measured, "measured"
+    return bound, source
+
+
+def _unsplit(
+    options: Options, data: DataFacts, per_replica: int, replicas: int, search: Any
+) -> tuple[Split, list[str]]:
+    """Data that makes its own batches trains on them as they are: kerascale
+    cannot cut them into micro-batches, and says so where a bound asks it."""
+    sp = Split(per_replica, 1, True, "not split")
+    bound, source = _micro_bound(options, data, replicas, search)
+    if not bound or not per_replica or per_replica <= bound:
+        return sp, []
+    what = "keras.utils.PyDataset" if data.kind == "pydataset" else "input"
+    return sp, [
+        f"Gradient accumulation skipped: your {what} makes its own batches of "
+        f"{per_replica} per replica, above the {bound} that fit in one forward "
+        f"pass ({source}), and kerascale cannot cut them. They train as they "
+        f"are. To accumulate, make its batches {bound * replicas} and pass "
+        f"accumulation_steps= with a tf.data.Dataset or arrays, or "
+        "kerascale.accumulate(model, steps) with plain model.fit."
+    ]

@@ -11,7 +11,7 @@ from typing import Any
 
 from kerascale.errors import ConfigurationError, ModelError
 from kerascale.plan import accumulation as accumulation_rules
-from kerascale.plan import batch_split, sharding
+from kerascale.plan import batch_split, device_split, sharding
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.options import Options
@@ -24,12 +24,6 @@ from kerascale.sense.model_facts import ModelFacts
 
 # Keras's own default when `fit` gets arrays and no batch size.
 DEFAULT_BATCH_PER_REPLICA = 32
-# Data-parallel chosen on its own needs a data set of at least this many
-# samples per device: below it a device idles, the all-reduce costs more than
-# the share saves, and a sum over a few samples is split for nothing (Keras's
-# SwapEMAWeights test: 10 samples over 2 devices, whose validation metric
-# then differed from `evaluate`'s in the last digit).
-MIN_SHARE = 8
 
 
 def make_plan(
@@ -59,39 +53,19 @@ def make_plan(
         ClusterConfigError: For a malformed cluster description.
         UnsupportedError: For a cluster task that does not train.
     """
-    where = _placement(hardware, options, model)
-    small = _small_share(hardware, options, data, where)
-    if small:  # a decision, not a dropped request: no warning
-        where = _by_default(
-            hardware, where.policy, where.reasons["precision"], model,
-            list(where.warnings), f"kept one device: {small}",
-        )  # fmt: skip
-    uneven = _uneven(hardware, options, data, where)
-    if uneven:
-        where = _on_one_device(
-            hardware, where.strategy, where.policy, where.reasons["precision"],
-            model, list(where.warnings), why=uneven,
-            how=f"pass batches whose size is a multiple of {where.replicas}, of "
-            "dense arrays",
-        )  # fmt: skip
+    where = _split_or_one_device(
+        hardware, options, data, model, _placement(hardware, options, model)
+    )
     replicas = where.replicas
     reasons, warnings = dict(where.reasons), list(where.warnings)
-    if data.kind == "pydataset" and options.batch_size not in ("auto", data.batch_size):
-        warnings.append(
-            f"batch_size={options.batch_size} is ignored for a keras.utils.PyDataset, "
-            f"as model.fit ignores it: the PyDataset's own batches of "
-            f"{data.batch_size} train. Change its batch size to change them."
-        )
-        options = dataclasses.replace(options, batch_size="auto")
-    passthrough = data_facts.passthrough_reason(data, hardware.backend)
-    if passthrough:
-        warnings.append(passthrough)
-
+    options = _as_fit_reads(options, data, hardware, warnings)
     requested, why_batch = _choose_batch(options, data, replicas, search)
     requested, why_batch, capped = _within_data(
         requested, why_batch, data, replicas, options.batch_size != "auto"
     )
-    sp, batch_warnings = _accumulation(options, data, requested, replicas, search)
+    sp, batch_warnings = accumulation_rules.for_request(
+        options, data, requested, replicas, search
+    )
     warnings += capped + batch_warnings
     global_batch = sp.micro * replicas * sp.steps
     reasons["global_batch_size"] = why_batch
@@ -124,6 +98,25 @@ def make_plan(
         sharding=sharding.plan_field(options.strategy),
         recompute=recompute,
     )
+
+
+def _as_fit_reads(
+    options: Options, data: DataFacts, hardware: Hardware, warnings: list[str]
+) -> Options:
+    """`options` as Keras's `fit` reads this input (a PyDataset's own batch
+    size wins, as `fit` ignores `batch_size` there), what is ignored or
+    passed through said in `warnings`."""
+    if data.kind == "pydataset" and options.batch_size not in ("auto", data.batch_size):
+        warnings.append(
+            f"batch_size={options.batch_size} is ignored for a keras.utils.PyDataset, "
+            f"as model.fit ignores it: the PyDataset's own batches of "
+            f"{data.batch_size} train. Change its batch size to change them."
+        )
+        options = dataclasses.replace(options, batch_size="auto")
+    passthrough = data_facts.passthrough_reason(data, hardware.backend)
+    if passthrough:
+        warnings.append(passthrough)
+    return options
 
 
 def _recompute(options: Options, reasons: dict[str, str]) -> str:
@@ -202,73 +195,32 @@ def _placement(hardware: Hardware, options: Options, model: ModelFacts) -> _Plac
     )
 
 
-def _chosen_split(hardware: Hardware, options: Options, where: _Placement) -> bool:
-    """Whether `where` is data-parallel over one process's JAX devices that
-    kerascale chose on its own (across processes each would train alone)."""
-    return (
-        backend_lib.traits(hardware.backend).even_batches
-        and options.strategy == "auto"
-        and where.strategy == "data_parallel"
-        and where.replicas > 1
-        and not (hardware.cluster is not None and hardware.cluster.is_multi_worker)
-    )
-
-
-def _small_share(
-    hardware: Hardware, options: Options, data: DataFacts, where: _Placement
-) -> str:
-    """Why data-parallel that kerascale chose on its own would not pay, or
-    "": arrays whose samples leave each device fewer than MIN_SHARE a step,
-    all of them. (A batch you chose smaller stays split: a step of 16 over 4
-    devices of 80 MiB fitted them, and did not fit one.)"""
-    if not _chosen_split(hardware, options, where):
-        return ""
-    n = data.num_samples if data.kind == "arrays" else None
-    if n and n < MIN_SHARE * where.replicas:
-        return (
-            f"{n} samples leave each of the {where.replicas} devices fewer "
-            f"than {MIN_SHARE} a step"
-        )
-    return ""
-
-
-def _uneven(
-    hardware: Hardware, options: Options, data: DataFacts, where: _Placement
-) -> str:
-    """Why data-parallel training that kerascale chose on its own over JAX's
-    devices would fail where plain `fit` on one device trains, or "": a
-    batch the devices do not divide, or data that cannot be split (sparse,
-    ragged). Across processes nothing is dropped (each would train alone)."""
-    if not _chosen_split(hardware, options, where):
-        return ""
-    if data.unsplittable:
-        return f"{data.unsplittable}, which JAX cannot split over devices"
-    if data.kind == "other" and not data.splittable:
-        return (
-            "kerascale cannot cut each batch of your input into even shares as "
-            "it is read"
-        )
-    batch = data.batch_size if data.batched else None
-    if data.kind != "pydataset" and isinstance(options.batch_size, int):
-        batch = options.batch_size
-    if batch and batch % where.replicas:
-        return (
-            f"your batch of {batch} does not split evenly over the "
-            f"{where.replicas} devices"
-        )
-    n = data.num_samples if data.kind == "arrays" else None
-    if n:
-        # Each epoch's last batch keeps what the devices divide: worth it
-        # where that leaves out a sample in a hundred or fewer.
-        step = batch or DEFAULT_BATCH_PER_REPLICA * where.replicas
-        dropped = (n % step) % where.replicas
-        if dropped * 100 > n:
-            return (
-                f"your {n} samples end in a batch that does not split evenly "
-                f"over the {where.replicas} devices, and leaving out "
-                f"{dropped} of them each epoch would change training"
-            )
-    return ""
+def _split_or_one_device(
+    hardware: Hardware,
+    options: Options,
+    data: DataFacts,
+    model: ModelFacts,
+    where: _Placement,
+) -> _Placement:
+    """`where`, or one device where data-parallel that kerascale chose on
+    its own would not pay (`device_split.small_share`: a decision, no
+    warning) or would fail where plain `fit` trains (`device_split.uneven`:
+    dropped, with one warning)."""
+    small = device_split.small_share(hardware, options, data, where)
+    if small:
+        return _by_default(
+            hardware, where.policy, where.reasons["precision"], model,
+            list(where.warnings), f"kept one device: {small}",
+        )  # fmt: skip
+    why = device_split.uneven(hardware, options, data, where, DEFAULT_BATCH_PER_REPLICA)
+    if not why:
+        return where
+    return _on_one_device(
+        hardware, where.strategy, where.policy, where.reasons["precision"],
+        model, list(where.warnings), why=why,
+        how=f"pass batches whose size is a multiple of {where.replicas}, of "
+        "dense arrays",
+    )  # fmt: skip
 
 
 def _as_it_is(
@@ -372,87 +324,6 @@ def searched_batch(options: Options, data: DataFacts) -> bool:
     """Whether the batch itself is the search's answer (an "auto" batch for
     data that brings none); otherwise a search only bounds the micro-batch."""
     return options.batch_size == "auto" and not data.batched
-
-
-def _accumulation(
-    options: Options, data: DataFacts, requested: int, replicas: int, search: Any
-) -> tuple[accumulation_rules.Split, list[str]]:
-    """How each replica reaches its share of `requested`: micro x k."""
-    per_replica = requested // replicas
-    k = options.accumulation_steps
-    if data.kind in ("pydataset", "other") and (not k or k == 1):
-        return _unsplit(options, data, per_replica, replicas, search)
-    if k and k > 1 and data.kind in ("pydataset", "other"):
-        raise ConfigurationError(
-            "accumulation_steps cannot split the batches of a keras.utils.PyDataset "
-            "(it makes its own): make its batches the micro-batch and pass "
-            "kerascale.accumulate(model, steps) with plain model.fit, or use a "
-            f"tf.data.Dataset. Received: accumulation_steps={k}"
-        )
-    if k:
-        if per_replica % k:
-            raise ConfigurationError(
-                f"accumulation_steps must divide the batch per replica "
-                f"({requested} / {replicas} replicas = {per_replica}) into equal "
-                f"micro-batches. Received: accumulation_steps={k}. Use a divisor of "
-                f"{per_replica}, or a batch_size divisible by {k * replicas}."
-            )
-        why = f"accumulation_steps={k} you passed" if k > 1 else "accumulation_steps=1"
-        return accumulation_rules.Split(per_replica // k, k, True, why), []
-    bound, source = _micro_bound(options, data, replicas, search)
-    sp = accumulation_rules.split(per_replica, bound)
-    if sp.steps > 1:
-        sp = dataclasses.replace(sp, why=f"{sp.why} ({source} bound)")
-    warnings = []
-    if not sp.exact:
-        below, above = accumulation_rules.nearest_exact(per_replica, bound, replicas)
-        effective = sp.micro * replicas * sp.steps
-        warnings.append(
-            f"batch_size={requested} cannot be reached exactly: at most {bound} "
-            f"samples per replica fit in one forward pass and {per_replica} has no "
-            f"split into equal micro-batches that uses them well. Training with "
-            f"{sp.micro} x {replicas} x {sp.steps} = {effective} samples per update "
-            f"instead ({requested - effective} fewer). For exactly what you ask, "
-            f"pass batch_size={below}"
-            + (f" or {above}" if above != below else "")
-            + f", or accumulation_steps= a divisor of {per_replica}."
-        )
-    return sp, warnings
-
-
-def _micro_bound(
-    options: Options, data: DataFacts, replicas: int, search: Any
-) -> tuple[int | None, str]:
-    """The most samples per replica one forward pass may take, and whence:
-    `max_batch_size`, or the search's measure where it only bounds it."""
-    bound, source = None, ""
-    if options.max_batch_size:
-        bound, source = max(1, options.max_batch_size // replicas), "max_batch_size"
-    if search is not None and not searched_batch(options, data):
-        measured = search.per_replica_batch_size
-        if bound is None or measured < bound:
-            bound, source = measured, "measured"
-    return bound, source
-
-
-def _unsplit(
-    options: Options, data: DataFacts, per_replica: int, replicas: int, search: Any
-) -> tuple[accumulation_rules.Split, list[str]]:
-    """Data that makes its own batches trains on them as they are: kerascale
-    cannot cut them into micro-batches, and says so where a bound asks it."""
-    sp = accumulation_rules.Split(per_replica, 1, True, "not split")
-    bound, source = _micro_bound(options, data, replicas, search)
-    if not bound or not per_replica or per_replica <= bound:
-        return sp, []
-    what = "keras.utils.PyDataset" if data.kind == "pydataset" else "input"
-    return sp, [
-        f"Gradient accumulation skipped: your {what} makes its own batches of "
-        f"{per_replica} per replica, above the {bound} that fit in one forward "
-        f"pass ({source}), and kerascale cannot cut them. They train as they "
-        f"are. To accumulate, make its batches {bound * replicas} and pass "
-        f"accumulation_steps= with a tf.data.Dataset or arrays, or "
-        "kerascale.accumulate(model, steps) with plain model.fit."
-    ]
 
 
 def _lr_factor(options: Options, data: DataFacts, effective: int) -> tuple[float, str]:

@@ -83,7 +83,10 @@ def run_search(
     host = hw.accelerator == "cpu" and not options.device_memory
     element = compiled.element_of(x, y)
     held = reader.HELD if rules.PREFETCH in plan.data_changes else 0
-    share = _host_share(x, y, data, plan, options, host, (start, cap))
+    share = host_share.for_search(
+        x, y, data, plan, memory_limit=options.memory_limit, on_host=host,
+        start=start, cap=cap,
+    )  # fmt: skip
     key = _key(
         model, element, plan, hw, options, cap=cap, first=first,
         accumulation=accumulation_steps, ahead=held, mode=options.mode,
@@ -214,34 +217,6 @@ def _answer(
         chosen -= chosen % granularity
     result = (chosen, granularity, confirmed)
     return _result(plan, options, fits, fails, seen, limit, why_cap, result)
-
-
-def _host_share(
-    x: Any,
-    y: Any,
-    data: Any,
-    plan: Any,
-    options: batch_lib.SearchOptions,
-    host: bool,
-    first_and_cap: tuple[int, int],
-) -> host_share.HostShare:
-    """Where the host's memory is the budget, what Keras's fit holds of the
-    input beside the step (`measure.host_share`)."""
-    if not host:
-        return host_share.HostShare()
-    start, cap = first_and_cap
-    large = max(1, min(cap, 4 * start))
-    share = host_share.measure(
-        x,
-        y,
-        data,
-        plan,
-        # Its resident memory the budget subtracts itself; it is kept with
-        # the answer for the cache (`HostShare.covered_by`).
-        counts_resident=bool(options.memory_limit),
-        batches=(start * plan.replicas, large * plan.replicas),
-    )
-    return share
 
 
 def _key(model: Any, element: Any, plan: Any, hw: Any, options: Any, **parts: Any):
