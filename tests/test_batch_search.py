@@ -15,7 +15,7 @@ from probe_helpers import Broken, Sleep
 
 import kerascale
 from kerascale import _units
-from kerascale.measure import cache, child, probe
+from kerascale.measure import cache, child, probe, shipping
 from kerascale.measure.memory_model import MemoryModel
 from kerascale.measure.probe import ProbeResult
 from kerascale.measure.search import search
@@ -313,7 +313,7 @@ def test_cache_returns_the_same_result_without_probing():
 def test_custom_objects_shippability():
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dense(2)(Sleep(0.0)(inputs)))
-    entries, problem = child.custom_objects(model)
+    entries, problem = shipping.custom_objects(model)
     assert problem == ""
     assert {"module": "probe_helpers", "qualname": "Sleep", "name": "Sleep"} in entries
 
@@ -322,7 +322,7 @@ def test_custom_objects_shippability():
             return x
 
     local = keras.Model(inputs, keras.layers.Dense(2)(Local()(inputs)))
-    _, problem = child.custom_objects(local)
+    _, problem = shipping.custom_objects(local)
     assert "defined inside a function" in problem
 
 

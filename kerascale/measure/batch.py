@@ -11,7 +11,7 @@ from typing import Any
 from kerascale import _validation
 from kerascale._units import format_bytes, parse_bytes
 from kerascale.errors import BatchSizeSearchError
-from kerascale.measure import cache, child, host_share
+from kerascale.measure import cache, child, host_share, shipping
 from kerascale.measure import probe as probe_lib
 from kerascale.measure.probe import ProbeResult, ProbeSpec
 from kerascale.measure.result import BatchSearchResult, describe_probe
@@ -462,7 +462,7 @@ def _isolation(
         )
     if is_builder(model):
         return True, "each probe in a child process"
-    _, problem = child.custom_objects(model)
+    _, problem = shipping.custom_objects(model)
     if problem:
         return False, f"in this process: the model cannot be shipped ({problem})"
     return True, "each probe in a child process"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import json
 import os
 import shutil
@@ -27,12 +26,10 @@ import sys
 import tempfile
 import time
 import traceback
-import types
-from collections.abc import Iterator
 from typing import Any
 
-from kerascale.apply import keras_compat
 from kerascale.apply.session import Session
+from kerascale.measure import shipping
 from kerascale.measure.probe import (
     ERROR,
     OK,
@@ -177,7 +174,7 @@ def _child_setup(workdir: str, spec: ProbeSpec) -> Any:
     objects = json.loads(_read(os.path.join(workdir, "objects.json")))
     model = keras.saving.load_model(
         os.path.join(workdir, "model.keras"),
-        custom_objects=_import_objects(objects),
+        custom_objects=shipping.import_objects(objects),
         safe_mode=False,  # the model comes from the parent process itself
     )
     # Loading built the optimizer's state, which the process where fit
@@ -215,95 +212,6 @@ def _optimizer_bytes(model: Any) -> int:
 def _read(path: str) -> str:
     with open(path, encoding="utf-8") as f:
         return f.read()
-
-
-def _import_objects(entries: list[dict[str, str]]) -> dict[str, Any]:
-    """Imports the user's custom objects by module and name."""
-    out: dict[str, Any] = {}
-    for entry in entries:
-        obj = importlib.import_module(entry["module"])
-        for part in entry["qualname"].split("."):
-            obj = getattr(obj, part)
-        out[entry["name"]] = obj
-    return out
-
-
-# --- Shipping a model to a child -------------------------------------------------
-
-
-def custom_objects(model: Any) -> tuple[list[dict[str, str]], str]:
-    """The user's own classes and functions that a child must import to load
-    `model`, and "" if they can all be shipped, else why not."""
-    import keras
-
-    found: dict[int, Any] = {}
-
-    def note(obj):
-        if isinstance(obj, types.FunctionType | type):
-            target = obj
-        elif isinstance(obj, str | int | float | bool | type(None)):
-            return
-        else:  # a loss, metric or optimizer instance
-            target = type(obj)
-        if not _is_library(getattr(target, "__module__", "")):
-            found[id(target)] = target
-
-    def visit(obj):
-        if isinstance(obj, dict):
-            for v in obj.values():
-                visit(v)
-        elif isinstance(obj, list | tuple):
-            for v in obj:
-                visit(v)
-        else:
-            note(obj)
-
-    for layer in _all_layers(model):
-        note(layer)
-    if getattr(model, "compiled", False):
-        visit(keras_compat.compile_arguments(model))
-    entries, problems = [], []
-    for obj in found.values():
-        module = obj.__module__
-        qualname = obj.__qualname__
-        if "<lambda>" in qualname or "<locals>" in qualname:
-            problems.append(f"{qualname} is defined inside a function")
-            continue
-        if module == "__main__":
-            # A child would have to run your script again to define it, and
-            # with it whatever else the script does (its own fit included).
-            problems.append(f"{qualname} is defined in the script being run")
-            continue
-        entry = {"module": module, "qualname": qualname, "name": obj.__name__}
-        entries.append(entry)
-        registered = keras.saving.get_registered_name(obj)
-        if registered and registered != obj.__name__:
-            entries.append({**entry, "name": registered})
-    return entries, "; ".join(problems)
-
-
-def _is_library(module: str) -> bool:
-    return (module or "").split(".")[0] in (
-        "keras",
-        "tensorflow",
-        "tf_keras",
-        "builtins",
-        "numpy",
-        "kerascale",
-    )
-
-
-def _all_layers(model: Any) -> Iterator[Any]:
-    seen = set()
-    stack = [model]
-    while stack:
-        layer = stack.pop()
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        yield layer
-        stack.extend(keras_compat.tracked_layers(layer))
-        stack.extend(getattr(layer, "layers", ()) or ())
 
 
 # The child sets its safety net before anything else is imported (a preexec_fn
@@ -347,7 +255,7 @@ class IsolatedProber:
     def __enter__(self) -> IsolatedProber:
         self.workdir = tempfile.mkdtemp(prefix="kerascale-probe-")  # mode 0700
         try:
-            entries, problem = custom_objects(self.model)
+            entries, problem = shipping.custom_objects(self.model)
             if problem:
                 raise CannotShip(problem)
             try:
