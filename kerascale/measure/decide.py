@@ -417,11 +417,7 @@ def _too_short_for_bf16(
     decided: Decided, model: Any, budget: budget_lib.RunBudget | None
 ) -> str:
     """Why bf16, which the CPU rule picks without a trial, would cost this
-    run more than it saves (`first_trace.bf16_repays`), or "". A run of
-    unknown length stays float32 (Keras's steps_per_execution test trained
-    a dataset of unknown size after one with steps_per_epoch: in bf16 and in
-    float32, 0.2% apart); a model that cannot be run before training (no
-    first speed) keeps the rule."""
+    run more than it saves (`first_trace.why_float32`), or ""."""
     plan, options = decided.plan, decided.options
     rule = (
         options.precision == "auto"
@@ -438,23 +434,7 @@ def _too_short_for_bf16(
         # while another measured it would be a collective short (a SIGSTOP
         # test's survivor hung).
         return ""
-    samples = budget.samples(plan)
-    if samples is None:  # as model.fit trains: nothing shows bf16 repays
-        return (
-            "float32: the run's length is unknown (a dataset of unknown size), so "
-            "bf16's start may not be repaid; pass steps_per_epoch= to let "
-            "kerascale weigh it, or precision='mixed_bfloat16'"
-        )
-    if budget.per_sample is None:
-        return ""
-    run = samples * budget.per_sample
-    repays, cost = first_trace.bf16_repays(model, plan.backend, run)
-    if repays:
-        return ""
-    return (
-        f"float32: the run (about {run:.1f}s) is too short to repay bf16's "
-        f"start (about {cost:.2f}s)"
-    )
+    return first_trace.why_float32(model, plan, budget)
 
 
 def _batch_chosen(

@@ -97,3 +97,29 @@ def bf16_repays(model: Any, backend: str, run_seconds: float) -> tuple[bool, flo
     extra = max(MIN_EXTRA_SECONDS, bf16_extra_seconds(backend))
     cost = extra * max(1.0, layers / REFERENCE_LAYERS)
     return saving > cost, cost
+
+
+def why_float32(model: Any, plan: Any, budget: Any) -> str:
+    """Why a run under `plan` (its `budget`: `measure.budget.RunBudget`)
+    stays float32 rather than take the CPU rule's bf16, or "". A run of
+    unknown length stays float32 (Keras's steps_per_execution test trained
+    a dataset of unknown size after one with steps_per_epoch: in bf16 and in
+    float32, 0.2% apart); a model that cannot be run before training (no
+    first speed) keeps the rule."""
+    samples = budget.samples(plan)
+    if samples is None:  # as model.fit trains: nothing shows bf16 repays
+        return (
+            "float32: the run's length is unknown (a dataset of unknown size), so "
+            "bf16's start may not be repaid; pass steps_per_epoch= to let "
+            "kerascale weigh it, or precision='mixed_bfloat16'"
+        )
+    if budget.per_sample is None:
+        return ""
+    run = samples * budget.per_sample
+    repays, cost = bf16_repays(model, plan.backend, run)
+    if repays:
+        return ""
+    return (
+        f"float32: the run (about {run:.1f}s) is too short to repay bf16's "
+        f"start (about {cost:.2f}s)"
+    )
