@@ -29,11 +29,11 @@ def _short_trials(monkeypatch):
 @pytest.fixture
 def no_budget(monkeypatch):
     """No budget: the batch search's ladder and the trials run whatever the
-    run's length (the suite's runs are a second long, far shorter than 10x
+    run's length (the suite's runs are a second long, too short to repay
     what they cost)."""
     from kerascale.measure import budget
 
-    monkeypatch.setattr(budget, "BUDGET_SHARE", float("inf"))
+    monkeypatch.setattr(budget, "REPAY", 0.0)
 
 
 @pytest.fixture

@@ -302,7 +302,9 @@ def _recomputed(
     if not recompute_lib.binding(decided, asked):
         return decided
     rungs = [p.batch for p in result.probes] + [decided.plan.micro_batch_size] * 2
-    if budget is not None and (why := budget.refuse_search(decided.plan, rungs, 3)):
+    if budget is not None and (
+        why := budget.refuse_search(decided.plan, rungs, 3, "recompute")
+    ):
         why = f"not weighed: {why}; pass recompute=True to use it anyway"
         return with_notes(decided, reasons={"recompute": why})
     if asked is None:

@@ -127,8 +127,20 @@ class Bench:
         prep = self.prepare_seconds or PREPARE_GUESS_SECONDS
         return new * prep + ROUNDS * timed * window
 
-    def _skip(self, keys: list[tuple]) -> str | None:
-        """Why a stage timing `keys` cannot be afforded, or None."""
+    def value(self, keys: list[tuple], field: str) -> float:
+        """Seconds the stage timing `keys` is expected to save, less its
+        cost (`budget.value`); inf with no budget, -inf with no figures."""
+        if self.unbudgeted:
+            return math.inf
+        if self.samples is None or not self.speed:
+            return -math.inf
+        new = sum(k not in self.prepared for k in keys)
+        share = budget.gain(field, self.plan.backend)
+        cost = self._cost(new, len(keys))
+        return budget.value(cost, self.samples / self.speed, share)
+
+    def _skip(self, keys: list[tuple], field: str) -> str | None:
+        """Why the stage `field` timing `keys` cannot repay its cost, or None."""
         if self.unbudgeted:
             return None
         if self.samples is None:
@@ -140,8 +152,8 @@ class Bench:
             return "no first speed to weigh them against (the first candidate failed)"
         self.run_seconds = self.samples / self.speed
         new = sum(k not in self.prepared for k in keys)
-        cost = self.spent + self._cost(new, len(keys))
-        return budget.over_budget(cost, self.run_seconds)
+        share = budget.gain(field, self.plan.backend)
+        return budget.unpaid(self._cost(new, len(keys)), self.run_seconds, share, field)
 
     # Measuring.
     def compare(self, keys: list[tuple], field: str) -> list[Trial]:
@@ -150,7 +162,7 @@ class Bench:
         if self.speed is None and not self.unbudgeted and self.samples is not None:
             # No first estimate: the first candidate's warm-up gives one.
             self._prepare(keys[0])
-        why = self._skip(keys)
+        why = self._skip(keys, field)
         if why is not None:
             self.skipped.append((field, why))
             return []
@@ -167,6 +179,9 @@ class Bench:
             if self.verbose != 0:
                 print(f"kerascale: trial: {out[-1].describe()}", flush=True)
         self.trials += out
+        timed = [t.samples_per_s for t in out if t.samples_per_s > 0]
+        if timed and not self.unbudgeted:  # the run's length, as measured
+            self.speed = max(timed)
         return out
 
     def _trial(self, key: tuple, speeds: list[float]) -> Trial:

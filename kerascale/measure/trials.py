@@ -5,19 +5,19 @@ prefetched pipeline with parallel maps usually feeds the model faster. Not
 always: on 2 cores a parallel map competes with the model for the same cores,
 and a BatchNorm-heavy model gains little from bf16. So where the user left
 the choice to kerascale and the host is a CPU, the candidates train copies of
-the model on the real data, and the measurements decide. Coordinate-wise: the
-batch first (the batch search's ladder), then the input pipeline, then the
-precision. On GPUs and TPUs the rules are kept.
+the model on the real data, and the measurements decide. Coordinate-wise:
+the batch (the batch search's ladder), the input pipeline, the precision, in
+the order of their expected value. On GPUs and TPUs the rules are kept.
 
 Trials must pay for themselves and survive a noisy machine:
 
-- **A budget.** They run only where the training run is expected to take at
-  least 1 / BUDGET_SHARE (10x) what they cost (`kerascale.measure.budget`,
-  which also weighs the batch search's ladder): its samples at a first speed
-  (the search's probes, else a shorter run's, else an eager forward pass of
-  the model), against
-  each candidate's preparation (copy, tracing, warm-up) and timed rounds. A
-  stage that does not fit is skipped and its rule kept, and the plan says so.
+- **Only what repays.** Each stage runs only where the share of the run it
+  is expected to save repays its cost (`kerascale.measure.budget`, which also
+  weighs the batch search's ladder): the run's samples at a first speed (the
+  search's probes, else a shorter run's, else an eager forward pass of the
+  model), against each candidate's preparation (copy, tracing, warm-up) and
+  timed rounds. A stage that cannot repay is skipped and its rule kept, and
+  the plan says so.
 - **Interleaved rounds.** A stage's candidates are prepared once, then timed
   in ROUNDS rounds, A B A B A B, each a window of at least WINDOW_SECONDS and
   MIN_WINDOW_STEPS steps after the warm-up of a new iterator: a busy moment
@@ -266,33 +266,48 @@ def _estimate(batches: dict[int, float], plan: Any) -> float | None:
 
 
 def _stages(bench, plan, try_pipeline, try_precision, batches, optimize):
-    """Batch, pipeline, precision in turn, each within the budget."""
+    """The batch, the pipeline and the precision, each where its expected
+    saving repays its cost (`Bench.value`), the most valuable first, each
+    timed at the choices made so far."""
     batch, policy = plan.micro_batch_size, plan.precision
     pipe = True if try_pipeline else optimize
     uncertain: list[str] = []
-    if len(batches) > 1:
-        rule, rungs = _candidates(batches)
-        batch = rule
-        trials = bench.compare([(b, policy, pipe) for b in rungs], "batch")
-        if trials:
+    rule, rungs = _candidates(batches) if len(batches) > 1 else (batch, [])
+    batch = rule
+
+    def keys(field: str) -> list[tuple]:
+        if field == "batch":
+            return [(b, policy, pipe) for b in rungs]
+        if field == "data_changes":
+            return [(batch, policy, False), (batch, policy, True)]
+        return [(batch, "float32", pipe), (batch, try_precision, pipe)]
+
+    stages = [
+        field
+        for field, wanted in (
+            ("batch", bool(rungs)),
+            ("data_changes", try_pipeline),
+            ("precision", bool(try_precision)),
+        )
+        if wanted
+    ]
+    while stages:
+        field = max(stages, key=lambda f: bench.value(keys(f), f))
+        stages.remove(field)
+        trials = bench.compare(keys(field), field)
+        if not trials:
+            continue
+        if field == "batch":
             batch, doubt = _batch_choice(trials, rule)
             if batch != rule:
                 batch, doubt = _climb(bench, sorted(batches), rule, batch, policy, pipe)
-            uncertain += ["batch"] if doubt else []
-    if try_pipeline:
-        pair = [(batch, policy, False), (batch, policy, True)]
-        trials = bench.compare(pair, "data_changes")
-        if trials:
+        elif field == "data_changes":
             chosen, doubt = _better(*trials)
             pipe = chosen[2]
-            uncertain += ["data_changes"] if doubt else []
-    if try_precision:
-        pair = [(batch, "float32", pipe), (batch, try_precision, pipe)]
-        trials = bench.compare(pair, "precision")
-        if trials:
+        else:
             chosen, doubt = _better(*trials)
             policy = chosen[1]
-            uncertain += ["precision"] if doubt else []
+        uncertain += [field] if doubt else []
     return TrialResult(
         batch,
         policy,
