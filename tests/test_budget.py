@@ -100,6 +100,26 @@ def test_the_first_estimate_leaves_the_model_and_random_state_alone():
     np.testing.assert_array_equal(np_state, np.random.get_state()[1])
 
 
+def test_the_first_estimate_is_taken_once_per_model_and_input_shape(monkeypatch):
+    """A loop of `fit` calls on one model pays for one forward pass estimate;
+    another input shape or another model measures again."""
+    passes = []
+    real = budget._forward_seconds
+    monkeypatch.setattr(
+        budget, "_forward_seconds", lambda *a: passes.append(1) or real(*a)
+    )
+    model = dense_model()
+    x, y = toy_data(64)
+    data = data_facts.inspect(x, y, steps_per_epoch=None)
+    first = budget.train_seconds_per_sample(model, x, y, data)
+    taken = len(passes)
+    assert taken >= 3 and first is not None
+    assert budget.train_seconds_per_sample(model, x[:32], y[:32], data) == first
+    assert len(passes) == taken
+    budget.train_seconds_per_sample(dense_model(), x, y, data)
+    assert len(passes) == 2 * taken
+
+
 def test_no_estimate_where_the_model_cannot_be_called_on_its_inputs():
     class NeedsTrainStep(keras.Model):  # a GAN-like model: no call()
         def __init__(self):

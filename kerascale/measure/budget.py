@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -136,11 +137,19 @@ class RunBudget:
         return unpaid(cost, samples * self.per_sample, gain(what, plan.backend), what)
 
 
+# The first estimates taken in this process, per model and input shape: code
+# that calls `fit` in a loop on one model (a notebook cell run again, Keras's
+# own tests) pays for one (20-130 ms), not one a call.
+_ESTIMATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def train_seconds_per_sample(model: Any, x: Any, y: Any, data: Any) -> float | None:
     """Seconds per sample of a training step, estimated as TRAIN_PER_FORWARD
     eager forward passes of `model` on synthetic inputs; None when the model
     cannot be called on them (a builder, a model whose `call` needs what
     `train_step` feeds it): then nothing is skipped for want of a figure.
+    Taken once per process for a model, its precision and its inputs'
+    shapes.
 
     Nothing the pass changes stays: the model's non-trainable variables
     (statistics, seed generators), Keras's global seed generator, Python's
@@ -148,6 +157,33 @@ def train_seconds_per_sample(model: Any, x: Any, y: Any, data: Any) -> float | N
     """
     if not is_trainer(model) or not model.built:
         return None
+    key = _input_key(model, x, data)
+    try:
+        seen = _ESTIMATES.setdefault(model, {})
+    except TypeError:  # not weakly referable: measured each time
+        seen = {}
+    if key not in seen:
+        seen[key] = _estimated(model, x, y, data)
+    return seen[key]
+
+
+def _input_key(model: Any, x: Any, data: Any) -> tuple:
+    """What the estimate depends on: the model's precision and the shapes
+    of a sample (arrays), else the input object itself."""
+    policy = getattr(getattr(model, "dtype_policy", None), "name", "")
+    if data.kind != "arrays":
+        return (policy, data.kind, id(x))
+    leaves = keras.tree.flatten(data_facts.as_structure(x))
+    return (
+        policy,
+        *(
+            (tuple(getattr(a, "shape", ())[1:]), str(getattr(a, "dtype", "")))
+            for a in leaves
+        ),
+    )
+
+
+def _estimated(model: Any, x: Any, y: Any, data: Any) -> float | None:
     try:
         inputs = _inputs(x, y, data)
     except Exception:  # no figure: the measurements decide
