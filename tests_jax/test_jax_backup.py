@@ -60,10 +60,15 @@ def references(tmp_path_factory):
     return out
 
 
+# The tests below train with plain `model.fit` and the callback, which uses
+# one device however many there are: `once` (README's 2-device run repeats
+# only what the device count changes; kerascale.fit's runs below are not).
+@pytest.mark.once
 def test_checkpointing_does_not_change_training(references):
     assert_same_run(references["arrays"], references["plain"])
 
 
+@pytest.mark.once
 @pytest.mark.parametrize("kind", ["arrays", "pydataset"])
 def test_sigkill_mid_epoch_resumes_bit_identical(references, tmp_path, kind):
     """Keras shuffles arrays with NumPy's random and a PyDataset with
@@ -104,6 +109,7 @@ def test_three_kills_of_a_generator_run_through_kerascale_fit(references, tmp_pa
         np.testing.assert_allclose(load(out)[k], plain[k], atol=1e-5, err_msg=k)
 
 
+@pytest.mark.once
 def test_checkpoints_at_epoch_ends_resume_exactly(references, tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
     rc, _ = run_and_kill(ckpt, out, 2 * STEPS_PER_EPOCH + 3, "--save-freq", "epoch")
@@ -117,6 +123,7 @@ def test_checkpoints_at_epoch_ends_resume_exactly(references, tmp_path):
     assert_same_run(load(out), references["arrays"])
 
 
+@pytest.mark.once
 def test_sigterm_saves_exits_143_chains_the_handler_and_resumes(references, tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
     rc, seen = run_and_kill(ckpt, out, 30, "--sigterm-handler", sig=signal.SIGTERM)
@@ -194,6 +201,7 @@ def test_a_second_process_on_the_directory_stops_with_the_lease(tmp_path):
 # --- in this process ----------------------------------------------------------
 
 
+@pytest.mark.once
 def test_bfloat16_variables_round_trip_through_the_state_file(tmp_path):
     layer = keras.layers.Dense(3, dtype="bfloat16")
     layer.build((None, 2))
@@ -211,6 +219,7 @@ def test_bfloat16_variables_round_trip_through_the_state_file(tmp_path):
         state_lib.read(str(tmp_path / "state"), {"model": wrong.weights}, "arrays")
 
 
+@pytest.mark.once
 def test_a_checkpoint_of_another_optimizer_is_a_clear_error(tmp_path):
     from conftest import dense_model, toy_data
 

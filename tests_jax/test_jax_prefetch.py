@@ -59,6 +59,7 @@ def no_reader_threads():
     return not [t for t in threading.enumerate() if t.name == "kerascale-prefetch"]
 
 
+@pytest.mark.once  # plain fit and the callback: one device
 @pytest.mark.parametrize("kind", ["arrays", "pydataset", "generator"])
 def test_the_same_batches_in_the_same_order_as_plain_fit(kind):
     x, y = toy_data(n=160)
@@ -87,6 +88,7 @@ def test_the_same_batches_in_the_same_order_as_plain_fit(kind):
     assert "Prefetch" not in repr(loaded.train_function)
 
 
+@pytest.mark.once  # plain fit and the callback: one device
 def test_the_hosts_time_is_hidden_behind_the_steps():
     """Each batch takes 40 ms of host work and each step 40 ms (a callback
     sleeping stands for the device): plain fit adds them up; with Prefetch
@@ -113,6 +115,7 @@ def test_the_hosts_time_is_hidden_behind_the_steps():
     assert min(loaded) < 0.7 * min(plain), (plain, loaded)
 
 
+@pytest.mark.once  # plain fit and the callback: one device
 def test_an_error_in_the_data_reaches_the_user_as_in_plain_fit_and_nothing_stays():
     x, y = toy_data(n=160)
     model = dense_model()
@@ -166,6 +169,7 @@ def test_kerascale_fit_reads_ahead_where_a_callback_waits_on_each_step():
     assert off.plan.data_changes == ()
 
 
+@pytest.mark.once  # plain fit and the callback: one device
 @pytest.mark.parametrize("prefetch_first", [True, False])
 def test_a_resume_under_a_backup_is_exact_in_either_order(tmp_path, prefetch_first):
     x, y = toy_data(n=160)
@@ -192,11 +196,13 @@ def test_a_resume_under_a_backup_is_exact_in_either_order(tmp_path, prefetch_fir
     assert no_reader_threads()
 
 
+@pytest.mark.once  # plain fit and the callback: one device
 def test_depth_is_validated():
     with pytest.raises(ValueError, match="depth"):
         Prefetch(depth=0)
 
 
+@pytest.mark.once  # plain fit and the callback: one device
 def test_a_fast_input_goes_back_to_the_callers_thread_in_order():
     """A thread costs a handoff per batch; where reading takes less, the
     reader hands back what it read, in order, and reads inline."""
