@@ -12,7 +12,7 @@ from conftest import dense_model, toy_data
 import kerascale
 from kerascale.apply import keras_compat
 from kerascale.measure import budget, child
-from kerascale.measure.search import ladder
+from kerascale.measure.search import LADDER_CHUNK, ladder
 from kerascale.sense import data_facts, samples
 
 
@@ -31,10 +31,12 @@ def test_the_ladder_doubles_from_kerass_default_to_the_cap():
 
 
 def test_the_search_cost_counts_a_child_per_chunk_and_each_rung():
-    """Quickstart-sized: four rungs in two children, steps too short to
-    matter; 8.4-9 s measured (benchmarks/end_to_end.py --cost)."""
+    """Quickstart-sized: four rungs in one child, steps too short to
+    matter; seven rungs take two children."""
     cost = budget.search_seconds([32, 64, 128, 256], per_sample=1e-5, steps=3)
-    assert cost == pytest.approx(2 * 2.5 + 4 * (0.5 + 0.3) + 480 * 1e-5)
+    assert cost == pytest.approx(2.5 + 4 * (0.5 + 0.3) + 480 * 1e-5)
+    seven = budget.search_seconds([32] * 7, per_sample=1e-5, steps=3)
+    assert seven == pytest.approx(2 * 2.5 + 7 * (0.5 + 0.3) + 7 * 32e-5)
     # Slow steps are paid for: 3 timed steps and a validation step a rung.
     slow = budget.search_seconds([64], per_sample=0.01, steps=3)
     assert slow == pytest.approx(2.5 + 0.5 + 3 * 0.64 + 0.64)
@@ -241,9 +243,11 @@ def test_peeking_at_variable_shapes_leaves_the_order_alone():
     assert list(ds.map(lambda s, n: n).as_numpy_iterator()) == expected
 
 
-@pytest.mark.parametrize("cap, chunks", [(256, [[32, 64, 128], [256]]),
-                                         (512, [[32, 64, 128], [256, 512]]),
-                                         (100, [[32, 64, 100]])])  # fmt: skip
+@pytest.mark.parametrize("cap, chunks", [(256, [[32, 64, 128, 256]]),
+                                         (512, [[32, 64, 128, 256, 512]]),
+                                         (100, [[32, 64, 100]]),
+                                         (4096, [[32, 64, 128, 256, 512, 1024],
+                                                 [2048, 4096]])])  # fmt: skip
 def test_the_ladder_runs_in_the_children_the_cost_counts(cap, chunks):
     """The budget counts a child per LADDER_CHUNK rungs (search_seconds):
     the ladder sweeps exactly those chunks, the cap in its chunk."""
@@ -258,4 +262,4 @@ def test_the_ladder_runs_in_the_children_the_cost_counts(cap, chunks):
 
     search(lambda b: sweep([b])[0], cap=cap, mode="ladder", sweep=sweep)
     assert swept == chunks
-    assert len(swept) == -(-len(ladder(cap)) // 3)
+    assert len(swept) == -(-len(ladder(cap)) // LADDER_CHUNK)

@@ -28,7 +28,12 @@ from kerascale.measure.result import BatchSearchResult, describe_probe
 MODES = ("max", "throughput")
 THROUGHPUT_TOLERANCE = 0.03  # "within 3% of the best"
 THROUGHPUT_START = 32  # Keras's default batch
-LADDER_CHUNK = 3  # rungs probed in one child process (`budget.search_seconds`)
+# Rungs probed in one child process (`budget.search_seconds`): a child's start
+# (TensorFlow's import, the model shipped and loaded) cost more than three
+# rungs on the reference CNN of benchmarks/end_to_end.py (5 rungs in 2
+# children 17-18 s, in 1 child 9 s), so the usual CPU ladder (32 to 1024)
+# runs in one.
+LADDER_CHUNK = 6
 
 
 def granularity_for(accelerator: str, cap: int) -> int:
