@@ -81,7 +81,10 @@ def test_compute_bound_workload():
     )
     assert d.bound == "compute"
     assert d.input_batches_per_s > 5 * d.step_batches_per_s
-    assert d.training_batches_per_s >= 0.85 * d.step_batches_per_s
+    # Training at about the step's rate (an input-bound run would be far
+    # under it: here the input reads 1000x faster). Five steps, one of them
+    # slow, read 0.72 once in the serial run (2026-11-27).
+    assert d.training_batches_per_s >= 0.6 * d.step_batches_per_s
     assert any("smaller model" in r.action for r in d.recommendations)
 
 
