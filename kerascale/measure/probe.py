@@ -24,12 +24,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import threading
 import time
 import types
 from typing import Any
 
+import keras
 import numpy as np
 
 from kerascale import _tf
@@ -46,6 +46,7 @@ OK, OOM, ERROR = "ok", "oom", "error"
 # Steps are timed for at least this long, so that throughput is comparable
 # between a batch of 4 (sub-millisecond steps) and one of 4096.
 MIN_TIMED_SECONDS = 0.3
+MAX_TIMED_STEPS = 1000  # a bound on a probe's timed steps
 
 # Text that only an allocation failure prints. TensorFlow: "OOM when allocating
 # tensor", "ResourceExhaustedError"; the C++ runtime: "std::bad_alloc"; Python:
@@ -301,18 +302,12 @@ def train_probe(
     with _PeakSampler(exact=in_child) as sampler:
         fit = dict(epochs=1, verbose=0, shuffle=False)
         model.fit(ds, steps_per_epoch=1, **fit)  # warm-up: tracing
-        start = time.perf_counter()
-        model.fit(ds, steps_per_epoch=timed_steps, **fit)
-        elapsed = time.perf_counter() - start
-        if elapsed < spec.timed_seconds:
-            # Too short to time reliably: time enough steps for ~MIN seconds.
-            timed_steps = math.ceil(
-                spec.timed_seconds / max(elapsed / timed_steps, 1e-4)
-            )
-            timed_steps = min(timed_steps, 1000)
-            start = time.perf_counter()
-            model.fit(ds, steps_per_epoch=timed_steps, **fit)
-            elapsed = time.perf_counter() - start
+        # At least `timed_steps` steps and `timed_seconds`, after one more
+        # untimed step (a first step at a new shape can still be slow):
+        # timed as whole `fit` calls, a call's own start put 256 at 0.55-0.75
+        # of 128's and 512's speed on the reference CNN.
+        clock = StepClock(1, 0.0, spec.timed_seconds, timed_steps)
+        model.fit(ds, steps_per_epoch=MAX_TIMED_STEPS, callbacks=[clock], **fit)
         if spec.validate:
             model.evaluate(ds, steps=1, verbose=0)
     if gpus:
@@ -325,8 +320,44 @@ def train_probe(
     return {
         "peak_bytes": int(peak),
         "tensor_peak_bytes": tensor_peak,
-        "samples_per_s": global_batch * timed_steps / elapsed if elapsed > 0 else None,
+        "samples_per_s": clock.speed(global_batch) or None,
     }
+
+
+class StepClock(keras.callbacks.Callback):
+    """Marks each batch's end; stops training `window` seconds (and at least
+    `min_steps` steps) after a warm-up of `warm_steps` steps and
+    `warm_seconds`. Steps are timed between batch ends inside one `fit`, so
+    that a `fit` call's own start (its iterator, its callbacks) is not
+    counted as training."""
+
+    def __init__(self, warm_steps, warm_seconds, window, min_steps=1):
+        super().__init__()
+        self.warm_steps, self.warm_seconds = warm_steps, warm_seconds
+        self.window, self.min_steps = window, min_steps
+        self.marks: list[float] = []
+        self.start: int | None = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        marks = self.marks
+        marks.append(time.perf_counter())
+        if self.start is None:
+            warm = marks[-1] - marks[0] >= self.warm_seconds
+            if len(marks) >= self.warm_steps and warm:
+                self.start = len(marks) - 1
+        elif (
+            marks[-1] - marks[self.start] >= self.window
+            and len(marks) - 1 - self.start >= self.min_steps
+        ):
+            self.model.stop_training = True
+
+    def speed(self, samples_per_step: int) -> float:
+        """Samples/s over the timed steps."""
+        marks = self.marks
+        first = self.start if self.start is not None else len(marks) - 1
+        steps = len(marks) - 1 - first
+        seconds = marks[-1] - marks[first] if steps > 0 else 0.0
+        return steps * samples_per_step / seconds if seconds > 0 else 0.0
 
 
 def build_probe_model(

@@ -19,6 +19,7 @@ from kerascale.apply import model as model_lib
 from kerascale.apply.model import CannotRecreate
 from kerascale.apply.session import Session, prepare
 from kerascale.measure import budget
+from kerascale.measure.probe import StepClock
 from kerascale.sense import backend as backend_lib
 from kerascale.sense.model_facts import gist
 
@@ -262,7 +263,7 @@ class Prepared:
             steps = int(ds.cardinality())
             self.finite = steps >= 0
             self.feed = ((ds if self.finite else ds.repeat(),), {})
-        clock = self._fit(_Clock(WARMUP_STEPS, WARMUP_SECONDS, WINDOW_SECONDS / 2))
+        clock = self._fit(StepClock(WARMUP_STEPS, WARMUP_SECONDS, WINDOW_SECONDS / 2))
         self.warm_speed = clock.speed(self.samples_per_step)
         # A short epoch is timed whole, with the start-up of its input
         # pipeline, as training runs it: a window that caught an epoch's
@@ -270,7 +271,7 @@ class Prepared:
         self.epoch_samples = data.num_samples or max(0, steps) * self.samples_per_step
         self.whole = self.finite and whole_epochs(self.epoch_samples, self.warm_speed)
 
-    def _fit(self, clock: _Clock) -> _Clock:
+    def _fit(self, clock: StepClock) -> StepClock:
         args, kwargs = self.feed
         self.model.fit(
             *args,
@@ -292,7 +293,7 @@ class Prepared:
         if self.whole:
             clock = self._fit(_EpochClock(window))
             return clock.speed(self.epoch_samples)
-        clock = self._fit(_Clock(ROUND_WARMUP_STEPS, 0.0, window, MIN_WINDOW_STEPS))
+        clock = self._fit(StepClock(ROUND_WARMUP_STEPS, 0.0, window, MIN_WINDOW_STEPS))
         return clock.speed(self.samples_per_step)
 
 
@@ -327,37 +328,3 @@ class _EpochClock(keras.callbacks.Callback):
     def speed(self, epoch_samples: int) -> float:
         seconds = (self.end or 0.0) - (self.start or 0.0)
         return self.epochs * epoch_samples / seconds if seconds > 0 else 0.0
-
-
-class _Clock(keras.callbacks.Callback):
-    """Marks each batch's end; stops training `window` seconds (and at least
-    `min_steps` steps) after a warm-up of `warm_steps` steps and
-    `warm_seconds`."""
-
-    def __init__(self, warm_steps, warm_seconds, window, min_steps=1):
-        super().__init__()
-        self.warm_steps, self.warm_seconds = warm_steps, warm_seconds
-        self.window, self.min_steps = window, min_steps
-        self.marks: list[float] = []
-        self.start: int | None = None
-
-    def on_train_batch_end(self, batch, logs=None):
-        marks = self.marks
-        marks.append(time.perf_counter())
-        if self.start is None:
-            warm = marks[-1] - marks[0] >= self.warm_seconds
-            if len(marks) >= self.warm_steps and warm:
-                self.start = len(marks) - 1
-        elif (
-            marks[-1] - marks[self.start] >= self.window
-            and len(marks) - 1 - self.start >= self.min_steps
-        ):
-            self.model.stop_training = True
-
-    def speed(self, samples_per_step: int) -> float:
-        """Samples/s over the timed steps."""
-        marks = self.marks
-        first = self.start if self.start is not None else len(marks) - 1
-        steps = len(marks) - 1 - first
-        seconds = marks[-1] - marks[first] if steps > 0 else 0.0
-        return steps * samples_per_step / seconds if seconds > 0 else 0.0
