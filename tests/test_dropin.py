@@ -21,7 +21,7 @@ import kerascale
 from kerascale.apply import model as model_lib
 from kerascale.apply import precision as precision_lib
 from kerascale.measure import cache
-from kerascale.sense import data_facts
+from kerascale.sense import data_signature
 
 EPOCHS = 3
 KINDS = [*realworld.ALL, "noisy"]
@@ -416,10 +416,11 @@ def test_a_partial_builder_trains_and_two_lambdas_get_their_own_answers():
 def test_pipelines_are_keyed_by_their_functions_and_size():
     x, y = regression(64)
     base = tf.data.Dataset.from_tensor_slices((x, y))
-    twice = data_facts.signature(base.map(lambda a, b: (a * 2.0, b)))
-    assert twice == data_facts.signature(base.map(lambda a, b: (a * 2.0, b)))
-    assert twice != data_facts.signature(base.map(lambda a, b: (a * 3.0, b)))
-    assert twice != data_facts.signature(base.take(32).map(lambda a, b: (a * 2.0, b)))
+    twice = data_signature.signature(base.map(lambda a, b: (a * 2.0, b)))
+    assert twice == data_signature.signature(base.map(lambda a, b: (a * 2.0, b)))
+    assert twice != data_signature.signature(base.map(lambda a, b: (a * 3.0, b)))
+    fewer = base.take(32).map(lambda a, b: (a * 2.0, b))
+    assert twice != data_signature.signature(fewer)
 
 
 def test_remeasure_and_clear_cache(no_budget):

@@ -32,7 +32,7 @@ import numpy as np
 from kerascale import _fs
 from kerascale import _tf_compat as tfc
 from kerascale._tf import tf
-from kerascale.sense import data_facts
+from kerascale.sense import data_signature
 
 logger = logging.getLogger("kerascale")
 
@@ -45,10 +45,10 @@ _GLOB = set("*?[")  # a string constant with these is a file pattern
 
 def fingerprint(ds: Any) -> str:
     """What identifies the part written: its steps and their functions'
-    graphs, its element spec and length (`data_facts.signature`), every
+    graphs, its element spec and length (`data_signature.signature`), every
     constant it holds (file names, in-memory tensors), and the size and
     modification time of each file those name (globs expanded)."""
-    h = hashlib.sha256(data_facts.signature(ds).encode())
+    h = hashlib.sha256(data_signature.signature(ds).encode())
     constants = _constants(ds)  # the pipeline's graph, serialized once
     for value in constants:
         h.update(value)

@@ -191,6 +191,20 @@ class Lease:
                 continue  # storage hiccup: the next renewal tries again
 
 
+def taken(
+    directory: str, timeout: float, in_use: Callable[[], bool]
+) -> tuple[Lease | None, str | None]:
+    """The directory's lease, taken (the directory made if missing), or
+    (None, why it could not be)."""
+    _fs.makedirs(directory)
+    try:
+        lease = Lease(directory, timeout, in_use=in_use)
+        lease.acquire()
+    except CheckpointError as e:
+        return None, str(e)
+    return lease, None
+
+
 def read(path: str) -> dict[str, Any] | None:
     """The lease at `path`, or None when there is none. An unreadable lease
     (a writer killed while writing it) counts as renewed long ago."""

@@ -416,16 +416,11 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         across workers, every worker raises the chief's error."""
         problem = None
         if self._chief:
-            _fs.makedirs(self.directory)
-            try:
-                self._lease = lease_lib.Lease(
-                    self.directory,
-                    self._lease_timeout,
-                    in_use=lambda: self._active and self.run.alive(),
-                )
-                self._lease.acquire()
-            except CheckpointError as e:
-                self._lease, problem = None, str(e)
+            self._lease, problem = lease_lib.taken(
+                self.directory,
+                self._lease_timeout,
+                in_use=lambda: self._active and self.run.alive(),
+            )
         if self._agreement is not None:
             problem = self._agreement.from_chief("lease", problem)
         if problem is not None:

@@ -11,14 +11,13 @@ from typing import Any
 from kerascale import _validation
 from kerascale._units import format_bytes, parse_bytes
 from kerascale.errors import BatchSizeSearchError
-from kerascale.measure import cache, child, host_share, shipping
+from kerascale.measure import cache, child, host_share, probe_memory, shipping
 from kerascale.measure import probe as probe_lib
 from kerascale.measure.probe import ProbeResult, ProbeSpec
 from kerascale.measure.result import BatchSearchResult, describe_probe
 from kerascale.measure.search import MODES, granularity_for, ladder, search
 from kerascale.plan import strategy as strategy_rules
-from kerascale.sense import gpu_memory, samples
-from kerascale.sense.memory import available_bytes
+from kerascale.sense import samples
 from kerascale.sense.model_facts import is_builder
 
 THROUGHPUT_TIMED_SECONDS = 1.0  # per probe; 0.3 s timings varied by 20% on 2 cores
@@ -26,8 +25,6 @@ THROUGHPUT_TIMED_SECONDS = 1.0  # per probe; 0.3 s timings varied by 20% on 2 co
 # Without max_batch_size or a known dataset size, the search stops here.
 HARD_CAP = 65536
 DEFAULT_MARGIN = 0.03
-# On CPU without memory_limit, probes may use this share of available memory.
-CPU_DEFAULT_SHARE = 0.8
 
 
 class SearchSkipped(Exception):
@@ -98,95 +95,6 @@ class SearchOptions:
         return dataclasses.replace(o, memory_limit=limit, device_memory=device)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Memory:
-    """The memory a search works against.
-
-    Attributes:
-        enforce: What a probe may use (`ProbeSpec.memory_limit`); None where
-            the device itself decides (a GPU's allocator).
-        predict: The memory model's limit for predictions (the search's
-            `limit_bytes`); None to search by doubling and bisection alone.
-        why: The limit and where it comes from, for the result's reasons.
-        measured: Which memory the probes measured, for the plan.
-    """
-
-    enforce: int | None
-    predict: int | None
-    why: str
-    measured: str
-
-
-def _memories(hw: Any, plan: Any, options: SearchOptions) -> tuple[_Memory, _Memory]:
-    """The memory probes have in child processes, and in this process (one
-    reading of the device: the search may fall back from one to the other)."""
-    if hw.accelerator == "gpu":
-        return _gpu_memories(hw, plan, options)
-    kind = "resident memory (RSS)" if hw.accelerator == "cpu" else "TPU memory"
-    measured = {True: f"{kind} of child processes", False: f"{kind} of this process"}
-    if options.memory_limit:
-        limit, why = options.memory_limit, "memory_limit you passed"
-    elif hw.accelerator == "tpu":
-        limit, why = None, "TPU memory unknown: found by probing"
-    elif (avail := available_bytes()) is None:
-        limit, why = None, "available memory unknown: found by probing alone"
-    else:
-        limit = int(avail * CPU_DEFAULT_SHARE)
-        why = (
-            f"{CPU_DEFAULT_SHARE:.0%} of the memory available now "
-            f"({format_bytes(avail)}), so that probing cannot exhaust the machine"
-        )
-    return (
-        _Memory(limit, limit, why, measured[True]),
-        _Memory(limit, limit, why, measured[False]),
-    )
-
-
-def _gpu_memories(
-    hw: Any, plan: Any, options: SearchOptions
-) -> tuple[_Memory, _Memory]:
-    """On GPUs, probes in this process measure the allocator training will
-    use (see `_isolation`); a child's allocator gets only what is free."""
-    children = "GPU memory of child processes' TensorFlow allocators"
-    here = "GPU memory of this process's TensorFlow allocator"
-    if options.memory_limit:
-        limit, why = options.memory_limit, "memory_limit you passed (per GPU)"
-        return _Memory(limit, limit, why, children), _Memory(limit, limit, why, here)
-    indices = [int(d.rsplit(":", 1)[1]) for d in plan.devices if "gpu" in d.lower()]
-    by_index = {g.index: g for g in hw.gpus}
-    ccs = [
-        (by_index[i].compute_capability or (None,))[0] if i in by_index else None
-        for i in indices
-    ]
-    now = gpu_memory.read(indices, ccs) if indices else None
-    if not now:
-        why = "GPU memory unknown (no NVML): found by probing alone"
-        return _Memory(None, None, why, children), _Memory(None, None, why, here)
-    c = min(now, key=lambda g: g.for_new_process)
-    why = (
-        f"about {format_bytes(c.for_new_process)}: GPU:{c.index}'s "
-        f"{format_bytes(c.free)} free now (of {format_bytes(c.total)}) less "
-        "TensorFlow's reserve, what a child process's allocator gets"
-    )
-    if c.for_new_process < c.total // 4:
-        why += (
-            ". Most of the GPU is held, by this process if TensorFlow "
-            'already used it here: isolate="auto" probes in this process'
-        )
-    m = min(now, key=lambda g: g.allocator_size)
-    others = f", less {format_bytes(m.others)} other processes hold" if m.others else ""
-    why_here = (
-        f"about {format_bytes(m.allocator_size)}: GPU:{m.index}'s "
-        f"{format_bytes(m.total)}{others}, less TensorFlow's reserve; this "
-        f"process's tensors hold {format_bytes(m.in_use)} of it (a prediction: "
-        "running out of memory in TensorFlow's allocator decides)"
-    )
-    return (
-        _Memory(None, c.for_new_process, why, children),
-        _Memory(None, m.allocator_size, why_here, here),
-    )
-
-
 def cap_for(data: Any, plan: Any, options: SearchOptions) -> tuple[int, str]:
     """The largest per-replica batch to search, and why."""
     caps = [(HARD_CAP, f"kerascale's ceiling of {HARD_CAP}")]
@@ -230,7 +138,7 @@ def run_search(
     """
     isolate, why_isolate = _isolation(model, hw, options, instance)
     # Where probes run decides their memory (GPUs); see `_found`'s fallback.
-    in_children, here = _memories(hw, plan, options)
+    in_children, here = probe_memory.memories(hw, plan, options)
     memory = in_children if isolate else here
     cap, why_cap = cap_for(data, plan, options)
     mode = options.mode
@@ -283,7 +191,7 @@ def _reported(
     found: BatchSearchResult,
     plan: Any,
     spec: ProbeSpec,
-    memory: _Memory,
+    memory: probe_memory.Memory,
     whys: dict[str, str],
     share: host_share.HostShare,
 ) -> BatchSearchResult:
@@ -352,7 +260,7 @@ def _found_checked(
     instance: Any,
     args: dict,
     isolation: tuple[bool, str],
-    memories: tuple[_Memory, _Memory],
+    memories: tuple[probe_memory.Memory, probe_memory.Memory],
 ) -> tuple[BatchSearchResult, str, bool]:
     """`_found`; for the check of a requested batch (probed `first`, capped
     there, with accumulators for the split it may need), the batch probed
@@ -386,7 +294,7 @@ def _found(
     instance: Any,
     args: dict,
     isolation: tuple[bool, str],
-    memories: tuple[_Memory, _Memory],
+    memories: tuple[probe_memory.Memory, probe_memory.Memory],
 ) -> tuple[BatchSearchResult, str, bool]:
     """The search, with probes in child processes when isolation says so,
     in this process otherwise or when a child cannot load the model; where
@@ -414,7 +322,14 @@ def _found(
 
 
 def _spec(
-    model, inputs, plan, hw, options, long: bool, memory: _Memory, accumulation_steps
+    model,
+    inputs,
+    plan,
+    hw,
+    options,
+    long: bool,
+    memory: probe_memory.Memory,
+    accumulation_steps,
 ) -> ProbeSpec:
     element = samples.element_structure(*inputs)
     optimizer = getattr(model, "optimizer", None)
@@ -469,7 +384,7 @@ def _isolation(
 
 
 def _probe(
-    prober, options, *, memory: _Memory, mode, cap, hw, first, verbose
+    prober, options, *, memory: probe_memory.Memory, mode, cap, hw, first, verbose
 ) -> BatchSearchResult:
     def progress(r: ProbeResult) -> None:
         if verbose != 0:

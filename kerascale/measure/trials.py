@@ -46,7 +46,7 @@ from kerascale.measure.search import fastest_small
 from kerascale.measure.trial_bench import ROUNDS, Bench, Trial
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
-from kerascale.sense import data_facts
+from kerascale.sense import data_facts, data_signature
 
 MIN_GAIN = 0.03  # below this a difference is a tie, however quiet the machine
 MAX_ATTEMPTS = 3  # runs that re-measure a decision taken within noise
@@ -212,7 +212,7 @@ def run(
         {
             "trials": 3,
             "model": cache.model_fingerprint(model),
-            "data": data_facts.signature(x),
+            "data": data_signature.signature(x),
             "plan": [plan.precision, plan.step_batch_size, plan.strategy],
             "candidates": [try_pipeline, try_precision, sorted(batches), optimize],
             "hardware": hw.to_dict(),

@@ -410,85 +410,13 @@ def reset_accumulators(optimizer: Any) -> None:
     optimizer._backend_reset_gradient_accumulators()
 
 
-def fix_distributed_accumulation(opt: Any) -> None:
-    """keras#20582: on an optimizer built under a tf.distribute strategy of
-    its own, accumulation applies gradients through
-    `_distributed_apply_gradients` (this object only); elsewhere Keras's
-    path works and is kept."""
-    import types
-
-    if _built_under_a_strategy(opt):
-        opt._backend_apply_gradients = types.MethodType(
-            _distributed_apply_gradients, opt
-        )
-
-
-def unfix_distributed_accumulation(opt: Any) -> None:
-    """Takes back `fix_distributed_accumulation`: Keras's own method again."""
-    opt.__dict__.pop("_backend_apply_gradients", None)
-
-
-def _distributed_apply_gradients(self: Any, grads: list, trainable_variables: list):
-    """Keras's `_backend_apply_gradients` for accumulation under a
-    tf.distribute strategy: the update-or-accumulate choice made in the
-    cross-replica context.
-
-    Keras decides with `ops.cond` in the replica context, and both branches
-    reach `merge_call` (the gradient all-reduce, the accumulator update),
-    which tf.distribute forbids inside control flow (keras-team/keras#20582:
-    "merge_call called while defining a new graph"). The same fix Keras's
-    own LossScaleOptimizer uses: `merge_call` first, `cond` in the
-    cross-replica context, each branch run per replica with
-    `call_for_each_replica`. The branches are Keras's own steps.
-    """
-    import tensorflow as tf
-    from keras import ops
-
-    k = self.gradient_accumulation_steps
-
-    def update_step(grads, trainable_variables):
-        acc = [
-            self._accumulated_gradients[self._get_variable_index(v)]
-            for v in trainable_variables
-        ]
-        grads = [(g + a) / k for g, a in zip(grads, acc, strict=True)]
-        grads = self._clip_gradients(grads)
-        self._apply_weight_decay(trainable_variables)
-        self._backend_update_step(grads, trainable_variables, self.learning_rate)
-        self._backend_reset_gradient_accumulators()
-
-    def accumulate_step(grads, trainable_variables):
-        acc = [
-            self._accumulated_gradients[self._get_variable_index(v)]
-            for v in trainable_variables
-        ]
-        self._backend_increment_gradient_accumulators(grads, acc)
-
-    def cross_replica(distribution, grads, trainable_variables):
-        is_update_step = (self._iterations + 1) % k == 0
-        ops.cond(
-            is_update_step,
-            lambda: distribution.extended.call_for_each_replica(
-                update_step, args=(grads, trainable_variables)
-            ),
-            lambda: distribution.extended.call_for_each_replica(
-                accumulate_step, args=(grads, trainable_variables)
-            ),
-        )
-
-    tf.distribute.get_replica_context().merge_call(
-        cross_replica, args=(grads, trainable_variables)
-    )
-    if self.use_ema:
-        self._update_model_variables_moving_average(self._trainable_variables)
-
-
-def _built_under_a_strategy(opt: Any) -> bool:
-    """Whether the optimizer was built under a strategy of its own (not
-    TensorFlow's default one, where Keras's path works)."""
-    dist = getattr(opt, "_distribution_strategy", None)
-    return dist is not None and type(dist).__name__ != "_DefaultDistributionStrategy"
-
+# keras#20582 (TensorFlow): in distributed_accumulation.py, re-exported here.
+from kerascale.apply.keras_compat.distributed_accumulation import (  # noqa: E402
+    fix_distributed_accumulation as fix_distributed_accumulation,
+)
+from kerascale.apply.keras_compat.distributed_accumulation import (  # noqa: E402
+    unfix_distributed_accumulation as unfix_distributed_accumulation,
+)
 
 # 4. (JAX backend) in jax_variables.py, re-exported here.
 from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402

@@ -1,0 +1,102 @@
+"""The memory a batch search's probes work against: in child processes and
+in this process, on a CPU (a share of what is available, or `memory_limit`),
+a TPU, or GPUs (what their allocators get, from NVML)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kerascale._units import format_bytes
+from kerascale.sense import gpu_memory
+from kerascale.sense.memory import available_bytes
+
+# On CPU without memory_limit, probes may use this share of available memory.
+CPU_DEFAULT_SHARE = 0.8
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """The memory a search works against.
+
+    Attributes:
+        enforce: What a probe may use (`ProbeSpec.memory_limit`); None where
+            the device itself decides (a GPU's allocator).
+        predict: The memory model's limit for predictions (the search's
+            `limit_bytes`); None to search by doubling and bisection alone.
+        why: The limit and where it comes from, for the result's reasons.
+        measured: Which memory the probes measured, for the plan.
+    """
+
+    enforce: int | None
+    predict: int | None
+    why: str
+    measured: str
+
+
+def memories(hw: Any, plan: Any, options: Any) -> tuple[Memory, Memory]:
+    """The memory probes have in child processes, and in this process (one
+    reading of the device: the search may fall back from one to the other)."""
+    if hw.accelerator == "gpu":
+        return _gpu_memories(hw, plan, options)
+    kind = "resident memory (RSS)" if hw.accelerator == "cpu" else "TPU memory"
+    measured = {True: f"{kind} of child processes", False: f"{kind} of this process"}
+    if options.memory_limit:
+        limit, why = options.memory_limit, "memory_limit you passed"
+    elif hw.accelerator == "tpu":
+        limit, why = None, "TPU memory unknown: found by probing"
+    elif (avail := available_bytes()) is None:
+        limit, why = None, "available memory unknown: found by probing alone"
+    else:
+        limit = int(avail * CPU_DEFAULT_SHARE)
+        why = (
+            f"{CPU_DEFAULT_SHARE:.0%} of the memory available now "
+            f"({format_bytes(avail)}), so that probing cannot exhaust the machine"
+        )
+    return (
+        Memory(limit, limit, why, measured[True]),
+        Memory(limit, limit, why, measured[False]),
+    )
+
+
+def _gpu_memories(hw: Any, plan: Any, options: Any) -> tuple[Memory, Memory]:
+    """On GPUs, probes in this process measure the allocator training will
+    use (see `_isolation`); a child's allocator gets only what is free."""
+    children = "GPU memory of child processes' TensorFlow allocators"
+    here = "GPU memory of this process's TensorFlow allocator"
+    if options.memory_limit:
+        limit, why = options.memory_limit, "memory_limit you passed (per GPU)"
+        return Memory(limit, limit, why, children), Memory(limit, limit, why, here)
+    indices = [int(d.rsplit(":", 1)[1]) for d in plan.devices if "gpu" in d.lower()]
+    by_index = {g.index: g for g in hw.gpus}
+    ccs = [
+        (by_index[i].compute_capability or (None,))[0] if i in by_index else None
+        for i in indices
+    ]
+    now = gpu_memory.read(indices, ccs) if indices else None
+    if not now:
+        why = "GPU memory unknown (no NVML): found by probing alone"
+        return Memory(None, None, why, children), Memory(None, None, why, here)
+    c = min(now, key=lambda g: g.for_new_process)
+    why = (
+        f"about {format_bytes(c.for_new_process)}: GPU:{c.index}'s "
+        f"{format_bytes(c.free)} free now (of {format_bytes(c.total)}) less "
+        "TensorFlow's reserve, what a child process's allocator gets"
+    )
+    if c.for_new_process < c.total // 4:
+        why += (
+            ". Most of the GPU is held, by this process if TensorFlow "
+            'already used it here: isolate="auto" probes in this process'
+        )
+    m = min(now, key=lambda g: g.allocator_size)
+    others = f", less {format_bytes(m.others)} other processes hold" if m.others else ""
+    why_here = (
+        f"about {format_bytes(m.allocator_size)}: GPU:{m.index}'s "
+        f"{format_bytes(m.total)}{others}, less TensorFlow's reserve; this "
+        f"process's tensors hold {format_bytes(m.in_use)} of it (a prediction: "
+        "running out of memory in TensorFlow's allocator decides)"
+    )
+    return (
+        Memory(None, c.for_new_process, why, children),
+        Memory(None, m.allocator_size, why_here, here),
+    )
