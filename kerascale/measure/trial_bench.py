@@ -135,10 +135,7 @@ class Bench:
             return math.inf
         if self.samples is None or not self.speed:
             return -math.inf
-        new = sum(k not in self.prepared for k in keys)
-        share = budget.gain(field, self.plan.backend)
-        cost = self._cost(new, len(keys))
-        return budget.value(cost, self.samples / self.speed, share)
+        return budget.value(*self._weighed(keys, field))
 
     def _skip(self, keys: list[tuple], field: str) -> str | None:
         """Why the stage `field` timing `keys` cannot repay its cost, or None."""
@@ -151,10 +148,14 @@ class Bench:
             )
         if not self.speed:
             return "no first speed to weigh them against (the first candidate failed)"
-        self.run_seconds = self.samples / self.speed
+        cost, self.run_seconds, share = self._weighed(keys, field)
+        return budget.unpaid(cost, self.run_seconds, share, field)
+
+    def _weighed(self, keys: list[tuple], field: str) -> tuple[float, float, float]:
+        """(the stage's cost, the run's seconds, the share it may save)."""
         new = sum(k not in self.prepared for k in keys)
-        share = budget.gain(field, self.plan.backend)
-        return budget.unpaid(self._cost(new, len(keys)), self.run_seconds, share, field)
+        cost = self._cost(new, len(keys))
+        return cost, self.samples / self.speed, budget.gain(field, self.plan.backend)
 
     # Measuring.
     def compare(self, keys: list[tuple], field: str) -> list[Trial]:
