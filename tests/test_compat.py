@@ -291,3 +291,61 @@ def test_read_like_fit_builds_what_keras_fit_builds_of_arrays():
     assert len(held) == 2 and tuple(held[0][0].shape) == (32, 16, 16, 3)
     assert grown > x.nbytes * 0.8, grown  # the copy Keras makes of them
     del adapter, held
+
+
+def test_keras_fit_under_a_strategy_reads_through_an_iterator_it_drops():
+    """keras_compat section 7, against this Keras: under a tf.distribute
+    strategy `fit` makes an iterator of the data to build the model, drops
+    it, and trains through a second one (so a generator, read by both, loses
+    what the first read ahead). Fails when Keras reads one iterator only:
+    then `generator_feed` can go."""
+    import tensorflow as tf
+
+    calls = []
+
+    def batches():
+        calls.append(1)
+        while True:
+            yield np.ones((4, 3), "float32"), np.zeros((4, 1), "float32")
+
+    spec = (tf.TensorSpec((None, 3)), tf.TensorSpec((None, 1)))
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    ds = tf.data.Dataset.from_generator(batches, output_signature=spec)
+    model.fit(ds, steps_per_epoch=2, epochs=1, verbose=0)
+    assert len(calls) == 2, calls
+
+
+def test_replay_gives_every_iterator_the_generators_batches_in_order():
+    """The first two iterators both read from the first batch (the second
+    in another thread), the source is read once, the buffer is trimmed to
+    what an open one has yet to read, and a later one starts there."""
+    import threading
+
+    from kerascale.apply.keras_compat import generator_feed
+
+    pulled = []
+
+    def source():
+        for i in range(200):
+            pulled.append(i)
+            yield i
+
+    replay = generator_feed.Replay(source(), first=[])
+    dropped = replay.reader()
+    assert [next(dropped) for _ in range(5)] == [0, 1, 2, 3, 4]
+    training, got = replay.reader(), []
+    reader = threading.Thread(target=lambda: got.extend(training))
+    reader.start()
+    reader.join()
+    assert got == list(range(200))
+    # The dropped one, left more than _KEEP behind, goes on from the oldest
+    # batch kept: the buffer never held the whole stream.
+    keep = generator_feed._KEEP
+    assert [next(dropped) for _ in range(3)] == [200 - keep + i for i in range(3)]
+    assert pulled == list(range(200))  # the source was read once
+    assert replay.held == keep - 3, replay.held
+    dropped.close()
+    # A later one starts where the last open one was.
+    assert list(replay.reader()) == list(range(200 - keep + 3, 200))

@@ -277,6 +277,10 @@ def prepare(
     plan = cluster.start_alike(train_model, dist, decided.plan, decided.data, x)
     session.accumulate(train_model, plan, final=not copy)
     x, y, kwargs, quiet = _prepare_data(x, y, decided, plan, fit_kwargs, as_dataset)
+    if plan.backend == "tensorflow":
+        # Keras skips a racy number of a generator's first batches under a
+        # strategy of several replicas: read so that none is skipped.
+        x = keras_compat.replayed(x, dist, kwargs)
     if decided.data.kind == "dataset" and plan.strategy in OWN_DISTRIBUTIONS:
         dist.auto_shard_dataset = True  # Keras shards a tf.data.Dataset itself
     return Prepared(decided, train_model, dist, plan, x, y, kwargs, quiet)

@@ -97,6 +97,13 @@ failed `fit`.
   where `fit` trains (`read_like_fit`; `kerascale.measure.host_share`).
 - `Variable._value` (JAX backend): `fit` empties the variables while it
   trains and leaves them empty when its first step raises (`StateGuard`).
+
+7. A generator under a tf.distribute strategy (`generator_feed`): Keras
+reads the first batch through an iterator it drops, and a generator's
+batches that iterator read ahead are lost, a racy number of them. The
+generator is fed as a dataset whose iterators all read it from its first
+batch (`data_adapter_utils.get_tensor_spec`, `NUM_BATCHES_FOR_TENSOR_SPEC`:
+Keras's own spec of it).
 """
 
 from __future__ import annotations
@@ -416,6 +423,9 @@ from kerascale.apply.keras_compat.distributed_accumulation import (  # noqa: E40
 )
 from kerascale.apply.keras_compat.distributed_accumulation import (  # noqa: E402
     unfix_distributed_accumulation as unfix_distributed_accumulation,
+)
+from kerascale.apply.keras_compat.generator_feed import (  # noqa: E402
+    replayed as replayed,
 )
 
 # 4. (JAX backend) in jax_variables.py, re-exported here.
