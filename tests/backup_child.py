@@ -28,6 +28,72 @@ import kerascale
 from kerascale.callbacks import checkpoint_store as store
 
 
+def build(lr=0.01, units=16):
+    """The seeded model and shuffled `tf.data` pipeline, made afresh."""
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 8)).astype("float32")
+    y = (x @ rng.normal(size=(8, 1)) + 0.1 * rng.normal(size=(512, 1))).astype(
+        "float32"
+    )
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256, seed=1).batch(16)
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(units, activation="relu"),
+            keras.layers.Dropout(0.3),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(lr), loss="mse", metrics=["mae"])
+    return model, ds
+
+
+def train(
+    directory,
+    *,
+    epochs=5,
+    save_freq="3",
+    via_fit=False,
+    no_backup=False,
+    lr=0.01,
+    units=16,
+    callbacks=(),
+):
+    """Trains as the script does, in this process; returns what OUT.npz
+    holds (weights, optimizer variables, iterations, History as JSON)."""
+    model, ds = build(lr, units)
+    save_freq = int(save_freq) if str(save_freq).isdigit() else save_freq
+    callbacks = list(callbacks)
+    if no_backup:
+        history = model.fit(ds, epochs=epochs, callbacks=callbacks, verbose=0)
+    elif via_fit:
+        history = kerascale.fit(
+            model,
+            ds,
+            epochs=epochs,
+            checkpoint_dir=str(directory),
+            checkpoint_freq=save_freq,
+            callbacks=callbacks,
+            verbose=0,
+        )
+    else:
+        backup = kerascale.callbacks.FaultTolerantBackup(
+            str(directory), save_freq=save_freq
+        )
+        history = model.fit(
+            ds, epochs=epochs, callbacks=[backup, *callbacks], verbose=0
+        )
+    arrays = {f"w{i}": w.numpy() for i, w in enumerate(model.variables)}
+    arrays.update({f"o{i}": w.numpy() for i, w in enumerate(model.optimizer.variables)})
+    arrays["iterations"] = np.array(int(model.optimizer.iterations.numpy()))
+    arrays["history"] = np.array(json.dumps(history.history))
+    arrays["plan"] = np.array(
+        json.dumps(getattr(history, "plan", None) and history.plan.to_dict())
+    )
+    return arrays
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("directory")
@@ -43,24 +109,6 @@ def main():
     p.add_argument("--no-backup", action="store_true")
     args = p.parse_args()
 
-    keras.utils.set_random_seed(0)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(512, 8)).astype("float32")
-    y = (x @ rng.normal(size=(8, 1)) + 0.1 * rng.normal(size=(512, 1))).astype(
-        "float32"
-    )
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256, seed=1).batch(16)
-
-    model = keras.Sequential(
-        [
-            keras.Input((8,)),
-            keras.layers.Dense(args.units, activation="relu"),
-            keras.layers.Dropout(0.3),
-            keras.layers.Dense(1),
-        ]
-    )
-    model.compile(optimizer=keras.optimizers.Adam(args.lr), loss="mse", metrics=["mae"])
-
     if args.die_in_save:
         install_fault(*args.die_in_save.split(":"))
     if args.sigterm_handler:
@@ -71,8 +119,6 @@ def main():
                 f.write(str(signum))
 
         signal.signal(signal.SIGTERM, user_handler)
-
-    save_freq = int(args.save_freq) if args.save_freq.isdigit() else args.save_freq
 
     class Progress(keras.callbacks.Callback):
         def __init__(self):
@@ -86,35 +132,21 @@ def main():
                 time.sleep(args.step_sleep)
 
     started = time.perf_counter()
-    if args.no_backup:
-        history = model.fit(ds, epochs=args.epochs, callbacks=[Progress()], verbose=0)
-    elif args.via_fit:
-        history = kerascale.fit(
-            model,
-            ds,
-            epochs=args.epochs,
-            checkpoint_dir=args.directory,
-            checkpoint_freq=save_freq,
-            callbacks=[Progress()],
-            verbose=0,
-        )
-    else:
-        backup = kerascale.callbacks.FaultTolerantBackup(
-            args.directory, save_freq=save_freq
-        )
-        history = model.fit(
-            ds, epochs=args.epochs, callbacks=[backup, Progress()], verbose=0
-        )
+    arrays = train(
+        args.directory,
+        epochs=args.epochs,
+        save_freq=args.save_freq,
+        via_fit=args.via_fit,
+        no_backup=args.no_backup,
+        lr=args.lr,
+        units=args.units,
+        callbacks=[Progress()],
+    )
     print(f"train_seconds {time.perf_counter() - started:.3f}", flush=True)
     if args.sigterm_handler:
         print(
             "handler restored:", signal.getsignal(signal.SIGTERM).__name__, flush=True
         )
-
-    arrays = {f"w{i}": w.numpy() for i, w in enumerate(model.variables)}
-    arrays.update({f"o{i}": w.numpy() for i, w in enumerate(model.optimizer.variables)})
-    arrays["iterations"] = np.array(int(model.optimizer.iterations.numpy()))
-    arrays["history"] = np.array(json.dumps(history.history))
     np.savez(args.out, **arrays)
     print("done", flush=True)
 

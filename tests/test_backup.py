@@ -9,6 +9,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import backup_child
 import children
 import keras
 import numpy as np
@@ -30,8 +31,8 @@ load = children.load_npz
 
 
 def max_difference(a, b):
-    keys = [k for k in a if k != "history"]
-    assert sorted(keys) == sorted(k for k in b if k != "history")
+    keys = [k for k in a if k not in ("history", "plan")]
+    assert sorted(keys) == sorted(k for k in b if k not in ("history", "plan"))
     return max(
         float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64))))
         for k in keys
@@ -68,34 +69,60 @@ def test_sigkill_mid_epoch_three_resumes_to_identical_weights(reference, tmp_pat
     np.testing.assert_allclose(h_res["loss"], h_ref["loss"], rtol=0, atol=1e-6)
 
 
-def test_three_kills_in_one_run_give_the_same_result(reference, tmp_path):
-    kills = sorted(random.sample(range(5, EPOCHS * STEPS_PER_EPOCH - 5), 3))
-    for step in kills:
-        rc, _ = run_and_kill(tmp_path / "ckpt", tmp_path / "out.npz", step)
-        assert rc == -signal.SIGKILL, f"the run finished before the kill at {step}"
-    run_child(tmp_path / "ckpt", tmp_path / "out.npz")
-    resumed = load(tmp_path / "out.npz")
-    assert int(resumed["iterations"]) == int(reference["iterations"])
-    assert max_difference(resumed, reference) <= 1e-6
+# --- in-process interruptions (as Keras's own BackupAndRestore tests) -------
+
+
+class Interrupt(Exception):
+    """Stands for a kill: raised from a callback after a step (a real kill
+    also inside a save is tested above and below, in child processes)."""
+
+
+class _StopAt(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) >= self.step:
+            raise Interrupt(self.step)
+
+
+def interrupted(directory, step, **kwargs):
+    """A run of backup_child's training in this process, stopped after
+    global step `step`."""
+    with pytest.raises(Interrupt):
+        backup_child.train(directory, callbacks=[_StopAt(step)], **kwargs)
+
+
+@pytest.fixture(scope="module")
+def reference_here():
+    """backup_child's uninterrupted plain `model.fit`, in this process."""
+    return backup_child.train(None, no_backup=True)
+
+
+def test_three_interruptions_in_one_run_give_the_same_result(reference_here, tmp_path):
+    stops = sorted(random.sample(range(5, EPOCHS * STEPS_PER_EPOCH - 5), 3))
+    for step in stops:
+        interrupted(tmp_path / "ckpt", step)
+    resumed = backup_child.train(tmp_path / "ckpt")
+    assert int(resumed["iterations"]) == int(reference_here["iterations"])
+    assert max_difference(resumed, reference_here) <= 1e-6
 
 
 @pytest.mark.parametrize("freq", ["epoch", str(STEPS_PER_EPOCH)])
-def test_checkpoints_at_epoch_ends_resume_exactly(reference, tmp_path, freq):
+def test_checkpoints_at_epoch_ends_resume_exactly(reference_here, tmp_path, freq):
     """Also every 32 batches, which lands each save on an epoch's last batch
     (that save waits for the epoch's end). The saves at epoch ends change
     nothing in the uninterrupted run (it ends as a plain fit does, checked
     first): the used-up iterator's checkpoint carries the shuffle seeds of
     the epochs after it, and no iterator is created to get them."""
-    run_child(tmp_path / "ref", tmp_path / "ref.npz", "--save-freq", freq)
-    assert max_difference(load(tmp_path / "ref.npz"), reference) <= 1e-6
-    rc, _ = run_and_kill(
-        tmp_path / "ckpt", tmp_path / "out.npz", 75, "--save-freq", freq
-    )
-    assert rc == -signal.SIGKILL
+    ref = backup_child.train(tmp_path / "ref", save_freq=freq)
+    assert max_difference(ref, reference_here) <= 1e-6
+    interrupted(tmp_path / "ckpt", 75, save_freq=freq)
     meta = store.verify(store.scan(str(tmp_path / "ckpt"))[0])
     assert (meta["epoch"], meta["step"], meta["data"]["mode"]) == (2, 0, "next_epoch")
-    run_child(tmp_path / "ckpt", tmp_path / "out.npz", "--save-freq", freq)
-    assert max_difference(load(tmp_path / "out.npz"), reference) <= 1e-6
+    resumed = backup_child.train(tmp_path / "ckpt", save_freq=freq)
+    assert max_difference(resumed, reference_here) <= 1e-6
 
 
 @pytest.mark.parametrize(
@@ -147,34 +174,24 @@ def test_sigterm_saves_exits_143_chains_the_handler_and_resumes(reference, tmp_p
 def test_kerascale_fit_resumes_with_the_checkpoints_plan(tmp_path):
     # The first kerascale.fit of a model on a CPU times its choices on the data
     # (then cached), which draws on the dataset's shuffle seeds: warm up first.
-    run_child(tmp_path / "warm", tmp_path / "warm.npz", "--via-fit", "--epochs", "1")
-    run_child(tmp_path / "ref", tmp_path / "ref.npz", "--via-fit")
-    rc, _ = run_and_kill(tmp_path / "ckpt", tmp_path / "out.npz", 90, "--via-fit")
-    assert rc == -signal.SIGKILL
-    run_child(tmp_path / "ckpt", tmp_path / "out.npz", "--via-fit")
-    assert (
-        max_difference(load(tmp_path / "out.npz"), load(tmp_path / "ref.npz")) <= 1e-6
-    )
+    backup_child.train(tmp_path / "warm", via_fit=True, epochs=1)
+    ref = backup_child.train(tmp_path / "ref", via_fit=True)
+    interrupted(tmp_path / "ckpt", 90, via_fit=True)
+    resumed = backup_child.train(tmp_path / "ckpt", via_fit=True)
+    assert max_difference(resumed, ref) <= 1e-6
     meta = store.verify(store.scan(str(tmp_path / "ckpt"))[0])
     assert meta["plan"]["global_batch_size"] == 16 and meta["finished"]
 
 
-def test_changed_configuration_is_a_clear_error(reference, tmp_path):
-    rc, _ = run_and_kill(tmp_path / "ckpt", tmp_path / "out.npz", 40)
-    assert rc == -signal.SIGKILL
+def test_changed_configuration_is_a_clear_error(tmp_path):
+    interrupted(tmp_path / "ckpt", 40)
     for extra, named in (
-        (["--lr", "0.02"], "learning_rate"),
-        (["--units", "32"], "architecture"),
+        ({"lr": 0.02}, "learning_rate"),
+        ({"units": 32}, "architecture"),
     ):
-        result = subprocess.run(
-            child_cmd(tmp_path / "ckpt", tmp_path / "out.npz", *extra),
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert result.returncode != 0
-        assert "CheckpointError" in result.stderr and named in result.stderr
-        assert "start_over=True" in result.stderr
+        with pytest.raises(CheckpointError, match=named) as raised:
+            backup_child.train(tmp_path / "ckpt", **extra)
+        assert "start_over=True" in str(raised.value)
     assert store.scan(str(tmp_path / "ckpt"))[0].state == "complete"
 
 

@@ -277,7 +277,7 @@ def prepare(
     plan = cluster.start_alike(train_model, dist, decided.plan, decided.data, x)
     session.accumulate(train_model, plan, final=not copy)
     x, y, kwargs, quiet = _prepare_data(x, y, decided, plan, fit_kwargs, as_dataset)
-    if plan.backend == "tensorflow":
+    if backend_lib.traits(plan.backend).engine == "tf.distribute":
         # Keras skips a racy number of a generator's first batches under a
         # strategy of several replicas: read so that none is skipped.
         x = keras_compat.replayed(x, dist, kwargs)
