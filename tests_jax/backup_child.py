@@ -60,21 +60,18 @@ def endless(x, y):
         i += 1
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("directory")
-    p.add_argument("out")
-    p.add_argument("--input", default="arrays")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--save-freq", default="3")
-    p.add_argument("--step-sleep", type=float, default=0.0)
-    p.add_argument("--via-fit", action="store_true")
-    p.add_argument("--sigterm-handler", action="store_true")
-    p.add_argument("--die-in-save", default=None)
-    p.add_argument("--no-backup", action="store_true")
-    p.add_argument("--hold-until", default=None)  # waits after step 1 for PATH
-    args = p.parse_args()
-
+def train(
+    directory,
+    *,
+    input="arrays",
+    epochs=4,
+    save_freq="3",
+    via_fit=False,
+    no_backup=False,
+    callbacks=(),
+):
+    """Trains as the script does, in this process (seeded afresh, as each
+    process is); returns what OUT.npz holds."""
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(SAMPLES, 8)).astype("float32")
@@ -94,16 +91,56 @@ def main():
     # state of the epoch it resumes in would shuffle as the first epoch did.
     random.seed(12345)
     np.random.seed(12345)
-
-    data: dict = {"epochs": args.epochs, "verbose": 0}
-    if args.input == "arrays":
+    data: dict = {"epochs": epochs, "verbose": 0}
+    if input == "arrays":
         data.update(x=x, y=y, batch_size=BATCH)
-    elif args.input == "pydataset":
+    elif input == "pydataset":
         data.update(x=Batches(x, y))
-    elif args.input == "generator":
+    elif input == "generator":
         data.update(x=endless(x, y), steps_per_epoch=SAMPLES // BATCH)
     else:
-        sys.exit(f"unknown input {args.input}")
+        raise ValueError(f"unknown input {input}")
+    save_freq = int(save_freq) if str(save_freq).isdigit() else save_freq
+    callbacks = list(callbacks)
+    if no_backup:
+        history = model.fit(callbacks=callbacks, **data)
+    elif via_fit:
+        history = kerascale.fit(
+            model,
+            checkpoint_dir=str(directory),
+            checkpoint_freq=save_freq,
+            callbacks=callbacks,
+            precision="float32",
+            **data,
+        )
+    else:
+        backup = kerascale.callbacks.FaultTolerantBackup(
+            str(directory), save_freq=save_freq
+        )
+        history = model.fit(callbacks=[backup, *callbacks], **data)
+    arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(model.variables)}
+    arrays.update(
+        {f"o{i}": np.asarray(w) for i, w in enumerate(model.optimizer.variables)}
+    )
+    arrays["iterations"] = np.array(int(model.optimizer.iterations.numpy()))
+    arrays["history"] = np.array(json.dumps(history.history))
+    return arrays
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("directory")
+    p.add_argument("out")
+    p.add_argument("--input", default="arrays")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--save-freq", default="3")
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--via-fit", action="store_true")
+    p.add_argument("--sigterm-handler", action="store_true")
+    p.add_argument("--die-in-save", default=None)
+    p.add_argument("--no-backup", action="store_true")
+    p.add_argument("--hold-until", default=None)  # waits after step 1 for PATH
+    args = p.parse_args()
 
     if args.die_in_save:
         install_fault(*args.die_in_save.split(":"))
@@ -115,7 +152,6 @@ def main():
                 f.write(str(signum))
 
         signal.signal(signal.SIGTERM, user_handler)
-    save_freq = int(args.save_freq) if args.save_freq.isdigit() else args.save_freq
 
     class Progress(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -125,32 +161,23 @@ def main():
             while args.hold_until and not os.path.exists(args.hold_until):
                 time.sleep(0.05)  # the run stays mid-way, however slow the test
 
-    if args.no_backup:
-        history = model.fit(callbacks=[Progress()], **data)
-    elif args.via_fit:
-        history = kerascale.fit(
-            model,
-            checkpoint_dir=args.directory,
-            checkpoint_freq=save_freq,
+    try:
+        arrays = train(
+            args.directory,
+            input=args.input,
+            epochs=args.epochs,
+            save_freq=args.save_freq,
+            via_fit=args.via_fit,
+            no_backup=args.no_backup,
             callbacks=[Progress()],
-            precision="float32",
-            **data,
         )
-    else:
-        backup = kerascale.callbacks.FaultTolerantBackup(
-            args.directory, save_freq=save_freq
-        )
-        history = model.fit(callbacks=[backup, Progress()], **data)
+    except ValueError as e:
+        if str(e).startswith("unknown input"):
+            sys.exit(str(e))
+        raise
     if args.sigterm_handler:
         print("handler:", signal.getsignal(signal.SIGTERM).__name__, flush=True)
     print("tensorflow imported:", "tensorflow" in sys.modules, flush=True)
-
-    arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(model.variables)}
-    arrays.update(
-        {f"o{i}": np.asarray(w) for i, w in enumerate(model.optimizer.variables)}
-    )
-    arrays["iterations"] = np.array(int(model.optimizer.iterations.numpy()))
-    arrays["history"] = np.array(json.dumps(history.history))
     np.savez(args.out, **arrays)
     print("done", flush=True)
 
