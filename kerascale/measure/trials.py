@@ -241,10 +241,6 @@ def run(
         run_seconds=bench.run_seconds,
         speed=bench.speed,
     )
-    import os as _os  # TEMP-TRACE
-    if _os.environ.get("KS_TRACE"):  # TEMP-TRACE
-        with open(_os.environ["KS_TRACE"], "a") as _f:  # TEMP-TRACE
-            _f.write(f"{_os.environ.get('PYTEST_CURRENT_TEST')}\t{bench.spent:.1f}\t{unbudgeted}\n")  # TEMP-TRACE
     if result.trials or result.speed:
         cache.cache_write("trials", key, result.to_dict())
     if verbose != 0 and result.trials:
