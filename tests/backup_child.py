@@ -2,7 +2,7 @@
 
     python backup_child.py DIR OUT.npz [--epochs 5] [--save-freq 3]
         [--step-sleep 0.01] [--die-in-save POINT:N] [--sigterm-handler]
-        [--via-fit] [--lr 0.01]
+        [--via-fit] [--lr 0.01] [--hold-at STEP:PATH]
 
 Trains a small model with Dropout on a seeded, shuffled `tf.data` pipeline,
 with `FaultTolerantBackup(DIR)`, and writes the final weights, optimizer
@@ -107,7 +107,9 @@ def main():
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--units", type=int, default=16)
     p.add_argument("--no-backup", action="store_true")
+    p.add_argument("--hold-at", default=None)  # STEP:PATH: waits at STEP for PATH
     args = p.parse_args()
+    hold_step, _, hold_path = (args.hold_at or "0:").partition(":")
 
     if args.die_in_save:
         install_fault(*args.die_in_save.split(":"))
@@ -130,6 +132,10 @@ def main():
             print(f"step {self.done}", flush=True)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
+            while hold_path and self.done >= int(hold_step):
+                if os.path.exists(hold_path):
+                    break
+                time.sleep(0.05)  # the run stays mid-way, however slow the test
 
     started = time.perf_counter()
     arrays = train(

@@ -173,9 +173,12 @@ def test_a_second_process_on_the_directory_stops_and_the_first_is_intact(tmp_pat
     """The same command launched twice: the second gets the error naming the
     first, deletes nothing, and the first's checkpoints all verify."""
     directory, out = tmp_path / "ckpt", tmp_path
+    go_on = tmp_path / "go-on"
+    # The first holds after step 7 (saved at 3 and 6) until the second has
+    # been refused, however slowly it starts.
     first = subprocess.Popen(
         child_cmd(
-            directory, out / "first.npz", "--step-sleep", "0.02", "--epochs", "20"
+            directory, out / "first.npz", "--epochs", "2", "--hold-at", f"7:{go_on}"
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -191,6 +194,7 @@ def test_a_second_process_on_the_directory_stops_and_the_first_is_intact(tmp_pat
             text=True,
             timeout=240,
         )
+        go_on.touch()
         assert second.returncode != 0
         assert "CheckpointError" in second.stderr
         assert f"process {first.pid} on host" in second.stderr, second.stderr[-2000:]
