@@ -188,6 +188,26 @@ def test_recreation_is_found_out_by_trying():
     assert "Lambda" in recreation_problem(lam)
 
 
+def test_a_layers_round_trip_is_tried_once_per_config(monkeypatch):
+    """A notebook's repeated `fit` on one model: each layer's round trip is
+    remembered by its config, and tried again when the config changes."""
+    model = dense_model()
+    made = []
+    real = keras.layers.Dense.from_config.__func__
+
+    def counted(cls, config):
+        made.append(config["units"])
+        return real(cls, config)
+
+    monkeypatch.setattr(keras.layers.Dense, "from_config", classmethod(counted))
+    assert recreation_problem(model) == ""
+    first = len(made)
+    assert first >= 1
+    assert recreation_problem(model) == "" and len(made) == first
+    model.get_layer("hidden").units += 1  # its config changes: tried again
+    assert recreation_problem(model) == "" and len(made) == first + 1
+
+
 def test_global_policy_context_restores_on_error():
     with pytest.raises(RuntimeError), model_lib.global_policy("mixed_bfloat16"):
         assert keras.config.dtype_policy().name == "mixed_bfloat16"
