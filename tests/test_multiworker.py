@@ -218,19 +218,28 @@ def kill_one_and_time_the_other(tmp_path, sig, worker_timeout):
     return took
 
 
-def test_a_killed_worker_stops_the_other_and_a_restart_resumes(tmp_path):
+@pytest.fixture(scope="module")
+def long_single(tmp_path_factory):
+    """The "long" run uninterrupted in one process (shared by the tests that
+    resume it on two workers)."""
+    out = tmp_path_factory.mktemp("long-single")
+    run_single("long", out)
+    return out
+
+
+def test_a_killed_worker_stops_the_other_and_a_restart_resumes(tmp_path, long_single):
     took = kill_one_and_time_the_other(tmp_path, signal.SIGKILL, 20)
     # A closed connection is noticed at once when the survivor is exchanging
     # with the dead worker; otherwise the missing heartbeats tell.
     assert took < 20 + 30
     assert any((tmp_path / "ckpt").iterdir())
-    assert_resumes_like_one_process(tmp_path)
+    assert_resumes_like_one_process(tmp_path, long_single)
 
 
-def assert_resumes_like_one_process(tmp_path):
+def assert_resumes_like_one_process(tmp_path, single_dir):
     """Restarts both workers of the "long" run (new ports, as a scheduler
     would give): they resume from the chief's checkpoint and end where an
-    uninterrupted run ends."""
+    uninterrupted run (in `single_dir`) ends."""
     outputs = run_cluster("long", tmp_path, restarts=1)
     lines = outputs[0][0].splitlines()
     epochs = [int(line.split()[1]) for line in lines if line.startswith("epoch ")]
@@ -238,10 +247,8 @@ def assert_resumes_like_one_process(tmp_path):
     newest = max((tmp_path / "ckpt").glob("ckpt-*"))
     meta = json.loads((newest / "meta.json").read_text())
     assert meta["finished"] and meta["history"]["epoch"] == list(range(12))
-    run_single("long", tmp_path)
-    (w0, r0), (w1, _), (ws, rs) = (
-        load(tmp_path, "long", n) for n in ("w0", "w1", "single")
-    )
+    (w0, r0), (w1, _) = (load(tmp_path, "long", n) for n in ("w0", "w1"))
+    ws, rs = load(single_dir, "long", "single")
     assert max_diff(w0, w1) == 0.0
     assert max_diff(w0, ws) <= 1e-5
     assert len(r0["history"]["loss"]) == 12
@@ -249,7 +256,9 @@ def assert_resumes_like_one_process(tmp_path):
         np.testing.assert_allclose(r0["history"][key], rs["history"][key], atol=1e-5)
 
 
-def test_sigterm_to_one_worker_saves_both_at_one_step_and_both_exit_143(tmp_path):
+def test_sigterm_to_one_worker_saves_both_at_one_step_and_both_exit_143(
+    tmp_path, long_single
+):
     """Preemption reaches one VM: its worker proposes the save, every worker
     saves at the same step and exits 143, and a restart resumes."""
     ports = free_ports()
@@ -276,7 +285,7 @@ def test_sigterm_to_one_worker_saves_both_at_one_step_and_both_exit_143(tmp_path
     step = int(exits[0][0].split()[-1])
     saved = max((tmp_path / "ckpt").glob("ckpt-*"))
     assert json.loads((saved / "meta.json").read_text())["global_step"] == step
-    assert_resumes_like_one_process(tmp_path)
+    assert_resumes_like_one_process(tmp_path, long_single)
 
 
 @pytest.mark.parametrize("mode", ["timesave", "budget"])
