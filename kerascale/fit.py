@@ -371,6 +371,7 @@ class _Deciding:
             self.y,
             options or self.options,
             steps_per_epoch=self.fit_kwargs.get("steps_per_epoch"),
+            validation_split=self.fit_kwargs.get("validation_split"),
             epochs=_epochs(self.fit_kwargs),
             search=search or self.request.search,
             hardware=self.hardware,

@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -530,3 +531,37 @@ def test_a_requested_batch_is_checked_against_memory_limit_for_real():
     assert (p.micro_batch_size, p.accumulation_steps) == (16, 1)
     assert "fits in one forward pass" in p.reasons["accumulation_steps"]
     assert not p.warnings
+
+
+@pytest.mark.parametrize("split, batch", [(None, 200), (0.5, 64)])
+def test_a_batch_larger_than_the_training_data_is_said(split, batch):
+    """Plain `fit` trains one step over all the samples without a word; the
+    samples that train are those `validation_split` leaves (Keras's floor),
+    and the batch search's ceiling is theirs too."""
+    x, y = toy_data(100)
+    extra = {"validation_split": split} if split else {}
+    with pytest.warns(kerascale.KerascaleWarning) as caught:
+        history = kerascale.fit(
+            dense_model(), x, y, batch_size=batch, epochs=1, verbose=0,
+            precision="float32", **extra,
+        )  # fmt: skip
+    said = [str(w.message) for w in caught if "is larger than" in str(w.message)]
+    assert len(said) == 1, [str(w.message) for w in caught]
+    if split:
+        assert "than the 50 samples that train (50 held back by" in said[0]
+    else:
+        assert "than your data (100 samples)" in said[0]
+    assert history.history["loss"]  # it trained, as plain fit does
+    plan = kerascale.plan(dense_model(), x, y, verbose=0, **extra)
+    assert plan.global_batch_size <= (50 if split else 100)
+
+
+def test_a_batch_within_the_training_data_says_nothing_of_it():
+    x, y = toy_data(100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kerascale.fit(
+            dense_model(), x, y, batch_size=50, validation_split=0.5, epochs=1,
+            verbose=0, precision="float32",
+        )  # fmt: skip
+    assert not [w for w in caught if "is larger than" in str(w.message)]

@@ -46,10 +46,16 @@ from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
 from kerascale.sense.model_facts import ModelFacts, gist, model_facts
 
-_SEARCH_ANYWAY = (
-    "to search anyway, pass batch_size=kerascale.find_batch_size(model, data)"
-    ".batch_size"
-)
+
+def _search_anyway(hw: Hardware) -> str:
+    """How to get the batch the skipped search would have picked: on a CPU
+    it times the batches that fit and takes the fastest ("throughput"),
+    elsewhere the largest that fits ("max", find_batch_size's default)."""
+    mode = ", mode='throughput'" if hw.accelerator == "cpu" else ""
+    return (
+        "to search anyway, pass batch_size=kerascale.find_batch_size(model, "
+        f"data{mode}).batch_size"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +119,7 @@ def decide(
     options: Options,
     *,
     steps_per_epoch: Any = None,
+    validation_split: Any = None,
     epochs: int | None = None,
     search: SearchOptions | None = None,
     force_search: bool = False,
@@ -130,6 +137,7 @@ def decide(
         options: Validated options.
         steps_per_epoch: For the infinite-dataset check and the trials'
             budget.
+        validation_split: `fit`'s: arrays train on the samples it leaves.
         epochs: The epochs the run will train, for the trials' budget; None
             for no budget (nothing trains after: `diagnose`).
         search: Batch-search options; defaults apply when None.
@@ -142,7 +150,9 @@ def decide(
         pinned: Options set from a resumed checkpoint's plan (their reasons
             say so).
     """
-    data = data_facts.inspect(x, y, steps_per_epoch=steps_per_epoch)
+    data = data_facts.held_out(
+        data_facts.inspect(x, y, steps_per_epoch=steps_per_epoch), validation_split
+    )
     facts = model_facts(
         model, options.strategy, sample=lambda: samples.sample_inputs(x, data)
     )
@@ -252,7 +262,11 @@ def _measured(
     reasons = {k: v for k, v in kept[0].items() if k == "sharding"}
     if skipped:
         why = decided.plan.reasons["global_batch_size"]
-        hint = "pass batch_size= to choose" if unavailable else _SEARCH_ANYWAY
+        hint = (
+            "pass batch_size= to choose"
+            if unavailable
+            else _search_anyway(decided.hardware)
+        )
         reasons["global_batch_size"] = (
             f"{why} (batch search skipped: {skipped}; {hint})"
         )

@@ -393,8 +393,14 @@ def _within_data(
     capped = max(replicas, n - n % replicas)
     warnings = []
     if asked:
+        data_is = (
+            f"the {n} samples that train ({data.held_out} held back by "
+            "validation_split)"
+            if data.held_out
+            else f"your data ({n} samples)"
+        )
         warnings.append(
-            f"batch_size={batch} is larger than your data ({n} samples): training "
+            f"batch_size={batch} is larger than {data_is}: training "
             f"with batches of {capped}, one optimizer update per epoch, as "
             "model.fit does. Pass a batch_size of at most the data's size to "
             "choose."

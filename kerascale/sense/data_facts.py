@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import inspect as pyinspect
 import logging
+import math
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -58,6 +59,8 @@ class DataFacts:
             JAX's devices and processes get their even shares of it.
         unsplittable: Why no batch of it can be split over devices (sparse
             or ragged values), or "".
+        held_out: Samples of arrays `validation_split` holds back (not in
+            `num_samples`).
     """
 
     kind: str
@@ -69,6 +72,7 @@ class DataFacts:
     why_not_measurable: str = ""
     splittable: bool = False
     unsplittable: str = ""
+    held_out: int = 0
 
     @property
     def measurable(self) -> bool:
@@ -205,6 +209,22 @@ def inspect(
 # A generator's first element, read by `first_read`, keyed by the generator
 # that yields it again.
 _FIRST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def held_out(facts: DataFacts, validation_split: Any) -> DataFacts:
+    """`facts` of arrays with the samples `fit`'s `validation_split` holds
+    back taken out of `num_samples` (Keras trains on the first
+    floor(n * (1 - split)) of them), so that a batch search's ceiling and
+    the batch's check against the data count what trains. Anything else,
+    or a split Keras will refuse, as it is."""
+    split = validation_split
+    n = facts.num_samples
+    if facts.kind != "arrays" or not n or isinstance(split, bool):
+        return facts
+    if not isinstance(split, int | float) or not 0 < split < 1:
+        return facts
+    training = math.floor(n * (1.0 - split))
+    return dataclasses.replace(facts, num_samples=training, held_out=n - training)
 
 
 def first_read(x: Any) -> Any:
