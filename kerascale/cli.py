@@ -224,7 +224,7 @@ def _find_batch(args: argparse.Namespace) -> int:
             max_batch_size=args.max_batch_size,
             precision=args.precision,
             cache=not args.no_cache,
-            force=args.force,
+            remeasure=args.remeasure,
             verbose=0 if args.json else "auto",
         )
     except KerascaleError as e:
@@ -255,7 +255,7 @@ def _diagnose(args: argparse.Namespace) -> int:
             batch_size=args.batch_size or "auto",
             precision=args.precision,
             memory_limit=args.memory_limit,
-            remeasure=args.force,
+            remeasure=args.remeasure,
             verbose=0 if args.json else "auto",
         )
     except KerascaleError as e:
@@ -350,7 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
     find.add_argument("--max-batch-size", type=_positive, default=4096)
     find.add_argument("--mode", choices=["max", "throughput"], default="max")
     find.add_argument("--no-cache", action="store_true")
-    find.add_argument("--force", action="store_true", help="ignore a cached result")
+    find.add_argument(
+        "--remeasure",
+        "--force",
+        dest="remeasure",
+        action="store_true",
+        help="search anew, ignoring a cached result (--force: its old name)",
+    )
     find.add_argument("--json", action="store_true", help="print JSON")
     find.set_defaults(func=_find_batch)
 
@@ -366,7 +372,11 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--batch-size", type=_positive, default=None)
     diag.add_argument("--steps", type=_positive, default=20)
     diag.add_argument(
-        "--force", action="store_true", help="measure again, ignoring the cache"
+        "--remeasure",
+        "--force",
+        dest="remeasure",
+        action="store_true",
+        help="measure again, ignoring the cache (--force: its old name)",
     )
     diag.add_argument("--json", action="store_true", help="print JSON")
     diag.set_defaults(func=_diagnose)

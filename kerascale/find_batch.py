@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from kerascale import _validation
-from kerascale.errors import UnsupportedError
+from kerascale.errors import ConfigurationError, UnsupportedError
 from kerascale.measure.batch import DEFAULT_MARGIN, SearchOptions
 from kerascale.measure.decide import decide
 from kerascale.measure.result import BatchSearchResult
@@ -29,11 +30,12 @@ def find_batch_size(
     max_trials: int = 20,
     timeout: float = 600.0,
     cache: bool = True,
-    force: bool = False,
+    remeasure: bool = False,
     strategy: Any = "auto",
     precision: str = "auto",
     recompute: Any = "auto",
     verbose: Any = "auto",
+    force: Any = None,
 ) -> BatchSearchResult:
     """Finds the largest batch that trains without running out of memory.
 
@@ -63,12 +65,16 @@ def find_batch_size(
             first warms up; 3); the fraction kept below the largest batch
             that fits (0.03); the most probes (20); seconds before a probe
             is killed (600).
-        cache, force: Use the result cache (True); search anew (False).
+        cache: Use the result cache (True, the default), or neither read
+            nor write it (False).
+        remeasure: Search anew even where the cache has an answer (and
+            write the new one), as `kerascale.fit`'s `remeasure`.
         strategy, precision: As in `kerascale.fit` ("auto").
         recompute: "auto": where memory stops the search, also the bound
             with recomputation (fit's `recompute=True`), in
             `.recompute_batch_size`. True: with it only; False: without.
         verbose: 0 prints nothing, else a line per probe. Defaults to "auto".
+        force: Deprecated: the old name of `remeasure`.
 
     Returns:
         A `BatchSearchResult`: `.batch_size` (all replicas, as `fit` takes
@@ -91,7 +97,22 @@ def find_batch_size(
 
 def _validated(arguments: dict[str, Any]) -> tuple[Options, SearchOptions]:
     """`find_batch_size`'s arguments (its `locals()`), checked at the door."""
-    a = arguments
+    a = dict(arguments)
+    _validation.boolean("remeasure", a["remeasure"])
+    if a["force"] is not None:
+        _validation.boolean("force", a["force"])
+        warnings.warn(
+            "find_batch_size(force=...) is now remeasure=..., the name "
+            "kerascale.fit uses; force= will be removed in a later release.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if a["remeasure"] and not a["force"]:
+            raise ConfigurationError(
+                "find_batch_size got remeasure=True and force=False, which "
+                "disagree. Pass remeasure= only (force= is its old name)."
+            )
+        a["remeasure"] = a["remeasure"] or a["force"]
     options = Options.validate(
         strategy=a["strategy"], precision=a["precision"], verbose=a["verbose"],
         optimize_data=False, recompute=a["recompute"],
@@ -103,9 +124,10 @@ def _validated(arguments: dict[str, Any]) -> tuple[Options, SearchOptions]:
             for k in (
                 "mode", "isolate", "memory_limit", "device_memory",
                 "max_batch_size", "steps_per_trial", "margin", "max_trials",
-                "timeout", "cache", "force",
+                "timeout", "cache",
             )
-        }
+        },
+        force=a["remeasure"],
     )  # fmt: skip
     return options, search
 

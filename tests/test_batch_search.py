@@ -304,8 +304,14 @@ def test_cache_returns_the_same_result_without_probing():
     assert again.probes == first.probes
     files = list(cache.cache_dir().glob("batch_search/*.json"))
     assert len(files) == 1
-    forced = kerascale.find_batch_size(model, x, y, force=True, **kwargs)
+    forced = kerascale.find_batch_size(model, x, y, remeasure=True, **kwargs)
     assert not forced.cached
+    # force=, its old name, still works, and says it is deprecated.
+    with pytest.warns(DeprecationWarning, match="now remeasure="):
+        old = kerascale.find_batch_size(model, x, y, force=True, **kwargs)
+    assert not old.cached
+    with pytest.raises(kerascale.ConfigurationError, match="disagree"):
+        kerascale.find_batch_size(model, x, y, remeasure=True, force=False, **kwargs)
     other = kerascale.find_batch_size(model, x, y, **{**kwargs, "max_batch_size": 16})
     assert not other.cached and other.batch_size == 16
 

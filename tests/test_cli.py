@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+import kerascale
 from kerascale import cli
 
 
@@ -118,3 +119,26 @@ def test_find_batch_unreadable_model(tmp_path, capsys):
         == 2
     )
     assert "cannot load" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flag, remeasure", [("--remeasure", True), ("--force", True), (None, False)]
+)
+def test_find_batch_remeasure_and_its_old_name(
+    tmp_path, capsys, monkeypatch, flag, remeasure
+):
+    """One name for measuring again, as in fit (`--force` kept as its old name)."""
+    from kerascale import find_batch
+
+    path = tmp_path / "m.keras"
+    _save_dense(path)
+    seen = {}
+
+    def fake(model, x, y, **kwargs):
+        seen.update(kwargs)
+        raise kerascale.ConfigurationError("stop here")
+
+    monkeypatch.setattr(find_batch, "find_batch_size", fake)
+    argv = ["find-batch", str(path), "--input-shape", "6", *([flag] if flag else [])]
+    assert cli.main(argv) == 1
+    assert seen["remeasure"] is remeasure and "force" not in seen

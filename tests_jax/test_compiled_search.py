@@ -407,7 +407,7 @@ x = np.ones((20_000, 256), "float32")
 y = np.zeros(20_000, "int32")
 once = dict(memory_limit="1GiB", isolate=False, recompute=False, verbose=0,
             precision="float32")
-r = kerascale.find_batch_size(_mlp(), x, y, force={force}, **once)
+r = kerascale.find_batch_size(_mlp(), x, y, remeasure={force}, **once)
 print(json.dumps([r.batch_size, r.cached]))
 """
 
@@ -427,7 +427,7 @@ def _rerun(tmp_path, force=False):
 @pytest.mark.once
 def test_a_second_run_of_the_script_reads_the_cache(tmp_path):
     """A rerun holds what the first run held (its data, its libraries): the
-    answer found for that process is read back; `force` searches anew. (In
+    answer found for that process is read back; `remeasure` searches anew. (In
     one process, a second search holds the first's leftovers, and a
     process that holds more than the answer was found for searches again.)"""
     first_batch, first_cached = _rerun(tmp_path)
