@@ -21,6 +21,43 @@ from kerascale._version import __version__
 INTERCONNECT_KINDS = ("cpu", "gpu", "network", "tpu")
 
 
+# What a bug report needs, read from the installed packages' metadata
+# (nothing is imported for it).
+PACKAGES = ("keras", "tensorflow", "jax", "jaxlib", "numpy", "keras-tuner", "grain")
+
+
+def _versions() -> dict[str, str | None]:
+    import platform
+    from importlib import metadata
+
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _environment() -> dict[str, Any]:
+    """Versions, memory and the cache folder: `doctor`'s bug-report part."""
+    import platform
+
+    from kerascale._units import format_bytes
+    from kerascale.measure.cache import cache_dir
+    from kerascale.sense import memory
+
+    available = memory.available_bytes()
+    return {
+        "kerascale": __version__,
+        "platform": platform.platform(),
+        "versions": _versions(),
+        "memory_available": available,
+        "memory_available_text": format_bytes(available) if available else "unknown",
+        "cache_dir": str(cache_dir()),
+    }
+
+
 def _doctor(args: argparse.Namespace) -> int:
     if args.cluster:
         return _cluster(args)
@@ -41,16 +78,22 @@ def _doctor(args: argparse.Namespace) -> int:
         error = None
     except KerascaleError as e:
         plan, error = None, f"{type(e).__name__}: {e}"
+    env = _environment()
     if args.json:
         report = {
             "version": __version__,
+            "environment": env,
             "hardware": hw.to_dict(),
             "default_plan": plan.to_dict() if plan else None,
             "error": error,
         }
         print(json.dumps(report, indent=2))
         return 0
-    print(f"kerascale {__version__}")
+    installed = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
+    print(f"kerascale {__version__} on {env['platform']}")
+    print(f"versions: {installed}")
+    print(f"memory:   {env['memory_available_text']} available")
+    print(f"cache:    {env['cache_dir']} (kerascale clear-cache empties it)")
     print(f"hardware: {hw.summary()}")
     print(f"backend:  {hw.backend} (Keras's, from KERAS_BACKEND or keras.json)")
     if hw.cluster is not None:
@@ -65,6 +108,8 @@ def _doctor(args: argparse.Namespace) -> int:
         print(plan)
     else:
         print(f"No default plan: {error}")
+    print()
+    print("For a bug report, paste this output (or `kerascale doctor --json`).")
     return 0
 
 
@@ -312,7 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kerascale",
         description="Train Keras models at the scale of the hardware here.",
     )
-    parser.add_argument("--version", action="version", version=__version__)
+    parser.add_argument(
+        "--version", action="version", version=__version__, help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser(
         "doctor", help="show the detected hardware and the default decisions"
@@ -323,13 +370,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="predict the step at 1 to N data-parallel workers (needs MODEL)",
     )  # fmt: skip
     doctor.add_argument("model", nargs="?", help="with --cluster: a saved model")
-    doctor.add_argument("--input-shape", action="append", type=_shape_arg)
-    doctor.add_argument("--input-dtype", default="float32")
-    doctor.add_argument("--import", dest="imports", action="append", default=[])
+    doctor.add_argument(
+        "--input-shape", action="append", type=_shape_arg, metavar="D1,D2,...",
+        help="with --cluster: per-sample input shape; repeat for several inputs",
+    )  # fmt: skip
+    doctor.add_argument(
+        "--input-dtype", default="float32", help="with --cluster: the inputs' dtype"
+    )
+    doctor.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        help="import MODULE first (registers custom objects)",
+    )  # fmt: skip
     doctor.add_argument("--batch-size", type=_positive, default=32, help="per worker")
-    doctor.add_argument("--link", choices=sorted(INTERCONNECT_KINDS), default="network")
+    doctor.add_argument(
+        "--link", choices=sorted(INTERCONNECT_KINDS), default="network",
+        help="with --cluster: what connects the workers",
+    )  # fmt: skip
     doctor.add_argument("--bandwidth", type=float, default=None, help="bytes/s a link")
-    doctor.add_argument("--accumulation", type=_positive, default=4)
+    doctor.add_argument(
+        "--accumulation", type=_positive, default=4,
+        help="with --cluster: micro-batches per update in the estimate",
+    )  # fmt: skip
     doctor.set_defaults(func=_doctor)
     clear = sub.add_parser(
         "clear-cache",
@@ -347,9 +408,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     find.add_argument("model", help="a model saved with model.save('....keras')")
     _model_arguments(find)
-    find.add_argument("--max-batch-size", type=_positive, default=4096)
-    find.add_argument("--mode", choices=["max", "throughput"], default="max")
-    find.add_argument("--no-cache", action="store_true")
+    find.add_argument(
+        "--max-batch-size", type=_positive, default=4096,
+        help="the largest global batch to consider",
+    )  # fmt: skip
+    find.add_argument(
+        "--mode", choices=["max", "throughput"], default="max",
+        help="the largest batch that fits, or the fastest",
+    )  # fmt: skip
+    find.add_argument(
+        "--no-cache", action="store_true", help="neither read nor write the cache"
+    )
     find.add_argument(
         "--remeasure",
         "--force",
@@ -369,8 +438,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diag.add_argument("model", help="a model saved with model.save('....keras')")
     _model_arguments(diag)
-    diag.add_argument("--batch-size", type=_positive, default=None)
-    diag.add_argument("--steps", type=_positive, default=20)
+    diag.add_argument(
+        "--batch-size", type=_positive, default=None,
+        help="the global batch to measure (default: what fit would pick)",
+    )  # fmt: skip
+    diag.add_argument(
+        "--steps", type=_positive, default=20, help="training steps to time"
+    )
     diag.add_argument(
         "--remeasure",
         "--force",
@@ -393,7 +467,7 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
         metavar="D1,D2,...",
         help="per-sample input shape; repeat for several inputs",
     )
-    p.add_argument("--input-dtype", default="float32")
+    p.add_argument("--input-dtype", default="float32", help="the inputs' dtype")
     p.add_argument(
         "--memory-limit",
         type=_size,
@@ -404,6 +478,7 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
         "--precision",
         default="auto",
         choices=["auto", "float32", "mixed_float16", "mixed_bfloat16"],
+        help="the precision to measure under (auto: what fit would pick)",
     )
     p.add_argument(
         "--import",

@@ -18,6 +18,11 @@ def test_doctor_prints_hardware_and_decisions(capsys, monkeypatch):
     assert "strategy   default (1 replica)" in out
     assert "batch      32 x 1 x 1 = 32" in out
     assert "precision  " in out
+    # What a bug report needs (issue 41): versions, memory, the cache folder.
+    import keras
+
+    assert f"keras {keras.__version__}" in out and "python 3." in out
+    assert "memory:" in out and "cache:" in out and "For a bug report" in out
 
 
 def test_doctor_json(capsys, monkeypatch):
@@ -31,6 +36,8 @@ def test_doctor_json(capsys, monkeypatch):
     expected = "mixed_bfloat16" if report["hardware"]["cpu"]["bf16"] else "float32"
     assert plan["precision"] == expected
     assert plan["reasons"]["precision"]
+    env = report["environment"]
+    assert env["versions"]["keras"] and env["cache_dir"]
 
 
 def test_doctor_reports_a_malformed_cluster_instead_of_crashing(capsys, monkeypatch):
@@ -142,3 +149,21 @@ def test_find_batch_remeasure_and_its_old_name(
     argv = ["find-batch", str(path), "--input-shape", "6", *([flag] if flag else [])]
     assert cli.main(argv) == 1
     assert seen["remeasure"] is remeasure and "force" not in seen
+
+
+def test_every_flag_says_what_it_does():
+    """`--help` documents each flag of each command (issue 41)."""
+    import argparse
+
+    parser = cli.build_parser()
+    commands = [parser]
+    for action in parser._actions:  # argparse keeps its subparsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            commands += list(action.choices.values())
+    silent = [
+        f"{command.prog} {'/'.join(a.option_strings) or a.dest}"
+        for command in commands
+        for a in command._actions
+        if not a.help and not isinstance(a, argparse._SubParsersAction)
+    ]
+    assert not silent, silent
