@@ -44,10 +44,32 @@ def scalars(log_dir):
     return out
 
 
-def test_throughput_logs_and_writes_tensorboard_scalars(tmp_path):
+def test_throughput_keeps_its_figures_out_of_history_and_writes_tensorboard(
+    tmp_path,
+):
+    """Its figures (scales of 1e-2 to 1e4) stay out of History and Keras's
+    progress line: in TensorBoard, `epochs_seen` and `summary()`."""
+    throughput = Throughput(8, log_dir=tmp_path)
     history = small_model().fit(
-        small_data(), epochs=3, verbose=0, callbacks=[Throughput(8, log_dir=tmp_path)]
+        small_data(), epochs=3, verbose=0, callbacks=[throughput]
     )
+    assert set(history.history) == {"loss"}
+    read = scalars(tmp_path)
+    assert [s for s, _ in read["throughput/samples_per_second"]] == [0, 1, 2]
+    seen = throughput.epochs_seen
+    assert read["throughput/samples_per_second"][2][1] == pytest.approx(
+        seen[2]["samples_per_second"], rel=1e-6
+    )
+    table = throughput.summary().splitlines()
+    assert table[0].split()[:2] == ["epoch", "samples/s"] and len(table) == 4
+    assert f"{seen[0]['samples_per_second']:,.0f}" in table[1]
+
+
+def test_throughput_in_logs_keeps_the_old_behaviour(tmp_path):
+    history = small_model().fit(
+        small_data(), epochs=3, verbose=0,
+        callbacks=[Throughput(8, log_dir=tmp_path, in_logs=True)],
+    )  # fmt: skip
     h = history.history
     for key in ("samples_per_second", "steps_per_second", "step_time_median"):
         assert len(h[key]) == 3 and all(x > 0 for x in h[key])
@@ -249,7 +271,7 @@ def test_fit_installs_monitoring_and_resumes_after_its_time_budget(tmp_path):
         verbose=0,
     )
     assert len(history.history["loss"]) < 10_000
-    assert history.history["samples_per_second"][0] > 0
+    assert "samples_per_second" not in history.history  # TensorBoard has them
     assert "throughput/samples_per_second" in scalars(log_dir)
     assert glob.glob(f"{log_dir}/train/plugins/profile/*/*.xplane.pb")
     # The final checkpoint was written on the way out: a rerun continues there.

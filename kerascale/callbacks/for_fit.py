@@ -144,7 +144,12 @@ def for_fit(
                 "which is not installed: the throughput (and GPU) figures go to "
                 f"History only. `{_tf.INSTALL_HINT}` writes them."
             )
-        out.append(Throughput(samples_per_step, log_dir if writes else None))
+        # Without TensorFlow, History is where the figures go (said above).
+        out.append(
+            Throughput(
+                samples_per_step, log_dir if writes else None, in_logs=not writes
+            )
+        )
         if gpus:
             out.append(GPUMonitor(log_dir if writes else None))
     needs_tf = backend_lib.traits().profiler_needs_tensorflow

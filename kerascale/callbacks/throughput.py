@@ -7,17 +7,20 @@ import statistics
 import time
 from collections.abc import Callable
 
+from kerascale import _tf
 from kerascale import _validation as v
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._scalars import Scalars, optional_dir
 
 
 class Throughput(KerascaleCallback):
-    """Logs samples/s, step time (median and p90) and the ETA of each epoch.
+    """Measures samples/s, step time (median and p90) and the ETA of each epoch.
 
-    The figures are added to the epoch's logs (so they appear in `History`
-    and the progress bar) and written as TensorBoard scalars under
-    ``throughput/`` when `log_dir` is set. Step times are the intervals
+    The figures are written as TensorBoard scalars under ``throughput/``
+    when `log_dir` is set, and kept per epoch in `epochs_seen`
+    (`summary()` prints them as a table). They stay out of Keras's progress
+    line and `History`, whose losses and metrics they would drown in scales
+    of 1e-2 to 1e4, unless `in_logs=True`. Step times are the intervals
     between batch starts, so they include waiting for input, and measuring
     them does not make Keras wait for each step's results.
 
@@ -25,19 +28,34 @@ class Throughput(KerascaleCallback):
         batch_size: Samples per step, for samples/s. Defaults to `None`:
             steps/s only (`kerascale.fit` passes its plan's batch).
         log_dir: Where TensorBoard event files go. Defaults to `None`.
+        in_logs: Also add the figures to the epoch's logs (`History`, the
+            progress line). Defaults to `None`: only where `log_dir` was
+            given and TensorBoard cannot be written (no TensorFlow), so that
+            the figures still go somewhere a run keeps.
 
     Example:
 
-    >>> model.fit(ds, epochs=5, callbacks=[kerascale.callbacks.Throughput(64)])
-    >>> history.history["samples_per_second"]
+    >>> throughput = kerascale.callbacks.Throughput(64)
+    >>> model.fit(ds, epochs=5, callbacks=[throughput])
+    >>> print(throughput.summary())
     """
 
-    def __init__(self, batch_size: int | None = None, log_dir: str | None = None):
+    def __init__(
+        self,
+        batch_size: int | None = None,
+        log_dir: str | None = None,
+        in_logs: bool | None = None,
+    ):
         super().__init__()
         if batch_size is not None:
             v.positive_int("batch_size", batch_size, accepted="a positive int or None")
+        if in_logs is not None:
+            v.boolean("in_logs", in_logs)
         self.batch_size = batch_size
         self._scalars = Scalars(optional_dir("log_dir", log_dir))
+        if in_logs is None:
+            in_logs = log_dir is not None and not _tf.available()
+        self.in_logs = in_logs
         self._clock: Callable[[], float] = time.perf_counter
         self.epochs_seen: list[dict[str, float]] = []
 
@@ -82,12 +100,27 @@ class Throughput(KerascaleCallback):
         recent = self._epoch_seconds[1:] or self._epoch_seconds
         figures["eta_seconds"] = left * statistics.mean(recent)
         self.epochs_seen.append(figures)
-        if logs is not None:
+        if logs is not None and self.in_logs:
             logs.update(figures)
         self._scalars.write({f"throughput/{k}": x for k, x in figures.items()}, epoch)
 
     def on_train_end(self, logs=None):
         self.release()
+
+    def summary(self) -> str:
+        """The figures of each epoch seen, as a table."""
+        if not self.epochs_seen:
+            return "Throughput: no epoch measured yet."
+        rows = ["epoch  samples/s   steps/s  step median  step p90    ETA"]
+        for epoch, f in enumerate(self.epochs_seen):
+            samples = f.get("samples_per_second")
+            shown = "-" if samples is None else f"{samples:,.0f}"
+            median, p90 = f["step_time_median"] * 1e3, f["step_time_p90"] * 1e3
+            rows.append(
+                f"{epoch:>5}  {shown:>9}  {f['steps_per_second']:>8.2f}"
+                f"  {median:>8.1f} ms  {p90:>5.1f} ms  {f['eta_seconds']:>5.0f} s"
+            )
+        return "\n".join(rows)
 
     def release(self) -> None:
         """Closes the run's TensorBoard writer."""
