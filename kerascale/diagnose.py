@@ -84,10 +84,35 @@ class Diagnosis:
         out["plan"] = self.plan.to_dict()
         return out
 
+    def why(self) -> str:
+        """The verdict's reason, in one line."""
+        if self.bound == "memory":
+            if self.plan.accumulation_steps > 1:
+                return (
+                    f"the batch needs {self.plan.accumulation_steps} accumulated "
+                    "steps to fit"
+                )
+            return f"only {self.memory_headroom:.0%} of the memory is left free"
+        share = self.training_batches_per_s / self.step_batches_per_s
+        if self.bound == "input":
+            why = (
+                "the input alone is slower than the step"
+                if self.input_batches_per_s < self.step_batches_per_s
+                else "the input alone keeps up, but beside the step it does not "
+                "(they share the cores)"
+            )
+            return f"training runs at {share:.0%} of the step's own speed; {why}"
+        return f"training runs at {share:.0%} of the step's own speed"
+
     def __str__(self) -> str:
         b = self.batch_size
+        p = self.plan
+        measured = f"batch {b}, {p.precision}"
+        if p.replicas > 1:
+            measured += f", {p.replicas} replicas"
         rows = [
-            f"kerascale diagnosis: training is {self.bound.upper()}-bound",
+            f"kerascale diagnosis ({measured}): training is "
+            f"{self.bound.upper()}-bound: {self.why()}",
             f"  input pipeline alone  {self.input_batches_per_s:9.1f} batches/s"
             f"  ({self.input_batches_per_s * b:,.0f} samples/s)",
             f"  training step alone   {self.step_batches_per_s:9.1f} batches/s"

@@ -56,7 +56,11 @@ def test_input_bound_workload():
     assert d.training_batches_per_s < 0.85 * d.step_batches_per_s
     assert any("kerascale.data.optimize" in r.action for r in d.recommendations)
     assert d.recommendations[0].expected_gain > 1
-    assert "INPUT-bound" in str(d)
+    # The heading says what was measured and why the verdict (issue 41).
+    heading = str(d).splitlines()[0]
+    assert heading.startswith("kerascale diagnosis (batch 32, float32): ")
+    assert "INPUT-bound: training runs at" in heading
+    assert "the input alone is slower than the step" in heading
 
 
 def compute_bound_workload():
