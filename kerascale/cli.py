@@ -21,43 +21,6 @@ from kerascale._version import __version__
 INTERCONNECT_KINDS = ("cpu", "gpu", "network", "tpu")
 
 
-# What a bug report needs, read from the installed packages' metadata
-# (nothing is imported for it).
-PACKAGES = ("keras", "tensorflow", "jax", "jaxlib", "numpy", "keras-tuner", "grain")
-
-
-def _versions() -> dict[str, str | None]:
-    import platform
-    from importlib import metadata
-
-    found: dict[str, str | None] = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    return found
-
-
-def _environment() -> dict[str, Any]:
-    """Versions, memory and the cache folder: `doctor`'s bug-report part."""
-    import platform
-
-    from kerascale._units import format_bytes
-    from kerascale.measure.cache import cache_dir
-    from kerascale.sense import memory
-
-    available = memory.available_bytes()
-    return {
-        "kerascale": __version__,
-        "platform": platform.platform(),
-        "versions": _versions(),
-        "memory_available": available,
-        "memory_available_text": format_bytes(available) if available else "unknown",
-        "cache_dir": str(cache_dir()),
-    }
-
-
 def _doctor(args: argparse.Namespace) -> int:
     if args.cluster:
         return _cluster(args)
@@ -78,7 +41,10 @@ def _doctor(args: argparse.Namespace) -> int:
         error = None
     except KerascaleError as e:
         plan, error = None, f"{type(e).__name__}: {e}"
-    env = _environment()
+    from kerascale.measure.cache import cache_dir
+    from kerascale.sense.environment import environment
+
+    env = {**environment(), "kerascale": __version__, "cache_dir": str(cache_dir())}
     if args.json:
         report = {
             "version": __version__,
@@ -361,99 +327,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=__version__, help="print the version"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    doctor = sub.add_parser(
-        "doctor", help="show the detected hardware and the default decisions"
-    )
-    doctor.add_argument("--json", action="store_true", help="print JSON")
-    doctor.add_argument(
-        "--cluster", type=_positive, default=None, metavar="N",
-        help="predict the step at 1 to N data-parallel workers (needs MODEL)",
-    )  # fmt: skip
-    doctor.add_argument("model", nargs="?", help="with --cluster: a saved model")
-    doctor.add_argument(
-        "--input-shape", action="append", type=_shape_arg, metavar="D1,D2,...",
-        help="with --cluster: per-sample input shape; repeat for several inputs",
-    )  # fmt: skip
-    doctor.add_argument(
-        "--input-dtype", default="float32", help="with --cluster: the inputs' dtype"
-    )
-    doctor.add_argument(
-        "--import", dest="imports", action="append", default=[], metavar="MODULE",
-        help="import MODULE first (registers custom objects)",
-    )  # fmt: skip
-    doctor.add_argument("--batch-size", type=_positive, default=32, help="per worker")
-    doctor.add_argument(
-        "--link", choices=sorted(INTERCONNECT_KINDS), default="network",
-        help="with --cluster: what connects the workers",
-    )  # fmt: skip
-    doctor.add_argument("--bandwidth", type=float, default=None, help="bytes/s a link")
-    doctor.add_argument(
-        "--accumulation", type=_positive, default=4,
-        help="with --cluster: micro-batches per update in the estimate",
-    )  # fmt: skip
-    doctor.set_defaults(func=_doctor)
+    _add_doctor(sub)
     clear = sub.add_parser(
         "clear-cache",
         help="forget kerascale's cached measurements (batch searches, trials)",
     )
     clear.set_defaults(func=_clear_cache)
-
-    find = sub.add_parser(
-        "find-batch",
-        help="find the largest batch a saved model trains at without OOM",
-        description="Probes real training steps of MODEL.keras on synthetic "
-        "inputs of --input-shape (in child processes on CPU, in this one on "
-        "GPU), and reports the "
-        "largest batch that fits (or, with --mode throughput, the fastest).",
-    )
-    find.add_argument("model", help="a model saved with model.save('....keras')")
-    _model_arguments(find)
-    find.add_argument(
-        "--max-batch-size", type=_positive, default=4096,
-        help="the largest global batch to consider",
-    )  # fmt: skip
-    find.add_argument(
-        "--mode", choices=["max", "throughput"], default="max",
-        help="the largest batch that fits, or the fastest",
-    )  # fmt: skip
-    find.add_argument(
-        "--no-cache", action="store_true", help="neither read nor write the cache"
-    )
-    find.add_argument(
-        "--remeasure",
-        "--force",
-        dest="remeasure",
-        action="store_true",
-        help="search anew, ignoring a cached result (--force: its old name)",
-    )
-    find.add_argument("--json", action="store_true", help="print JSON")
-    find.set_defaults(func=_find_batch)
-
-    diag = sub.add_parser(
-        "diagnose",
-        help="say whether training a saved model is input-, compute- or memory-bound",
-        description="Times the input pipeline alone, a training step alone and "
-        "both together for MODEL.keras on synthetic inputs of --input-shape "
-        "(plus memory at the batch, with --memory-limit), and says what to change.",
-    )
-    diag.add_argument("model", help="a model saved with model.save('....keras')")
-    _model_arguments(diag)
-    diag.add_argument(
-        "--batch-size", type=_positive, default=None,
-        help="the global batch to measure (default: what fit would pick)",
-    )  # fmt: skip
-    diag.add_argument(
-        "--steps", type=_positive, default=20, help="training steps to time"
-    )
-    diag.add_argument(
-        "--remeasure",
-        "--force",
-        dest="remeasure",
-        action="store_true",
-        help="measure again, ignoring the cache (--force: its old name)",
-    )
-    diag.add_argument("--json", action="store_true", help="print JSON")
-    diag.set_defaults(func=_diagnose)
+    _add_find_batch(sub)
+    _add_diagnose(sub)
     return parser
 
 
@@ -488,6 +369,101 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MODULE",
         help="import MODULE first (registers custom objects)",
     )
+
+
+def _add_doctor(sub: Any) -> None:
+    doctor = sub.add_parser(
+        "doctor", help="show the detected hardware and the default decisions"
+    )
+    doctor.add_argument("--json", action="store_true", help="print JSON")
+    doctor.add_argument(
+        "--cluster", type=_positive, default=None, metavar="N",
+        help="predict the step at 1 to N data-parallel workers (needs MODEL)",
+    )  # fmt: skip
+    doctor.add_argument("model", nargs="?", help="with --cluster: a saved model")
+    doctor.add_argument(
+        "--input-shape", action="append", type=_shape_arg, metavar="D1,D2,...",
+        help="with --cluster: per-sample input shape; repeat for several inputs",
+    )  # fmt: skip
+    doctor.add_argument(
+        "--input-dtype", default="float32", help="with --cluster: the inputs' dtype"
+    )
+    doctor.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        help="import MODULE first (registers custom objects)",
+    )  # fmt: skip
+    doctor.add_argument("--batch-size", type=_positive, default=32, help="per worker")
+    doctor.add_argument(
+        "--link", choices=sorted(INTERCONNECT_KINDS), default="network",
+        help="with --cluster: what connects the workers",
+    )  # fmt: skip
+    doctor.add_argument("--bandwidth", type=float, default=None, help="bytes/s a link")
+    doctor.add_argument(
+        "--accumulation", type=_positive, default=4,
+        help="with --cluster: micro-batches per update in the estimate",
+    )  # fmt: skip
+    doctor.set_defaults(func=_doctor)
+
+
+def _add_find_batch(sub: Any) -> None:
+    find = sub.add_parser(
+        "find-batch",
+        help="find the largest batch a saved model trains at without OOM",
+        description="Probes real training steps of MODEL.keras on synthetic "
+        "inputs of --input-shape (in child processes on CPU, in this one on "
+        "GPU), and reports the "
+        "largest batch that fits (or, with --mode throughput, the fastest).",
+    )
+    find.add_argument("model", help="a model saved with model.save('....keras')")
+    _model_arguments(find)
+    find.add_argument(
+        "--max-batch-size", type=_positive, default=4096,
+        help="the largest global batch to consider",
+    )  # fmt: skip
+    find.add_argument(
+        "--mode", choices=["max", "throughput"], default="max",
+        help="the largest batch that fits, or the fastest",
+    )  # fmt: skip
+    find.add_argument(
+        "--no-cache", action="store_true", help="neither read nor write the cache"
+    )
+    find.add_argument(
+        "--remeasure",
+        "--force",
+        dest="remeasure",
+        action="store_true",
+        help="search anew, ignoring a cached result (--force: its old name)",
+    )
+    find.add_argument("--json", action="store_true", help="print JSON")
+    find.set_defaults(func=_find_batch)
+
+
+def _add_diagnose(sub: Any) -> None:
+    diag = sub.add_parser(
+        "diagnose",
+        help="say whether training a saved model is input-, compute- or memory-bound",
+        description="Times the input pipeline alone, a training step alone and "
+        "both together for MODEL.keras on synthetic inputs of --input-shape "
+        "(plus memory at the batch, with --memory-limit), and says what to change.",
+    )
+    diag.add_argument("model", help="a model saved with model.save('....keras')")
+    _model_arguments(diag)
+    diag.add_argument(
+        "--batch-size", type=_positive, default=None,
+        help="the global batch to measure (default: what fit would pick)",
+    )  # fmt: skip
+    diag.add_argument(
+        "--steps", type=_positive, default=20, help="training steps to time"
+    )
+    diag.add_argument(
+        "--remeasure",
+        "--force",
+        dest="remeasure",
+        action="store_true",
+        help="measure again, ignoring the cache (--force: its old name)",
+    )
+    diag.add_argument("--json", action="store_true", help="print JSON")
+    diag.set_defaults(func=_diagnose)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

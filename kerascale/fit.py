@@ -35,7 +35,7 @@ from kerascale.measure.probe import is_oom_exception
 from kerascale.plan.options import Options, pin, plain, smaller_batch
 from kerascale.plan.plan import Plan
 from kerascale.sense import backend as backend_lib
-from kerascale.sense import data_facts
+from kerascale.sense import data_facts, first_batch
 from kerascale.sense import hardware as hardware_lib
 from kerascale.sense.model_facts import gist, is_builder
 
@@ -106,7 +106,7 @@ def fit(
         return _plain_fit(model, x, y, locals(), fit_kwargs)
     # A generator's first batch tells its size (and is given back first):
     # training reads it anyway, where `plan` must leave it unread.
-    x = data_facts.first_read(x)
+    x = first_batch.first_read(x)
     deciding = _Deciding(model, x, y, request, fit_kwargs)
     decided = deciding.decide()
     try:

@@ -150,8 +150,8 @@ def decide(
         pinned: Options set from a resumed checkpoint's plan (their reasons
             say so).
     """
-    data = data_facts.held_out(
-        data_facts.inspect(x, y, steps_per_epoch=steps_per_epoch), validation_split
+    data = data_facts.inspect(
+        x, y, steps_per_epoch=steps_per_epoch, validation_split=validation_split
     )
     facts = model_facts(
         model, options.strategy, sample=lambda: samples.sample_inputs(x, data)
@@ -176,19 +176,11 @@ def decide(
         if not facts.rebuildable:
             raise
         return decide(
-            model,
-            x,
-            y,
-            options,
-            steps_per_epoch=steps_per_epoch,
-            epochs=epochs,
-            search=search,
-            force_search=force_search,
-            hardware=hw,
-            not_rebuildable=str(e),
-            clustered=clustered,
-            pinned=pinned,
-        )
+            model, x, y, options, steps_per_epoch=steps_per_epoch,
+            validation_split=validation_split, epochs=epochs, search=search,
+            force_search=force_search, hardware=hw, not_rebuildable=str(e),
+            clustered=clustered, pinned=pinned,
+        )  # fmt: skip
     if clustered:
         decided = agree(decided)
     decided = dataclasses.replace(decided, plan=say_pinned(decided.plan, pinned))

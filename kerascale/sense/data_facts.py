@@ -28,7 +28,7 @@ from kerascale import _tf_compat as tfc
 from kerascale._tf import tf
 from kerascale._units import format_bytes
 from kerascale.errors import DataError
-from kerascale.sense import arrays
+from kerascale.sense import arrays, first_batch
 from kerascale.sense import backend as backend_lib
 from kerascale.sense.memory import available_bytes
 
@@ -143,6 +143,7 @@ def inspect(
     y: Any = None,
     *,
     steps_per_epoch: Any = None,
+    validation_split: Any = None,
     name: str = "x",
     steps_name: str = "steps_per_epoch",
 ) -> DataFacts:
@@ -155,6 +156,8 @@ def inspect(
             anything else Keras's `fit` takes (kind "other", not read).
         y: Targets when `x` is arrays; must be None for a dataset.
         steps_per_epoch: Needed when the dataset is infinite.
+        validation_split: `fit`'s: arrays' `num_samples` counts the samples
+            it leaves to train (`held_out` the rest).
         name: How to name `x` in errors (e.g. "validation_data").
         steps_name: How to name `steps_per_epoch` in errors.
 
@@ -178,7 +181,7 @@ def inspect(
     if isinstance(x, Mapping) or arrays.array_like(x):
         listed = arrays.scalar_lists(x) or (y is not None and arrays.scalar_lists(y))
         x, y = arrays.lists_as_arrays(x), arrays.lists_as_arrays(y)
-        facts = _inspect_arrays(x, y, name=name)
+        facts = _held_out(_inspect_arrays(x, y, name=name), validation_split)
         facts = dataclasses.replace(facts, unsplittable=arrays.unsplittable(x, y))
         why = arrays.unsynthesisable(x, y) or (
             "it holds Python lists of values (pass NumPy arrays)" if listed else ""
@@ -187,7 +190,7 @@ def inspect(
     # A generator, a grain or torch loader, an iterator: Keras reads it, and
     # raises its own error for what it cannot. A generator's first batch,
     # read at the door (`first_read`), tells its size and kind.
-    first = _FIRST.get(x) if pyinspect.isgenerator(x) else None
+    first = first_batch.first_of(x)
     batch, unsplittable = None, ""
     if first is not None:
         inputs = first[0] if isinstance(first, tuple) else first
@@ -206,48 +209,19 @@ def inspect(
     )
 
 
-# A generator's first element, read by `first_read`, keyed by the generator
-# that yields it again.
-_FIRST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def held_out(facts: DataFacts, validation_split: Any) -> DataFacts:
+def _held_out(facts: DataFacts, split: Any) -> DataFacts:
     """`facts` of arrays with the samples `fit`'s `validation_split` holds
     back taken out of `num_samples` (Keras trains on the first
     floor(n * (1 - split)) of them), so that a batch search's ceiling and
-    the batch's check against the data count what trains. Anything else,
-    or a split Keras will refuse, as it is."""
-    split = validation_split
+    the batch's check against the data count what trains. A split Keras
+    will refuse changes nothing here."""
     n = facts.num_samples
-    if facts.kind != "arrays" or not n or isinstance(split, bool):
+    if not n or isinstance(split, bool) or not isinstance(split, int | float):
         return facts
-    if not isinstance(split, int | float) or not 0 < split < 1:
+    if not 0 < split < 1:
         return facts
     training = math.floor(n * (1.0 - split))
     return dataclasses.replace(facts, num_samples=training, held_out=n - training)
-
-
-def first_read(x: Any) -> Any:
-    """`x`, or for a generator one that yields the same elements, whose first
-    was read here to learn its batch (Keras reads one too before training,
-    to build the model): the elements, their order and the generator's own
-    side effects are Keras's, only the first comes a moment earlier."""
-    if not pyinspect.isgenerator(x) or x in _FIRST:
-        return x
-    try:
-        first = next(x)
-    except StopIteration:
-        return x  # empty: Keras says so
-    except Exception:
-        return x  # the generator's own error: Keras raises it when it reads
-
-    def again() -> Any:
-        yield first
-        yield from x
-
-    chained = again()
-    _FIRST[chained] = first
-    return chained
 
 
 def _is_grain(x: Any) -> bool:
