@@ -72,26 +72,10 @@ def test_sigkill_mid_epoch_three_resumes_to_identical_weights(reference, tmp_pat
 # --- in-process interruptions (as Keras's own BackupAndRestore tests) -------
 
 
-class Interrupt(Exception):
-    """Stands for a kill: raised from a callback after a step (a real kill
-    also inside a save is tested above and below, in child processes)."""
-
-
-class _StopAt(keras.callbacks.Callback):
-    def __init__(self, step):
-        super().__init__()
-        self.step = step
-
-    def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) >= self.step:
-            raise Interrupt(self.step)
-
-
 def interrupted(directory, step, **kwargs):
-    """A run of backup_child's training in this process, stopped after
-    global step `step`."""
-    with pytest.raises(Interrupt):
-        backup_child.train(directory, callbacks=[_StopAt(step)], **kwargs)
+    """backup_child's training in this process, stopped after global step
+    `step` (`children.interrupted`)."""
+    children.interrupted(backup_child.train, directory, step, **kwargs)
 
 
 @pytest.fixture(scope="module")

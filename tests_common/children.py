@@ -72,3 +72,26 @@ class TrainingChild:
         it reports `kill_after_step` (`run_and_kill`)."""
         command = self.command(directory, out, "--step-sleep", "0.01", *extra)
         return run_and_kill(command, kill_after_step, sig=sig)
+
+
+class Interrupt(Exception):
+    """Stands for a kill, in-process: raised from a callback after a step (as
+    Keras's own BackupAndRestore tests interrupt `fit`)."""
+
+
+def interrupted(train, directory, step, **kwargs):
+    """Runs `train(directory, callbacks=[...], **kwargs)` (a `backup_child`'s
+    training, in this process) and stops it with `Interrupt` after global
+    step `step`; fails if the run ends first."""
+    import keras  # both environments have it; imported only when used
+
+    class StopAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) >= step:
+                raise Interrupt(step)
+
+    try:
+        train(directory, callbacks=[StopAt()], **kwargs)
+    except Interrupt:
+        return
+    raise AssertionError(f"the run ended before step {step}")

@@ -90,26 +90,10 @@ def test_sigkill_mid_epoch_resumes_bit_identical(references, tmp_path, kind):
     assert_same_run(resumed, references[kind])
 
 
-class Interrupt(Exception):
-    """Stands for a kill: raised from a callback after a step (the real
-    SIGKILLs, SIGTERM and kill inside a save are the child runs here)."""
-
-
-class _StopAt(keras.callbacks.Callback):
-    def __init__(self, step):
-        super().__init__()
-        self.step = step
-
-    def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) >= self.step:
-            raise Interrupt(self.step)
-
-
 def interrupted(directory, step, **kwargs):
     """backup_child's training in this process, stopped after global step
-    `step`."""
-    with pytest.raises(Interrupt):
-        backup_child.train(directory, callbacks=[_StopAt(step)], **kwargs)
+    `step` (`children.interrupted`)."""
+    children.interrupted(backup_child.train, directory, step, **kwargs)
 
 
 def test_three_interruptions_of_a_generator_run_through_kerascale_fit(
