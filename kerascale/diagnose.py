@@ -93,6 +93,8 @@ class Diagnosis:
                     "steps to fit"
                 )
             return f"only {self.memory_headroom:.0%} of the memory is left free"
+        if not self.step_batches_per_s:
+            return "no training step was timed"
         share = self.training_batches_per_s / self.step_batches_per_s
         if self.bound == "input":
             why = (

@@ -95,6 +95,12 @@ class SearchOptions:
         return dataclasses.replace(o, memory_limit=limit, device_memory=device)
 
 
+def auto_mode(hw: Any) -> str:
+    """What `fit`'s own search looks for: on a CPU the fastest batch that
+    fits ("throughput": it times the batches), elsewhere the largest ("max")."""
+    return "throughput" if hw.accelerator == "cpu" else "max"
+
+
 def cap_for(data: Any, plan: Any, options: SearchOptions) -> tuple[int, str]:
     """The largest per-replica batch to search, and why."""
     caps = [(HARD_CAP, f"kerascale's ceiling of {HARD_CAP}")]
@@ -141,9 +147,7 @@ def run_search(
     in_children, here = probe_memory.memories(hw, plan, options)
     memory = in_children if isolate else here
     cap, why_cap = cap_for(data, plan, options)
-    mode = options.mode
-    if mode == "auto":
-        mode = "throughput" if hw.accelerator == "cpu" else "max"
+    mode = auto_mode(hw) if options.mode == "auto" else options.mode
     long = timed or mode == "throughput"  # where speed decides
     spec = _spec(
         model, (x, y, data), plan, hw, options, long, memory, accumulation_steps

@@ -48,10 +48,10 @@ from kerascale.sense.model_facts import ModelFacts, gist, model_facts
 
 
 def _search_anyway(hw: Hardware) -> str:
-    """How to get the batch the skipped search would have picked: on a CPU
-    it times the batches that fit and takes the fastest ("throughput"),
-    elsewhere the largest that fits ("max", find_batch_size's default)."""
-    mode = ", mode='throughput'" if hw.accelerator == "cpu" else ""
+    """How to get the batch the skipped search would have picked (its mode;
+    "max" is find_batch_size's default)."""
+    mode = batch_lib.auto_mode(hw)
+    mode = "" if mode == "max" else f", mode={mode!r}"
     return (
         "to search anyway, pass batch_size=kerascale.find_batch_size(model, "
         f"data{mode}).batch_size"

@@ -9,7 +9,6 @@ step: nothing `call()` does to the model's state runs.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import re
@@ -219,30 +218,32 @@ _ROUND_TRIPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _round_trip(layer: Any, what: str) -> str:
+    why, key = "", None
     try:
         config = layer.get_config()
-        key = json.dumps(config, sort_keys=True, default=repr)
-    except Exception:
-        config, key = None, None
-    try:
-        known = _ROUND_TRIPS.get(layer)
-    except TypeError:  # not weakly referenceable
-        known = None
-    if key is not None and known is not None and known[0] == key:
-        return known[1]
-    why = ""
-    try:
+        key = _config_key(config)
+        known = _ROUND_TRIPS.get(layer) if key is not None else None
+        if known is not None and known[0] == key:
+            return known[1]
         with preserved_state():  # initializers draw seeds from Python's random
-            type(layer).from_config(layer.get_config() if config is None else config)
+            type(layer).from_config(config)
     except Exception as e:
         why = (
             f"{what} ({type(layer).__name__}) does not re-create from its config: "
             f"{type(e).__name__}: {gist(e)}"
         )
     if key is not None:
-        with contextlib.suppress(TypeError):
-            _ROUND_TRIPS[layer] = (key, why)
+        _ROUND_TRIPS[layer] = (key, why)
     return why
+
+
+def _config_key(config: Any) -> str | None:
+    """A layer's config as text, to tell a changed one; None where it has
+    none (its round trip is then tried every time)."""
+    try:
+        return json.dumps(config, sort_keys=True, default=repr)
+    except (TypeError, ValueError):
+        return None
 
 
 def gist(e: BaseException) -> str:
