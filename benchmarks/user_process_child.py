@@ -79,10 +79,12 @@ def main(mode, name, policy, value):
         batch = r.batch_size
         out.update(answer=batch, seconds=round(time.perf_counter() - start, 1))
         out["why"] = r.reasons.get("batch_size", "")
+        out["memory"] = r.reasons.get("memory", "")
     else:
         batch = int(value)
     precision.apply(model, policy)
     memory.release_freed()  # as kerascale.fit does before it trains
+    out["resident_before_fit"] = memory.resident_bytes()
     memory.reset_resident_peak()
     model.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=2, verbose=0)
     out.update(batch=batch, peak=memory.resident_peak_bytes())

@@ -5,6 +5,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import keras
@@ -397,7 +398,7 @@ def test_real_resident_memory_limit_in_child_processes(tmp_path):
     reasons = found["reasons"]
     assert reasons["isolate"] == "each probe in a child process"
     assert reasons["memory"].startswith("resident memory (RSS) of child processes")
-    assert "the copy Keras's fit makes of the arrays" in reasons["memory"]
+    assert "measured in the probes on arrays of their shapes" in reasons["memory"]
     assert reasons["limit"] == "memory_limit you passed"
     lo, hi = found["fits"], found["fails"]
     assert hi is not None and 0 < hi - lo <= max(found["granularity"], 0.01 * lo)
@@ -407,6 +408,35 @@ def test_real_resident_memory_limit_in_child_processes(tmp_path):
     beyond = _user_process("fit", int(found["batch"] / 0.9) + 1)
     assert beyond["peak"] > REAL_LIMIT, (found, beyond)
     assert not list(tmp_path.glob("kerascale-probe-*"))  # its probes' files
+
+
+def test_arrays_on_tensorflow_are_trained_in_the_probes_as_fit_trains_them(
+    monkeypatch,
+):
+    """Arrays small enough to copy into a probe child are held there as
+    synthetic arrays of their shapes and trained through fit's own path, so
+    what fit builds from them is measured; larger ones fall back to their
+    size and the batches fit holds, assumed."""
+    from kerascale.measure import host_share
+
+    x, y = toy_data(256)
+    plan = types.SimpleNamespace(backend="tensorflow", replicas=1)
+    data = data_facts.inspect(x, y)
+    share = host_share.measure(
+        x, y, data, plan, counts_resident=True, batches=(32, 128)
+    )
+    assert share.child_arrays == 256 and share.input_fixed == 0
+    assert "measured in the probes on arrays of their shapes" in share.why
+    assert host_share.HostShare.from_list(share.to_list()) == share
+    # An answer cached before the field existed still reads.
+    assert host_share.HostShare.from_list(share.to_list()[:4]).child_arrays == 0
+    monkeypatch.setattr(host_share, "CHILD_ARRAYS_MAX", 0)
+    share = host_share.measure(
+        x, y, data, plan, counts_resident=True, batches=(32, 128)
+    )
+    size = x.nbytes + y.nbytes
+    assert share.child_arrays == 0 and share.input_fixed == size
+    assert share.input_per_sample == host_share.TF_BATCHES_HELD * size / 256
 
 
 def test_a_thread_that_cannot_be_created_is_not_out_of_memory(tmp_path):

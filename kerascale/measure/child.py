@@ -83,24 +83,32 @@ def _child_main(argv: list[str]) -> int:
     current = {"batch": batches[0], "limit": limit, "offset": 0}
     if limit:
         _watch_resident(current, write)
+    share = spec.share()
     try:
         model, unbuilt = _child_setup(workdir, spec)
+        # Arrays like the user's, held as the user's process holds them
+        # (before the baseline), and trained through fit as there.
+        arrays = _synthetic_arrays(spec, share.child_arrays)
     except BaseException as e:  # reported against the first batch
         failure(batches[0], e, stage="setup")
         return 0
-    share, base = spec.share(), (memory.resident_bytes() or 0) - unbuilt
-    sample = _sample_bytes(spec) if share.measured else 0
+    memory.release_freed()
+    base = (memory.resident_bytes() or 0) - unbuilt
+    # A batch repeated is held twice (as arrays and as a tensor), where the
+    # process where fit trains holds its batches as its input's pipeline
+    # does (counted in the share).
+    repeated = share.measured and arrays is None
+    sample = _sample_bytes(spec) if repeated else 0
     for batch in batches:
         # The peak counted is the one the process where fit trains would
-        # reach: its own memory and its input's in place of this child's (a
-        # probe holds its synthetic batch twice: as arrays and as a tensor).
+        # reach: its own memory and its input's in place of this child's.
         global_batch = spec.global_batch(batch)
         offset = share.offset(global_batch, base) - 2 * sample * global_batch
         current["batch"] = batch
         if limit:
             current["limit"], current["offset"] = limit - offset, offset
         try:
-            result = train_probe(model, spec, batch, in_child=True)
+            result = train_probe(model, spec, batch, in_child=True, arrays=arrays)
         except BaseException as e:
             failure(batch, e)
             return 0
@@ -186,6 +194,24 @@ def _child_setup(workdir: str, spec: ProbeSpec) -> Any:
     with open(os.path.join(workdir, "baseline.json"), "w") as f:
         json.dump({"resident_bytes": memory.resident_bytes()}, f)
     return model, unbuilt
+
+
+def _synthetic_arrays(spec: ProbeSpec, samples: int) -> Any:
+    """`samples` synthetic samples shaped like the spec's, every page
+    written (as the user's arrays are); None for none."""
+    if not samples:
+        return None
+    import keras
+    import numpy as np
+
+    from kerascale.measure.probe import decode_structure, synthetic_batch
+
+    # Drawn for a block and repeated: drawing every sample would take
+    # seconds for a large data set, and repeated values train alike.
+    block = synthetic_batch(decode_structure(spec.element), min(samples, 1024))
+    return keras.tree.map_structure(
+        lambda a: np.resize(a, (samples, *a.shape[1:])), block
+    )
 
 
 def _sample_bytes(spec: ProbeSpec) -> int:

@@ -204,10 +204,7 @@ class ProbeSpec:
     def share(self) -> Any:
         from kerascale.measure.host_share import HostShare
 
-        if not self.host_share:
-            return HostShare()
-        resident, fixed, per_sample, why = self.host_share
-        return HostShare(int(resident), int(fixed), float(per_sample), str(why))
+        return HostShare.from_list(self.host_share) if self.host_share else HostShare()
 
     def global_batch(self, batch: int) -> int:
         return batch * max(1, len(self.devices))
@@ -277,11 +274,20 @@ def _gpu_names(spec: ProbeSpec) -> list[str]:
 
 
 def train_probe(
-    model: Any, spec: ProbeSpec, batch: int, *, in_child: bool = False
+    model: Any,
+    spec: ProbeSpec,
+    batch: int,
+    *,
+    in_child: bool = False,
+    arrays: Any = None,
 ) -> dict[str, Any]:
     """Trains `model` (already under the plan's policy and strategy) for
     `spec.steps` steps on a synthetic per-replica `batch`; returns
     {peak_bytes, samples_per_s}. Raises whatever training raises.
+
+    With `arrays` (synthetic `(x, y)` arrays like the user's), it trains
+    them through `fit(x, y, batch_size=...)`, Keras's own path for arrays;
+    else one synthetic batch, repeated.
 
     On CPU the peak is the process's resident memory, the quantity
     `memory_limit` limits there: in a probe child (`in_child`), Linux's exact
@@ -291,25 +297,36 @@ def train_probe(
 
     replicas = max(1, len(spec.devices))
     global_batch = batch * replicas
-    element = decode_structure(spec.element)
-    data = as_structure(synthetic_batch(element, global_batch))
-    ds = tf.data.Dataset.from_tensors(data).repeat()
+    if arrays is not None:
+        inputs = dict(zip(("x", "y", "sample_weight"), arrays, strict=False))
+        inputs["batch_size"] = global_batch
+        # Epochs of as many steps as the arrays give; the clock stops them.
+        per_epoch = max(1, len(keras.tree.flatten(arrays)[0]) // global_batch)
+        epochs = -(-MAX_TIMED_STEPS // per_epoch)
+    else:
+        element = decode_structure(spec.element)
+        data = as_structure(synthetic_batch(element, global_batch))
+        inputs = {"x": tf.data.Dataset.from_tensors(data).repeat()}
+        epochs = 1
     gpus = _gpu_names(spec) if spec.on_gpu else []
     for g in gpus:
         tf.config.experimental.reset_memory_stats(g)
     cpu_stats = not gpus and _reset_cpu_stats()
     timed_steps = max(1, spec.steps - 1)
     with _PeakSampler(exact=in_child) as sampler:
-        fit = dict(epochs=1, verbose=0, shuffle=False)
-        model.fit(ds, steps_per_epoch=1, **fit)  # warm-up: tracing
-        # At least `timed_steps` steps and `timed_seconds`, after one more
-        # untimed step (a first step at a new shape can still be slow):
-        # timed as whole `fit` calls, a call's own start put 256 at 0.55-0.75
-        # of 128's and 512's speed on the reference CNN.
-        clock = StepClock(1, 0.0, spec.timed_seconds, timed_steps)
-        model.fit(ds, steps_per_epoch=MAX_TIMED_STEPS, callbacks=[clock], **fit)
-        if spec.validate:
-            model.evaluate(ds, steps=1, verbose=0)
+        if arrays is not None:
+            clock = _fit_arrays(model, spec, inputs, epochs, timed_steps)
+        else:
+            fit = dict(inputs, verbose=0, shuffle=False)
+            model.fit(**fit, epochs=1, steps_per_epoch=1)  # warm-up: tracing
+            # At least `timed_steps` steps and `timed_seconds`, after one
+            # more untimed step (a first step at a new shape can still be
+            # slow): timed as whole `fit` calls, a call's own start put 256
+            # at 0.55-0.75 of 128's and 512's speed on the reference CNN.
+            clock = StepClock(1, 0.0, spec.timed_seconds, timed_steps)
+            model.fit(**fit, steps_per_epoch=MAX_TIMED_STEPS, callbacks=[clock])
+            if spec.validate:
+                model.evaluate(**inputs, steps=1, verbose=0)
     if gpus:
         peak = max(tf.config.experimental.get_memory_info(g)["peak"] for g in gpus)
     else:
@@ -322,6 +339,26 @@ def train_probe(
         "tensor_peak_bytes": tensor_peak,
         "samples_per_s": clock.speed(global_batch) or None,
     }
+
+
+def _fit_arrays(
+    model: Any, spec: ProbeSpec, inputs: dict[str, Any], epochs: int, timed: int
+) -> StepClock:
+    """Trains arrays as the user's `fit` does: in one `fit` call, shuffled,
+    its first two steps untimed. Each `fit` of arrays makes its own copies of
+    them, which the user's one `fit` makes once (a conv net's second `fit`
+    in one process peaked 200 MB, its data's size, above its first);
+    validation runs on a view of one batch, as `fit`'s own would run on
+    arrays it already holds."""
+    memory.release_freed()  # what an earlier probe left in cycles
+    clock = StepClock(2, 0.0, spec.timed_seconds, timed)
+    model.fit(**inputs, epochs=epochs, verbose=0, shuffle=True, callbacks=[clock])
+    if spec.validate:
+        batch = inputs["batch_size"]
+        cut = {k: v for k, v in inputs.items() if k != "batch_size"}
+        cut = keras.tree.map_structure(lambda a: a[:batch], cut)
+        model.evaluate(**cut, batch_size=batch, steps=1, verbose=0)
+    return clock
 
 
 class StepClock(keras.callbacks.Callback):
