@@ -115,6 +115,8 @@ def fit(
         retry = deciding.without_automatic_choices(decided, failed.error)
         if retry is None:
             raise failed.error from None
+    # A generator yields again what the failed attempt read of it.
+    deciding.x = first_batch.replay(deciding.x)
     try:
         return _train(deciding, retry)
     except session_lib.FirstStepFailed as failed:
@@ -166,7 +168,11 @@ def _train(deciding: _Deciding, decided: Decided) -> keras.callbacks.History:
             print(plan.describe(warnings=False), flush=True)
         for w in plan.warnings:
             warn(w)
-        history = session_lib.train(prepared, verbose=request.options.verbose)
+        history = session_lib.train(
+            prepared,
+            verbose=request.options.verbose,
+            after_first_step=lambda: first_batch.settle(deciding.x),
+        )
     if not is_builder(model):
         history.set_model(model)
     history.plan = plan

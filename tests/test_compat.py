@@ -349,3 +349,22 @@ def test_replay_gives_every_iterator_the_generators_batches_in_order():
     dropped.close()
     # A later one starts where the last open one was.
     assert list(replay.reader()) == list(range(200 - keep + 3, 200))
+
+
+def test_a_generator_read_at_the_door_is_replayed_until_its_first_step():
+    """`first_batch`: what was read of a generator before the first step is
+    yielded again by `replay`; after `settle` nothing more is kept; a
+    generator superseded by a replay reads no more of the user's."""
+    from kerascale.sense import first_batch
+
+    source = iter(range(10))
+    gen = first_batch.first_read(x for x in source)
+    assert first_batch.first_of(gen) == 0
+    assert [next(gen), next(gen), next(gen)] == [0, 1, 2]
+    again = first_batch.replay(gen)
+    assert next(gen, "stopped") == "stopped"  # the failed attempt's reader
+    assert [next(again) for _ in range(4)] == [0, 1, 2, 3]
+    first_batch.settle(again)
+    assert first_batch.replay(again) is not again
+    assert list(first_batch.replay(again)) == list(range(4, 10))
+    assert first_batch.replay([1, 2]) == [1, 2]  # not a generator: as it is

@@ -98,6 +98,31 @@ def test_a_choice_that_fails_at_the_first_step_is_tried_again_plain(bf16_cpu):
         )
 
 
+def test_a_retried_first_step_trains_every_batch_of_a_generator(bf16_cpu):
+    """A generator cannot be rewound: the batches the failed bf16 attempt
+    read are given again to the float32 retry, which trains on all of them,
+    as plain `fit` does (it lost them before: fewer updates)."""
+    updates, read = {}, {}
+    for how in ("plain", "kerascale"):
+        model, x, y, _ = make("noisy")
+        read[how] = []
+
+        def batches(seen=read[how], x=x, y=y):
+            for i in range(0, 96, 16):
+                seen.append(i)
+                yield x[i : i + 16], y[i : i + 16]
+
+        if how == "plain":
+            model.fit(batches(), epochs=1, verbose=0)
+        else:
+            with pytest.warns(kerascale.KerascaleWarning, match="failed at the"):
+                history = kerascale.fit(model, batches(), epochs=1, verbose=0)
+            assert history.plan.precision == "float32"
+        updates[how] = int(model.optimizer.iterations)
+    assert updates["kerascale"] == updates["plain"]
+    assert read["kerascale"] == read["plain"] == list(range(0, 96, 16))
+
+
 def test_a_failing_search_probe_is_tried_again_in_float32(no_budget, bf16_cpu):
     model, x, y, _ = make("noisy")
     history = kerascale.fit(model, x, y, epochs=1, verbose=0)

@@ -372,7 +372,11 @@ class _StepWatch:
     frames out of tracebacks, so the traceback cannot say where an error was
     raised.)"""
 
-    def __init__(self, before_first: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        before_first: Callable[[], None] | None = None,
+        after_first: Callable[[], None] | None = None,
+    ) -> None:
         self.started = self.done = 0
         watch = self
 
@@ -389,6 +393,8 @@ class _StepWatch:
 
             def on_train_batch_end(self, batch, logs=None):
                 watch.done += 1
+                if watch.done == 1 and after_first is not None:
+                    after_first()
 
         self.begin, self.end = Begin(), End()
 
@@ -397,16 +403,24 @@ class _StepWatch:
         return self.started == 1 and self.done == 0
 
 
-def train(prepared: Prepared, *, verbose: Any) -> keras.callbacks.History:
+def train(
+    prepared: Prepared,
+    *,
+    verbose: Any,
+    after_first_step: Callable[[], None] | None = None,
+) -> keras.callbacks.History:
     """Keras's own `fit` on what `prepare` set up. A peer lost on a cluster
     becomes `WorkerLostError`; a failure inside the very first training step
-    becomes `FirstStepFailed`; every other error is Keras's, unchanged."""
+    becomes `FirstStepFailed`; every other error is Keras's, unchanged.
+    `after_first_step` runs once the first step is done."""
     # Keras's JAX fit empties the model's variables while it trains, and
     # leaves them empty when it raises: they are put back here.
     guard = None
     if backend_lib.traits(prepared.plan.backend).empties_variables:
         guard = keras_compat.StateGuard(prepared.model)
-    steps = _StepWatch(guard.before_first_step if guard is not None else None)
+    steps = _StepWatch(
+        guard.before_first_step if guard is not None else None, after_first_step
+    )
     kwargs = dict(prepared.fit_kwargs)
     kwargs["callbacks"] = [steps.end, *(kwargs.get("callbacks") or []), steps.begin]
     # Where a step consumes its state (JAX donates it) and kerascale chose the
