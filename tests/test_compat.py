@@ -2,6 +2,9 @@
 the upstream code it replaces and run by two real worker processes on
 127.0.0.1; and the model internals, pinned by what they do."""
 
+import os
+import shutil
+
 import keras
 import numpy as np
 import pytest
@@ -368,3 +371,27 @@ def test_a_generator_read_at_the_door_is_replayed_until_its_first_step():
     assert first_batch.replay(again) is not again
     assert list(first_batch.replay(again)) == list(range(4, 10))
     assert first_batch.replay([1, 2]) == [1, 2]  # not a generator: as it is
+
+
+def test_a_killed_process_s_compile_cache_is_removed_by_the_next(monkeypatch, tmp_path):
+    """JAX's compile cache directory names its process: one whose process is
+    gone (killed before its exit) is removed when the next is made; a living
+    process's is kept."""
+    import subprocess
+    import sys
+
+    from kerascale.apply.jax import compile_cache
+
+    monkeypatch.setattr(compile_cache.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(compile_cache, "_directory", None)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    orphan = tmp_path / f"kerascale-xla-{gone.stdout.strip()}-abc"
+    living = tmp_path / f"kerascale-xla-{os.getppid()}-def"
+    for d in (orphan, living):
+        d.mkdir()
+        (d / "entry-cache").write_bytes(b"x")
+    mine = compile_cache._process_directory()
+    assert os.path.basename(mine).startswith(f"kerascale-xla-{os.getpid()}-")
+    assert not orphan.exists() and living.exists()
+    shutil.rmtree(mine)

@@ -9,13 +9,17 @@ compile from the cache instead of paying it again (20 s and more on a GPU).
 
 The cache lives in a directory of this process's own, removed when the
 process exits, unless you set `jax_compilation_cache_dir` yourself (yours is
-then used). JAX's settings are put back when each block ends.
+then used). A process that is killed cannot remove its own: its directory
+names its process id, and the next process that makes one removes those whose
+process is gone. JAX's settings are put back when each block ends.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -28,12 +32,35 @@ _NAMES = (
 _directory: str | None = None
 
 
+_PREFIX = "kerascale-xla-"
+
+
 def _process_directory() -> str:
     global _directory
     if _directory is None:
-        _directory = tempfile.mkdtemp(prefix="kerascale-xla-")
+        _remove_orphans()
+        _directory = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
         atexit.register(shutil.rmtree, _directory, True)
     return _directory
+
+
+def _remove_orphans() -> None:
+    """Removes the directories of processes that are gone (killed before
+    their exit could remove them: a SIGKILL, a SIGTERM passed on)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{_PREFIX}*-*")):
+        pid = os.path.basename(path)[len(_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process, or not ours to ask: kept
+    return True
 
 
 @contextlib.contextmanager
