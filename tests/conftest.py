@@ -95,21 +95,43 @@ def gpu_box(n=1, name="NVIDIA A100", cc=(8, 0), memory=40 << 30):
     return Hardware(cpu=CPU, gpus=tuple(GPUInfo(i, name, memory, cc) for i in range(n)))
 
 
-# Modules whose tests time something (trials, the diagnosis's verdicts, a time
-# budget) or wait on timeouts (heartbeats, leases, real clusters): README runs
-# them alone (`-m serial`), then the rest two at a time (`-n 2`).
+# Tests that time something (trials, the diagnosis's verdicts, a time budget)
+# or wait on timeouts (heartbeats, leases, real clusters): README runs them
+# alone (`-m serial`), then the rest two at a time (`-n 2`). A module maps to
+# its serial tests' names, or to None where all of them are.
 SERIAL = {
-    "test_budget.py",
-    "test_compat.py",
-    "test_diagnosis.py",
-    "test_lease.py",
-    "test_monitoring.py",
-    "test_multiworker.py",
-    "test_trials.py",
+    "test_budget.py": {
+        "test_a_short_fit_trains_at_kerass_default_without_searching",
+        "test_the_search_runs_when_the_run_pays_for_it",
+        "test_a_bound_the_user_gave_is_always_searched_under",
+        "test_a_cached_search_is_used_whatever_the_run",
+        "test_the_ladder_runs_in_the_children_the_cost_counts",
+    },
+    "test_compat.py": {"test_two_workers_train_like_one_process"},
+    "test_diagnosis.py": {
+        "test_input_bound_workload",
+        "test_compute_bound_workload",
+        "test_data_optimize_speeds_up_the_input_bound_pipeline_and_keeps_order",
+        "test_cli_diagnose_prints_json",
+        "test_a_decode_bound_pipeline_is_told_to_materialize_with_the_decode_share",
+    },
+    "test_lease.py": None,
+    "test_monitoring.py": {
+        "test_time_budget_real_short_budget_stops_in_time",
+        "test_fit_installs_monitoring_and_resumes_after_its_time_budget",
+    },
+    "test_multiworker.py": None,
+    "test_trials.py": {
+        "test_real_trials_time_copies_and_leave_the_model_alone",
+        "test_fit_on_a_bf16_cpu_measures_and_says_so",
+    },
 }
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in SERIAL:
+        name = item.path.name
+        if name in SERIAL and (
+            SERIAL[name] is None or item.originalname in SERIAL[name]
+        ):
             item.add_marker(pytest.mark.serial)
