@@ -1,3 +1,4 @@
+import dataclasses
 import glob
 import json
 import os
@@ -501,6 +502,16 @@ def test_plot(tmp_path):
     r = search(probe_fn, cap=1024, limit_bytes=FIXED + PER * 300)
     path = r.plot(tmp_path / "batch.png")
     assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Every series in the legend, samples/s (on its own axis) included, and
+    # none in another's colour (the memory model had the speed's orange).
+    timed = [dataclasses.replace(p, samples_per_s=1000.0 + p.batch) for p in r.probes]
+    fig = dataclasses.replace(r, probes=timed).figure()
+    legend = fig.axes[0].get_legend()
+    names = [t.get_text() for t in legend.get_texts()]
+    assert names[-1] == "samples/s (right axis)"
+    assert {"peak memory (fits)", "memory model", "does not fit"} <= set(names)
+    colours = [h.get_color() for h in legend.legend_handles]
+    assert len(set(colours)) == len(colours) - ("memory limit" in names)
 
 
 @pytest.mark.parametrize(

@@ -119,10 +119,21 @@ class BatchSearchResult:
         Returns:
             The path written.
         """
-        try:
-            import matplotlib
+        fig = self.figure()
+        path = Path(path)
+        fig.savefig(path)
+        import matplotlib.pyplot as plt
 
-            matplotlib.use("Agg")
+        plt.close(fig)
+        return path
+
+    def figure(self) -> Any:
+        """The plot of `plot` as a matplotlib `Figure` (a notebook shows it):
+        peak memory of the batches that fit, the memory limit, the memory
+        model, a line at each batch that did not fit, the chosen batch, and
+        samples/s on its own axis, each in its own colour and in the legend.
+        Needs matplotlib."""
+        try:
             import matplotlib.pyplot as plt
         except ImportError as e:
             raise ImportError(
@@ -137,10 +148,12 @@ class BatchSearchResult:
             [p.batch for p in ok],
             [(p.peak_bytes or 0) / 2**20 for p in ok],
             "o-",
+            color="tab:blue",
             label="peak memory (fits)",
         )
-        for p in bad:
-            ax.axvline(p.batch, color="tab:red", alpha=0.4)
+        for i, p in enumerate(bad):
+            label = "does not fit" if i == 0 else None
+            ax.axvline(p.batch, color="tab:red", alpha=0.4, label=label)
         if self.limit_bytes:
             ax.axhline(
                 self.limit_bytes / 2**20, color="tab:red", ls="--", label="memory limit"
@@ -151,6 +164,7 @@ class BatchSearchResult:
                 xs,
                 [self.memory_model.predict(b) / 2**20 for b in xs],
                 ":",
+                color="tab:purple",
                 label="memory model",
             )
         ax.axvline(
@@ -160,6 +174,7 @@ class BatchSearchResult:
         )
         ax.set_xlabel("batch per replica")
         ax.set_ylabel("peak memory (MiB)")
+        handles, labels = ax.get_legend_handles_labels()
         speed = [p for p in ok if p.samples_per_s]
         if speed:
             ax2 = ax.twinx()
@@ -168,15 +183,14 @@ class BatchSearchResult:
                 [p.samples_per_s for p in speed],
                 "s--",
                 color="tab:orange",
-                label="samples/s",
+                label="samples/s (right axis)",
             )
             ax2.set_ylabel("samples/s")
-        ax.legend(loc="upper left", fontsize=8)
+            more, names = ax2.get_legend_handles_labels()
+            handles, labels = handles + more, labels + names
+        ax.legend(handles, labels, loc="upper left", fontsize=8)
         fig.tight_layout()
-        path = Path(path)
-        fig.savefig(path)
-        plt.close(fig)
-        return path
+        return fig
 
 
 def describe_probe(p: ProbeResult) -> str:
