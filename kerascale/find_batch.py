@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -92,7 +93,12 @@ def find_batch_size(
     """
     options, search = _validated(locals())
     _supported_backend()
-    return decide(model, x, y, options, search=search, force_search=True).search
+    decided = decide(model, x, y, options, search=search, force_search=True)
+    # The precision it was measured under, and why (a CPU's trials of both,
+    # with their figures), beside the batch's own reasons.
+    why = decided.plan.reasons.get("precision", "")
+    reasons = {**decided.search.reasons, "precision": why}
+    return dataclasses.replace(decided.search, reasons=reasons)
 
 
 def _validated(arguments: dict[str, Any]) -> tuple[Options, SearchOptions]:

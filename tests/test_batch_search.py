@@ -167,8 +167,22 @@ def test_throughput_mode_picks_the_smallest_batch_near_the_best():
     probe_fn, calls = threshold(5000, speed=lambda b: 1000.0 * min(b, 256))
     r = search(probe_fn, cap=8192, limit_bytes=FIXED + PER * 5000, mode="throughput")
     assert r.batch_size == 256
-    assert "within 3% of the best" in r.reasons["batch_size"]
+    assert "the fastest the probes timed (256000 samples/s)" in r.reasons["batch_size"]
     assert max(calls) < 5000  # stopped on the plateau, not at the memory bound
+
+
+def test_the_throughput_choice_says_which_batch_was_fastest():
+    from kerascale.measure.search import fastest_small
+
+    assert fastest_small({256: 8711.0, 512: 16694.0, 1024: 12108.0}) == (
+        512,
+        "the fastest the probes timed (16694 samples/s)",
+    )
+    assert fastest_small({256: 16300.0, 512: 16694.0}) == (
+        256,
+        "within 3% of the fastest, 512, and smaller (16300 vs 16694 samples/s)",
+    )
+    assert fastest_small({32: 0.0, 64: 0.0})[0] == 32
 
 
 def test_throughput_mode_still_speeding_up_at_the_memory_bound():
@@ -272,6 +286,10 @@ def test_in_process_search_has_no_side_effects():
         verbose=0,
     )
     assert r.batch_size == 64 and r.reasons["isolate"] == "isolate=False"
+    # What it was measured under, and why, is in the result and its print.
+    assert r.precision == "mixed_bfloat16"
+    assert r.reasons["precision"] == "you asked for it"
+    assert "  precision: mixed_bfloat16 (you asked for it)" in str(r)
     assert all(p.outcome == "ok" for p in r.probes)
     for a, b in zip(weights, model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)

@@ -106,8 +106,10 @@ class BatchSearchResult:
             f"{self.strategy} strategy ({self.reasons.get('batch_size', '')})",
             f"  limit {format_bytes(self.limit_bytes)}, memory model: "
             f"{self.memory_model or 'not fitted'}",
-            "  probes:",
         ]
+        if self.reasons.get("precision"):
+            lines.append(f"  precision: {self.precision} ({self.reasons['precision']})")
+        lines.append("  probes:")
         for p in self.probes:
             lines.append("    " + describe_probe(p))
         return "\n".join(lines)

@@ -255,7 +255,9 @@ class _Search:
 
     def throughput(self, *, plateau: bool = True) -> None:
         """Doubles the batch from 32, timing each, until the speed stops
-        growing (two doublings gaining less than 3%), memory runs out, or the
+        growing (two doublings in a row gaining less than 3% over the fastest
+        before them: one slower timing alone does not stop it), memory runs
+        out, or the
         cap; then finds the memory bound if the speed was still growing
         there. Without `plateau`, the ladder runs on to the memory bound or
         the cap whatever the speeds (`fit` then times the rungs on the real
@@ -363,11 +365,14 @@ def fastest_small(speeds: dict[int, float]) -> tuple[int, str]:
     speeds = {b: s for b, s in speeds.items() if s} or dict.fromkeys(speeds, 0.0)
     top = max(speeds.values())
     if not top:  # rungs that no probe timed (XLA's search runs none)
-        return min(speeds), "the ladder's first rung (no probe timed the rungs)"
+        return min(speeds), "the smallest of the batches (none was timed)"
     best = min(b for b, s in speeds.items() if s >= (1 - THROUGHPUT_TOLERANCE) * top)
+    fastest = max(speeds, key=speeds.get)
+    if best == fastest:
+        return best, f"the fastest the probes timed ({top:.0f} samples/s)"
     return best, (
-        f"smallest batch within {THROUGHPUT_TOLERANCE:.0%} of the best "
-        f"throughput the probes measured ({speeds[best]:.0f} vs {top:.0f} samples/s)"
+        f"within {THROUGHPUT_TOLERANCE:.0%} of the fastest, {fastest}, and smaller "
+        f"({speeds[best]:.0f} vs {top:.0f} samples/s)"
     )
 
 
