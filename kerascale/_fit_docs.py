@@ -104,8 +104,9 @@ _ARGUMENTS = """\
             using kerascale's cached measurements, which the new ones replace.
             `kerascale.clear_cache()` forgets them all. Defaults to False.
         verbose: As in `model.fit`: 0 prints no progress, kerascale's
-            included (its warnings still show, as Keras's do). Defaults to
-            "auto".
+            included (its warnings still show, as Keras's do); 2 also prints
+            the plan's reasons in full (`plan.explain()`), where 1 and "auto"
+            print them in brief. Defaults to "auto".
         **fit_kwargs: Passed to `model.fit` (epochs, callbacks,
             validation_data, steps_per_epoch, ...)."""
 

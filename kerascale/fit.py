@@ -165,7 +165,9 @@ def _train(deciding: _Deciding, decided: Decided) -> keras.callbacks.History:
             session, prepared, request.monitor, deciding.backup, deciding.x
         )
         if request.options.verbose != 0:
-            print(plan.describe(warnings=False), flush=True)
+            # verbose=2 (one line per epoch): every reason in full.
+            full = request.options.verbose == 2
+            print(plan.describe(warnings=False, full=full), flush=True)
         for w in plan.warnings:
             warn(w)
         history = session_lib.train(

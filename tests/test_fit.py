@@ -139,6 +139,13 @@ def test_verbose_prints_the_plan(capsys):
     out = capsys.readouterr().out
     assert "kerascale plan" in out and "precision  float32" in out
     assert "2/2 - " in out  # Keras's own progress line: 64 samples, batch 32
+    # verbose=2 gives every reason in full (plan.explain()); 1, in brief.
+    assert "Keras's backend (KERAS_BACKEND); distributed" in out
+    kerascale.fit(
+        dense_model(), x, y, epochs=1, verbose=1, precision="float32", batch_size=32
+    )
+    out = capsys.readouterr().out
+    assert "Keras's backend; distributed" in out
 
 
 class Opaque(keras.Model):

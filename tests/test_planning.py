@@ -1,4 +1,5 @@
 import dataclasses
+import re
 
 import pytest
 from conftest import CPU, CPU_BF16, gpu_box
@@ -247,10 +248,11 @@ def test_plan_checks_its_own_arithmetic():
 
 
 def test_plan_prints_as_a_table_with_reasons():
-    text = str(plan_for(MIXED_GPUS, batch_size=64))
+    plan = plan_for(MIXED_GPUS, batch_size=64)
+    text = str(plan)
     assert "strategy   mirrored (2 replicas)" in text
     assert "batch      32 x 2 x 1 = 64" in text
-    assert "lowest across GPUs" in text
+    assert "lowest across GPUs" in plan.explain()
     assert "warning: GPUs of different types" in text
 
 
@@ -282,3 +284,43 @@ def test_options_are_validated_at_the_door(kwargs, message):
         Options.validate(**kwargs)
     with pytest.raises(ValueError):  # catchable as the builtin too
         Options.validate(**kwargs)
+
+
+def _reasons_shown(text):
+    """The reason column of each row of a printed plan."""
+    rows = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()[1:]]
+    return [row[2] for row in rows if len(row) == 3 and not row[0].startswith("warn")]
+
+
+def test_the_plan_reads_at_a_glance_and_explains_in_full():
+    """Each reason in at most about 60 characters by default; `explain()`
+    has every word of it."""
+    long_batch = (
+        "data not batched and no batch_size given: Keras's default 32 per "
+        "replica (batch search skipped: the search would take about 6.0s; it "
+        "may save 25% of a run of about 10s; to search anyway, pass "
+        "batch_size=kerascale.find_batch_size(model, data).batch_size)"
+    )
+    p = plan_for(CPU_ONLY)
+    p = dataclasses.replace(p, reasons={**p.reasons, "global_batch_size": long_batch})
+    shown = _reasons_shown(p.describe())
+    assert shown and all(len(why) <= 60 for why in shown), shown
+    assert "Keras's default 32 per replica" in shown
+    assert long_batch in p.explain() and long_batch not in str(p)
+
+
+def test_brief_keeps_the_statement_and_drops_the_asides():
+    from kerascale.plan.plan import brief
+
+    assert brief("you asked for it") == "you asked for it"
+    assert (
+        brief(
+            "float32: the run (about 0.1s) is too short to repay bf16's start "
+            "(about 0.03s)"
+        )
+        == "float32: the run is too short to repay bf16's start"
+    )
+    assert brief("a" * 30 + "; " + "b" * 40) == "a" * 30
+    words = " ".join(["word"] * 30)
+    assert brief(words) == " ".join(["word"] * 11) + "\u2026"
+    assert len(brief(words)) <= 60

@@ -1,6 +1,7 @@
 """kerascale.fit on Keras's JAX backend: the same door, keras.distribution
 underneath, no TensorFlow, and the model left as it was."""
 
+import re
 import sys
 import time
 import warnings
@@ -41,6 +42,11 @@ def test_plan_names_the_backend_and_no_tf_distribute_strategy():
     plan = kerascale.plan(dense_model(), x, y, batch_size=16, verbose=0)
     text = plan.describe()
     assert plan.backend == "jax" and "keras.distribution" in text
+    # Each reason at a glance (about 60 characters); explain() has them all.
+    for line in text.splitlines()[1:]:
+        row = re.split(r"\s{2,}", line.strip())
+        assert len(row) < 3 or len(row[2]) <= 60, line
+    assert plan.reasons["strategy"] in plan.explain()
     assert not [w for w in TF_WORDS if w in text], text
     assert plan.replicas == devices()
     if devices() > 1:

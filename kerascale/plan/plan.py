@@ -117,9 +117,15 @@ class Plan:
     def __str__(self) -> str:
         return self.describe()
 
-    def describe(self, *, warnings: bool = True) -> str:
-        """The plan as a table, each decision with its reason; `warnings`:
-        with the plan's warnings as last rows."""
+    def explain(self) -> str:
+        """The plan as a table with every reason in full (`describe` gives
+        each in brief)."""
+        return self.describe(full=True)
+
+    def describe(self, *, warnings: bool = True, full: bool = False) -> str:
+        """The plan as a table, each decision with its reason in brief (at
+        most about 60 characters; `full`, or `explain()`, for all of it);
+        `warnings`: with the plan's warnings as last rows."""
         rows = [
             ("hardware", self.hardware, ""),
             (
@@ -186,6 +192,8 @@ class Plan:
                 self.reasons.get("data_changes", ""),
             )
         )
+        if not full:
+            rows = [(name, brief(value), brief(why)) for name, value, why in rows]
         w0 = max(len(r[0]) for r in rows)
         w1 = max(len(r[1]) for r in rows)
         lines = ["kerascale plan (batch = micro x replicas x accumulation = global)"]
@@ -195,3 +203,39 @@ class Plan:
         if warnings:
             lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
+
+
+BRIEF = 60  # characters of a reason in the plan's default view
+
+
+def brief(text: str, limit: int = BRIEF) -> str:
+    """`text` in at most `limit` characters: as it is where it fits; else
+    without its parenthesised asides; else its first clause (before "; "),
+    or what that clause concludes (after "X: "); else cut at a word, with
+    an ellipsis."""
+    if len(text) <= limit:
+        return text
+    short = _without_asides(text)
+    first = short.split("; ", 1)[0]
+    concluded = first.split(": ", 1)[-1]
+    for candidate in (short, first, concluded):
+        if len(candidate) <= limit:
+            return candidate
+    return concluded[: limit - 1].rsplit(" ", 1)[0].rstrip(",;:") + "\u2026"
+
+
+def _without_asides(text: str) -> str:
+    """`text` less every parenthesised part (nested ones too) and the space
+    before it."""
+    out: list[str] = []
+    depth = 0
+    for ch in text:
+        if ch == "(":
+            depth += 1
+            if depth == 1 and out and out[-1] == " ":
+                out.pop()
+        elif ch == ")" and depth:
+            depth -= 1
+        elif not depth:
+            out.append(ch)
+    return "".join(out).strip()

@@ -478,5 +478,9 @@ def _pipeline_changes(
                 if data.from_files
                 else "shard by data"
             )
-    why = f"optimize_data={options.optimize_data!r}"
+    if options.optimize_data:
+        what = "read ahead of training"
+    else:
+        what = "batched only" if changes else "as given"
+    why = f"{what} (optimize_data={options.optimize_data!r})"
     return changes, why
