@@ -1,0 +1,57 @@
+"""The docs' links: every relative link in README.md, CONTRIBUTING.md, docs/
+and benchmarks/README.md names a file that exists, and a heading there where
+it names one (the README was cut into guides; a moved section breaks links)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [
+    ROOT / "README.md",
+    ROOT / "CONTRIBUTING.md",
+    ROOT / "benchmarks" / "README.md",
+    *sorted((ROOT / "docs").glob("**/*.md")),
+]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings (code blocks left out)."""
+    anchors, code = set(), False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            code = not code
+        elif not code and (m := re.match(r"#{1,6} (.*)", line)):
+            text = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower())
+            anchors.add(text.replace(" ", "-"))
+    return anchors
+
+
+def _links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    return [t for t in LINK.findall(text) if not t.startswith(("http", "mailto:"))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page):
+    broken = []
+    for target in _links(page):
+        path, _, anchor = target.partition("#")
+        where = (page.parent / path).resolve() if path else page
+        missing = not where.exists()
+        if missing or (
+            anchor and where.suffix == ".md" and anchor not in _anchors(where)
+        ):
+            broken.append(target)
+    assert not broken, broken
+
+
+def test_the_readme_fits_a_screen_or_two_and_keeps_its_two_commands():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    test_command = [line for line in text.splitlines() if "pytest -m serial" in line]
+    assert test_command and test_command[0] in ci
+    assert "examples/quickstart.py" in text
