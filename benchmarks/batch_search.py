@@ -46,7 +46,7 @@ import keras
 import numpy as np
 
 from kerascale._units import parse_bytes
-from kerascale.measure import child, probe
+from kerascale.measure import child, probe, probe_data
 from kerascale.measure.batch import DEFAULT_MARGIN
 from kerascale.measure.search import granularity_for, search
 from kerascale.sense import data_facts
@@ -128,7 +128,7 @@ def measure(name, build, limit, cap, policy="float32", lightning=False):
     y = np.zeros(1, "int64")
     element = data_facts.element_structure(x, y, data_facts.inspect(x, y))
     spec = probe.ProbeSpec(
-        element=probe.encode_structure(element), memory_limit=limit, policy=policy
+        element=probe_data.encode_structure(element), memory_limit=limit, policy=policy
     )
     row = {"model": name, "precision": policy, "limit_bytes": limit}
     with child.IsolatedProber(model, spec) as prober:

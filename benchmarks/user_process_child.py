@@ -10,6 +10,9 @@ MODE:
 - fresh: one batch at BATCH in a process that holds nothing else (no data
   set: what a probe child holds), Keras's `fit` on one batch repeated.
 
+EPOCHS (optional): train that many whole epochs instead of 2 steps (a
+user's run; the peak grows with the epochs).
+
 MODEL: "mlp" (784 -> 2048 -> 2048 -> 10 on 16,384 samples) or "cnn" (three
 3x3 convolutions on 4,096 64x64x3 images, Adam). Prints JSON with the peak
 resident memory (VmHWM) of the training, the batch, and the search's answer.
@@ -46,7 +49,7 @@ def build(name):
     return model, shape, n
 
 
-def main(mode, name, policy, value):
+def main(mode, name, policy, value, epochs=0):
     from kerascale.apply import precision
     from kerascale.sense import memory
 
@@ -86,10 +89,13 @@ def main(mode, name, policy, value):
     memory.release_freed()  # as kerascale.fit does before it trains
     out["resident_before_fit"] = memory.resident_bytes()
     memory.reset_resident_peak()
-    model.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=2, verbose=0)
-    out.update(batch=batch, peak=memory.resident_peak_bytes())
+    if epochs:  # a user's run: whole epochs
+        model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0)
+    else:
+        model.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=2, verbose=0)
+    out.update(batch=batch, epochs=epochs, peak=memory.resident_peak_bytes())
     print(json.dumps(out))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:5], epochs=int(sys.argv[5]) if len(sys.argv) > 5 else 0)

@@ -93,9 +93,14 @@ def find_batch_size(
     """
     options, search = _validated(locals())
     _supported_backend()
-    decided = decide(model, x, y, options, search=search, force_search=True)
-    # The precision it was measured under, and why (a CPU's trials of both,
-    # with their figures), beside the batch's own reasons.
+    return _with_precision(
+        decide(model, x, y, options, search=search, force_search=True)
+    )
+
+
+def _with_precision(decided: Any) -> BatchSearchResult:
+    """The search's result with the precision it was measured under, and
+    why (a CPU's trials of both, with their figures), among its reasons."""
     why = decided.plan.reasons.get("precision", "")
     reasons = {**decided.search.reasons, "precision": why}
     return dataclasses.replace(decided.search, reasons=reasons)

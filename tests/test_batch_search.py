@@ -17,7 +17,7 @@ from probe_helpers import Broken, Sleep
 
 import kerascale
 from kerascale import _units
-from kerascale.measure import cache, child, probe, shipping
+from kerascale.measure import cache, child, probe, probe_data, shipping
 from kerascale.measure.memory_model import MemoryModel
 from kerascale.measure.probe import ProbeResult
 from kerascale.measure.search import search
@@ -29,7 +29,7 @@ FIXED, PER = 500 << 20, 1 << 20
 def spec_for(x, y, **kwargs):
     """A probe spec for arrays x, y."""
     element = samples.element_structure(x, y, data_facts.inspect(x, y))
-    return probe.ProbeSpec(element=probe.encode_structure(element), **kwargs)
+    return probe.ProbeSpec(element=probe_data.encode_structure(element), **kwargs)
 
 
 def threshold(T, *, speed=lambda b: 10.0 * min(b, 300)):

@@ -11,7 +11,14 @@ from typing import Any
 from kerascale import _validation
 from kerascale._units import format_bytes, parse_bytes
 from kerascale.errors import BatchSizeSearchError
-from kerascale.measure import cache, child, host_share, probe_memory, shipping
+from kerascale.measure import (
+    cache,
+    child,
+    host_share,
+    probe_data,
+    probe_memory,
+    shipping,
+)
 from kerascale.measure import probe as probe_lib
 from kerascale.measure.probe import ProbeResult, ProbeSpec
 from kerascale.measure.result import BatchSearchResult, describe_probe
@@ -339,7 +346,7 @@ def _spec(
     optimizer = getattr(model, "optimizer", None)
     return ProbeSpec(
         optimizer_built=optimizer is None or bool(optimizer.built),
-        element=probe_lib.encode_structure(element),
+        element=probe_data.encode_structure(element),
         policy=plan.precision,
         # A worker of a cluster probes alone, on its own devices.
         strategy=strategy_rules.local_equivalent(plan.strategy, tuple(plan.devices)),

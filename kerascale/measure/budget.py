@@ -34,7 +34,8 @@ import numpy as np
 
 from kerascale._state import preserved_state, value_of
 from kerascale.apply import keras_compat
-from kerascale.measure.probe import MIN_TIMED_SECONDS, synthetic_batch
+from kerascale.measure.probe import MIN_TIMED_SECONDS
+from kerascale.measure.probe_data import synthetic_batch
 from kerascale.measure.search import LADDER_CHUNK
 from kerascale.sense import data_facts, samples
 from kerascale.sense.model_facts import is_trainer

@@ -29,7 +29,7 @@ import traceback
 from typing import Any
 
 from kerascale.apply.session import Session
-from kerascale.measure import shipping
+from kerascale.measure import probe_data, shipping
 from kerascale.measure.probe import (
     ERROR,
     OK,
@@ -84,11 +84,9 @@ def _child_main(argv: list[str]) -> int:
     if limit:
         _watch_resident(current, write)
     share = spec.share()
+    element = probe_data.decode_structure(spec.element)
     try:
-        model, unbuilt = _child_setup(workdir, spec)
-        # Arrays like the user's, held as the user's process holds them
-        # (before the baseline), and trained through fit as there.
-        arrays = _synthetic_arrays(spec, share.child_arrays)
+        model, unbuilt, arrays = _child_setup(workdir, spec, share.child_arrays)
     except BaseException as e:  # reported against the first batch
         failure(batches[0], e, stage="setup")
         return 0
@@ -98,7 +96,7 @@ def _child_main(argv: list[str]) -> int:
     # process where fit trains holds its batches as its input's pipeline
     # does (counted in the share).
     repeated = share.measured and arrays is None
-    sample = _sample_bytes(spec) if repeated else 0
+    sample = probe_data.sample_bytes(element) if repeated else 0
     for batch in batches:
         # The peak counted is the one the process where fit trains would
         # reach: its own memory and its input's in place of this child's.
@@ -164,7 +162,10 @@ def _watch_resident(current: dict[str, int], write: Any) -> None:
     threading.Thread(target=watch, name="kerascale-resident-watch", daemon=True).start()
 
 
-def _child_setup(workdir: str, spec: ProbeSpec) -> Any:
+def _child_setup(workdir: str, spec: ProbeSpec, samples: int) -> Any:
+    """(the model, its optimizer's bytes to count, synthetic arrays of
+    `samples` like the user's or None): arrays are held as the user's
+    process holds them, before the baseline, and trained through fit."""
     import tensorflow as tf
 
     if spec.logical_cpus > 1:
@@ -193,35 +194,9 @@ def _child_setup(workdir: str, spec: ProbeSpec) -> Any:
     model = build_probe_model(Session(), model, spec, own_copy=True)
     with open(os.path.join(workdir, "baseline.json"), "w") as f:
         json.dump({"resident_bytes": memory.resident_bytes()}, f)
-    return model, unbuilt
-
-
-def _synthetic_arrays(spec: ProbeSpec, samples: int) -> Any:
-    """`samples` synthetic samples shaped like the spec's, every page
-    written (as the user's arrays are); None for none."""
-    if not samples:
-        return None
-    import keras
-    import numpy as np
-
-    from kerascale.measure.probe import decode_structure, synthetic_batch
-
-    # Drawn for a block and repeated: drawing every sample would take
-    # seconds for a large data set, and repeated values train alike.
-    block = synthetic_batch(decode_structure(spec.element), min(samples, 1024))
-    return keras.tree.map_structure(
-        lambda a: np.resize(a, (samples, *a.shape[1:])), block
-    )
-
-
-def _sample_bytes(spec: ProbeSpec) -> int:
-    """The bytes of one synthetic sample of the probe's data."""
-    import keras
-
-    from kerascale.measure.probe import decode_structure, synthetic_batch
-
-    one = synthetic_batch(decode_structure(spec.element), 1)
-    return sum(int(getattr(a, "nbytes", 0)) for a in keras.tree.flatten(one))
+    element = probe_data.decode_structure(spec.element)
+    arrays = probe_data.synthetic_arrays(element, samples) if samples else None
+    return model, unbuilt, arrays
 
 
 def _optimizer_bytes(model: Any) -> int:

@@ -30,11 +30,11 @@ import types
 from typing import Any
 
 import keras
-import numpy as np
 
 from kerascale import _tf
 from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session
+from kerascale.measure.probe_data import decode_structure, synthetic_batch
 from kerascale.sense import memory
 from kerascale.sense.data_facts import as_structure
 from kerascale.sense.model_facts import is_builder
@@ -102,64 +102,13 @@ class ProbeResult:
         return dataclasses.asdict(self)
 
 
-# --- What a probe trains on ----------------------------------------------------
-
-
-def encode_structure(structure: Any) -> Any:
-    """A nest of `tf.TensorSpec` -> JSON (tuples, lists and dicts kept)."""
-    import tensorflow as tf
-
-    if isinstance(structure, tf.TensorSpec):
-        return {
-            "tensor": [None if d is None else int(d) for d in structure.shape],
-            "dtype": structure.dtype.name,
-        }
-    if isinstance(structure, dict):
-        return {"dict": {k: encode_structure(v) for k, v in structure.items()}}
-    if isinstance(structure, tuple | list):
-        kind = "tuple" if isinstance(structure, tuple) else "list"
-        return {kind: [encode_structure(v) for v in structure]}
-    raise TypeError(f"Cannot encode {type(structure).__name__} in a probe spec.")
-
-
-def decode_structure(encoded: Any) -> Any:
-    import tensorflow as tf
-
-    if "tensor" in encoded:
-        return tf.TensorSpec(encoded["tensor"], encoded["dtype"])
-    if "dict" in encoded:
-        return {k: decode_structure(v) for k, v in encoded["dict"].items()}
-    if "tuple" in encoded:
-        return tuple(decode_structure(v) for v in encoded["tuple"])
-    return [decode_structure(v) for v in encoded["list"]]
-
-
-def synthetic_batch(structure: Any, batch: int, seed: int = 0) -> Any:
-    """A batch of `batch` elements shaped like the per-sample `structure`:
-    floats drawn from N(0, 1), integers 0 (a valid class index), strings ""."""
-    import tensorflow as tf
-
-    rng = np.random.default_rng(seed)
-
-    def make(spec):
-        shape = (batch, *(1 if d is None else int(d) for d in spec.shape))
-        dtype = spec.dtype
-        if dtype.is_floating:
-            return rng.standard_normal(shape).astype(dtype.as_numpy_dtype)
-        if dtype == tf.string:
-            return np.full(shape, b"", dtype=object)
-        return np.zeros(shape, dtype=dtype.as_numpy_dtype)
-
-    return tf.nest.map_structure(make, structure)
-
-
 @dataclasses.dataclass(frozen=True)
 class ProbeSpec:
     """Everything a probe needs besides the model and the batch; JSON-ready.
 
     Attributes:
         element: The per-sample structure of one element, encoded by
-            `encode_structure` (`(inputs, targets)` or `(inputs, targets,
+            `probe_data.encode_structure` (`(inputs, targets)` or `(inputs, targets,
             sample_weight)`, as the data yields).
         policy: The dtype policy name.
         strategy: The plan's strategy name.

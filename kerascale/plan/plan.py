@@ -192,20 +192,28 @@ class Plan:
                 self.reasons.get("data_changes", ""),
             )
         )
-        if not full:
-            rows = [(name, brief(value), brief(why)) for name, value, why in rows]
-        w0 = max(len(r[0]) for r in rows)
-        w1 = max(len(r[1]) for r in rows)
         lines = ["kerascale plan (batch = micro x replicas x accumulation = global)"]
-        for name, value, why in rows:
-            line = f"  {name:<{w0}}  {value:<{w1}}"
-            lines.append(f"{line}  {why}".rstrip() if why else line.rstrip())
+        lines += _table(rows, full=full)
         if warnings:
             lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
 
 BRIEF = 60  # characters of a reason in the plan's default view
+
+
+def _table(rows: list[tuple[str, str, str]], *, full: bool) -> list[str]:
+    """The rows (name, value, reason) as aligned lines; each value and
+    reason in brief unless `full`."""
+    if not full:
+        rows = [(name, brief(value), brief(why)) for name, value, why in rows]
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    lines = []
+    for name, value, why in rows:
+        line = f"  {name:<{w0}}  {value:<{w1}}"
+        lines.append(f"{line}  {why}".rstrip() if why else line.rstrip())
+    return lines
 
 
 def brief(text: str, limit: int = BRIEF) -> str:
