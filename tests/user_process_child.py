@@ -5,6 +5,8 @@
         kerascale.find_batch_size under memory_limit=LIMIT, then Keras's own
         `model.fit` at the batch found in this same process; prints JSON:
         the answer, its bracket, and fit's peak resident memory (VmHWM).
+    python user_process_child.py MODE VALUE EPOCHS
+        as above, `fit` training EPOCHS whole epochs instead of 2 steps.
     python user_process_child.py fit BATCH
         Keras's own `model.fit` at BATCH on the same data and model, with
         nothing else done before; prints JSON with the peak (VmHWM).
@@ -25,7 +27,7 @@ from probe_helpers import wide_mlp
 SAMPLES = 16384
 
 
-def main(mode, value):
+def main(mode, value, epochs=0):
     from kerascale.sense import memory
 
     keras.utils.set_random_seed(0)
@@ -53,10 +55,13 @@ def main(mode, value):
         }
     memory.release_freed()  # as kerascale.fit does before it trains
     memory.reset_resident_peak()
-    model.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=2, verbose=0)
+    if epochs:  # a user's run: whole epochs (the peak grows with them)
+        model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0)
+    else:
+        model.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=2, verbose=0)
     out["peak"] = memory.resident_peak_bytes()
     print(json.dumps(out))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:3], epochs=int(sys.argv[3]) if len(sys.argv) > 3 else 0)
