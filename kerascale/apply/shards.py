@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from kerascale import _fs
+from kerascale import _fs, _pids
 from kerascale import _tf_compat as tfc
 from kerascale._tf import tf
 from kerascale.sense import data_signature
@@ -203,20 +203,10 @@ def _sweep(directory: str) -> None:
             pid = int(name.rsplit("-", 2)[-2])
         except ValueError:
             continue
-        if _alive(pid):
+        if _pids.alive(pid):
             continue
         with contextlib.suppress(OSError):  # another process's sweep won
             _fs.rmtree(join(directory, name))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def read(path: str, manifest: dict[str, Any]) -> Any:

@@ -40,7 +40,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from kerascale import _fs
+from kerascale import _fs, _pids
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import CheckpointError, warn
 
@@ -238,7 +238,7 @@ def stale(holder: dict[str, Any], timeout: float) -> str | None:
                 "(it raised)"
             )
         return None
-    if here and not _alive(holder.get("pid")):
+    if here and not _pids.alive(holder.get("pid")):
         return f"process {holder.get('pid')} on this host is no longer running"
     age = time.time() - float(holder.get("renewed") or 0.0)
     if age > timeout:
@@ -253,18 +253,6 @@ def describe(holder: dict[str, Any]) -> str:
     return (
         f"process {holder.get('pid')} on host {holder.get('host')!r}, started {started}"
     )
-
-
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
 
 
 def _remove(path: str) -> None:

@@ -24,6 +24,8 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
+from kerascale import _pids
+
 _NAMES = (
     "jax_compilation_cache_dir",
     "jax_persistent_cache_min_compile_time_secs",
@@ -49,18 +51,8 @@ def _remove_orphans() -> None:
     their exit could remove them: a SIGKILL, a SIGTERM passed on)."""
     for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{_PREFIX}*-*")):
         pid = os.path.basename(path)[len(_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not _pids.alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's process, or not ours to ask: kept
-    return True
 
 
 @contextlib.contextmanager
