@@ -166,16 +166,31 @@ def test_workers_shuffle_arrays_alike(tmp_path):
 
 
 class Lines:
-    """Reads a process's stdout in a thread; `wait_for` a line prefix."""
+    """Reads a process's stdout and stderr on threads (a pipe nobody reads
+    fills at 64 KiB and blocks the worker writing to it: a survivor's
+    traceback after a frozen peer's gRPC warnings hung past 120 s once);
+    `wait_for` a line prefix of its stdout; `.stderr` once it ended."""
 
     def __init__(self, proc):
-        self.lines, self.proc = [], proc
-        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.lines, self.err, self.proc = [], [], proc
+        self.thread = threading.Thread(
+            target=self._read, args=(proc.stdout, self.lines), daemon=True
+        )
+        self.err_thread = threading.Thread(
+            target=self._read, args=(proc.stderr, self.err), daemon=True
+        )
         self.thread.start()
+        self.err_thread.start()
 
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
+    @staticmethod
+    def _read(stream, into):
+        for line in stream:
+            into.append(line)
+
+    @property
+    def stderr(self):
+        self.err_thread.join(10)
+        return "".join(self.err)
 
     def wait_for(self, prefix, timeout):
         end = time.monotonic() + timeout
@@ -195,12 +210,13 @@ def lose_a_worker(out, sig, worker_timeout, wait=120):
     ports = free_ports()
     workers = [start("long", i, ports, out, str(worker_timeout)) for i in range(2)]
     try:
-        Lines(workers[0]).wait_for("epoch 1 ", timeout=180)
+        said = [Lines(w) for w in workers]
+        said[0].wait_for("epoch 1 ", timeout=180)
         os.kill(workers[1].pid, sig)
         killed = time.monotonic()
         workers[0].wait(timeout=wait)
         took = time.monotonic() - killed
-        err = workers[0].stderr.read()
+        err = said[0].stderr
     finally:
         for w in workers:
             if w.poll() is None:
@@ -274,7 +290,7 @@ def test_sigterm_to_one_worker_saves_both_at_one_step_and_both_exit_143(
             if w.poll() is None:
                 w.kill()
             w.wait()
-    errors = [w.stderr.read() for w in workers]
+    errors = [lines.stderr for lines in said]
     assert codes == [143, 143], errors
     for lines in said:
         lines.thread.join(5)
