@@ -11,6 +11,7 @@ SHARED = {"kerascale._validation", "kerascale._units", "kerascale._version"}
 SHARED |= {"kerascale._state"}
 SHARED |= {"kerascale.errors", "kerascale._tf_compat", "kerascale._tf", "kerascale._fs"}
 SHARED |= {"kerascale._jax_compat"}  # the one module of JAX's private names
+SHARED |= {"kerascale._pids"}  # whether a process is alive
 # Each stage may import itself and the stages listed.
 ALLOWED = {
     "shared": {"shared"},
