@@ -95,7 +95,7 @@ def _child_main(argv: list[str]) -> int:
     share = spec.share()
     element = probe_data.decode_structure(spec.element)
     try:
-        model, unbuilt, arrays = _child_setup(workdir, spec, share.child_arrays)
+        model, unbuilt, arrays = _child_setup(workdir, spec, element, share)
     except BaseException as e:  # reported against the first batch
         failure(batches[0], e, stage="setup")
         return 0
@@ -175,10 +175,11 @@ def _watch_resident(current: dict[str, int], write: Any) -> None:
     threading.Thread(target=watch, name="kerascale-resident-watch", daemon=True).start()
 
 
-def _child_setup(workdir: str, spec: ProbeSpec, samples: int) -> Any:
-    """(the model, its optimizer's bytes to count, synthetic arrays of
-    `samples` like the user's or None): arrays are held as the user's
-    process holds them, before the baseline, and trained through fit."""
+def _child_setup(workdir: str, spec: ProbeSpec, element: Any, share: Any) -> Any:
+    """(the model, its optimizer's bytes to count, `share.child_arrays`
+    synthetic arrays of the per-sample `element` or None): arrays are held as
+    the user's process holds them, before the baseline, and trained through
+    fit."""
     import tensorflow as tf
 
     if spec.logical_cpus > 1:
@@ -207,7 +208,7 @@ def _child_setup(workdir: str, spec: ProbeSpec, samples: int) -> Any:
     model = build_probe_model(Session(), model, spec, own_copy=True)
     with open(os.path.join(workdir, "baseline.json"), "w") as f:
         json.dump({"resident_bytes": memory.resident_bytes()}, f)
-    element = probe_data.decode_structure(spec.element)
+    samples = share.child_arrays
     arrays = probe_data.synthetic_arrays(element, samples) if samples else None
     return model, unbuilt, arrays
 

@@ -74,16 +74,20 @@ def first_read(x: Any) -> Any:
     return chained
 
 
+def _record_of(x: Any) -> _Record | None:
+    return _RECORDS.get(x) if inspect.isgenerator(x) else None
+
+
 def first_of(x: Any) -> Any:
     """The first batch `first_read` read of `x`, or None."""
-    record = _RECORDS.get(x) if inspect.isgenerator(x) else None
+    record = _record_of(x)
     return record.first if record is not None else None
 
 
 def settle(x: Any) -> None:
     """Stops recording what `x` (from `first_read`) yields: a first step is
     done, so no retry will need it again."""
-    record = _RECORDS.get(x) if inspect.isgenerator(x) else None
+    record = _record_of(x)
     if record is not None:
         with record.lock:
             record.recording = False
@@ -93,7 +97,7 @@ def settle(x: Any) -> None:
 def replay(x: Any) -> Any:
     """For `x` from `first_read`: a generator that yields again what was
     read of it while recording, then the rest; `x` itself otherwise."""
-    record = _RECORDS.get(x) if inspect.isgenerator(x) else None
+    record = _record_of(x)
     if record is None:
         return x
     with record.lock:
