@@ -410,14 +410,13 @@ def test_real_resident_memory_limit_in_child_processes(tmp_path):
     limit (what a container counts). The truth is the user's process: a
     script that holds its data as arrays and runs Keras's own `fit` on them
     (which builds a dataset holding a copy). The search's answer, trained
-    there, stays under the limit; one 10% larger, in a fresh run of the same
-    script, does not. (A small convnet under 2 GiB took twice as long: its
-    probes' steps, not its memory, were the cost.) The probes count a long
-    run's spread (a run's peak grows with its epochs and moves from run to
-    run), so the answer sits below what fits a short run, not far: a batch
-    1.6x as large runs out. Not checked here: that it holds a long run every
-    time (10 epochs at it peaked 1558 MiB under this 1536 MiB limit once, in
-    the suite's two-at-a-time lane; benchmarks/README.md)."""
+    there, stays under the limit. (A small convnet under 2 GiB took twice as
+    long: its probes' steps, not its memory, were the cost.) The probes count
+    what a busy machine's op order and a long run add (at batch 3968 this
+    model's 2 steps peaked 1285 MiB idle and 1530 MiB beside two busy
+    processes; CI's run went over the limit at 3944 before they counted it),
+    so the answer sits below what fits an idle short run, not far: a batch
+    1.7x as large runs out."""
     found = _user_process("search-then-fit", REAL_LIMIT, tmp=tmp_path)
     reasons = found["reasons"]
     assert reasons["isolate"] == "each probe in a child process"
@@ -429,7 +428,7 @@ def test_real_resident_memory_limit_in_child_processes(tmp_path):
     assert 0.96 * lo <= found["batch"] <= 0.97 * lo  # the 3% margin
     assert found["probes"] <= 14
     assert found["peak"] <= REAL_LIMIT, found  # it trains where the user is
-    beyond = _user_process("fit", int(found["batch"] * 1.6) + 1)
+    beyond = _user_process("fit", int(found["batch"] * 1.7) + 1)
     assert beyond["peak"] > REAL_LIMIT, (found, beyond)
     assert not list(tmp_path.glob("kerascale-probe-*"))  # its probes' files
 

@@ -42,7 +42,7 @@ from kerascale.measure.probe import (
     train_probe,
 )
 from kerascale.sense import memory
-from kerascale.sense.model_facts import gist
+from kerascale.sense.model_facts import gist, largest_output_elements
 
 # Kept below memory_limit by the probes where they count the process where
 # fit trains (at least; 1% of the limit where that is more).
@@ -56,6 +56,14 @@ PROBE_SLACK = 8 << 20
 # (its peak over its baseline) this much larger, so that the answer fits
 # such a run, not only a probe's.
 LONG_RUN_SPREAD = 0.2
+
+# TensorFlow's executor on a CPU orders a step's ops as its threads come
+# free, so the buffers live at its peak depend on the machine's load: an MLP
+# of one 16384-wide layer, 2 steps at batch 3968, peaked 1285 MiB on an idle
+# machine and 1530 with two other processes busy (bimodal over runs; the
+# difference is one of its 248 MiB activations). A probe runs on whatever
+# load there is, so each counts one more of the model's largest layer
+# outputs at its batch (or the long run's spread, where that is more).
 
 
 def _child_main(argv: list[str]) -> int:
@@ -95,7 +103,9 @@ def _child_main(argv: list[str]) -> int:
     share = spec.share()
     element = probe_data.decode_structure(spec.element)
     try:
-        model, unbuilt, arrays = _child_setup(workdir, spec, element, share)
+        model, unbuilt, arrays, activation = _child_setup(
+            workdir, spec, element, share
+        )
     except BaseException as e:  # reported against the first batch
         failure(batches[0], e, stage="setup")
         return 0
@@ -106,16 +116,22 @@ def _child_main(argv: list[str]) -> int:
     # does (counted in the share).
     repeated = share.measured and arrays is None
     sample = probe_data.sample_bytes(element) if repeated else 0
-    # What a long run adds to a short probe's growth (see LONG_RUN_SPREAD).
+    # What a long run adds to a short probe's growth (see LONG_RUN_SPREAD),
+    # and what another order of the step's ops holds (per sample).
     spread = LONG_RUN_SPREAD if arrays is not None and limit else 0.0
+    op_order = activation if limit else 0
     for batch in batches:
         # The peak counted is the one the process where fit trains would
         # reach: its own memory and its input's in place of this child's.
         global_batch = spec.global_batch(batch)
         offset = share.offset(global_batch, base) - 2 * sample * global_batch
         current["batch"] = batch
+        allowance = op_order * global_batch
         if limit:
-            watched = (limit - offset + spread * base) / (1 + spread)
+            watched = min(
+                (limit - offset + spread * base) / (1 + spread),
+                limit - offset - allowance,
+            )
             current["limit"], current["offset"] = int(watched), offset
         try:
             result = train_probe(model, spec, batch, in_child=True, arrays=arrays)
@@ -123,7 +139,7 @@ def _child_main(argv: list[str]) -> int:
             failure(batch, e)
             return 0
         grown = max(0, result["peak_bytes"] - base)
-        result["peak_bytes"] += offset + int(spread * grown)
+        result["peak_bytes"] += offset + max(int(spread * grown), allowance)
         if result["tensor_peak_bytes"] is not None:
             result["tensor_peak_bytes"] += share.input_bytes(global_batch)
         if limit and result["peak_bytes"] > limit:  # both as fit's process
@@ -177,9 +193,9 @@ def _watch_resident(current: dict[str, int], write: Any) -> None:
 
 def _child_setup(workdir: str, spec: ProbeSpec, element: Any, share: Any) -> Any:
     """(the model, its optimizer's bytes to count, `share.child_arrays`
-    synthetic arrays of the per-sample `element` or None): arrays are held as
-    the user's process holds them, before the baseline, and trained through
-    fit."""
+    synthetic arrays of the per-sample `element` or None, the bytes a sample
+    puts in the model's largest layer output): arrays are held as the user's
+    process holds them, before the baseline, and trained through fit."""
     import tensorflow as tf
 
     if spec.logical_cpus > 1:
@@ -203,6 +219,8 @@ def _child_setup(workdir: str, spec: ProbeSpec, element: Any, share: Any) -> Any
     # Loading built the optimizer's state, which the process where fit
     # trains builds in fit: the baseline leaves it out, so that it counts.
     unbuilt = 0 if spec.optimizer_built else _optimizer_bytes(model)
+    width = 2 if "16" in spec.policy else 4
+    activation = largest_output_elements(model) * width
     # The child's process ends with the probe: nothing to undo, so the
     # session is left open on purpose.
     model = build_probe_model(Session(), model, spec, own_copy=True)
@@ -210,7 +228,7 @@ def _child_setup(workdir: str, spec: ProbeSpec, element: Any, share: Any) -> Any
         json.dump({"resident_bytes": memory.resident_bytes()}, f)
     samples = share.child_arrays
     arrays = probe_data.synthetic_arrays(element, samples) if samples else None
-    return model, unbuilt, arrays
+    return model, unbuilt, arrays, activation
 
 
 def _optimizer_bytes(model: Any) -> int:

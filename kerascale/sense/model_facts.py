@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import weakref
 from collections.abc import Callable
@@ -313,3 +314,22 @@ def architecture(model: keras.Model) -> str | None:
     except Exception:  # subclassed without get_config, unserialisable layers
         return None
     return json.dumps(canonical_names(config), sort_keys=True)
+
+
+def largest_output_elements(model: Any) -> int:
+    """The most elements one sample puts in a single layer's output (nested
+    models' layers included), from the layers' symbolic outputs; 0 where no
+    layer has one (a subclassed model, a layer shared between calls)."""
+    largest = 0
+    for layer in getattr(model, "layers", ()):
+        if getattr(layer, "layers", None):
+            largest = max(largest, largest_output_elements(layer))
+        try:
+            outputs = keras.tree.flatten(layer.output)
+        except (AttributeError, ValueError):
+            continue
+        for out in outputs:
+            dims = tuple(getattr(out, "shape", ()) or ())[1:]
+            if dims and all(isinstance(d, int) for d in dims):
+                largest = max(largest, math.prod(dims))
+    return largest
