@@ -103,9 +103,7 @@ def _child_main(argv: list[str]) -> int:
     share = spec.share()
     element = probe_data.decode_structure(spec.element)
     try:
-        model, unbuilt, arrays, activation = _child_setup(
-            workdir, spec, element, share
-        )
+        model, unbuilt, arrays, activation = _child_setup(workdir, spec, element, share)
     except BaseException as e:  # reported against the first batch
         failure(batches[0], e, stage="setup")
         return 0
