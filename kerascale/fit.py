@@ -117,8 +117,12 @@ def fit(
             raise failed.error from None
     # A generator yields again what the failed attempt read of it.
     deciding.x = first_batch.replay(deciding.x)
+    # What the retry dropped is said once its first step is done: where it
+    # fails the same way, the error is the model's own, and the warning would
+    # blame what kerascale changed.
+    held = tuple(w for w in retry.plan.warnings if w not in decided.plan.warnings)
     try:
-        return _train(deciding, retry)
+        return _train(deciding, retry, held=held)
     except session_lib.FirstStepFailed as failed:
         raise failed.error from None
 
@@ -146,9 +150,12 @@ def _plain_fit(
     return history
 
 
-def _train(deciding: _Deciding, decided: Decided) -> keras.callbacks.History:
+def _train(
+    deciding: _Deciding, decided: Decided, *, held: tuple[str, ...] = ()
+) -> keras.callbacks.History:
     """Applies `decided` on the one path, in a session that owns every
-    change, and trains with Keras's own `fit`."""
+    change, and trains with Keras's own `fit`; the plan's warnings in `held`
+    are shown after the first step, not before."""
     model, request = deciding.model, deciding.request
     with session_lib.Session() as session:
         prepared = session_lib.prepare(
@@ -169,11 +176,16 @@ def _train(deciding: _Deciding, decided: Decided) -> keras.callbacks.History:
             full = request.options.verbose == 2
             print(plan.describe(warnings=False, full=full), flush=True)
         for w in plan.warnings:
-            warn(w)
+            if w not in held:
+                warn(w)
+
+        def after_first_step() -> None:
+            first_batch.settle(deciding.x)
+            for w in held:
+                warn(w)
+
         history = session_lib.train(
-            prepared,
-            verbose=request.options.verbose,
-            after_first_step=lambda: first_batch.settle(deciding.x),
+            prepared, verbose=request.options.verbose, after_first_step=after_first_step
         )
     if not is_builder(model):
         history.set_model(model)

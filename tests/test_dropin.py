@@ -123,6 +123,30 @@ def test_a_retried_first_step_trains_every_batch_of_a_generator(bf16_cpu):
     assert read["kerascale"] == read["plain"] == list(range(0, 96, 16))
 
 
+def test_a_step_that_fails_on_its_own_raises_its_error_without_blaming_kerascale():
+    """A train_step that fails whatever kerascale chose fails again in the
+    plain retry: the user gets the error plain `fit` raises, and no warning
+    that says kerascale's choice failed."""
+
+    class Broken(keras.Model):
+        def train_step(self, data):
+            raise ValueError("my train_step is broken")
+
+    inputs = keras.Input((4,))
+    model = Broken(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.zeros((64, 4), "float32"), np.zeros((64, 2), "float32")
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    with pytest.raises(ValueError, match="my train_step is broken"):
+        model.fit(ds, verbose=0)
+    assert kerascale.plan(model, ds, verbose=0).data_changes  # a choice to drop
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="my train_step is broken"):
+            kerascale.fit(model, ds, verbose=0)
+    assert not [w for w in caught if w.category is kerascale.KerascaleWarning]
+
+
 def test_a_failing_search_probe_is_tried_again_in_float32(no_budget, bf16_cpu):
     model, x, y, _ = make("noisy")
     history = kerascale.fit(model, x, y, epochs=1, verbose=0)

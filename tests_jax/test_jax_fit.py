@@ -445,3 +445,50 @@ def test_a_second_kerascale_fit_in_float32_traces_nothing_again():
         )  # fmt: skip
     assert seen[0] is seen[-1]
     assert model.train_function is seen[0]
+
+
+def test_the_trainer_pattern_trains_and_a_tensorflow_style_step_fails_as_plain():
+    """keras.io's trainer pattern (a Model whose `train_step` trains another
+    model): written for JAX it trains; written for TensorFlow (`train_step(self,
+    data)`) it fails as plain `fit` fails, with the same error and no warning
+    that blames kerascale's own choices."""
+
+    class JaxTrainer(keras.Model):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def train_step(self, state, data):
+            return super().train_step(state, data)
+
+        def call(self, x):
+            return self.model(x)
+
+    class TfTrainer(JaxTrainer):
+        def train_step(self, data):
+            return {}
+
+    x, y = toy_data(128)
+    for trainer, fails in ((JaxTrainer, False), (TfTrainer, True)):
+        keras.utils.set_random_seed(0)
+        model = trainer(dense_model())
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if fails:
+                plan = kerascale.plan(model, x, y, batch_size=16, verbose=0)
+                assert plan.data_changes  # a choice of kerascale's to drop
+                plain = trainer(dense_model())
+                plain.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+                with pytest.raises(TypeError, match="positional argument"):
+                    plain.fit(x, y, batch_size=16, verbose=0)
+                with pytest.raises(TypeError, match="positional argument"):
+                    kerascale.fit(model, x, y, batch_size=16, verbose=0)
+                # Keras's JAX fit left `plain`'s variables empty; kerascale
+                # puts the model's back.
+                assert model.predict(x[:4], verbose=0).shape == (4, 2)
+            else:
+                history = kerascale.fit(model, x, y, batch_size=16, epochs=2, verbose=0)
+                assert len(history.history["loss"]) == 2
+                assert int(model.optimizer.iterations) == 16
+        assert not [w for w in caught if w.category is kerascale.KerascaleWarning]
