@@ -38,8 +38,16 @@ def test_two_workers_train_like_one_process(tmp_path):
 def test_the_model_internals_kerascale_uses_still_do_what_it_relies_on():
     """Fails when Keras renames or changes them (see PRIVATE_NAMES; the JAX
     backend's, the last, are checked in tests_jax/test_compat_jax.py)."""
-    assert len(compat.PRIVATE_NAMES) == 20
+    assert len(compat.PRIVATE_NAMES) == 21
     x, y = np.zeros((8, 2), "float32"), np.zeros((8, 1), "float32")
+    # The first step's variables, loss and metrics built from a spec alone.
+    fresh = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    fresh.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    assert not fresh._compile_loss.built and not fresh._compile_metrics.built
+    spec = (tf.TensorSpec((None, 2)), tf.TensorSpec((None, 1)))
+    compat.build_like_first_step(fresh, spec)
+    assert fresh._compile_loss.built and fresh._compile_metrics.built
+    assert fresh.optimizer.built
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
     assert compat.compile_arguments(model)["loss"] == "mse"

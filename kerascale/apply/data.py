@@ -204,9 +204,7 @@ def _finish(
 ) -> tuple[tf.data.Dataset, list[str]]:
     """Caches, sets the options and prefetches the top of a pipeline."""
     changes = []
-    if cache and not any(
-        type(n).__name__ in ("CacheDataset", "_CacheDataset") for n in chain(ds)
-    ):
+    if cache and not caches(ds):
         ds = ds.cache()
         changes.append("cache()")
     options = tf.data.Options()
@@ -221,6 +219,13 @@ def _finish(
         ds = ds.prefetch(tf.data.AUTOTUNE)
         changes.append("prefetch(AUTOTUNE)")
     return ds, changes
+
+
+def caches(x: Any) -> bool:
+    """Whether `x` is a `tf.data.Dataset` with a `cache()` in its chain."""
+    return is_dataset(x) and any(
+        type(n).__name__ in ("CacheDataset", "_CacheDataset") for n in chain(x)
+    )
 
 
 def lost_cardinality(original: tf.data.Dataset, prepared: tf.data.Dataset) -> bool:

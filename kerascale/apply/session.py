@@ -416,7 +416,8 @@ def train(
     # Keras's JAX fit empties the model's variables while it trains, and
     # leaves them empty when it raises: they are put back here.
     guard = None
-    if backend_lib.traits(prepared.plan.backend).empties_variables:
+    traits = backend_lib.traits(prepared.plan.backend)
+    if traits.empties_variables:
         guard = keras_compat.StateGuard(prepared.model)
     steps = _StepWatch(
         guard.before_first_step if guard is not None else None, after_first_step
@@ -434,6 +435,11 @@ def train(
     # in a TensorFlow process, more than the rest of planning.)
     if prepared.decided.measured_here:
         memory.release_freed()
+    if traits.reads_to_build and data_lib.caches(prepared.x):
+        # Keras's JAX fit reads one batch to build the loss and metrics, from
+        # an iterator it drops: a cache() kerascale added would warn that it
+        # discarded what that read began. Built from the element's spec.
+        keras_compat.build_like_first_step(prepared.model, prepared.x.element_spec)
     with warnings.catch_warnings():
         if prepared.quiet_end_of_data:
             warnings.filterwarnings("ignore", "Your input ran out of data")

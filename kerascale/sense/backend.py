@@ -58,6 +58,9 @@ class Traits:
         empties_variables: Whether its `fit` takes the variables' values out
             while it trains, and leaves them out when its first step raises
             (JAX: `keras_compat.StateGuard` puts them back).
+        reads_to_build: Whether its `fit` reads a batch through an iterator
+            it drops, to build the loss and metrics (JAX), so that a
+            `cache()` kerascale added warns that it discarded that read.
     """
 
     name: str
@@ -71,6 +74,7 @@ class Traits:
     joins_tf_clusters: bool
     even_batches: bool
     empties_variables: bool = False
+    reads_to_build: bool = False
 
 
 _TRAITS = {
@@ -98,6 +102,7 @@ _TRAITS = {
         joins_tf_clusters=False,
         even_batches=True,
         empties_variables=True,
+        reads_to_build=True,
     ),
 }
 

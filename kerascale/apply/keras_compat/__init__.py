@@ -29,13 +29,16 @@ where Keras has no public way (listed in `PRIVATE_NAMES`, which
 - Keras's global seed generator (`keras.src.random.seed_generator`): the
   state unseeded `keras.random` ops draw from, checkpointed for an exact
   resume.
-- `Model._symbolic_build`, `Model._flatten_layers`, `Model._compile_metrics`:
-  building the variables the first step would create, so that a checkpoint
-  can be restored before that step runs. `_flatten_layers` also lists every
-  layer a precision set in place must reach (a subclassed model's sublayers
-  are listed nowhere public). `keras.src.models.functional.Functional`: the
-  class a keras-hub task or backbone subclasses, whose output layers stay
-  float32 when a precision is set in place (Keras exports no such class).
+- `Model._symbolic_build`, `Model._flatten_layers`, `Model._compile_metrics`,
+  `Model._compile_loss`: building the variables the first step would create,
+  so that a checkpoint can be restored before that step runs, and (JAX) so
+  that Keras's fit does not read a batch to build them from a `cache()`
+  kerascale added, which TensorFlow then warns it discarded.
+  `_flatten_layers` also lists every layer a precision set in place must
+  reach (a subclassed model's sublayers are listed nowhere public).
+  `keras.src.models.functional.Functional`: the class a keras-hub task or
+  backbone subclasses, whose output layers stay float32 when a precision is
+  set in place (Keras exports no such class).
 - `Model._compile_config`: the arguments `compile` received, to re-compile a
   re-created model when the compile config does not round-trip (unregistered
   custom losses); made anew by each `compile`, so its identity also tells a
@@ -226,6 +229,7 @@ PRIVATE_NAMES = (
     "keras.Model._symbolic_build",
     "keras.Model._flatten_layers",
     "keras.Model._compile_metrics (after compile)",
+    "keras.Model._compile_loss (after compile)",
     "keras.Model._compile_config (after compile)",
     "keras.Layer._layers (the layers it tracks)",
     "keras.src.models.functional.Functional",
@@ -327,8 +331,10 @@ def fully_built(model: Any) -> bool:
 def build_like_first_step(model: Any, element_spec: Any) -> None:
     """Builds what Keras builds while tracing the first training step
     (layers, compiled metrics, optimizer slots) under the model's strategy."""
-    metrics = getattr(model, "_compile_metrics", None)
-    unbuilt = not fully_built(model) or (metrics is not None and not metrics.built)
+    compiled = [getattr(model, a, None) for a in ("_compile_metrics", "_compile_loss")]
+    unbuilt = not fully_built(model) or any(
+        c is not None and not c.built for c in compiled
+    )
     strategy = getattr(model, "distribute_strategy", None)  # None on JAX
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
         if unbuilt and element_spec is not None:
