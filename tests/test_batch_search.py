@@ -586,3 +586,31 @@ def test_isolate_true_with_an_unshippable_model_says_why():
     ):
         kerascale.find_batch_size(model, x, y, isolate=True, verbose=0, cache=False)
     assert _probe_dirs() == before
+
+
+@pytest.mark.parametrize(
+    "spread,op_order", [(0.0, 0), (0.2, 0), (0.0, 4096), (0.2, 4096)]
+)
+def test_a_probe_counts_the_peak_fit_would_reach_and_watches_for_it(spread, op_order):
+    """The child's watch stops a probe at the resident memory whose counted
+    peak is the limit: counted at that memory it is the limit (to a byte),
+    and above it more. What it counts beyond its own peak is the larger of a
+    long run's spread and one more activation."""
+    from kerascale.measure.fit_process import AsFitProcess
+    from kerascale.measure.host_share import HostShare
+
+    counts = AsFitProcess(
+        base=600 << 20,
+        share=HostShare(resident=900 << 20, input_fixed=8 << 20, why="measured"),
+        sample=0,
+        spread=spread,
+        op_order=op_order,
+    )
+    assert counts.offset(2048) == (300 + 8) << 20  # its memory and its input's
+    limit, batch = 1 << 30, 2048
+    watched = counts.watched(limit, batch)
+    assert abs(counts.peak(watched, batch) - limit) <= 2
+    assert counts.peak(watched + (1 << 20), batch) > limit
+    grown = watched - (600 << 20)
+    unseen = max(int(spread * grown), op_order * batch)
+    assert counts.peak(watched, batch) == watched + counts.offset(batch) + unseen

@@ -29,7 +29,7 @@ import traceback
 from typing import Any
 
 from kerascale.apply.session import Session
-from kerascale.measure import probe_data, shipping
+from kerascale.measure import fit_process, probe_data, shipping
 from kerascale.measure.probe import (
     ERROR,
     OK,
@@ -44,27 +44,6 @@ from kerascale.measure.probe import (
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist, largest_output_elements
 
-# Kept below memory_limit by the probes where they count the process where
-# fit trains (at least; 1% of the limit where that is more).
-PROBE_SLACK = 8 << 20
-
-# A probe trains for seconds; a user's run of arrays on TensorFlow for many
-# epochs, and its peak moves from run to run as the allocator's heap does:
-# one script, an MLP at batch 9728 for 20 epochs, peaked 1326, 1423, 1364
-# and 1421 MiB over 812 MiB resident (a spread of about a fifth of what fit
-# added), where one epoch peaked 1293. A probe of arrays counts its growth
-# (its peak over its baseline) this much larger, so that the answer fits
-# such a run, not only a probe's.
-LONG_RUN_SPREAD = 0.2
-
-# TensorFlow's executor on a CPU orders a step's ops as its threads come
-# free, so the buffers live at its peak depend on the machine's load: an MLP
-# of one 16384-wide layer, 2 steps at batch 3968, peaked 1285 MiB on an idle
-# machine and 1530 with two other processes busy (bimodal over runs; the
-# difference is one of its 248 MiB activations). A probe runs on whatever
-# load there is, so each counts one more of the model's largest layer
-# outputs at its batch (or the long run's spread, where that is more).
-
 
 def _child_main(argv: list[str]) -> int:
     """`python -m kerascale.measure.child DIR B1,B2,... [LIMIT]`: DIR holds
@@ -75,12 +54,7 @@ def _child_main(argv: list[str]) -> int:
     spec = ProbeSpec.from_json(_read(os.path.join(workdir, "spec.json")))
     limit = int(argv[2]) if len(argv) > 2 and not spec.on_gpu else 0
     if limit and spec.share().measured:
-        # Counted as the process where fit trains, the peak is a sum of
-        # figures from two processes, a few MB apart (an MLP's answer went
-        # 3.9 MiB over 1 GiB without this): that much is kept below the limit.
-        # More would cost much where memory barely grows with the batch (that
-        # MLP's, 0.04 MiB a sample: the 32 MiB slack cut its batch to 48).
-        limit -= max(PROBE_SLACK, limit // 100)
+        limit = fit_process.with_slack(limit)
 
     def write(batch, payload):
         path = os.path.join(workdir, f"result-{batch}.json")
@@ -108,36 +82,32 @@ def _child_main(argv: list[str]) -> int:
         failure(batches[0], e, stage="setup")
         return 0
     memory.release_freed()
-    base = (memory.resident_bytes() or 0) - unbuilt
-    # A batch repeated is held twice (as arrays and as a tensor), where the
-    # process where fit trains holds its batches as its input's pipeline
-    # does (counted in the share).
-    repeated = share.measured and arrays is None
-    sample = probe_data.sample_bytes(element) if repeated else 0
-    # What a long run adds to a short probe's growth (see LONG_RUN_SPREAD),
-    # and what another order of the step's ops holds (per sample).
-    spread = LONG_RUN_SPREAD if arrays is not None and limit else 0.0
-    op_order = activation if limit else 0
+    counts = fit_process.AsFitProcess(
+        base=(memory.resident_bytes() or 0) - unbuilt,
+        share=share,
+        # A batch repeated is held twice (as arrays and as a tensor), where
+        # the process where fit trains holds its batches as its input's
+        # pipeline does (counted in the share).
+        sample=(
+            probe_data.sample_bytes(element) if share.measured and arrays is None else 0
+        ),
+        # What a long run adds to a short probe's growth (LONG_RUN_SPREAD),
+        # and what another order of the step's ops holds, per sample.
+        spread=fit_process.LONG_RUN_SPREAD if arrays is not None and limit else 0.0,
+        op_order=activation if limit else 0,
+    )
     for batch in batches:
-        # The peak counted is the one the process where fit trains would
-        # reach: its own memory and its input's in place of this child's.
         global_batch = spec.global_batch(batch)
-        offset = share.offset(global_batch, base) - 2 * sample * global_batch
         current["batch"] = batch
-        allowance = op_order * global_batch
         if limit:
-            watched = min(
-                (limit - offset + spread * base) / (1 + spread),
-                limit - offset - allowance,
-            )
-            current["limit"], current["offset"] = int(watched), offset
+            current["limit"] = counts.watched(limit, global_batch)
+            current["offset"] = counts.offset(global_batch)
         try:
             result = train_probe(model, spec, batch, in_child=True, arrays=arrays)
         except BaseException as e:
             failure(batch, e)
             return 0
-        grown = max(0, result["peak_bytes"] - base)
-        result["peak_bytes"] += offset + max(int(spread * grown), allowance)
+        result["peak_bytes"] = counts.peak(result["peak_bytes"], global_batch)
         if result["tensor_peak_bytes"] is not None:
             result["tensor_peak_bytes"] += share.input_bytes(global_batch)
         if limit and result["peak_bytes"] > limit:  # both as fit's process
