@@ -3,8 +3,15 @@ shard being written, a compile cache) is kept while it is."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
+
+# An owner's lock on a directory of its own: held while its process lives,
+# released by the kernel when it dies, whatever PID namespace the reader is
+# in (a process id of another container's namespace is not visible here).
+_OWNER = ".owner"
+_held: list[Any] = []  # open for the life of this process
 
 
 def alive(pid: Any) -> bool:
@@ -19,3 +26,32 @@ def alive(pid: Any) -> bool:
     except OSError:
         return True  # another user's process, or not ours to ask
     return True
+
+
+def hold(directory: str) -> None:
+    """Marks `directory` as this living process's (an exclusive `flock` on
+    its `.owner` file, kept until the process ends)."""
+    import fcntl
+
+    f = open(os.path.join(directory, _OWNER), "w")  # noqa: SIM115 - kept open
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _held.append(f)
+
+
+def owner_alive(directory: str) -> bool | None:
+    """Whether the process that `hold` marked `directory` for still lives;
+    None where nothing marked it (an older kerascale's, or one being made)."""
+    import fcntl
+
+    try:
+        f = open(os.path.join(directory, _OWNER))  # noqa: SIM115
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        with contextlib.suppress(OSError):
+            fcntl.flock(f, fcntl.LOCK_UN)
+        return False

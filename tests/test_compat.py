@@ -4,6 +4,7 @@ the upstream code it replaces and run by two real worker processes on
 
 import os
 import shutil
+import time
 
 import keras
 import numpy as np
@@ -382,9 +383,11 @@ def test_a_generator_read_at_the_door_is_replayed_until_its_first_step():
 
 
 def test_a_killed_process_s_compile_cache_is_removed_by_the_next(monkeypatch, tmp_path):
-    """JAX's compile cache directory names its process: one whose process is
-    gone (killed before its exit) is removed when the next is made; a living
-    process's is kept."""
+    """JAX's compile cache directory names its process and holds its owner's
+    lock: one whose process is gone (killed before its exit) is removed when
+    the next is made; a living process's is kept, and so is one whose process
+    id is not alive here but whose owner's lock is held (a process of another
+    PID namespace sharing the temporary directory)."""
     import subprocess
     import sys
 
@@ -394,12 +397,23 @@ def test_a_killed_process_s_compile_cache_is_removed_by_the_next(monkeypatch, tm
     monkeypatch.setattr(compile_cache, "_directory", None)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
-    orphan = tmp_path / f"kerascale-xla-{gone.stdout.strip()}-abc"
+    from kerascale import _pids
+
+    dead = gone.stdout.strip()
+    orphan = tmp_path / f"kerascale-xla-{dead}-abc"
     living = tmp_path / f"kerascale-xla-{os.getppid()}-def"
-    for d in (orphan, living):
+    foreign = tmp_path / f"kerascale-xla-{dead}-ghi"
+    older = tmp_path / f"kerascale-xla-{dead}-jkl"  # an older kerascale's
+    being_made = tmp_path / f"kerascale-xla-{dead}-mno"
+    for d in (orphan, living, foreign, older, being_made):
         d.mkdir()
         (d / "entry-cache").write_bytes(b"x")
+    (orphan / ".owner").write_text("")  # its owner's lock, released
+    _pids.hold(str(foreign))  # held, as a living process elsewhere holds it
+    os.utime(older, (time.time() - 120, time.time() - 120))
     mine = compile_cache._process_directory()
     assert os.path.basename(mine).startswith(f"kerascale-xla-{os.getpid()}-")
-    assert not orphan.exists() and living.exists()
+    assert _pids.owner_alive(mine) is True
+    assert not orphan.exists() and not older.exists()
+    assert living.exists() and foreign.exists() and being_made.exists()
     shutil.rmtree(mine)

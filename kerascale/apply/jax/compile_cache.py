@@ -10,8 +10,9 @@ compile from the cache instead of paying it again (20 s and more on a GPU).
 The cache lives in a directory of this process's own, removed when the
 process exits, unless you set `jax_compilation_cache_dir` yourself (yours is
 then used). A process that is killed cannot remove its own: its directory
-names its process id, and the next process that makes one removes those whose
-process is gone. JAX's settings are put back when each block ends.
+names its process id and holds its owner's lock, and the next process that
+makes one removes those whose process is gone. JAX's settings are put back
+when each block ends.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import glob
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 
 from kerascale import _pids
@@ -42,16 +44,27 @@ def _process_directory() -> str:
     if _directory is None:
         _remove_orphans()
         _directory = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
+        _pids.hold(_directory)
         atexit.register(shutil.rmtree, _directory, True)
     return _directory
 
 
 def _remove_orphans() -> None:
     """Removes the directories of processes that are gone (killed before
-    their exit could remove them: a SIGKILL, a SIGTERM passed on)."""
+    their exit could remove them: a SIGKILL, a SIGTERM passed on). A process
+    id that is not alive here may be another PID namespace's (a container
+    sharing this temporary directory): its owner's lock says whether it
+    lives; a directory without one is an older kerascale's, or one being
+    made (kept for its first minute)."""
     for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{_PREFIX}*-*")):
         pid = os.path.basename(path)[len(_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _pids.alive(int(pid)):
+        if not pid.isdigit() or _pids.alive(int(pid)):
+            continue
+        owner = _pids.owner_alive(path)
+        if owner is None:
+            with contextlib.suppress(OSError):
+                owner = time.time() - os.path.getmtime(path) < 60
+        if owner is False:
             shutil.rmtree(path, ignore_errors=True)
 
 
