@@ -231,7 +231,8 @@ def _decode(x: Any, prepared: Any, batches_per_s: float) -> Any:
 
 def _readable(timing: Any, x: Any, y: Any, steps: int | None) -> None:
     """Refuses, naming `x`, an input diagnose cannot read several times."""
-    if data_facts.inspect(x, y, steps_per_epoch=steps).kind not in timing.READABLE:
+    kind = data_facts.inspect(x, y, steps_per_epoch=steps).kind
+    if kind not in timing.READABLE and not data_facts.indexable_grain(x):
         raise v.fail("x", type(x).__name__, timing.READABLE_HINT)
 
 

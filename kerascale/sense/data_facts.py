@@ -224,6 +224,12 @@ def _held_out(facts: DataFacts, split: Any) -> DataFacts:
     return dataclasses.replace(facts, num_samples=training, held_out=n - training)
 
 
+def indexable_grain(x: Any) -> bool:
+    """Whether `x` is a grain `MapDataset` (batch i is `x[i]`, of `len(x)`),
+    which can be read again and again, unlike a grain `IterDataset`."""
+    return _is_grain(x) and hasattr(x, "__getitem__") and hasattr(x, "__len__")
+
+
 def _is_grain(x: Any) -> bool:
     module = type(x).__module__ or ""
     return module.split(".")[0] == "grain" and callable(getattr(x, "map", None))

@@ -25,6 +25,7 @@ import numpy as np
 
 from kerascale.apply.jax.reader import DEPTH, ReadAhead
 from kerascale.measure.result import Rates
+from kerascale.sense.data_facts import indexable_grain
 
 WARMUP_STEPS = 3
 # Prepared as Keras's JAX fit takes it (arrays, a PyDataset, a tf.data
@@ -32,9 +33,9 @@ WARMUP_STEPS = 3
 AS_DATASET = False
 READABLE = ("arrays", "pydataset", "dataset")
 READABLE_HINT = (
-    "arrays, a keras.utils.PyDataset or a tf.data.Dataset for diagnose (it "
-    "reads the data several times, and a generator or a grain loader is used "
-    "up as it is read)"
+    "arrays, a keras.utils.PyDataset, a tf.data.Dataset or a grain MapDataset "
+    "for diagnose (it reads the data several times, and a generator or a grain "
+    "IterDataset is used up as it is read)"
 )
 
 
@@ -88,10 +89,11 @@ def measure(model: keras.Model, x: Any, y: Any, batch_size: int, steps: int) -> 
         while True:
             yield first
 
-    step = _rate(model, (again(),), {"steps_per_epoch": total})
+    step = _rate(model, (again(),), {"steps_per_epoch": total, "shuffle": False})
     kwargs: dict[str, Any] = {}
-    if isinstance(x, keras.utils.PyDataset):
+    if isinstance(x, keras.utils.PyDataset) or indexable_grain(x):
         args, batches = (x,), len(x)
+        kwargs["shuffle"] = False  # they order themselves (Keras warns)
     elif _is_dataset(x):
         # Read again and again, from a copy with shuffles of its own.
         from kerascale.sense.data_facts import peekable
@@ -127,8 +129,8 @@ def _rate(model: keras.Model, args: tuple, kwargs: dict, *extra: Any) -> float:
 
 def first_batch(x: Any, y: Any, batch_size: int) -> Any:
     """The first batch, as NumPy: of arrays, their first `batch_size` rows;
-    of a `PyDataset`, its batch 0."""
-    if isinstance(x, keras.utils.PyDataset):
+    of a `PyDataset` or a grain `MapDataset`, its batch 0."""
+    if isinstance(x, keras.utils.PyDataset) or indexable_grain(x):
         batch = x[0]
         return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
     if _is_dataset(x):

@@ -17,6 +17,7 @@ from typing import Any
 import keras
 
 from kerascale.measure.result import Rates
+from kerascale.sense.data_facts import indexable_grain
 
 WARMUP_STEPS = 3
 # Prepared as a tf.data pipeline (arrays become one), which this module reads.
@@ -24,9 +25,9 @@ AS_DATASET = True
 # What diagnose can read several times here, and what to pass instead.
 READABLE = ("dataset", "arrays", "pydataset")
 READABLE_HINT = (
-    "arrays, a keras.utils.PyDataset or a tf.data.Dataset for diagnose (it "
-    "reads the data several times, and a generator or a grain loader is used "
-    "up as it is read)"
+    "arrays, a keras.utils.PyDataset, a tf.data.Dataset or a grain MapDataset "
+    "for diagnose (it reads the data several times, and a generator or a grain "
+    "IterDataset is used up as it is read)"
 )
 
 
@@ -35,7 +36,7 @@ def rates(prepared: Any, steps: int) -> Rates:
     its data a `tf.data.Dataset`); no loader on TensorFlow (its `loaded` is
     NaN: tf.data's own prefetch is the pipeline's)."""
     ds, copy, total = prepared.x, prepared.model, WARMUP_STEPS + steps
-    if isinstance(ds, keras.utils.PyDataset):
+    if isinstance(ds, keras.utils.PyDataset) or indexable_grain(ds):
         ds = _cycled(ds)
     return Rates(
         input=_iterate(ds.repeat(), total),
@@ -46,7 +47,8 @@ def rates(prepared: Any, steps: int) -> Rates:
 
 
 def _cycled(py: Any) -> Any:
-    """A `PyDataset`'s batches as a `tf.data` pipeline, round and round."""
+    """A `PyDataset`'s or grain `MapDataset`'s batches (`py[i]`, `len(py)`)
+    as a `tf.data` pipeline, round and round."""
     import itertools
 
     import numpy as np
