@@ -4,7 +4,12 @@ shard being written, a compile cache) is kept while it is."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
 from typing import Any
 
 # An owner's lock on a directory of its own: held while its process lives,
@@ -55,3 +60,40 @@ def owner_alive(directory: str) -> bool | None:
         with contextlib.suppress(OSError):
             fcntl.flock(f, fcntl.LOCK_UN)
         return False
+
+
+def sweep(prefix: str) -> None:
+    """Removes the temporary directories named `{prefix}{pid}-...` whose
+    process is gone (killed before it could remove its own). A process id
+    that is not alive here may be another PID namespace's (a container
+    sharing this temporary directory): its owner's lock says whether it
+    lives; a directory without one is an older kerascale's, or one being
+    made (kept for its first minute)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{prefix}*-*")):
+        pid = os.path.basename(path)[len(prefix) :].split("-", 1)[0]
+        if not pid.isdigit() or alive(int(pid)):
+            continue
+        owner = owner_alive(path)
+        if owner is None:
+            with contextlib.suppress(OSError):
+                owner = time.time() - os.path.getmtime(path) < 60
+        if owner is False:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def own_directory(prefix: str) -> Iterator[str]:
+    """A temporary directory of this process's (named by its id, its owner's
+    lock held) for the block, removed after it; those of `prefix` whose
+    process is gone are removed first."""
+    import fcntl
+
+    sweep(prefix)
+    path = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    lock = open(os.path.join(path, _OWNER), "w")  # noqa: SIM115 - closed below
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        lock.close()

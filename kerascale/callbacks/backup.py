@@ -11,11 +11,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import time
 from typing import Any
 
-from kerascale import _fs
+from kerascale import _fs, _pids
 from kerascale import _validation as v
 from kerascale.apply import agreement as agreement_lib
 from kerascale.apply import keras_compat
@@ -402,7 +401,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             store.prune(self.directory, self.keep, frozenset(self._damaged))
             self._next_number += 1
         else:  # every worker takes part in the write; only the chief keeps it
-            with tempfile.TemporaryDirectory(prefix="kerascale-worker-") as tmp:
+            with _pids.own_directory("kerascale-worker-") as tmp:
                 path = store.publish(tmp, self._next_number, write, meta)
         self.save_seconds.append(time.perf_counter() - started)
         self.last_checkpoint = path

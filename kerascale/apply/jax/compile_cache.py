@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import glob
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 
 from kerascale import _pids
@@ -42,30 +40,11 @@ _PREFIX = "kerascale-xla-"
 def _process_directory() -> str:
     global _directory
     if _directory is None:
-        _remove_orphans()
+        _pids.sweep(_PREFIX)
         _directory = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
         _pids.hold(_directory)
         atexit.register(shutil.rmtree, _directory, True)
     return _directory
-
-
-def _remove_orphans() -> None:
-    """Removes the directories of processes that are gone (killed before
-    their exit could remove them: a SIGKILL, a SIGTERM passed on). A process
-    id that is not alive here may be another PID namespace's (a container
-    sharing this temporary directory): its owner's lock says whether it
-    lives; a directory without one is an older kerascale's, or one being
-    made (kept for its first minute)."""
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{_PREFIX}*-*")):
-        pid = os.path.basename(path)[len(_PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit() or _pids.alive(int(pid)):
-            continue
-        owner = _pids.owner_alive(path)
-        if owner is None:
-            with contextlib.suppress(OSError):
-                owner = time.time() - os.path.getmtime(path) < 60
-        if owner is False:
-            shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.contextmanager
