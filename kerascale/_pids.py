@@ -68,15 +68,18 @@ def sweep(prefix: str) -> None:
     that is not alive here may be another PID namespace's (a container
     sharing this temporary directory): its owner's lock says whether it
     lives; a directory without one is an older kerascale's, or one being
-    made (kept for its first minute)."""
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{prefix}*-*")):
-        pid = os.path.basename(path)[len(prefix) :].split("-", 1)[0]
-        if not pid.isdigit() or alive(int(pid)):
+    made (kept for its first minute); one named by no process (an older
+    kerascale's name) is removed after an hour."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{prefix}*")):
+        pid = os.path.basename(path)[len(prefix) :].split("-", 1)
+        named = len(pid) == 2 and pid[0].isdigit()
+        if named and alive(int(pid[0])):
             continue
         owner = owner_alive(path)
         if owner is None:
             with contextlib.suppress(OSError):
-                owner = time.time() - os.path.getmtime(path) < 60
+                age = time.time() - os.path.getmtime(path)
+                owner = age < (60 if named else 3600)
         if owner is False:
             shutil.rmtree(path, ignore_errors=True)
 
