@@ -15,7 +15,9 @@ For each model and precision, a fresh process runs `find_batch_size` under
 steps, each in a fresh process, bisect the truth: the largest batch whose
 real step's peak resident memory (VmHWM, what a container's limit and the
 OOM killer count) stays within the limit. The children are
-tests_jax/memory_child.py, which the test of the same bar uses.
+tests_jax/memory_child.py, which the suite's test uses too (with a looser
+bar, 0.75: the 0.9 goal is this benchmark's, and a run in the suite's
+two-at-a-time lane once sat at 0.89).
 Writes benchmarks/results/jax_batch_search.json (jax_batch_search_N.json
 with --devices N).
 """
