@@ -229,14 +229,11 @@ def test_a_grain_map_dataset_is_diagnosed_and_an_iter_dataset_refused():
     """A grain MapDataset is read by index, again and again, as a PyDataset
     is: it gets a verdict. An IterDataset is read once through: refused at
     the door, naming x."""
-    grain = pytest.importorskip("grain")
-    rng = np.random.default_rng(0)
-    samples = [
-        (rng.normal(size=64).astype("float32"), np.int32(i % 10)) for i in range(256)
-    ]
-    ds = grain.MapDataset.source(samples).batch(32, drop_remainder=True)
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    pytest.importorskip("grain")
+    import conformance
+
+    ds, _, _ = conformance.make_input("grain")
+    model = conformance.make_model()
     found = kerascale.diagnose(model, ds, steps=3, verbose=0, precision="float32")
     assert found.bound in ("input", "compute", "memory"), str(found)
     with pytest.raises(ConfigurationError, match="grain IterDataset is used up"):
