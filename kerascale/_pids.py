@@ -33,14 +33,23 @@ def alive(pid: Any) -> bool:
     return True
 
 
+def _lock(directory: str) -> Any:
+    """The open `.owner` file of `directory`, locked (`flock`) where the file
+    system allows it: where it does not (some network file systems), the
+    directory is still usable, only unmarked, and a sweep then goes by its
+    process id and age."""
+    import fcntl
+
+    f = open(os.path.join(directory, _OWNER), "w")  # noqa: SIM115 - the caller's
+    with contextlib.suppress(OSError):
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return f
+
+
 def hold(directory: str) -> None:
     """Marks `directory` as this living process's (an exclusive `flock` on
     its `.owner` file, kept until the process ends)."""
-    import fcntl
-
-    f = open(os.path.join(directory, _OWNER), "w")  # noqa: SIM115 - kept open
-    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    _held.append(f)
+    _held.append(_lock(directory))
 
 
 def owner_alive(directory: str) -> bool | None:
@@ -89,13 +98,10 @@ def own_directory(prefix: str) -> Iterator[str]:
     """A temporary directory of this process's (named by its id, its owner's
     lock held) for the block, removed after it; those of `prefix` whose
     process is gone are removed first."""
-    import fcntl
-
     sweep(prefix)
     path = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
-    lock = open(os.path.join(path, _OWNER), "w")  # noqa: SIM115 - closed below
+    lock = _lock(path)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
