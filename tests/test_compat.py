@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_multiworker import load, max_diff, run_cluster, run_single
+from test_multiworker import load, max_diff, run_cluster_and_single
 
 from kerascale.apply import keras_compat as compat
 
@@ -25,8 +25,7 @@ def test_upstream_code_is_the_code_the_fix_replaces():
 def test_two_workers_train_like_one_process(tmp_path):
     """Plain `model.fit` under a MultiWorkerMirroredStrategy the user made,
     with only the compat fix: as a user who brings their own strategy runs."""
-    run_cluster("compat", tmp_path)
-    run_single("compat", tmp_path)
+    run_cluster_and_single("compat", tmp_path)
     (w0, r0), (w1, r1), (ws, rs) = (
         load(tmp_path, "compat", n) for n in ("w0", "w1", "single")
     )

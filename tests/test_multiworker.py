@@ -109,6 +109,26 @@ def run_single(mode, out):
     assert single.returncode == 0, single.stderr[-3000:]
 
 
+def run_cluster_and_single(mode, out):
+    """`run_cluster` and `run_single` at once (each writes its own files):
+    the reference's start-up overlaps the cluster's."""
+    single = subprocess.Popen(
+        [sys.executable, str(CHILD), mode, "single", "-", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    try:
+        run_cluster(mode, out)
+    except BaseException:
+        single.kill()
+        single.wait()
+        raise
+    _, err = single.communicate(timeout=240)
+    assert single.returncode == 0, err[-3000:]
+
+
 def load(out, mode, name):
     saved = np.load(out / f"{mode}-{name}.npz")
     weights = [saved[k] for k in sorted(saved.files) if k != "results"]
@@ -127,8 +147,7 @@ def test_two_workers_fit_like_one_process(tmp_path):
     process with the same global batch and order; History, evaluate and
     predict too. Worker 1 initialises its model with another seed, so this
     also checks that the chief's weights reach every worker."""
-    run_cluster("fit", tmp_path)
-    run_single("fit", tmp_path)
+    run_cluster_and_single("fit", tmp_path)
     (w0, r0), (w1, r1), (ws, rs) = (
         load(tmp_path, "fit", n) for n in ("w0", "w1", "single")
     )
@@ -156,8 +175,7 @@ def test_workers_shuffle_arrays_alike(tmp_path):
     """Keras shuffles arrays with TensorFlow's global seed; the workers set
     different ones, and take the chief's, so together they see each sample
     once per epoch, in the order one process with the chief's seed sees."""
-    run_cluster("arrays", tmp_path)
-    run_single("arrays", tmp_path)
+    run_cluster_and_single("arrays", tmp_path)
     (w0, _), (w1, _), (ws, _) = (
         load(tmp_path, "arrays", n) for n in ("w0", "w1", "single")
     )

@@ -10,6 +10,9 @@
     python user_process_child.py fit BATCH
         Keras's own `model.fit` at BATCH on the same data and model, with
         nothing else done before; prints JSON with the peak (VmHWM).
+    python user_process_child.py fit BATCH 0 STOP_ABOVE
+        as above, but stops as soon as the peak passes STOP_ABOVE bytes (as
+        the OOM killer would), printing the peak so far.
 """
 
 import json
@@ -27,7 +30,25 @@ from probe_helpers import wide_mlp
 SAMPLES = 16384
 
 
-def main(mode, value, epochs=0):
+def stop_above(limit):
+    """Past `limit`, prints the peak and exits at once, from a thread."""
+    import threading
+    import time
+
+    from kerascale.sense import memory
+
+    def watch():
+        while True:
+            peak = memory.resident_peak_bytes()
+            if peak > limit:
+                print(json.dumps({"peak": peak, "stopped": True}), flush=True)
+                os._exit(0)
+            time.sleep(0.002)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main(mode, value, epochs=0, stop=0):
     from kerascale.sense import memory
 
     keras.utils.set_random_seed(0)
@@ -55,6 +76,8 @@ def main(mode, value, epochs=0):
         }
     memory.release_freed()  # as kerascale.fit does before it trains
     memory.reset_resident_peak()
+    if stop:
+        stop_above(stop)
     if epochs:  # a user's run: whole epochs (the peak grows with them)
         model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0)
     else:
@@ -64,4 +87,5 @@ def main(mode, value, epochs=0):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3], epochs=int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+    extra = [int(a) for a in sys.argv[3:5]]
+    main(*sys.argv[1:3], *extra)

@@ -8,11 +8,13 @@ tests_jax/test_compiled_search.py and benchmarks/jax_batch_search.py).
         the same search, then one real step at the batch found in this same
         process (as fit trains after planning): adds its peak resident
         memory (VmHWM) to the JSON as "peak".
-    python memory_child.py step MODEL POLICY BATCH
+    python memory_child.py step MODEL POLICY BATCH [STOP_ABOVE]
         two real training steps at BATCH (Keras's own fit on the arrays, the
         policy set as kerascale sets it: in place), then prints JSON with the
         process's peak resident memory (VmHWM), which is what a container's
-        limit and the kernel's OOM killer count.
+        limit and the kernel's OOM killer count. With STOP_ABOVE (bytes), it
+        stops as soon as that peak passes it, as the OOM killer would, and
+        prints the peak so far ("stopped": true).
 
 Both build the same model on the same data, held in memory as a user's
 process holds it (the truth is the process where fit trains: its data, and
@@ -75,7 +77,23 @@ def peak_resident():
     return None
 
 
-def main(mode, name, policy, value):
+def stop_above(limit):
+    """Watches the peak from a thread: past `limit`, prints it and exits at
+    once (the step's remaining seconds would tell nothing more)."""
+    import threading
+
+    def watch():
+        while True:
+            peak = peak_resident()
+            if peak > limit:
+                print(json.dumps({"peak": peak, "stopped": True}), flush=True)
+                os._exit(0)
+            time.sleep(0.002)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main(mode, name, policy, value, stop=None):
     import jax
 
     import kerascale
@@ -107,6 +125,8 @@ def main(mode, name, policy, value):
         print(json.dumps(answer))
         return
     batch = int(value)
+    if stop:
+        stop_above(int(stop))
     print(json.dumps({"batch": batch, "peak": step(model, x, y, policy, batch)}))
 
 
@@ -124,4 +144,4 @@ def step(model, x, y, policy, batch):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])
