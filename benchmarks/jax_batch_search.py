@@ -58,7 +58,8 @@ def truth(model, policy, limit, start):
     def fits(batch):
         nonlocal steps
         steps += 1
-        return child("step", model, policy, batch)["peak"] <= limit
+        # Stopped once over the limit (its steps would tell nothing more).
+        return child("step", model, policy, batch, limit)["peak"] <= limit
 
     low, high = start, None
     while not fits(low):

@@ -16,7 +16,8 @@ from typing import Any
 # released by the kernel when it dies, whatever PID namespace the reader is
 # in (a process id of another container's namespace is not visible here).
 _OWNER = ".owner"
-_held: list[Any] = []  # open for the life of this process
+_held: list[int] = []  # open for the life of this process (a descriptor: a
+# file object left open would warn, ResourceWarning, as the process ends)
 
 
 def alive(pid: Any) -> bool:
@@ -33,17 +34,17 @@ def alive(pid: Any) -> bool:
     return True
 
 
-def _lock(directory: str) -> Any:
-    """The open `.owner` file of `directory`, locked (`flock`) where the file
-    system allows it: where it does not (some network file systems), the
-    directory is still usable, only unmarked, and a sweep then goes by its
-    process id and age."""
+def _lock(directory: str) -> int:
+    """The open `.owner` file of `directory` (its descriptor), locked
+    (`flock`) where the file system allows it: where it does not (some
+    network file systems), the directory is still usable, only unmarked, and
+    a sweep then goes by its process id and age."""
     import fcntl
 
-    f = open(os.path.join(directory, _OWNER), "w")  # noqa: SIM115 - the caller's
+    fd = os.open(os.path.join(directory, _OWNER), os.O_WRONLY | os.O_CREAT, 0o600)
     with contextlib.suppress(OSError):
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return f
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
 
 
 def hold(directory: str) -> None:
@@ -105,4 +106,4 @@ def own_directory(prefix: str) -> Iterator[str]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-        lock.close()
+        os.close(lock)

@@ -120,9 +120,10 @@ def fit(
     # What the retry dropped is said once its first step is done: where it
     # fails the same way, the error is the model's own, and the warning would
     # blame what kerascale changed.
-    held = tuple(w for w in retry.plan.warnings if w not in decided.plan.warnings)
+    said = decided.plan.warnings  # warned by the first attempt: not again
+    held = tuple(w for w in retry.plan.warnings if w not in said)
     try:
-        return _train(deciding, retry, held=held)
+        return _train(deciding, retry, held=held, said=said)
     except session_lib.FirstStepFailed as failed:
         raise failed.error from None
 
@@ -151,11 +152,16 @@ def _plain_fit(
 
 
 def _train(
-    deciding: _Deciding, decided: Decided, *, held: tuple[str, ...] = ()
+    deciding: _Deciding,
+    decided: Decided,
+    *,
+    held: tuple[str, ...] = (),
+    said: tuple[str, ...] = (),
 ) -> keras.callbacks.History:
     """Applies `decided` on the one path, in a session that owns every
     change, and trains with Keras's own `fit`; the plan's warnings in `held`
-    are shown after the first step, not before."""
+    are shown after the first step, not before, and those in `said` (by an
+    attempt before) not again."""
     model, request = deciding.model, deciding.request
     with session_lib.Session() as session:
         prepared = session_lib.prepare(
@@ -176,7 +182,7 @@ def _train(
             full = request.options.verbose == 2
             print(plan.describe(warnings=False, full=full), flush=True)
         for w in plan.warnings:
-            if w not in held:
+            if w not in held and w not in said:
                 warn(w)
 
         def after_first_step() -> None:
