@@ -160,7 +160,6 @@ def test_a_broken_step_raises_as_plain_for_every_input(kind):
     (a generator passed as it is) said once, not again by the retry."""
     import conformance
 
-
     def broken():  # a fresh one each: on JAX a failed fit leaves it unusable
         inputs = keras.Input((conformance.FEATURES,))
         model = _BrokenStep(inputs, keras.layers.Dense(1)(inputs))

@@ -45,6 +45,23 @@ def test_tf_data_checkpoints_and_event_files_on_the_jax_backend(tmp_path):
     assert "did not fully read the dataset being cached" not in proc.stderr
 
 
+def test_a_cache_kerascale_adds_sees_no_stray_read_on_two_devices():
+    """Keras's JAX fit reads a batch to build the loss and metrics; kerascale
+    builds them from the element's spec where it added a cache(), on 2
+    devices (data-parallel) as on 1: TensorFlow's warning that the cache
+    was not fully read stays away."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    proc = subprocess.run(
+        [sys.executable, str(CHILD.with_name("jax_with_tf_2dev_child.py"))],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["replicas"] == 2 and "cache()" in found["changes"], found
+    assert "did not fully read the dataset being cached" not in proc.stderr
+
+
 def test_a_keras_hub_backbone_is_sharded_with_its_own_layout_map(tmp_path):
     env = {**os.environ, "KERAS_BACKEND": "jax", "KERASCALE_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run(
