@@ -590,6 +590,31 @@ def test_isolate_true_with_an_unshippable_model_says_why():
     assert _probe_dirs() == before
 
 
+def test_another_op_order_is_counted_as_one_more_largest_output_at_its_width():
+    """What another order of a step's ops holds: the largest layer output a
+    sample makes (nested models' layers too), 4 bytes an element in
+    float32, 2 in either 16-bit policy, 0 where no layer has a known shape."""
+    from kerascale.measure.fit_process import op_order_bytes
+
+    inner = keras.Sequential([keras.Input((8,)), keras.layers.Dense(300)])
+    inputs = keras.Input((8,))
+    outputs = keras.layers.Dense(2)(keras.layers.Dense(16)(inner(inputs)))
+    model = keras.Model(inputs, outputs)
+    assert op_order_bytes(model, "float32") == 300 * 4
+    assert op_order_bytes(model, "mixed_bfloat16") == 300 * 2
+    assert op_order_bytes(model, "mixed_float16") == 300 * 2
+    conv = keras.Sequential(
+        [keras.Input((32, 32, 3)), keras.layers.Conv2D(64, 3, padding="same")]
+    )
+    assert op_order_bytes(conv, "float32") == 32 * 32 * 64 * 4
+
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    assert op_order_bytes(Subclassed(), "float32") == 0
+
+
 @pytest.mark.parametrize(
     "spread,op_order", [(0.0, 0), (0.2, 0), (0.0, 4096), (0.2, 4096)]
 )

@@ -42,7 +42,7 @@ from kerascale.measure.probe import (
     train_probe,
 )
 from kerascale.sense import memory
-from kerascale.sense.model_facts import gist, largest_output_elements
+from kerascale.sense.model_facts import gist
 
 
 def _child_main(argv: list[str]) -> int:
@@ -187,8 +187,7 @@ def _child_setup(workdir: str, spec: ProbeSpec, element: Any, share: Any) -> Any
     # Loading built the optimizer's state, which the process where fit
     # trains builds in fit: the baseline leaves it out, so that it counts.
     unbuilt = 0 if spec.optimizer_built else _optimizer_bytes(model)
-    width = 2 if "16" in spec.policy else 4
-    activation = largest_output_elements(model) * width
+    activation = fit_process.op_order_bytes(model, spec.policy)
     # The child's process ends with the probe: nothing to undo, so the
     # session is left open on purpose.
     model = build_probe_model(Session(), model, spec, own_copy=True)
