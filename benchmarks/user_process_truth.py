@@ -2,7 +2,7 @@
 
     python benchmarks/user_process_truth.py [--limit 2GiB]
         [--backends tensorflow,jax] [--models mlp,cnn]
-        [--precisions float32,mixed_bfloat16]
+        [--precisions float32,mixed_bfloat16] [--epochs E]
 
 For each backend, model and precision, a user's script
 (`user_process_child.py`) holds its data as arrays, calls
@@ -14,7 +14,9 @@ report their peak: the largest batch whose peak stays under the limit in
 each of REPEATS runs. Beside
 it, the fresh-process truth the search answered for before (a process that
 holds one batch and nothing else). TensorFlow runs in `.venv`, JAX in
-`.venv-jax` (README's environments). Writes
+`.venv-jax` (README's environments). With --epochs E, the answer and the
+user's-process truth train E whole epochs, as a user's run does (its peak
+grows over the epochs), instead of 2 steps. Writes
 `benchmarks/results/user_process_truth.{json,md}`.
 """
 
@@ -33,7 +35,12 @@ CHILD = Path(__file__).with_name("user_process_child.py")
 PYTHON = {"tensorflow": ROOT / ".venv/bin/python", "jax": ROOT / ".venv-jax/bin/python"}
 
 
+EPOCHS = 0  # --epochs: whole epochs in the "fit" and "search-then-fit" runs
+
+
 def run(backend: str, *args: object) -> dict:
+    if EPOCHS and args[0] != "fresh":
+        args = (*args, EPOCHS)
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("XLA_FLAGS", None)
     done = subprocess.run(
@@ -101,8 +108,12 @@ def main() -> None:
     p.add_argument("--backends", default="tensorflow,jax")
     p.add_argument("--models", default="mlp,cnn")
     p.add_argument("--precisions", default="float32,mixed_bfloat16")
+    p.add_argument("--epochs", type=int, default=0, help="0: 2 steps")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = p.parse_args()
+    global EPOCHS
+    EPOCHS = args.epochs
+    name = "user_process_truth" + (f"_{EPOCHS}_epochs" if EPOCHS else "")
     limit = parse_bytes("limit", args.limit)
     rows = []
     for backend in args.backends.split(","):
@@ -134,10 +145,10 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "user_process_truth.json").write_text(json.dumps(rows, indent=2))
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
     lines = [
-        f"Batch search vs the truth where fit trains, limit {args.limit} "
-        f"({time.strftime('%Y-%m-%d')})",
+        f"Batch search vs the truth where fit trains, limit {args.limit}, "
+        f"{f'{EPOCHS} epochs' if EPOCHS else '2 steps'} ({time.strftime('%Y-%m-%d')})",
         "",
         "| backend | model | precision | answer | peak at answer (user's "
         "process) | truth, user's process | answer / truth | truth, fresh "
@@ -152,7 +163,7 @@ def main() -> None:
             f"{r['answer_vs_user_truth']} | {r['truth_fresh_process']} | "
             f"{r['search_seconds']} |"
         )
-    (out / "user_process_truth.md").write_text("\n".join(lines) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -223,3 +223,26 @@ def test_the_stateful_check_runs_once_per_dataset(monkeypatch):
     assert data_facts.stateful_reason(ds) == first and len(calls) == 1
     assert data_facts.stateful_reason(ds.batch(2)) and len(calls) == 2
     assert data_facts.stateful_reason(tf.data.Dataset.range(3)) is None
+
+
+def test_map_parallelization_is_named_only_where_a_map_runs_one_at_a_time():
+    """The plan names "map parallelization" where a `map` has no
+    `num_parallel_calls`; not for a map already parallel, nor where there is
+    no map (it was listed for every dataset)."""
+    base = tf.data.Dataset.range(64).map(lambda i: tf.cast(i, tf.float32))
+    x = tf.data.Dataset.range(64)
+    for ds, named in (
+        (base, True),
+        (x.map(lambda i: i * 2, num_parallel_calls=tf.data.AUTOTUNE), False),
+        (x.map(lambda i: i * 2, num_parallel_calls=2), False),
+        (x, False),
+    ):
+        facts = data_facts.inspect(ds.batch(8))
+        assert facts.sequential_map is named
+        # Below a batch, tf.data's option parallelizes the map: named so.
+        report = apply_data.optimize_report(ds.batch(8))
+        assert ("map parallelization" in report) is named, report
+        # At the top, optimize runs it in parallel itself, and says that.
+        report = apply_data.optimize_report(ds)
+        assert "map parallelization" not in report, report
+        assert ("parallel maps" in report) is named, report

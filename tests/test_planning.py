@@ -221,6 +221,8 @@ def test_batch_must_divide_across_replicas():
 
 def test_optimize_data_changes_are_recorded():
     p = plan_for(CPU_ONLY, data=DataFacts("dataset", True, 32))
+    assert p.data_changes == ("prefetch(AUTOTUNE)",)  # no map to parallelize
+    p = plan_for(CPU_ONLY, data=DataFacts("dataset", True, 32, sequential_map=True))
     assert p.data_changes == ("map parallelization", "prefetch(AUTOTUNE)")
     p = plan_for(gpu_box(2), data=DataFacts("dataset", True, 32))
     assert p.data_changes[-1] == "shard by data"

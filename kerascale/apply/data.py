@@ -28,6 +28,7 @@ from kerascale.sense.data_facts import (
     inspect,
     is_dataset,
     leading_dims,
+    sequential_map,
 )
 
 logger = logging.getLogger("kerascale")
@@ -214,7 +215,8 @@ def _finish(
         if not deterministic:
             changes.append("order not kept (deterministic=False)")
     ds = ds.with_options(options)
-    changes.append("map parallelization")
+    if sequential_map(ds):
+        changes.append("map parallelization")
     if not any(type(n).__name__ == "_PrefetchDataset" for n in chain(ds)[:2]):
         ds = ds.prefetch(tf.data.AUTOTUNE)
         changes.append("prefetch(AUTOTUNE)")

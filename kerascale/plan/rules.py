@@ -467,7 +467,9 @@ def _pipeline_changes(
     elif data.batch_size != global_batch:
         changes.append(f"rebatch({data.batch_size} -> {global_batch})")
     if options.optimize_data:
-        changes += ["map parallelization", "prefetch(AUTOTUNE)"]
+        if data.sequential_map:
+            changes.append("map parallelization")
+        changes.append("prefetch(AUTOTUNE)")
         if data.cacheable:
             changes.append("cache()")
         if replicas > 1:

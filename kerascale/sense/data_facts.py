@@ -61,6 +61,9 @@ class DataFacts:
             or ragged values), or "".
         held_out: Samples of arrays `validation_split` holds back (not in
             `num_samples`).
+        sequential_map: Whether a dataset maps a function one element at a
+            time (a `map` without `num_parallel_calls`), which tf.data's
+            map parallelization then runs in parallel.
     """
 
     kind: str
@@ -73,6 +76,7 @@ class DataFacts:
     splittable: bool = False
     unsplittable: str = ""
     held_out: int = 0
+    sequential_map: bool = False
 
     @property
     def measurable(self) -> bool:
@@ -305,6 +309,7 @@ def _inspect_dataset(
         from_files=reads_files(ds),
         cacheable=cacheable(ds)[0],
         unsplittable=f"your data holds a {composite[0]}" if composite else "",
+        sequential_map=sequential_map(ds),
     )
 
 
@@ -413,6 +418,13 @@ def has_map(x: Any) -> bool:
     if not is_dataset(x):
         return False
     return any("Map" in type(d).__name__ for d in chain(x))
+
+
+def sequential_map(x: Any) -> bool:
+    """Whether a dataset maps a function one element at a time (a `map`
+    without `num_parallel_calls`: its class is `_MapDataset`; a parallel
+    one's is `_ParallelMapDataset`)."""
+    return is_dataset(x) and any(type(d).__name__ == "_MapDataset" for d in chain(x))
 
 
 def cacheable(ds: tf.data.Dataset, budget: int | None = None) -> tuple[bool, str]:
