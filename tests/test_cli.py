@@ -57,8 +57,10 @@ def test_unknown_command_exits_2(capsys):
 def test_python_dash_m_and_console_script_entry():
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TF_CONFIG", None)
+    # What the `kerascale` command runs (pyproject's [project.scripts]).
+    entry = "import sys, kerascale_cli; sys.exit(kerascale_cli.main())"
     proc = subprocess.run(
-        [sys.executable, "-m", "kerascale", "doctor", "--json"],
+        [sys.executable, "-c", entry, "doctor", "--json"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -66,6 +68,38 @@ def test_python_dash_m_and_console_script_entry():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["default_plan"]["strategy"] == "default"
+
+
+def test_help_and_version_answer_without_keras_or_a_backend():
+    """`kerascale --help` (and --version, and a subcommand's --help) parse
+    the command line without importing the package, so without Keras and
+    TensorFlow or JAX (3.7 s before, 0.04 s now); every flag has its help."""
+    code = (
+        "import sys, kerascale_cli\n"
+        "for argv in (['--help'], ['--version'], ['find-batch', '--help']):\n"
+        "    try:\n"
+        "        kerascale_cli.main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, (argv, e.code)\n"
+        "heavy = ('keras', 'tensorflow', 'jax', 'kerascale')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage: kerascale" in proc.stdout
+    assert kerascale.__version__ in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "['kerascale.cli']"
+    undocumented = [
+        (name, action.option_strings or action.dest)
+        for name, sub in cli.build_parser()
+        ._subparsers._group_actions[0]
+        .choices.items()
+        for action in sub._actions
+        if not action.help
+    ]
+    assert undocumented == []
 
 
 def _save_dense(path):
