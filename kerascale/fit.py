@@ -117,10 +117,10 @@ def fit(
             raise failed.error from None
     # A generator yields again what the failed attempt read of it.
     deciding.x = first_batch.replay(deciding.x)
-    # What the retry dropped is said once its first step is done: where it
+    # What the retry dropped is said once its first step is done (where it
     # fails the same way, the error is the model's own, and the warning would
-    # blame what kerascale changed.
-    said = decided.plan.warnings  # warned by the first attempt: not again
+    # blame kerascale); what the first attempt said is not said again.
+    said = decided.plan.warnings
     held = tuple(w for w in retry.plan.warnings if w not in said)
     try:
         return _train(deciding, retry, held=held, said=said)

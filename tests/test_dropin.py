@@ -11,6 +11,7 @@ import sys
 import textwrap
 import warnings
 
+import broken_step
 import keras
 import numpy as np
 import pytest
@@ -149,35 +150,14 @@ def test_a_step_that_fails_on_its_own_raises_its_error_without_blaming_kerascale
 
 class _BrokenStep(keras.Model):
     def train_step(self, data):
-        raise ValueError("my train_step is broken")
+        raise ValueError(broken_step.MESSAGE)
 
 
-@pytest.mark.parametrize("kind", ["arrays", "pydataset", "generator", "grain"])
+@pytest.mark.parametrize("kind", broken_step.KINDS)
 def test_a_broken_step_raises_as_plain_for_every_input(kind):
-    """The retry holds its warnings until a step has run, whatever the
-    input: a step broken on its own raises its error, as plain `fit` does,
-    with no warning that blames kerascale's choices, and what the plan said
-    (a generator passed as it is) said once, not again by the retry."""
-    import conformance
-
-    def broken():  # a fresh one each: on JAX a failed fit leaves it unusable
-        inputs = keras.Input((conformance.FEATURES,))
-        model = _BrokenStep(inputs, keras.layers.Dense(1)(inputs))
-        model.compile(optimizer="sgd", loss="mse")
-        return model
-
-    x, y, kwargs = conformance.make_input(kind)
-    with pytest.raises(ValueError, match="my train_step is broken"):
-        broken().fit(x, y, verbose=0, **kwargs)
-    model = broken()
-    x, y, kwargs = conformance.make_input(kind)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(ValueError, match="my train_step is broken"):
-            kerascale.fit(model, x, y, verbose=0, **kwargs)
-    said = [str(w.message) for w in caught if w.category is kerascale.KerascaleWarning]
-    assert not [w for w in said if "failed" in w], said
-    assert len(said) == len(set(said)), said
+    """tests_common/broken_step.py: the retry holds its warnings until a
+    step has run, whatever the input."""
+    broken_step.check(kind, _BrokenStep)
 
 
 def test_a_failing_search_probe_is_tried_again_in_float32(no_budget, bf16_cpu):

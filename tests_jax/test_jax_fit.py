@@ -6,6 +6,7 @@ import sys
 import time
 import warnings
 
+import broken_step
 import jax
 import keras
 import numpy as np
@@ -449,36 +450,14 @@ def test_a_second_kerascale_fit_in_float32_traces_nothing_again():
 
 class _BrokenStep(keras.Model):
     def train_step(self, state, data):
-        raise ValueError("my train_step is broken")
+        raise ValueError(broken_step.MESSAGE)
 
 
-@pytest.mark.parametrize("kind", ["arrays", "pydataset", "generator", "grain"])
+@pytest.mark.parametrize("kind", broken_step.KINDS)
 def test_a_broken_step_raises_as_plain_for_every_input(kind):
-    """The retry holds its warnings until a step has run, whatever the
-    input (on 2 devices too): a step broken on its own raises its error, as
-    plain `fit` does, with no warning that blames kerascale's choices, and
-    each of the plan's warnings said once."""
-    import conformance
-
-
-    def broken():  # a fresh one each: on JAX a failed fit leaves it unusable
-        inputs = keras.Input((conformance.FEATURES,))
-        model = _BrokenStep(inputs, keras.layers.Dense(1)(inputs))
-        model.compile(optimizer="sgd", loss="mse")
-        return model
-
-    x, y, kwargs = conformance.make_input(kind)
-    with pytest.raises(ValueError, match="my train_step is broken"):
-        broken().fit(x, y, verbose=0, **kwargs)
-    model = broken()
-    x, y, kwargs = conformance.make_input(kind)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(ValueError, match="my train_step is broken"):
-            kerascale.fit(model, x, y, verbose=0, **kwargs)
-    said = [str(w.message) for w in caught if w.category is kerascale.KerascaleWarning]
-    assert not [w for w in said if "failed" in w], said
-    assert len(said) == len(set(said)), said
+    """tests_common/broken_step.py: the retry holds its warnings until a
+    step has run, whatever the input (on 2 devices too)."""
+    broken_step.check(kind, _BrokenStep)
 
 
 def test_the_trainer_pattern_trains_and_a_tensorflow_style_step_fails_as_plain():
