@@ -117,9 +117,8 @@ def fit(
             raise failed.error from None
     # A generator yields again what the failed attempt read of it.
     deciding.x = first_batch.replay(deciding.x)
-    # What the retry dropped is said once its first step is done (where it
-    # fails the same way, the error is the model's own, and the warning would
-    # blame kerascale); what the first attempt said is not said again.
+    # What the retry dropped is said after its first step (failing the same
+    # way, the error is the model's own); what the first attempt said, never.
     said = decided.plan.warnings
     held = tuple(w for w in retry.plan.warnings if w not in said)
     try:
