@@ -85,6 +85,10 @@ def main(mode, name, policy, value, epochs=0):
         out["memory"] = r.reasons.get("memory", "")
     else:
         batch = int(value)
+        # What kerascale does in the process where fit trains, where a
+        # resident limit counts it (memory.fix_mmap_threshold): the truth of
+        # a batch is that process's.
+        memory.fix_mmap_threshold()
     precision.apply(model, policy)
     memory.release_freed()  # as kerascale.fit does before it trains
     out["resident_before_fit"] = memory.resident_bytes()

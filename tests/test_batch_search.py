@@ -590,6 +590,36 @@ def test_isolate_true_with_an_unshippable_model_says_why():
     assert _probe_dirs() == before
 
 
+def test_a_fixed_mmap_threshold_hands_freed_buffers_back_at_once():
+    """For real, in a fresh process: once a 16 MiB buffer is freed, glibc
+    keeps 1 MiB buffers on its heap, and 199 of 200 freed stay resident
+    behind the last; with the threshold fixed (as the probes and the process
+    where fit trains have it under a resident limit), each is handed back
+    as it is freed."""
+    code = (
+        "import json\n"
+        "from kerascale.sense import memory\n"
+        "def held():\n"
+        "    big = bytearray(16 << 20)\n"
+        "    del big\n"
+        "    before = memory.resident_bytes()\n"
+        "    chunks = [bytearray(1 << 20) for _ in range(200)]\n"
+        "    del chunks[:-1]  # the last keeps the heap's top\n"
+        "    return (memory.resident_bytes() - before) >> 20, chunks\n"
+        "assert not memory.mmap_threshold_fixed()\n"
+        "sliding, kept = held()\n"
+        "assert memory.fix_mmap_threshold() and memory.mmap_threshold_fixed()\n"
+        "fixed, kept = held()\n"
+        "print(json.dumps([sliding, fixed]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    sliding, fixed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sliding >= 150 and fixed <= 20, (sliding, fixed)
+
+
 def test_another_op_order_is_counted_as_one_more_largest_output_at_its_width():
     """What another order of a step's ops holds: the largest layer output a
     sample makes (nested models' layers too), 4 bytes an element in

@@ -74,6 +74,9 @@ def main(mode, value, epochs=0, stop=0):
             "probes": len(r.probes),
             "reasons": r.reasons,
         }
+    # As kerascale does in the process where fit trains under a resident
+    # limit (the search did it in search-then-fit).
+    memory.fix_mmap_threshold()
     memory.release_freed()  # as kerascale.fit does before it trains
     memory.reset_resident_peak()
     if stop:

@@ -343,6 +343,11 @@ class IsolatedProber:
         for name in ("TF_CONFIG", "CLUSTER_SPEC"):
             env.pop(name, None)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if memory.mmap_threshold_fixed():
+            # As in this process, where fit trains (fixed where a resident
+            # limit counts it): a probe of several batches then peaks at each
+            # as a fresh process does, and the training as the probe did.
+            env["MALLOC_MMAP_THRESHOLD_"] = str(memory.MMAP_THRESHOLD)
         # Absolute: the child runs in its own directory.
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in sys.path if p)
         limit = 0 if self.spec.on_gpu or not limit else limit

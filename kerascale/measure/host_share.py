@@ -153,6 +153,10 @@ def measure(
         batches: Two global batch sizes to read the input at.
         shuffle: `fit`'s `shuffle` for arrays.
     """
+    if counts_resident:
+        # The probes run with it fixed too (child.py): the process where fit
+        # trains then reaches a probe's peak, not more.
+        memory.fix_mmap_threshold()
     memory.release_freed()
     resident = (memory.resident_bytes() or 0) if counts_resident else 0
     copies = backend_lib.traits(plan.backend).feeds_datasets
