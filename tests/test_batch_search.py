@@ -423,6 +423,7 @@ def test_real_resident_memory_limit_in_child_processes(tmp_path):
     assert reasons["isolate"] == "each probe in a child process"
     assert reasons["memory"].startswith("resident memory (RSS) of child processes")
     assert "measured in the probes on arrays of their shapes" in reasons["memory"]
+    assert "glibc's mmap threshold fixed" in reasons["memory"]  # glibc here
     assert reasons["limit"] == "memory_limit you passed"
     lo, hi = found["fits"], found["fails"]
     assert hi is not None and 0 < hi - lo <= max(found["granularity"], 0.01 * lo)

@@ -343,7 +343,7 @@ class IsolatedProber:
         for name in ("TF_CONFIG", "CLUSTER_SPEC"):
             env.pop(name, None)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        if memory.mmap_threshold_fixed():
+        if self.spec.share().resident and memory.mmap_threshold_fixed():
             # As in this process, where fit trains (fixed where a resident
             # limit counts it): a probe of several batches then peaks at each
             # as a fresh process does, and the training as the probe did.
