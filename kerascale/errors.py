@@ -41,11 +41,16 @@ class BatchSizeSearchError(KerascaleError, RuntimeError):
     Attributes:
         out_of_memory: True when even the smallest batch ran out of memory,
             False when a probe failed for another reason.
+        probe_message: The failed probe's own message, where a probe failed
+            for a reason other than memory; else "".
     """
 
-    def __init__(self, message: str = "", *, out_of_memory: bool = False):
+    def __init__(
+        self, message: str = "", *, out_of_memory: bool = False, probe_message=""
+    ):
         super().__init__(message)
         self.out_of_memory = out_of_memory
+        self.probe_message = probe_message
 
 
 class CheckpointError(KerascaleError, RuntimeError):

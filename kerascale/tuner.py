@@ -389,7 +389,7 @@ def _out_of_memory(e: BaseException) -> bool:
 
     if is_oom_exception(e):  # TensorFlow's ResourceExhaustedError, JAX's
         return True
-    return isinstance(e, BatchSizeSearchError) and "runs out of memory" in str(e)
+    return isinstance(e, BatchSizeSearchError) and e.out_of_memory
 
 
 def _objectives(objective: Any) -> list:

@@ -1,5 +1,4 @@
 import dataclasses
-import glob
 import json
 import os
 import random
@@ -263,18 +262,29 @@ def test_find_batch_size_validates_at_the_door(kwargs, match):
 # --- Real probes -------------------------------------------------------------------
 
 
-def _probe_dirs():
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "kerascale-probe-*")))
+@pytest.fixture
+def probe_dirs_made(monkeypatch):
+    """The probe directories this process makes (another process's, a
+    search beside this test, would race a listing of the temp dir)."""
+    made, real = [], tempfile.mkdtemp
+
+    def recording(*args, **kwargs):
+        path = real(*args, **kwargs)
+        if os.path.basename(path).startswith("kerascale-probe-"):
+            made.append(path)
+        return path
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recording)
+    return made
 
 
-def test_in_process_search_has_no_side_effects():
+def test_in_process_search_has_no_side_effects(probe_dirs_made):
     x, y = toy_data(256)
     model = dense_model(optimizer="adam")
     model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # optimizer state exists
     weights = [w.copy() for w in model.get_weights()]
     opt_vars = [v.numpy().copy() for v in model.optimizer.variables]
     py_state, np_state = random.getstate(), np.random.get_state()
-    before_dirs = _probe_dirs()
     r = kerascale.find_batch_size(
         model,
         x,
@@ -299,7 +309,7 @@ def test_in_process_search_has_no_side_effects():
     assert random.getstate() == py_state
     assert np.all(np.random.get_state()[1] == np_state[1])
     assert model.layers[1].dtype_policy.name == "float32"
-    assert _probe_dirs() == before_dirs
+    assert probe_dirs_made == []
 
 
 def test_in_process_soft_limit_counts_as_oom():
@@ -573,7 +583,7 @@ def test_crash_summary_picks_the_telling_line():
     assert child._stderr_summary("") == "no output"
 
 
-def test_isolate_true_with_an_unshippable_model_says_why():
+def test_isolate_true_with_an_unshippable_model_says_why(probe_dirs_made):
     class Local(keras.layers.Layer):
         def call(self, x):
             return x
@@ -582,13 +592,12 @@ def test_isolate_true_with_an_unshippable_model_says_why():
     model = keras.Model(inputs, keras.layers.Dense(2)(Local()(inputs)))
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     x, y = toy_data(32)
-    before = _probe_dirs()
     with pytest.raises(
         kerascale.BatchSizeSearchError,
         match=r"cannot be probed in a child process: .*defined inside a function",
     ):
         kerascale.find_batch_size(model, x, y, isolate=True, verbose=0, cache=False)
-    assert _probe_dirs() == before
+    assert not [d for d in probe_dirs_made if os.path.exists(d)]
 
 
 def test_a_fixed_mmap_threshold_hands_freed_buffers_back_at_once():

@@ -423,7 +423,7 @@ def _probe(
                 first=first,
             )
         except BatchSizeSearchError as e:
-            if not str(e).startswith("Even a batch of 1"):
+            if not e.out_of_memory:
                 raise
             baseline = prober.baseline_bytes()
             if hw.accelerator == "gpu":

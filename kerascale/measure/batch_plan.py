@@ -166,5 +166,4 @@ def searched(args: tuple, run: dict[str, Any], force: bool) -> BatchSearchResult
     except BatchSizeSearchError as e:
         if force or e.out_of_memory:
             raise
-        body = str(e).split(":\n", 1)[-1]  # the probe's own message
-        raise ProbeFailed(gist(RuntimeError(body))) from e
+        raise ProbeFailed(gist(RuntimeError(e.probe_message or str(e)))) from e

@@ -134,7 +134,8 @@ class _Search:
             raise BatchSizeSearchError(
                 f"The probe at batch {r.batch} failed for a reason other than "
                 "memory, so the search stopped (the batch was not shrunk):\n"
-                f"{r.message}"
+                f"{r.message}",
+                probe_message=r.message,
             )
         if r.outcome == OK:
             self.lo = max(self.lo, r.batch)
