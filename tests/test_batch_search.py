@@ -8,6 +8,7 @@ import tempfile
 import types
 from pathlib import Path
 
+import fresh_process
 import keras
 import numpy as np
 import pytest
@@ -622,11 +623,7 @@ def test_a_fixed_mmap_threshold_hands_freed_buffers_back_at_once():
         "fixed, kept = held()\n"
         "print(json.dumps([sliding, fixed]))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    sliding, fixed = json.loads(done.stdout.strip().splitlines()[-1])
+    sliding, fixed = fresh_process.last_json(code)
     assert sliding >= 150 and fixed <= 20, (sliding, fixed)
 
 

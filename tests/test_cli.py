@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 
+import fresh_process
 import pytest
 
 import kerascale
@@ -84,13 +85,10 @@ def test_help_and_version_answer_without_keras_or_a_backend():
         "heavy = ('keras', 'tensorflow', 'jax', 'kerascale')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "usage: kerascale" in proc.stdout
-    assert kerascale.__version__ in proc.stdout
-    assert proc.stdout.strip().splitlines()[-1] == "['kerascale.cli']"
+    out = fresh_process.run(code, timeout=60)
+    assert "usage: kerascale" in out
+    assert kerascale.__version__ in out
+    assert out.strip().splitlines()[-1] == "['kerascale.cli']"
     undocumented = [
         (name, action.option_strings or action.dest)
         for name, sub in cli.build_parser()

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fresh_process
 import keras
 import numpy as np
 import pytest
@@ -338,11 +339,7 @@ def test_freed_heap_is_handed_back_to_the_kernel():
         "released = memory.release_freed()\n"
         "print(json.dumps([before, memory.resident_bytes(), released]))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    before, after, released = json.loads(done.stdout.strip().splitlines()[-1])
+    before, after, released = fresh_process.last_json(code)
     assert released
     assert before - after > 150 * 2**20, (before, after)
 
