@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import fresh_process
 import keras
 import numpy as np
 import pytest
@@ -339,6 +338,10 @@ def test_freed_heap_is_handed_back_to_the_kernel():
         "released = memory.release_freed()\n"
         "print(json.dumps([before, memory.resident_bytes(), released]))\n"
     )
+    # Imported here: a script of this suite imports this module without
+    # tests_common on its path (test_a_second_run_of_the_script_reads_the_cache).
+    import fresh_process
+
     before, after, released = fresh_process.last_json(code)
     assert released
     assert before - after > 150 * 2**20, (before, after)
