@@ -57,3 +57,19 @@ def format_bytes(n: float | None) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def dtype_bytes(dtype: Any) -> int:
+    """The bytes of one element of `dtype` (a name, a NumPy or framework
+    dtype): NumPy's itemsize, with bfloat16 and the float8 kinds from
+    ml_dtypes (a Keras dependency), which NumPy does not know by name."""
+    import numpy as np
+
+    for each in (dtype, getattr(dtype, "name", None) or str(dtype)):
+        try:
+            return np.dtype(each).itemsize
+        except TypeError:
+            continue
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, each)).itemsize

@@ -10,26 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
-
-def _read_version() -> str:
-    """kerascale/_version.py's version, read from the file: importing
-    `kerascale._version` imports the package (Keras and its backend, seconds),
-    which --help and --version do not need (`kerascale_cli` runs this module
-    without it)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_version.py")
-    with open(path, encoding="utf-8") as f:
-        found = re.search(r'^__version__ = "([^"]+)"', f.read(), re.MULTILINE)
-    return found.group(1) if found else "unknown"
-
-
-__version__ = _read_version()
+# kerascale_cli loads this module and kerascale/_version.py from their files,
+# without the package (Keras and its backend), for --help and --version.
+from kerascale._version import __version__
 
 # plan.scaling.INTERCONNECTS' kinds (kept here: the parser imports nothing heavy)
 INTERCONNECT_KINDS = ("cpu", "gpu", "network", "tpu")

@@ -46,7 +46,11 @@ class BatchSizeSearchError(KerascaleError, RuntimeError):
     """
 
     def __init__(
-        self, message: str = "", *, out_of_memory: bool = False, probe_message=""
+        self,
+        message: str = "",
+        *,
+        out_of_memory: bool = False,
+        probe_message: str = "",
     ):
         super().__init__(message)
         self.out_of_memory = out_of_memory

@@ -12,19 +12,28 @@ import sys
 from collections.abc import Sequence
 
 
-def _cli():
-    loaded = sys.modules.get("kerascale.cli")
+def _load(name: str) -> object:
+    """`kerascale.<name>` from its file, registered under its name, without
+    running the package's `__init__` (an import of `kerascale.<name>` then
+    finds it, and imports nothing more)."""
+    full = f"kerascale.{name}"
+    loaded = sys.modules.get(full)
     if loaded is not None:
         return loaded
     # find_spec of a top-level package locates it without running it.
     (where,) = importlib.util.find_spec("kerascale").submodule_search_locations
     spec = importlib.util.spec_from_file_location(
-        "kerascale.cli", os.path.join(where, "cli.py")
+        full, os.path.join(where, f"{name}.py")
     )
     module = importlib.util.module_from_spec(spec)
-    sys.modules["kerascale.cli"] = module
+    sys.modules[full] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _cli():
+    _load("_version")  # what cli.py imports at its top
+    return _load("cli")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

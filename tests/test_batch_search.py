@@ -232,6 +232,19 @@ def test_parse_bytes_rejects(bad):
         _units.parse_bytes("memory_limit", bad)
 
 
+def test_dtype_bytes_knows_every_width_by_name_or_dtype():
+    """One width for the op-order allowance and the sharding estimate
+    (which guessed 2 bytes for anything not 32-bit, float64 included)."""
+    import tensorflow as tf
+
+    widths = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int8": 1}
+    for name, width in widths.items():
+        assert _units.dtype_bytes(name) == width
+        assert _units.dtype_bytes(tf.as_dtype(name)) == width
+    assert _units.dtype_bytes("float8_e4m3fn") == 1
+    assert _units.dtype_bytes(np.float32) == 4
+
+
 # --- find_batch_size: validation ---------------------------------------------------
 
 

@@ -88,7 +88,7 @@ def test_help_and_version_answer_without_keras_or_a_backend():
     out = fresh_process.run(code, timeout=60)
     assert "usage: kerascale" in out
     assert kerascale.__version__ in out
-    assert out.strip().splitlines()[-1] == "['kerascale.cli']"
+    assert out.strip().splitlines()[-1] == "['kerascale._version', 'kerascale.cli']"
     undocumented = [
         (name, action.option_strings or action.dest)
         for name, sub in cli.build_parser()

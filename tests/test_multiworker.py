@@ -98,35 +98,37 @@ def _run_cluster_once(mode, out, *extra, timeout):
     return outputs
 
 
-def run_single(mode, out):
-    single = subprocess.run(
-        [sys.executable, str(CHILD), mode, "single", "-", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=ENV,
-    )
-    assert single.returncode == 0, single.stderr[-3000:]
-
-
-def run_cluster_and_single(mode, out):
-    """`run_cluster` and `run_single` at once (each writes its own files):
-    the reference's start-up overlaps the cluster's."""
-    single = subprocess.Popen(
+def start_single(mode, out):
+    """The one-process reference of `mode`, started."""
+    return subprocess.Popen(
         [sys.executable, str(CHILD), mode, "single", "-", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=ENV,
     )
+
+
+def finish_single(single):
+    _, err = single.communicate(timeout=240)
+    assert single.returncode == 0, err[-3000:]
+
+
+def run_single(mode, out):
+    finish_single(start_single(mode, out))
+
+
+def run_cluster_and_single(mode, out):
+    """`run_cluster` and `run_single` at once (each writes its own files):
+    the reference's start-up overlaps the cluster's."""
+    single = start_single(mode, out)
     try:
         run_cluster(mode, out)
     except BaseException:
         single.kill()
         single.wait()
         raise
-    _, err = single.communicate(timeout=240)
-    assert single.returncode == 0, err[-3000:]
+    finish_single(single)
 
 
 def load(out, mode, name):

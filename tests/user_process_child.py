@@ -25,27 +25,11 @@ import keras
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests_common"))
+import peak_watch
 from probe_helpers import wide_mlp
 
 SAMPLES = 16384
-
-
-def stop_above(limit):
-    """Past `limit`, prints the peak and exits at once, from a thread."""
-    import threading
-    import time
-
-    from kerascale.sense import memory
-
-    def watch():
-        while True:
-            peak = memory.resident_peak_bytes()
-            if peak > limit:
-                print(json.dumps({"peak": peak, "stopped": True}), flush=True)
-                os._exit(0)
-            time.sleep(0.002)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 def main(mode, value, epochs=0, stop=0):
@@ -80,7 +64,7 @@ def main(mode, value, epochs=0, stop=0):
     memory.release_freed()  # as kerascale.fit does before it trains
     memory.reset_resident_peak()
     if stop:
-        stop_above(stop)
+        peak_watch.stop_above(stop)
     if epochs:  # a user's run: whole epochs (the peak grows with them)
         model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0)
     else:

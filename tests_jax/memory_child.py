@@ -37,6 +37,9 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 import keras
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests_common"))
+import peak_watch
+
 SAMPLES = 16_384
 
 
@@ -77,22 +80,6 @@ def peak_resident():
     return None
 
 
-def stop_above(limit):
-    """Watches the peak from a thread: past `limit`, prints it and exits at
-    once (the step's remaining seconds would tell nothing more)."""
-    import threading
-
-    def watch():
-        while True:
-            peak = peak_resident()
-            if peak > limit:
-                print(json.dumps({"peak": peak, "stopped": True}), flush=True)
-                os._exit(0)
-            time.sleep(0.002)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def main(mode, name, policy, value, stop=None):
     import jax
 
@@ -126,7 +113,7 @@ def main(mode, name, policy, value, stop=None):
         return
     batch = int(value)
     if stop:
-        stop_above(int(stop))
+        peak_watch.stop_above(int(stop))
     print(json.dumps({"batch": batch, "peak": step(model, x, y, policy, batch)}))
 
 

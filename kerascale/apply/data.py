@@ -27,6 +27,7 @@ from kerascale.sense.data_facts import (
     chain,
     inspect,
     is_dataset,
+    is_sequential_map,
     leading_dims,
     sequential_map,
 )
@@ -46,7 +47,7 @@ def parallel_maps(ds: tf.data.Dataset) -> tf.data.Dataset:
     unexpected leaves `ds` unchanged.
     """
     maps, base = [], ds
-    while type(base).__name__ == "_MapDataset":
+    while is_sequential_map(base):
         maps.append(base)
         base = tfc.dataset_input(base)
     if not maps:

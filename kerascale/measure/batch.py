@@ -24,7 +24,6 @@ from kerascale.measure.probe import ProbeResult, ProbeSpec
 from kerascale.measure.result import BatchSearchResult, describe_probe
 from kerascale.measure.search import MODES, granularity_for, ladder, search
 from kerascale.plan import strategy as strategy_rules
-from kerascale.sense import memory as memory_lib
 from kerascale.sense import samples
 from kerascale.sense.model_facts import is_builder
 
@@ -217,7 +216,7 @@ def _reported(
         + (f", counting {share.why}" if share.why else "")
         + (
             "; glibc's mmap threshold fixed at 128 KiB here and in the probes"
-            if share.resident and memory_lib.mmap_threshold_fixed()
+            if share.threshold_fixed
             else ""
         ),
         "search": f"{len(found.probes)} probes, {seconds:.0f}s, {memory.measured}",

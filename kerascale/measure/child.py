@@ -343,10 +343,10 @@ class IsolatedProber:
         for name in ("TF_CONFIG", "CLUSTER_SPEC"):
             env.pop(name, None)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        if self.spec.share().resident and memory.mmap_threshold_fixed():
-            # As in this process, where fit trains (fixed where a resident
-            # limit counts it): a probe of several batches then peaks at each
-            # as a fresh process does, and the training as the probe did.
+        if self.spec.share().threshold_fixed:
+            # As in this process, where fit trains: a probe of several
+            # batches then peaks at each as a fresh process does, and the
+            # training as the probe did.
             env["MALLOC_MMAP_THRESHOLD_"] = str(memory.MMAP_THRESHOLD)
         # Absolute: the child runs in its own directory.
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in sys.path if p)

@@ -28,18 +28,16 @@ LONG_RUN_SPREAD = 0.2
 # outputs at its batch (or the long run's spread, where that is more).
 
 
-_WIDTHS = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
-
-
 def op_order_bytes(model: Any, policy: str) -> int:
     """The bytes one sample puts in the model's largest layer output, at the
     width of `policy`'s compute dtype (mixed_bfloat16's outputs are bf16):
     what another order of a step's ops holds, per sample."""
     import keras
 
+    from kerascale._units import dtype_bytes
     from kerascale.sense.model_facts import largest_output_elements
 
-    width = _WIDTHS.get(keras.DTypePolicy(policy).compute_dtype, 4)
+    width = dtype_bytes(keras.DTypePolicy(policy).compute_dtype)
     return largest_output_elements(model) * width
 
 

@@ -77,6 +77,13 @@ class HostShare:
     def measured(self) -> bool:
         return bool(self.why)
 
+    @property
+    def threshold_fixed(self) -> bool:
+        """Whether this process's resident memory counts and glibc's mmap
+        threshold is fixed in it (`measure`): its probes then run with it
+        fixed too, and the search's reason says so."""
+        return bool(self.resident) and memory.mmap_threshold_fixed()
+
     def offset(self, global_batch: int, child_base: int) -> int:
         """Bytes to add to a child's resident memory (`child_base` before
         its first batch) for the process where `fit` trains; 0 where

@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kerascale._units import format_bytes
+from kerascale._units import dtype_bytes, format_bytes
 
 BATCH_AXIS = "batch"
 MODEL_AXIS = "model"
@@ -152,13 +152,7 @@ def plan_field(strategy: Any) -> dict[str, Any]:
 
 def variable_bytes(variable: Any) -> int:
     """The bytes of a variable (or its gradient) in its own dtype."""
-    import numpy as np
-
-    try:
-        itemsize = np.dtype(str(variable.dtype)).itemsize
-    except TypeError:  # a dtype NumPy does not know without ml_dtypes
-        itemsize = 4 if "32" in str(variable.dtype) else 2
-    return math.prod(variable.shape) * itemsize
+    return math.prod(variable.shape) * dtype_bytes(variable.dtype)
 
 
 def meshes(devices: int) -> list[tuple[int, int]]:

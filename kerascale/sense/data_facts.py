@@ -420,11 +420,16 @@ def has_map(x: Any) -> bool:
     return any("Map" in type(d).__name__ for d in chain(x))
 
 
+def is_sequential_map(node: Any) -> bool:
+    """Whether one dataset of a chain is a `map` without `num_parallel_calls`
+    (its class is `_MapDataset`; a parallel one's is `_ParallelMapDataset`)."""
+    return type(node).__name__ == "_MapDataset"
+
+
 def sequential_map(x: Any) -> bool:
-    """Whether a dataset maps a function one element at a time (a `map`
-    without `num_parallel_calls`: its class is `_MapDataset`; a parallel
-    one's is `_ParallelMapDataset`)."""
-    return is_dataset(x) and any(type(d).__name__ == "_MapDataset" for d in chain(x))
+    """Whether a dataset maps a function one element at a time somewhere in
+    its chain."""
+    return is_dataset(x) and any(is_sequential_map(d) for d in chain(x))
 
 
 def cacheable(ds: tf.data.Dataset, budget: int | None = None) -> tuple[bool, str]:

@@ -92,7 +92,9 @@ MMAP_THRESHOLD = 128 << 10
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
-@functools.cache
+_mmap_fixed: bool | None = None  # None: not tried in this process
+
+
 def fix_mmap_threshold() -> bool:
     """Fixes glibc's mmap threshold at its default, 128 KiB, for the rest of
     this process (`mallopt`), as `MALLOC_MMAP_THRESHOLD_` does at a
@@ -108,19 +110,24 @@ def fix_mmap_threshold() -> bool:
     process's. glibc cannot go back to its sliding threshold. Step time
     measured with it fixed: an MLP at batch 1024 4% slower, at 6000 and a
     CNN at 64 the same (2 cores)."""
-    import ctypes
+    global _mmap_fixed
+    if _mmap_fixed is None:
+        import ctypes
 
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError, TypeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+        try:
+            mallopt = ctypes.CDLL(None).mallopt
+        except (OSError, AttributeError, TypeError):
+            _mmap_fixed = False
+        else:
+            mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+            mallopt.restype = ctypes.c_int
+            _mmap_fixed = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    return _mmap_fixed
 
 
 def mmap_threshold_fixed() -> bool:
     """Whether `fix_mmap_threshold` fixed it in this process."""
-    return fix_mmap_threshold.cache_info().currsize > 0 and fix_mmap_threshold()
+    return bool(_mmap_fixed)
 
 
 def reset_resident_peak() -> bool:
