@@ -28,7 +28,7 @@ from kerascale.measure import cache, host_share
 from kerascale.measure.jax import compiled, confirm
 from kerascale.measure.probe import OK, OOM, ProbeResult
 from kerascale.measure.result import BatchSearchResult
-from kerascale.measure.search import granularity_for, ladder
+from kerascale.measure.search import ROUND_FROM, granularity_for, ladder
 from kerascale.plan import rules
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
@@ -37,9 +37,7 @@ from kerascale.sense.model_facts import gist
 KIND = "batch_search"
 # Where the search starts when nothing else says (Keras's default batch).
 START = 32
-# Batches from ROUND_FROM up are rounded down to a multiple of ROUND_TO
-# (tensor cores and vector units work in such tiles).
-ROUND_FROM, ROUND_TO = 512, 8
+ROUND_TO = 8  # the granule from search.ROUND_FROM up
 
 
 def run_search(
