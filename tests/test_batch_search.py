@@ -386,12 +386,14 @@ def test_hung_probe_is_killed_at_the_timeout_and_reaped():
         r = prober(4)
     assert r.outcome == "error" and "timed out after 12s" in r.message
     assert not os.path.exists(workdir)
-    # Nothing of the child is left: no process mentions its work dir.
+    # Nothing of the child is left: no process mentions its work dir, or
+    # runs in it (a child forked from the fork server has its command line).
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     assert workdir.encode() not in f.read()
+                assert not os.readlink(f"/proc/{pid}/cwd").startswith(workdir)
             except OSError:
                 pass
     with pytest.raises(ChildProcessError):

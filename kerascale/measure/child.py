@@ -1,8 +1,9 @@
 """Probes in child processes: a crash there never harms the caller.
 
 `IsolatedProber` saves the model once into a private temp dir, and runs each
-probe (or an increasing sweep of them) in a child process
-(`python -m kerascale.measure.child`) that loads the model from that
+probe (or an increasing sweep of them) in a child process (forked from a
+`fork_server` on CPU, else `python -m kerascale.measure.child`) that loads the
+model from that
 `.keras` file under a real memory limit: on CPU, its resident memory (what a
 container limit and the kernel's out-of-memory killer count), watched every
 millisecond and checked against Linux's exact peak after each probe, with
@@ -29,7 +30,7 @@ import traceback
 from typing import Any
 
 from kerascale.apply.session import Session
-from kerascale.measure import fit_process, probe_data, shipping
+from kerascale.measure import fit_process, fork_server, probe_data, shipping
 from kerascale.measure.probe import (
     ERROR,
     OK,
@@ -246,11 +247,14 @@ class IsolatedProber:
     and removes the dir on exit, whatever happened.
     """
 
+    fork = True  # CPU children forked from a fork server (fork_server.py)
+
     def __init__(self, model: Any, spec: ProbeSpec, *, timeout: float = 600.0):
         self.model = model
         self.spec = spec
         self.timeout = timeout
         self.workdir: str | None = None
+        self._server: fork_server.ForkServer | bool | None = None
 
     def __enter__(self) -> IsolatedProber:
         self.workdir = tempfile.mkdtemp(prefix="kerascale-probe-")  # mode 0700
@@ -277,6 +281,9 @@ class IsolatedProber:
         self.close()
 
     def close(self) -> None:
+        if self._server:
+            self._server.close()
+        self._server = None
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
@@ -351,39 +358,20 @@ class IsolatedProber:
         # Absolute: the child runs in its own directory.
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in sys.path if p)
         limit = 0 if self.spec.on_gpu or not limit else limit
-        arg = ",".join(str(b) for b in batches)
+        argv = [workdir, ",".join(str(b) for b in batches), str(limit)]
         start = time.perf_counter()
-        with open(os.path.join(workdir, "stderr.txt"), "w+b") as err:
-            proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-c", _BOOTSTRAP),
-                    *(str(safety_net(limit) if limit else 0), workdir, arg, str(limit)),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                env=env,
-                cwd=workdir,
-                start_new_session=True,  # its own process group, killed as one
-            )
-            timed_out = False
-            try:
-                proc.wait(timeout=self.timeout * len(batches))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()  # reaped: no zombie
-            err.seek(0)
-            stderr = err.read().decode("utf-8", "replace")[-4000:]
+        err = os.path.join(workdir, "stderr.txt")
+        code, timed_out = self._child(
+            argv, safety_net(limit) if limit else 0, err, env, len(batches)
+        )
+        with open(err, "rb") as f:
+            stderr = f.read().decode("utf-8", "replace")[-4000:]
         seconds = time.perf_counter() - start
         results = []
         for batch in batches:
             path = os.path.join(workdir, f"result-{batch}.json")
             if not os.path.exists(path):
-                results.append(
-                    self._crash(batch, proc.returncode, timed_out, stderr, seconds)
-                )
+                results.append(self._crash(batch, code, timed_out, stderr, seconds))
                 break
             r = json.loads(_read(path))
             if r.get("stage") == "setup" and r["outcome"] == ERROR:
@@ -409,6 +397,50 @@ class IsolatedProber:
         # The child's start-up is shared; each probe is charged an equal part.
         share = seconds / len(results)
         return [dataclasses.replace(r, seconds=share) for r in results]
+
+    def _child(
+        self, argv: list[str], rlimit: int, err: str, env: dict, batches: int
+    ) -> tuple[int | None, bool]:
+        """Runs a child to its end: (its exit code, whether it ran past the
+        timeout and was killed). Forked from the fork server where there is
+        one (CPU probes), else started as a process of its own."""
+        timeout = self.timeout * batches
+        server = self._fork_server(env)
+        if server is not None:
+            try:
+                server.spawn(argv, rlimit, err)
+                code = server.wait(timeout)
+                return code, code is None
+            except fork_server.ServerGone:
+                server.close()
+                self._server = False  # the rest start on their own
+        with open(err, "w+b") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOTSTRAP, str(rlimit), *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env=env,
+                cwd=self.workdir,
+                start_new_session=True,  # its own process group, killed as one
+            )
+            try:
+                return proc.wait(timeout=timeout), False
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()  # reaped: no zombie
+                return proc.returncode, True
+
+    def _fork_server(self, env: dict) -> fork_server.ForkServer | None:
+        """The search's fork server, started at the first CPU probe; None on
+        GPUs, or where it could not start."""
+        if self._server is None:
+            self._server = False
+            if self.fork and not self.spec.on_gpu:
+                with contextlib.suppress(fork_server.ServerGone, OSError):
+                    self._server = fork_server.ForkServer(env, self.workdir)
+        return self._server or None
 
     def _crash(self, batch, code, timed_out, stderr, seconds) -> ProbeResult:
         if timed_out:

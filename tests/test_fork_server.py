@@ -1,0 +1,64 @@
+"""CPU probe children forked from one server that imported TensorFlow once
+(kerascale/measure/fork_server.py), for real: what they count, and what
+happens when the server is gone."""
+
+import os
+import signal
+
+import keras
+from test_batch_search import spec_for, toy_data
+
+from kerascale.measure import child
+
+
+def wide_model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(4096, activation="relu")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2)(hidden))
+    model.compile("adam", "sparse_categorical_crossentropy")
+    return model
+
+
+def growth(fork, monkeypatch):
+    """Each probe's peak over its child's baseline and that baseline (MiB),
+    and whether the children were forked."""
+    monkeypatch.setattr(child.IsolatedProber, "fork", fork)
+    with child.IsolatedProber(wide_model(), spec_for(*toy_data(64))) as prober:
+        results = prober.sweep([256, 4096])
+        base = prober.baseline_bytes()
+        forked = bool(prober._server)
+    assert [r.outcome for r in results] == ["ok", "ok"]
+    return [(r.peak_bytes - base) / 2**20 for r in results] + [base / 2**20], forked
+
+
+def test_a_forked_probe_counts_what_a_fresh_child_counts(monkeypatch):
+    """A search counts a probe's growth over its baseline. A forked child
+    maps its server's file pages only as it touches them; it touches the
+    pages its server had mapped first (fork_server.touch), so its baseline
+    and growth are a fresh child's (without that: 308 MiB against 696 before
+    the first batch, and 15 MiB more growth at both batches of this model)."""
+    forked, was_forked = growth(True, monkeypatch)
+    fresh, was_fresh = growth(False, monkeypatch)
+    assert was_forked and not was_fresh
+    for f, s in zip(forked[:2], fresh[:2], strict=True):
+        assert abs(f - s) <= 4, (forked, fresh)
+    assert abs(forked[2] - fresh[2]) <= 16, (forked, fresh)  # the baselines
+
+
+def test_a_server_that_is_gone_leaves_the_probes_to_children_of_their_own():
+    with child.IsolatedProber(wide_model(), spec_for(*toy_data(64))) as prober:
+        assert prober(8).outcome == "ok"
+        server = prober._server
+        os.kill(server._proc.pid, signal.SIGKILL)
+        server._proc.wait()
+        assert prober(16).outcome == "ok"  # started on its own
+        assert prober._server is False
+
+
+def test_probes_on_a_gpu_are_never_forked():
+    """A GPU's driver must not be initialised before a fork: GPU probes
+    start as processes of their own."""
+    spec = spec_for(*toy_data(8), on_gpu=True)
+    with child.IsolatedProber(wide_model(), spec) as prober:
+        assert prober._fork_server(dict(os.environ)) is None
