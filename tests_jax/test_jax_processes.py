@@ -65,7 +65,12 @@ def straight(tmp_path_factory):
 
 
 def _run(mode, count, tmp_path, *extra, env_extra=None):
-    procs = _start(mode, count, tmp_path, *extra, env_extra=env_extra)
+    return _finish(
+        mode, tmp_path, _start(mode, count, tmp_path, *extra, env_extra=env_extra)
+    )
+
+
+def _finish(mode, tmp_path, procs):
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out[-3000:]
@@ -75,10 +80,17 @@ def _run(mode, count, tmp_path, *extra, env_extra=None):
     ]
 
 
+def _run_beside_single(tmp_path, *extra, env_extra=None, single_env=None):
+    """The 2-process run and its one-process reference at once (each
+    writes its own files): (first, second, alone)."""
+    multi = _start("multi", 2, tmp_path, *extra, env_extra=env_extra)
+    single = _start("single", 2, tmp_path, *extra, env_extra=single_env)
+    return (*_finish("multi", tmp_path, multi), *_finish("single", tmp_path, single))
+
+
 @several_processes
 def test_two_processes_train_as_one_process_on_the_global_batch(tmp_path):
-    first, second = _run("multi", 2, tmp_path)
-    (alone,) = _run("single", 2, tmp_path)
+    first, second, alone = _run_beside_single(tmp_path)
     assert first["processes"] == second["processes"] == 2
     plan = first["plan"]
     assert plan["strategy"] == "data_parallel" and plan["replicas"] == 2
@@ -107,8 +119,9 @@ def test_a_pydataset_generator_or_grain_across_two_processes_trains_as_one_proce
     """Each process reads every global batch of a PyDataset (a generator, a
     grain dataset) and trains on its block: the weights of one process on
     the arrays' global batches."""
-    first, second = _run("multi", 2, tmp_path, epochs, env_extra={"INPUT": kind})
-    (alone,) = _run("single", 2, tmp_path, epochs)
+    first, second, alone = _run_beside_single(
+        tmp_path, epochs, env_extra={"INPUT": kind}
+    )
     assert first["plan"]["replicas"] == 2
     changes = first["plan"]["data_changes"]
     assert "each process reads its block of every global batch" in changes
@@ -157,8 +170,9 @@ def test_a_model_over_device_memory_is_sharded_across_two_processes(tmp_path):
     fits), and it trains as one process on one device does."""
     wide = {"WIDE": "1"}
     env = {**wide, "LOCAL_DEVICES": "2", "DEVICE_MEMORY": "12MiB"}
-    first, second = _run("multi", 2, tmp_path, "2", env_extra=env)
-    (alone,) = _run("single", 2, tmp_path, "2", env_extra=wide)
+    first, second, alone = _run_beside_single(
+        tmp_path, "2", env_extra=env, single_env=wide
+    )
     plan = first["plan"]
     assert plan["strategy"] == "model_parallel", plan
     assert plan["sharding"]["mesh"] == [2, 2]  # the smallest model axis
