@@ -167,9 +167,12 @@ def diagnose(
             arrays).
         steps: Timed steps per measurement, after 3 warm-up steps (>= 1).
             Defaults to 20.
-        batch_size, strategy, precision, memory_limit, max_batch_size,
-        accumulation_steps, optimize_data, recompute, remeasure, verbose: As for
-            `kerascale.fit`: the plan they give is the one measured.
+        batch_size, strategy, precision, memory_limit: As for
+            `kerascale.fit`: the plan they give is the one measured (and the
+            same for the arguments below).
+        max_batch_size, accumulation_steps, optimize_data: As for
+            `kerascale.fit`.
+        recompute, remeasure, verbose: As for `kerascale.fit`.
 
     Returns:
         A `Diagnosis`; `print()` it for the report.
