@@ -85,7 +85,14 @@ def _run_beside_single(tmp_path, *extra, env_extra=None, single_env=None):
     writes its own files): (first, second, alone)."""
     multi = _start("multi", 2, tmp_path, *extra, env_extra=env_extra)
     single = _start("single", 2, tmp_path, *extra, env_extra=single_env)
-    return (*_finish("multi", tmp_path, multi), *_finish("single", tmp_path, single))
+    try:
+        both = _finish("multi", tmp_path, multi)
+    except BaseException:
+        for p in single:
+            p.kill()
+            p.wait()
+        raise
+    return (*both, *_finish("single", tmp_path, single))
 
 
 @several_processes

@@ -342,9 +342,6 @@ class IsolatedProber:
         workdir = self.workdir
         if workdir is None:
             raise RuntimeError("IsolatedProber used outside its `with` block.")
-        for name in os.listdir(workdir):
-            if name.startswith(("result-", "baseline")):
-                os.remove(os.path.join(workdir, name))
         env = dict(os.environ)
         # A probe runs alone: it must not read this worker's cluster.
         for name in ("TF_CONFIG", "CLUSTER_SPEC"):
@@ -408,12 +405,14 @@ class IsolatedProber:
         server = self._fork_server(env)
         if server is not None:
             try:
+                self._clear_results()
                 server.spawn(argv, rlimit, err)
                 code = server.wait(timeout)
                 return code, code is None
             except fork_server.ServerGone:
                 server.close()
                 self._server = False  # the rest start on their own
+        self._clear_results()  # what a child the server lost wrote
         with open(err, "w+b") as stderr:
             proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOTSTRAP, str(rlimit), *argv],
@@ -431,6 +430,11 @@ class IsolatedProber:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()  # reaped: no zombie
                 return proc.returncode, True
+
+    def _clear_results(self) -> None:
+        for name in os.listdir(self.workdir):
+            if name.startswith(("result-", "baseline")):
+                os.remove(os.path.join(self.workdir, name))
 
     def _fork_server(self, env: dict) -> fork_server.ForkServer | None:
         """The search's fork server, started at the first CPU probe; None on

@@ -64,7 +64,7 @@ def present_file_pages() -> list[tuple[int, Any]]:
     """This process's pages of readable files (the libraries' code and
     data) that are mapped in now: (a mapping's start, the indices of its
     pages). From /proc/self/pagemap's present bit; none where it cannot be
-    read."""
+    read. Devices are left out: reading their mappings may act on them."""
     import numpy as np
 
     found = []
@@ -77,7 +77,9 @@ def present_file_pages() -> list[tuple[int, Any]]:
     try:
         for line in maps:
             fields = line.split(None, 5)
-            if len(fields) < 6 or not fields[5].startswith("/") or fields[1][0] != "r":
+            path = fields[5] if len(fields) == 6 else ""
+            readable = fields[1].startswith("r")
+            if not readable or not path.startswith("/") or path.startswith("/dev/"):
                 continue
             start, end = (int(v, 16) for v in fields[0].split("-"))
             raw = os.pread(pagemap, ((end - start) >> 12) * 8, (start >> 12) * 8)
@@ -154,7 +156,9 @@ class ForkServer:
             return int(self._expect("exit ", timeout))
         except TimeoutError:
             self._kill()
-            self._expect("exit ", 60.0)
+            # Its end is read here, or skipped by the next `spawn`'s read.
+            with contextlib.suppress(TimeoutError):
+                self._expect("exit ", 60.0)
             return None
         except ServerGone:
             self._kill()  # no one is left to reap it: it must not run on

@@ -42,6 +42,18 @@ LADDER_CHUNK = 6
 ROUND_FROM = 512
 
 
+def granule_at(batch: float, granule: int) -> int:
+    """The step batches near `batch` are searched and chosen in: `granule`
+    from ROUND_FROM up, else 1 (both searches round by this)."""
+    return granule if batch >= ROUND_FROM else 1
+
+
+def round_down(batch: float, granule: int) -> int:
+    """`batch` rounded down to `granule_at` it, at least 1."""
+    step = granule_at(batch, granule)
+    return max(1, int(batch) // step * step)
+
+
 def granularity_for(accelerator: str, cap: int) -> int:
     """The granule from ROUND_FROM up: 8 on GPUs and TPUs (tensor-core
     tiles); on CPU, exact for caps up to 1024, else 8."""
@@ -182,12 +194,10 @@ class _Search:
 
     # Rounding and the memory model.
     def down(self, b: float) -> int:
-        """Rounds down to the granularity from ROUND_FROM up; below, to 1."""
-        return int(b) // self.g * self.g if b >= ROUND_FROM else max(1, int(b))
+        return round_down(b, self.g)
 
     def step(self, b: int) -> int:
-        """The granule at batch `b`."""
-        return self.g if b >= ROUND_FROM else 1
+        return granule_at(b, self.g)
 
     def model(self) -> MemoryModel | None:
         return _refit(self.probes)

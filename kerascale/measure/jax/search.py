@@ -28,7 +28,7 @@ from kerascale.measure import cache, host_share
 from kerascale.measure.jax import compiled, confirm
 from kerascale.measure.probe import OK, OOM, ProbeResult
 from kerascale.measure.result import BatchSearchResult
-from kerascale.measure.search import ROUND_FROM, granularity_for, ladder
+from kerascale.measure.search import granularity_for, granule_at, ladder, round_down
 from kerascale.plan import rules
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
@@ -37,7 +37,7 @@ from kerascale.sense.model_facts import gist
 KIND = "batch_search"
 # Where the search starts when nothing else says (Keras's default batch).
 START = 32
-ROUND_TO = 8  # the granule from search.ROUND_FROM up
+ROUND_TO = 8  # the granule from search.ROUND_FROM up, on every accelerator
 
 
 def run_search(
@@ -211,8 +211,8 @@ def _answer(
             model, element, plan, chosen, seen, (free, kept, cap),
             input_bytes=share.input_bytes if share.measured else None,
         )  # fmt: skip
-        granularity = ROUND_TO if chosen >= ROUND_FROM else 1
-        chosen -= chosen % granularity
+        granularity = granule_at(chosen, ROUND_TO)
+        chosen = round_down(chosen, ROUND_TO)
     result = (chosen, granularity, confirmed)
     return _result(plan, options, fits, fails, seen, limit, why_cap, result)
 
@@ -451,11 +451,10 @@ def _less_accumulators(
 def _with_margin(fits: int, fails: int | None, margin: float) -> tuple[int, int]:
     """The batch to train at (the margin kept below the largest that fits,
     where a larger one was found not to), rounded down to a multiple of
-    `ROUND_TO` from `ROUND_FROM` up (at most 1.4% less); and that
+    `ROUND_TO` from `search.ROUND_FROM` up (at most 1.4% less); and that
     granularity."""
     chosen = fits if fails is None else math.floor(fits * (1 - margin))
-    granularity = ROUND_TO if chosen >= ROUND_FROM else 1
-    return max(1, chosen - chosen % granularity), granularity
+    return round_down(chosen, ROUND_TO), granule_at(chosen, ROUND_TO)
 
 
 def _timed(
