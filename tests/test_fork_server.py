@@ -43,7 +43,11 @@ def test_a_forked_probe_counts_what_a_fresh_child_counts(monkeypatch):
     assert was_forked and not was_fresh
     for f, s in zip(forked[:2], fresh[:2], strict=True):
         assert abs(f - s) <= 4, (forked, fresh)
-    assert abs(forked[2] - fresh[2]) <= 16, (forked, fresh)  # the baselines
+    # The baselines: a search counts growth only (the baseline cancels out
+    # of `fit_process.AsFitProcess.peak`) and names the baseline in its
+    # out-of-memory hint. Within a tenth (CI's machine: 781 MiB forked
+    # against 751 fresh); without the touch a forked one is under half.
+    assert abs(forked[2] - fresh[2]) <= fresh[2] / 10, (forked, fresh)
 
 
 def test_a_server_that_is_gone_leaves_the_probes_to_children_of_their_own():
