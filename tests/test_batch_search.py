@@ -390,7 +390,8 @@ def test_hung_probe_is_killed_at_the_timeout_and_reaped():
     with child.IsolatedProber(model, spec, timeout=12) as prober:
         workdir = prober.workdir
         r = prober(4)
-    assert r.outcome == "error" and "timed out after 12s" in r.message
+    assert r.outcome == "error" and r.timed_out
+    assert "timed out after 12s" in r.message
     assert not os.path.exists(workdir)
     # Nothing of the child is left: no process mentions its work dir, or
     # runs in it (a child forked from the fork server has its command line).

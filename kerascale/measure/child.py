@@ -310,7 +310,7 @@ class IsolatedProber:
             last.outcome == ERROR
             and self.spec.memory_limit
             and not self.spec.on_gpu
-            and "timed out" not in last.message
+            and not last.timed_out
         ):
             # Under a tight limit, failures need not say "memory": a silent
             # SIGSEGV, or oneDNN's "could not create a primitive". Such a
@@ -452,6 +452,7 @@ class IsolatedProber:
                 batch,
                 ERROR,
                 message=f"timed out after {self.timeout:g}s per batch and was killed",
+                timed_out=True,
             )
         detail = _stderr_summary(stderr)
         if "Check failed: ret == 0 (11 vs. 0)" in stderr and "Thread" in stderr:

@@ -88,6 +88,7 @@ class ProbeResult:
         tensor_peak_bytes: On CPU, the peak of TensorFlow's own allocator
             (tensors only): exact and linear in the batch, unlike the sampled
             process peak, so the memory model is fitted to it.
+        timed_out: The probe ran past its time and was killed (an "error").
     """
 
     batch: int
@@ -97,6 +98,7 @@ class ProbeResult:
     samples_per_s: float | None = None
     message: str = ""
     tensor_peak_bytes: int | None = None
+    timed_out: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
