@@ -40,6 +40,9 @@ def test_the_search_cost_counts_a_child_per_chunk_and_each_rung():
     # Slow steps are paid for: 3 timed steps and a validation step a rung.
     slow = budget.search_seconds([64], per_sample=0.01, steps=3)
     assert slow == pytest.approx(2.5 + 0.5 + 3 * 0.64 + 0.64)
+    # A ladder in this process (kerascale.measure.headroom) starts no child.
+    here = budget.search_seconds([32] * 7, per_sample=1e-5, steps=3, in_children=False)
+    assert here == pytest.approx(7 * (0.5 + 0.3) + 7 * 32e-5)
 
 
 def test_a_measurement_runs_where_its_expected_saving_repays_it():

@@ -14,6 +14,7 @@ from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import (
     cache,
     child,
+    headroom,
     host_share,
     probe_data,
     probe_memory,
@@ -165,7 +166,10 @@ def run_search(
     cached = _cached(key, options, verbose)
     if cached is None and budget is not None and mode == "ladder":
         rungs = ladder(cap, granularity_for(hw.accelerator, cap))
-        if why := budget.refuse_search(plan, rungs, spec.steps):
+        local = not isolate or headroom.all_here(
+            model, spec, mode, options, memory.predict, rungs[-1]
+        )
+        if why := budget.refuse_search(plan, rungs, spec.steps, in_children=not local):
             raise SearchSkipped(why)
     # Measured only for an answer to give: it reads the input (seconds).
     share = host_share.for_search(
@@ -321,9 +325,34 @@ def _found(
     if isolate:
         # A child needs a model instance to save; a builder is called once.
         shipped = model() if is_builder(model) else model
-        prober = child.IsolatedProber(shipped, spec, timeout=options.timeout)
+
+        def isolated():
+            return child.IsolatedProber(shipped, spec, timeout=options.timeout)
+
+        limit = memories[0].predict
+        prior = (
+            headroom.prior_for(model)
+            if headroom.applies(spec, args["mode"], options, limit)
+            else None
+        )
+        prober = (
+            headroom.HeadroomProber(
+                # The guard keeps these far below the limit, which counts
+                # what is free, not what this process holds.
+                probe_lib.InProcessProber(
+                    model, dataclasses.replace(spec, memory_limit=None)
+                ),
+                limit,
+                prior,
+                isolated,
+            )
+            if prior
+            else isolated()
+        )
         try:
             found = _probe(prober, options, memory=memories[0], **args)
+            if prior:
+                return found, *headroom.where(prober)
             return found, why, True
         except child.CannotShip as e:
             if options.isolate is True:

@@ -124,17 +124,24 @@ class RunBudget:
         return 1 / self.per_sample if self.per_sample else None
 
     def refuse_search(
-        self, plan: Any, rungs: list[int], steps: int, what: str = "search"
+        self,
+        plan: Any,
+        rungs: list[int],
+        steps: int,
+        what: str = "search",
+        *,
+        in_children: bool = True,
     ) -> str | None:
         """Why the ladder `rungs` is not worth probing for a run under `plan`
         (its batch is what the run would train at without the search), or
         None: also when the run's length or a first step time is unknown
         (then it is probed, as a run that may be long). `what`: the
-        measurement ("search", "recompute"), for its expected gain."""
+        measurement ("search", "recompute"), for its expected gain;
+        `in_children`: whether its rungs start child processes."""
         samples = self.samples(plan)
         if samples is None or self.per_sample is None:
             return None
-        cost = search_seconds(rungs, self.per_sample, steps)
+        cost = search_seconds(rungs, self.per_sample, steps, in_children=in_children)
         return unpaid(cost, samples * self.per_sample, gain(what, plan.backend), what)
 
 
@@ -241,11 +248,13 @@ def _forward_seconds(model: Any, inputs: Callable[[int], Any], batch: int) -> fl
     return time.perf_counter() - start
 
 
-def search_seconds(rungs: list[int], per_sample: float, steps: int) -> float:
-    """The ladder's expected cost: a child per LADDER_CHUNK rungs, each
-    rung tracing, timing `steps` steps (at least MIN_TIMED_SECONDS) and
-    validating."""
-    children = math.ceil(len(rungs) / LADDER_CHUNK)
+def search_seconds(
+    rungs: list[int], per_sample: float, steps: int, *, in_children: bool = True
+) -> float:
+    """The ladder's expected cost: a child per LADDER_CHUNK rungs (none
+    when not `in_children`), each rung tracing, timing `steps` steps (at
+    least MIN_TIMED_SECONDS) and validating."""
+    children = math.ceil(len(rungs) / LADDER_CHUNK) if in_children else 0
     each = sum(
         RUNG_SECONDS + max(MIN_TIMED_SECONDS, steps * b * per_sample) + b * per_sample
         for b in rungs

@@ -185,11 +185,16 @@ def measure(
     per_sample = max(0.0, (at_large - at_small) / max(1, large - small))
     fixed = max(0, int(at_small - per_sample * small))
     why = (
-        f"this process's {format_bytes(resident)} resident, and what Keras's fit "
-        f"builds from the input: {format_bytes(fixed)} + {format_bytes(per_sample)} "
+        f"{_held(resident)}what Keras's fit builds from the input: "
+        f"{format_bytes(fixed)} + {format_bytes(per_sample)} "
         "per sample, measured here"
     )
     return HostShare(resident, fixed, per_sample, why)
+
+
+def _held(resident: int) -> str:
+    """The resident memory counted, as a reason's start ("" when not)."""
+    return f"this process's {format_bytes(resident)} resident, and " if resident else ""
 
 
 # Keras's TensorFlow fit copies arrays into one tensor (their size), and its
@@ -224,15 +229,15 @@ def _tensorflow_copy(x: Any, y: Any, resident: int) -> HostShare:
     samples = max(1, len(leaves[0])) if leaves else 1
     if y is not None and size <= CHILD_ARRAYS_MAX:
         why = (
-            f"this process's {format_bytes(resident)} resident, and what Keras's "
-            f"fit builds from {format_bytes(size)} of arrays, measured in the "
+            f"{_held(resident)}what Keras's fit builds from "
+            f"{format_bytes(size)} of arrays, measured in the "
             "probes on arrays of their shapes"
         )
         return HostShare(resident, why=why, child_arrays=samples)
     per_sample = TF_BATCHES_HELD * size / samples
     why = (
-        f"this process's {format_bytes(resident)} resident, and the copy Keras's "
-        f"fit makes of the arrays: {format_bytes(size)} + {TF_BATCHES_HELD} "
+        f"{_held(resident)}the copy Keras's fit makes of the arrays: "
+        f"{format_bytes(size)} + {TF_BATCHES_HELD} "
         "batches held"
     )
     return HostShare(resident, size, per_sample, why)

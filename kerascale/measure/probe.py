@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -398,18 +399,8 @@ def is_oom_exception(e: BaseException) -> bool:
 
 
 class InProcessProber:
-    """Runs each probe on a clone in this process."""
-
-    def sweep(self, batches: list[int]) -> list[ProbeResult]:
-        results = []
-        for b in batches:
-            results.append(self(b))
-            if results[-1].outcome != OK:
-                break
-        return results
-
-    def baseline_bytes(self) -> int | None:
-        return None
+    """Runs probes on a clone in this process: one clone for each sweep's
+    batches in turn, as a child process trains them."""
 
     def __init__(self, model: Any, spec: ProbeSpec, *, strategy: Any = None):
         self.model = model
@@ -424,32 +415,57 @@ class InProcessProber:
 
         gc.collect()
 
+    def baseline_bytes(self) -> int | None:
+        return None
+
     def __call__(self, batch: int) -> ProbeResult:
+        return self.sweep([batch])[0]
+
+    def sweep(
+        self,
+        batches: list[int],
+        admit: Callable[[int, list[ProbeResult]], bool] = lambda b, done: True,
+    ) -> list[ProbeResult]:
+        """Probes `batches` in order while `admit(batch, results so far)`
+        (none admitted: no clone is built, and no results); stops at the first
+        that does not fit, which is probed again alone on a clone of its own
+        (what the smaller batches left can tip a batch near the limit over)."""
         import gc
 
+        results: list[ProbeResult] = []
+        if not admit(batches[0], results):
+            return results
         start = time.perf_counter()
         try:
             with Session() as session:
                 session.enter(model_lib.preserved_state())
                 clone = build_probe_model(session, self.model, self.spec, self.strategy)
-                r = train_probe(clone, self.spec, batch)
+                for batch in batches:
+                    if not admit(batch, results):
+                        break
+                    results.append(self._trained(clone, batch, start))
+                    start = time.perf_counter()
+                    if results[-1].outcome != OK:
+                        break
                 del clone
         except model_lib.CannotRecreate:
             raise  # no copy can be made: the caller plans without one
-        except Exception as e:  # as a child reports it: the search decides
-            # On GPU, memory running out is an error raised here (the
-            # allocator refuses), after which the process goes on; the
-            # exception is dropped with this block, and the clone's tensors
-            # with it (gc below).
-            oom = is_oom_exception(e)
-            return ProbeResult(
-                batch,
-                OOM if oom else ERROR,
-                seconds=time.perf_counter() - start,
-                message=f"{type(e).__name__}: {str(e)[: 500 if oom else 2000]}",
-            )
+        except Exception as e:  # the clone could not be built: as a child reports it
+            results.append(_failed(batches[len(results)], e, start))
         finally:
             gc.collect()
+        if len(results) > 1 and results[-1].outcome != OK:
+            alone = self.sweep([results[-1].batch])[0]
+            results[-1] = dataclasses.replace(
+                alone, seconds=alone.seconds + results[-1].seconds
+            )
+        return results
+
+    def _trained(self, clone: Any, batch: int, start: float) -> ProbeResult:
+        try:
+            r = train_probe(clone, self.spec, batch)
+        except Exception as e:  # as a child reports it: the search decides
+            return _failed(batch, e, start)
         # This process holds the data already; what fit builds from it is not
         # in a probe's one-batch pipeline.
         extra = self.spec.share().input_bytes(self.spec.global_batch(batch))
@@ -475,3 +491,16 @@ class InProcessProber:
             seconds=time.perf_counter() - start,
             samples_per_s=r["samples_per_s"],
         )
+
+
+def _failed(batch: int, e: Exception, start: float) -> ProbeResult:
+    """A probe that raised, as a child reports it. On GPU, memory running out
+    is an error raised here (the allocator refuses), after which the process
+    goes on: the exception is dropped, and the clone's tensors with it."""
+    oom = is_oom_exception(e)
+    return ProbeResult(
+        batch,
+        OOM if oom else ERROR,
+        seconds=time.perf_counter() - start,
+        message=f"{type(e).__name__}: {str(e)[: 500 if oom else 2000]}",
+    )

@@ -320,10 +320,20 @@ def largest_output_elements(model: Any) -> int:
     """The most elements one sample puts in a single layer's output (nested
     models' layers included), from the layers' symbolic outputs; 0 where no
     layer has one (a subclassed model, a layer shared between calls)."""
-    largest = 0
+    return max(_output_sizes(model), default=0)
+
+
+def output_elements(model: Any) -> int:
+    """The elements one sample puts in all layers' outputs together (nested
+    models' layers included); 0 where no layer has a symbolic output."""
+    return sum(_output_sizes(model))
+
+
+def _output_sizes(model: Any) -> list[int]:
+    sizes = []
     for layer in getattr(model, "layers", ()):
         if getattr(layer, "layers", None):
-            largest = max(largest, largest_output_elements(layer))
+            sizes += _output_sizes(layer)
         try:
             outputs = keras.tree.flatten(layer.output)
         except (AttributeError, ValueError):
@@ -331,5 +341,5 @@ def largest_output_elements(model: Any) -> int:
         for out in outputs:
             dims = tuple(getattr(out, "shape", ()) or ())[1:]
             if dims and all(isinstance(d, int) for d in dims):
-                largest = max(largest, math.prod(dims))
-    return largest
+                sizes.append(math.prod(dims))
+    return sizes

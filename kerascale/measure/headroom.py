@@ -1,0 +1,150 @@
+"""A CPU search's batches probed in this process while their steps are far
+below the memory limit, and in child processes beyond.
+
+A child process costs a TensorFlow import (3 s on 2 cores), which a short
+run's search pays in full (issue 39). Where no `memory_limit` was given, the
+search works against 80% of the memory available, and a small model's rungs
+take a few hundred MB of it: running them here risks nothing and costs no
+import. A batch runs here only if twice its predicted growth is under a
+quarter of that limit; the prediction is the larger of a prior from the
+model's shapes and each batch probed so far, scaled linearly (through zero,
+so that the fixed part scales too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kerascale.measure.probe import OK, InProcessProber, ProbeResult
+from kerascale.sense import memory
+from kerascale.sense.model_facts import is_builder, output_elements
+
+# A batch runs here if SAFETY x its predicted growth is under SHARE x limit.
+SAFETY = 2.0
+SHARE = 0.25
+# The prior, in bytes: each parameter as the clone's weight, its gradient and
+# two optimizer slots, float32; each layer output four times (kept for the
+# backward pass, its gradient, two temporaries), float32 whatever the policy.
+PARAM_BYTES = 16
+OUTPUT_BYTES = 16
+
+
+def prior_for(model: Any) -> tuple[int, int] | None:
+    """(fixed, per-sample) bytes a step is predicted to add, from the
+    model's shapes; None where they are unknown (a builder, a subclassed
+    model without symbolic outputs)."""
+    if is_builder(model):
+        return None
+    elements = output_elements(model)
+    if not elements:
+        return None
+    return PARAM_BYTES * model.count_params(), OUTPUT_BYTES * elements
+
+
+def applies(spec: Any, mode: str, options: Any, limit: int | None) -> bool:
+    """Whether a search may probe here first: a CPU's speed ladder on one
+    device, its limit the memory available (not `memory_limit`)."""
+    return (
+        options.isolate == "auto"
+        and mode in ("ladder", "throughput")
+        and not options.memory_limit
+        and limit is not None
+        and not spec.on_gpu
+        and len(spec.devices) <= 1
+        and spec.logical_cpus <= 1
+    )
+
+
+def all_here(
+    model: Any, spec: Any, mode: str, options: Any, limit: int | None, top: int
+) -> bool:
+    """Whether the prior alone admits a ladder up to `top` here (none of
+    its rungs is expected to start a child)."""
+    if not applies(spec, mode, options, limit):
+        return False
+    known = prior_for(model)
+    if known is None:
+        return False
+    fixed, per_sample = known
+    return SAFETY * (fixed + per_sample * top) <= SHARE * limit
+
+
+class HeadroomProber:
+    """`sweep` as the probers' protocol: batches in `here` (an
+    `InProcessProber`) while `admits` them, the rest in a child prober, made
+    by `isolated()` at the first batch that is not admitted."""
+
+    def __init__(
+        self,
+        here: InProcessProber,
+        limit: int,
+        prior: tuple[int, int],
+        isolated: Callable[[], Any],
+    ):
+        self.here = here
+        self.limit, self.prior = limit, prior
+        self._isolated = isolated
+        self.child: Any = None
+        self._base = 0
+        self._seen: list[tuple[int, int]] = []  # (batch, growth) probed here
+
+    def __enter__(self) -> HeadroomProber:
+        self._base = memory.resident_bytes() or 0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.here.__exit__(*exc)
+        if self.child is not None:
+            self.child.__exit__(*exc)
+
+    def __call__(self, batch: int) -> ProbeResult:
+        return self.sweep([batch])[0]
+
+    def baseline_bytes(self) -> int | None:
+        return self.child.baseline_bytes() if self.child is not None else None
+
+    def predicted(self, batch: int, done: list[ProbeResult]) -> int:
+        """The growth `batch` is predicted to add, after the batches `done`
+        here (in this sweep) and before it."""
+        fixed, per_sample = self.prior
+        seen = self._seen + self._grown(done)
+        return max([fixed + per_sample * batch, *(g * batch // b for b, g in seen)])
+
+    def admits(self, batch: int, done: list[ProbeResult]) -> bool:
+        return self.child is None and SAFETY * self.predicted(batch, done) <= (
+            SHARE * self.limit
+        )
+
+    def _grown(self, results: list[ProbeResult]) -> list[tuple[int, int]]:
+        return [
+            (r.batch, max(0, r.peak_bytes - self._base))
+            for r in results
+            if r.outcome == OK and r.peak_bytes is not None
+        ]
+
+    def sweep(self, batches: list[int]) -> list[ProbeResult]:
+        results = self.here.sweep(batches, admit=self.admits)
+        self._seen += self._grown(results)
+        rest = batches[len(results) :]
+        if rest and (not results or results[-1].outcome == OK):
+            if self.child is None:
+                self.child = self._isolated().__enter__()
+            results += self.child.sweep(rest)
+        return results
+
+
+def where(prober: HeadroomProber) -> tuple[str, bool]:
+    """Where `prober`'s batches ran, in words, and whether in children."""
+    if prober.child is None:
+        return (
+            "in this process: each step far below the memory limit, where a "
+            "child process would cost a TensorFlow start"
+        ), False
+    here = [b for b, _ in prober._seen]
+    if not here:
+        return "each probe in a child process", True
+    return (
+        f"in this process up to batch {max(here)}, in child processes beyond "
+        "(a step nearer the memory limit)"
+    ), True
