@@ -33,7 +33,7 @@ from kerascale.measure.batch import SearchOptions
 from kerascale.measure.decide import Decided, decide, validate_options, with_notes
 from kerascale.measure.probe import is_oom_exception
 from kerascale.plan.options import Options, pin, plain, smaller_batch
-from kerascale.plan.plan import Plan
+from kerascale.plan.plan import MATERIALIZED, Plan
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts, first_batch
 from kerascale.sense import hardware as hardware_lib
@@ -410,7 +410,7 @@ class _Deciding:
         why = plan.reasons.get("data_changes", "")
         plan = dataclasses.replace(
             plan,
-            data_changes=("materialized", *plan.data_changes),
+            data_changes=(MATERIALIZED, *plan.data_changes),
             reasons={
                 **plan.reasons,
                 "data_changes": f"{self.materialized}; {why}"

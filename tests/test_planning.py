@@ -5,8 +5,9 @@ import pytest
 from conftest import CPU, CPU_BF16, gpu_box
 
 import kerascale
-from kerascale.plan.options import Options
-from kerascale.plan.plan import Plan
+from kerascale.plan import rules
+from kerascale.plan.options import Options, pin
+from kerascale.plan.plan import MATERIALIZED, Plan
 from kerascale.plan.rules import make_plan
 from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import ClusterInfo, GPUInfo, Hardware, TPUInfo
@@ -228,6 +229,27 @@ def test_optimize_data_changes_are_recorded():
     assert p.data_changes[-1] == "shard by data"
     p = plan_for(gpu_box(2), data=DataFacts("dataset", True, 32, from_files=True))
     assert p.data_changes[-1].startswith("shard by file")
+
+
+@pytest.mark.parametrize(
+    "changes, pinned",
+    [
+        (("batch(32)", "map parallelization", "prefetch(AUTOTUNE)"), True),
+        # JAX's read-ahead alone (this pinned False before: the checkpoint's
+        # plan was searched for "prefetch(AUTOTUNE)", TensorFlow's words).
+        (("batch(32)", rules.PREFETCH), True),
+        (("rebatch(16 -> 64)",), False),
+        ((MATERIALIZED, "batch(32)"), False),
+        ((), False),
+    ],
+)
+def test_a_resumed_run_keeps_the_pipeline_changes_its_checkpoint_made(changes, pinned):
+    saved = dataclasses.replace(plan_for(CPU_ONLY), data_changes=changes)
+    options, names = pin(Options.validate(), saved, data_batched=False)
+    assert options.optimize_data is pinned and "optimize_data" in names
+    assert saved.pipeline_changes() == tuple(
+        c for c in changes if not c.startswith(("batch(", "rebatch("))
+    )
 
 
 def test_plan_round_trips_through_json_and_is_frozen():

@@ -10,7 +10,7 @@ from kerascale import _validation
 from kerascale.errors import ConfigurationError
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
-from kerascale.plan.plan import Plan
+from kerascale.plan.plan import MATERIALIZED, Plan
 from kerascale.plan.sharding import Sharded
 
 VERBOSE_CHOICES = ("auto", 0, 1, 2)
@@ -140,7 +140,9 @@ def pin(
     if options.precision == "auto":
         changes["precision"] = saved.precision
     if options.optimize_data == "auto":
-        changes["optimize_data"] = "prefetch(AUTOTUNE)" in saved.data_changes
+        changes["optimize_data"] = any(
+            c != MATERIALIZED for c in saved.pipeline_changes()
+        )
     if options.batch_size == "auto" and not data_batched:
         changes["batch_size"] = saved.global_batch_size
     batch = changes.get("batch_size", options.batch_size)
@@ -181,7 +183,7 @@ def plain(options: Options, plan: Plan, model_policy: str) -> tuple[Options, str
     ):
         changes["strategy"] = "default"
         said.append(f"training over {plan.replicas} devices")
-    pipeline = [c for c in plan.data_changes if not c.startswith(("batch", "rebatch"))]
+    pipeline = plan.pipeline_changes()
     if options.optimize_data == "auto" and pipeline:
         changes["optimize_data"] = False
         said.append(f"the input pipeline changes ({', '.join(pipeline)})")

@@ -13,6 +13,11 @@ from typing import Any
 from kerascale.errors import ConfigurationError
 from kerascale.sense import backend as backend_lib
 
+# The data change `fit` names where it trains on a materialized copy of the
+# input (`kerascale.data.materialize`), and the prefixes of the batching ones.
+MATERIALIZED = "materialized"
+_BATCHING = ("batch(", "rebatch(")
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -74,6 +79,11 @@ class Plan:
                 f"accumulation_steps = {expected}. Received: "
                 f"global_batch_size={self.global_batch_size}"
             )
+
+    def pipeline_changes(self) -> tuple[str, ...]:
+        """`data_changes` less the batching ("batch(N)", "rebatch(A -> B)",
+        made by `rules`): what `optimize_data` changed, and MATERIALIZED."""
+        return tuple(c for c in self.data_changes if not c.startswith(_BATCHING))
 
     @property
     def step_batch_size(self) -> int:
