@@ -139,9 +139,23 @@ def test_the_prior_counts_weights_and_every_layer_output():
     assert headroom.prior_for(Subclassed()) is None  # no shapes: children
 
 
-def test_a_small_model_throughput_search_starts_no_process(probe_dirs_made):  # noqa: F811
+def test_a_small_model_throughput_search_starts_no_process(
+    probe_dirs_made,  # noqa: F811
+    monkeypatch,
+):
     """For real: without memory_limit, a small model's CPU speed ladder runs
-    in this process, and says so; no child process's directory is made."""
+    in this process, and says so; no child process's directory is made. Its
+    probes skip the validation step (a trace a batch, for memory that cannot
+    matter this far below the limit)."""
+    from kerascale.measure import probe
+
+    specs, real = [], probe.InProcessProber.__init__
+
+    def recording(self, model, spec, **kwargs):
+        specs.append(spec)
+        real(self, model, spec, **kwargs)
+
+    monkeypatch.setattr(probe.InProcessProber, "__init__", recording)
     x, y = toy_data(256)
     found = kerascale.find_batch_size(
         mlp(),
@@ -156,6 +170,7 @@ def test_a_small_model_throughput_search_starts_no_process(probe_dirs_made):  # 
     assert found.reasons["isolate"].startswith("in this process: each step far below")
     assert found.reasons["memory"].startswith("resident memory (RSS) of this process")
     assert probe_dirs_made == []
+    assert [(s.validate, s.memory_limit) for s in specs] == [(False, None)]
     assert {p.outcome for p in found.probes} == {OK}
     assert 32 <= found.batch_size <= 128
 

@@ -337,10 +337,11 @@ def _found(
         )
         prober = (
             headroom.HeadroomProber(
-                # The guard keeps these far below the limit, which counts
-                # what is free, not what this process holds.
+                # The guard keeps these far below the limit (which counts
+                # what is free, not what this process holds), where a
+                # validation step's memory cannot matter.
                 probe_lib.InProcessProber(
-                    model, dataclasses.replace(spec, memory_limit=None)
+                    model, dataclasses.replace(spec, memory_limit=None, validate=False)
                 ),
                 limit,
                 prior,
