@@ -74,7 +74,7 @@ def test_batches_run_here_while_twice_their_growth_is_under_a_quarter_of_the_lim
         prober.sweep([1024])
     assert children.ran == [256, 512, 1024] and here.ran == [32, 64, 128]
     assert children.exited == 2
-    assert headroom.where(prober) == (
+    assert prober.where() == (
         "in this process up to batch 128, in child processes beyond (a step "
         "nearer the memory limit)",
         True,
@@ -89,7 +89,7 @@ def test_the_prior_alone_can_send_the_first_batch_to_children(monkeypatch):
     with prober:
         prober.sweep([32, 64])
     assert here.ran == [] and children.ran == [32, 64]
-    assert headroom.where(prober) == ("each probe in a child process", True)
+    assert prober.where() == ("each probe in a child process", True)
 
 
 def test_a_measured_batch_outweighs_a_small_prior(monkeypatch):
@@ -109,7 +109,7 @@ def test_all_here_when_every_step_is_small(monkeypatch):
     with prober:
         prober.sweep([32, 64, 128])
     assert here.ran == [32, 64, 128] and children.entered == 0
-    assert headroom.where(prober)[1] is False
+    assert prober.where()[1] is False
 
 
 def mlp(width=64):
@@ -225,3 +225,9 @@ def test_the_budget_counts_no_child_where_the_prior_admits_the_whole_ladder():
     limited = types.SimpleNamespace(isolate="auto", memory_limit=need)
     assert not headroom.all_here(model, spec, "ladder", limited, need, top)
     assert not headroom.all_here(model, spec, "ladder", auto, None, top)
+
+
+def test_an_unbuilt_model_has_no_prior():
+    """Without shapes nothing is predicted, so nothing trains here."""
+    model = keras.Sequential([keras.layers.Dense(8), keras.layers.Dense(2)])
+    assert headroom.prior_for(model) is None

@@ -353,7 +353,7 @@ def _found(
         try:
             found = _probe(prober, options, memory=memories[0], **args)
             if prior:
-                return found, *headroom.where(prober)
+                return found, *prober.where()
             return found, why, True
         except child.CannotShip as e:
             if options.isolate is True:

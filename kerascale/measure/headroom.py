@@ -37,9 +37,11 @@ def prior_for(model: Any) -> tuple[int, int] | None:
     if is_builder(model):
         return None
     elements = output_elements(model)
-    if not elements:
+    try:
+        params = model.count_params()
+    except ValueError:  # not built
         return None
-    return PARAM_BYTES * model.count_params(), OUTPUT_BYTES * elements
+    return (PARAM_BYTES * params, OUTPUT_BYTES * elements) if elements else None
 
 
 def applies(spec: Any, mode: str, options: Any, limit: int | None) -> bool:
@@ -123,6 +125,20 @@ class HeadroomProber:
             if r.outcome == OK and r.peak_bytes is not None
         ]
 
+    def where(self) -> tuple[str, bool]:
+        """Where the batches ran, in words, and whether in children."""
+        if self.child is None:
+            return (
+                "in this process: each step far below the memory limit, where "
+                "a child process would cost a TensorFlow start"
+            ), False
+        if not self._seen:
+            return "each probe in a child process", True
+        return (
+            f"in this process up to batch {max(b for b, _ in self._seen)}, in "
+            "child processes beyond (a step nearer the memory limit)"
+        ), True
+
     def sweep(self, batches: list[int]) -> list[ProbeResult]:
         results = self.here.sweep(batches, admit=self.admits)
         self._seen += self._grown(results)
@@ -132,19 +148,3 @@ class HeadroomProber:
                 self.child = self._isolated().__enter__()
             results += self.child.sweep(rest)
         return results
-
-
-def where(prober: HeadroomProber) -> tuple[str, bool]:
-    """Where `prober`'s batches ran, in words, and whether in children."""
-    if prober.child is None:
-        return (
-            "in this process: each step far below the memory limit, where a "
-            "child process would cost a TensorFlow start"
-        ), False
-    here = [b for b, _ in prober._seen]
-    if not here:
-        return "each probe in a child process", True
-    return (
-        f"in this process up to batch {max(here)}, in child processes beyond "
-        "(a step nearer the memory limit)"
-    ), True
