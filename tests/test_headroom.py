@@ -231,3 +231,35 @@ def test_an_unbuilt_model_has_no_prior():
     """Without shapes nothing is predicted, so nothing trains here."""
     model = keras.Sequential([keras.layers.Dense(8), keras.layers.Dense(2)])
     assert headroom.prior_for(model) is None
+
+
+def test_a_sweep_here_trains_its_batches_on_one_clone(monkeypatch):
+    """One clone (one trace) for a sweep's batches, as in a child; a batch
+    that fails after others is probed again alone, on a clone of its own."""
+    import tensorflow as tf
+
+    from kerascale.measure import probe
+
+    class FailsAbove(keras.layers.Layer):
+        def call(self, x):
+            tf.debugging.assert_less_equal(tf.shape(x)[0], 16)
+            return x
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(FailsAbove()(inputs)))
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    built, real = [], probe.build_probe_model
+
+    def counting(*args, **kwargs):
+        built.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(probe, "build_probe_model", counting)
+    prober = probe.InProcessProber(model, spec_for(*toy_data(64), validate=False))
+    assert [r.outcome for r in prober.sweep([4, 8, 16])] == [OK, OK, OK]
+    assert len(built) == 1
+    results = prober.sweep([8, 32, 64])
+    assert [r.outcome for r in results] == [OK, "error"]  # stops at the first
+    assert "InvalidArgument" in results[-1].message
+    assert len(built) == 3  # the sweep's clone, and 32's alone

@@ -450,7 +450,10 @@ class InProcessProber:
                 del clone
         except model_lib.CannotRecreate:
             raise  # no copy can be made: the caller plans without one
-        except Exception as e:  # the clone could not be built: as a child reports it
+        except Exception as e:  # the clone could not be built (or put away):
+            # as a child reports it, against the batch it stopped at
+            if len(results) == len(batches):
+                results.pop()
             results.append(_failed(batches[len(results)], e, start))
         finally:
             gc.collect()
