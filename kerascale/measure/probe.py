@@ -1,23 +1,7 @@
-"""One batch-size probe: a real training step at a given batch, and whether it fit.
-
-A probe trains the user's model (prepared on the one path, under the plan's
-precision and strategy, as `fit` would) on a synthetic batch shaped like the
-data, for a few steps with the optimizer update, then runs one validation
-step at the same batch. It reports the outcome (`ok`, `oom` or `error`), the
-peak memory and the speed.
-
-Two ways to run one:
-
-- `kerascale.measure.child.IsolatedProber` (the default on CPU where the model
-  can be shipped): each probe is a child process under a real memory limit.
-  A crash there never harms the caller.
-- `InProcessProber` (here; the default on GPU, see `kerascale.sense.gpu_memory`
-  for why): trains a copy in this process (or, when no copy can be made, the
-  model itself, put back afterwards) and catches the error of memory running
-  out, which a GPU's allocator raises and the process survives. A CPU
-  out-of-memory abort cannot be survived, so on CPU it treats a peak above
-  the limit as out of memory instead.
-"""
+"""One batch-size probe: a real training step at a given batch, and whether it
+fit (`ok`, `oom` or `error`), its peak memory and its speed; and the prober
+that runs probes in this process (`kerascale.measure.child` runs them in child
+processes; docs/batch-search.md says which runs where, and why)."""
 
 from __future__ import annotations
 
