@@ -210,8 +210,9 @@ def test_a_memory_limit_keeps_every_probe_in_children(probe_dirs_made):  # noqa:
 
 
 def test_the_budget_counts_no_child_where_the_prior_admits_the_whole_ladder():
-    """`all_here` tells the budget whether a ladder's rungs start a child:
-    by the prior alone, for the top rung, and only where the guard applies."""
+    """A search's `Room` tells the budget whether a ladder's rungs start a
+    child: by the prior alone, for the top rung, and only where the guard
+    applies."""
     import types
 
     model = mlp(1024)  # the prior: 16 x 1030 bytes a sample, 16 x 7170 fixed
@@ -219,12 +220,12 @@ def test_the_budget_counts_no_child_where_the_prior_admits_the_whole_ladder():
     auto = types.SimpleNamespace(isolate="auto", memory_limit=None)
     top = 1024
     need = int(headroom.SAFETY / headroom.SHARE * 16 * (7170 + 1030 * top))
-    assert headroom.all_here(model, spec, "ladder", auto, need, top)
-    assert not headroom.all_here(model, spec, "ladder", auto, need - 1, top)
-    assert not headroom.all_here(model, spec, "max", auto, need, top)
+    assert headroom.room_for(model, spec, "ladder", auto, need).admits(top)
+    assert not headroom.room_for(model, spec, "ladder", auto, need - 1).admits(top)
+    assert headroom.room_for(model, spec, "max", auto, need) is None
     limited = types.SimpleNamespace(isolate="auto", memory_limit=need)
-    assert not headroom.all_here(model, spec, "ladder", limited, need, top)
-    assert not headroom.all_here(model, spec, "ladder", auto, None, top)
+    assert headroom.room_for(model, spec, "ladder", limited, need) is None
+    assert headroom.room_for(model, spec, "ladder", auto, None) is None
 
 
 def test_an_unbuilt_model_has_no_prior():

@@ -164,11 +164,11 @@ def run_search(
         model, spec, hw, options, mode=mode, cap=cap, first=first, isolate=isolate
     )
     cached = _cached(key, options, verbose)
+    # Where probes may run in this process first, decided once.
+    room = headroom.room_for(model, spec, mode, options, memory.predict)
     if cached is None and budget is not None and mode == "ladder":
         rungs = ladder(cap, granularity_for(hw.accelerator, cap))
-        local = not isolate or headroom.all_here(
-            model, spec, mode, options, memory.predict, rungs[-1]
-        )
+        local = not isolate or (room is not None and room.admits(rungs[-1]))
         if why := budget.refuse_search(plan, rungs, spec.steps, in_children=not local):
             raise SearchSkipped(why)
     # Measured only for an answer to give: it reads the input (seconds).
@@ -190,7 +190,7 @@ def run_search(
         )
     args = dict(mode=mode, cap=cap, hw=hw, first=first, verbose=verbose)
     found, why_isolate, isolated = _found_checked(
-        model, spec, options, instance, args, (isolate, why_isolate),
+        model, spec, options, instance, args, (isolate, why_isolate, room),
         (in_children, here),
     )  # fmt: skip
     memory = memory if isolated else here
@@ -280,7 +280,7 @@ def _found_checked(
     options: SearchOptions,
     instance: Any,
     args: dict,
-    isolation: tuple[bool, str],
+    isolation: tuple[bool, str, headroom.Room | None],
     memories: tuple[probe_memory.Memory, probe_memory.Memory],
 ) -> tuple[BatchSearchResult, str, bool]:
     """`_found`; for the check of a requested batch (probed `first`, capped
@@ -314,14 +314,15 @@ def _found(
     options: SearchOptions,
     instance: Any,
     args: dict,
-    isolation: tuple[bool, str],
+    isolation: tuple[bool, str, headroom.Room | None],
     memories: tuple[probe_memory.Memory, probe_memory.Memory],
 ) -> tuple[BatchSearchResult, str, bool]:
-    """The search, with probes in child processes when isolation says so,
-    in this process otherwise or when a child cannot load the model; where
-    they ran, in words, and whether in children. `memories`: the limits
-    for children and for this process."""
-    isolate, why = isolation
+    """The search, with probes in child processes when isolation says so
+    (in this process first while its `headroom.Room` admits them), in this
+    process otherwise or when a child cannot load the model; where they ran,
+    in words, and whether in children. `memories`: the limits for children
+    and for this process."""
+    isolate, why, room = isolation
     if isolate:
         # A child needs a model instance to save; a builder is called once.
         shipped = model() if is_builder(model) else model
@@ -329,12 +330,6 @@ def _found(
         def isolated():
             return child.IsolatedProber(shipped, spec, timeout=options.timeout)
 
-        limit = memories[0].predict
-        prior = (
-            headroom.prior_for(model)
-            if headroom.applies(spec, args["mode"], options, limit)
-            else None
-        )
         prober = (
             headroom.HeadroomProber(
                 # The guard keeps these far below the limit (which counts
@@ -343,16 +338,16 @@ def _found(
                 probe_lib.InProcessProber(
                     model, dataclasses.replace(spec, memory_limit=None, validate=False)
                 ),
-                limit,
-                prior,
+                room.limit,
+                room.prior,
                 isolated,
             )
-            if prior
+            if room
             else isolated()
         )
         try:
             found = _probe(prober, options, memory=memories[0], **args)
-            if prior:
+            if room:
                 return found, *prober.where()
             return found, why, True
         except child.CannotShip as e:

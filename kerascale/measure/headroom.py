@@ -13,6 +13,7 @@ so that the fixed part scales too).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -58,18 +59,30 @@ def applies(spec: Any, mode: str, options: Any, limit: int | None) -> bool:
     )
 
 
-def all_here(
-    model: Any, spec: Any, mode: str, options: Any, limit: int | None, top: int
-) -> bool:
-    """Whether the prior alone admits a ladder up to `top` here (none of
-    its rungs is expected to start a child)."""
+@dataclasses.dataclass(frozen=True)
+class Room:
+    """What a search may probe here: the limit it works against, and the
+    model's prior (fixed, per-sample bytes)."""
+
+    limit: int
+    prior: tuple[int, int]
+
+    def admits(self, top: int) -> bool:
+        """Whether the prior alone admits a ladder up to `top` here (none
+        of its rungs is expected to start a child)."""
+        fixed, per_sample = self.prior
+        return SAFETY * (fixed + per_sample * top) <= SHARE * self.limit
+
+
+def room_for(
+    model: Any, spec: Any, mode: str, options: Any, limit: int | None
+) -> Room | None:
+    """The room a search has here, decided once per search; None where
+    every probe runs in a child (`applies` says no, or no prior)."""
     if not applies(spec, mode, options, limit):
-        return False
+        return None
     known = prior_for(model)
-    if known is None:
-        return False
-    fixed, per_sample = known
-    return SAFETY * (fixed + per_sample * top) <= SHARE * limit
+    return Room(limit, known) if known is not None else None
 
 
 class HeadroomProber:
