@@ -254,10 +254,7 @@ def run(name: str, rounds: int, epochs: int, busy: bool) -> dict:
 
 
 def describe(plan) -> str:
-    return (
-        f"{plan.global_batch_size}, {plan.precision}, "
-        f"{', '.join(plan.data_changes) or 'as is'}"
-    )
+    return f"{plan.global_batch_size}, {plan.precision}, {plan.data_changes}"
 
 
 def cost(epochs_long: int = 10) -> dict:

@@ -79,7 +79,7 @@ def ours(arch, x, y, epochs: int) -> tuple[float, dict]:
     chose = {
         "batch": plan.global_batch_size,
         "precision": plan.precision,
-        "data_changes": list(plan.data_changes),
+        "data_changes": list(plan.data_changes.words()),
         "reasons": dict(plan.reasons),
     }
     return seconds, chose

@@ -26,6 +26,7 @@ from kerascale.find_batch import find_batch_size
 from kerascale.fit import fit, plan
 from kerascale.measure.cache import clear as clear_cache
 from kerascale.measure.result import BatchSearchResult
+from kerascale.plan.data_changes import DataChanges
 from kerascale.plan.plan import Plan
 from kerascale.sense.hardware import (
     CPUInfo,
@@ -65,6 +66,7 @@ __all__ = [
     "CheckpointError",
     "ClusterConfigError",
     "ConfigurationError",
+    "DataChanges",
     "DataError",
     "Diagnosis",
     "GPUInfo",

@@ -24,7 +24,7 @@ from kerascale.measure import advice, engines
 from kerascale.measure.advice import Recommendation
 from kerascale.measure.decide import decide, validate_options
 from kerascale.sense import backend as backend_lib
-from kerascale.sense import data_facts
+from kerascale.sense import data_facts, memory
 
 MEMORY_BOUND_HEADROOM = 0.10  # less free memory than this at the planned batch
 INPUT_BOUND_SHARE = 0.85  # training slower than this share of the step alone
@@ -202,10 +202,11 @@ def diagnose(
     _readable(timing, x, y, read)
 
     def decided(not_rebuildable: Any = "") -> Any:
-        return decide(
-            model, x, y, options, search=search, not_rebuildable=not_rebuildable,
-            steps_per_epoch=read,
-        )  # fmt: skip
+        with memory.planning():  # its collections walk only what it made
+            return decide(
+                model, x, y, options, search=search, not_rebuildable=not_rebuildable,
+                steps_per_epoch=read,
+            )  # fmt: skip
 
     with Session() as session:
         session.enter(model_lib.preserved_state())

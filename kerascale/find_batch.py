@@ -14,6 +14,7 @@ from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import MODES
 from kerascale.plan.options import Options
 from kerascale.sense import backend as backend_lib
+from kerascale.sense import memory
 
 
 def find_batch_size(
@@ -93,9 +94,9 @@ def find_batch_size(
     """
     options, search = _validated(locals())
     _supported_backend()
-    return _with_precision(
-        decide(model, x, y, options, search=search, force_search=True)
-    )
+    with memory.planning():  # its collections walk only what it made
+        decided = decide(model, x, y, options, search=search, force_search=True)
+    return _with_precision(decided)
 
 
 def _with_precision(decided: Any) -> BatchSearchResult:

@@ -22,4 +22,6 @@ m.compile(
     optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"]
 )
 h = kerascale.fit(m, ds, epochs=2, verbose=0)
-print(json.dumps({"replicas": h.plan.replicas, "changes": h.plan.data_changes}))
+print(
+    json.dumps({"replicas": h.plan.replicas, "changes": h.plan.data_changes.to_dict()})
+)

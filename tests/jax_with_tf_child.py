@@ -73,13 +73,13 @@ def main(directory):
         json.dumps(
             {
                 "backend": ours.plan.backend,
-                "data_changes": list(ours.plan.data_changes),
+                "data_changes": ours.plan.data_changes.to_dict(),
                 "ours": ours.history["loss"],
                 "resumed": resumed.history["loss"],
                 "resumed_epochs": trained,
                 "theirs": theirs.history["loss"],
                 "materialized": materialized.history["loss"],
-                "materialized_changes": list(materialized.plan.data_changes),
+                "materialized_changes": materialized.plan.data_changes.to_dict(),
                 "event_files": len(events),
                 "state_files": sorted(
                     name

@@ -13,6 +13,7 @@ def test_public_names_are_pinned():
             "CheckpointError",
             "ClusterConfigError",
             "ConfigurationError",
+            "DataChanges",
             "DataError",
             "Diagnosis",
             "GPUInfo",

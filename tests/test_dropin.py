@@ -140,7 +140,7 @@ def test_a_step_that_fails_on_its_own_raises_its_error_without_blaming_kerascale
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
     with pytest.raises(ValueError, match="my train_step is broken"):
         model.fit(ds, verbose=0)
-    assert kerascale.plan(model, ds, verbose=0).data_changes  # a choice to drop
+    assert kerascale.plan(model, ds, verbose=0).data_changes.pipeline  # to drop
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(ValueError, match="my train_step is broken"):

@@ -91,7 +91,10 @@ def test_batched_dataset_is_rebatched_to_the_requested_batch():
         callbacks=[Count()],
     )
     assert seen == [0, 1]
-    assert history.plan.data_changes[0] == "rebatch(8 -> 32)"
+    assert (
+        history.plan.data_changes.rebatch_from,
+        history.plan.data_changes.batch,
+    ) == (8, 32)
     auto = kerascale.plan(dense_model(), ds, precision="float32")
     assert (
         auto.global_batch_size == 8

@@ -28,7 +28,7 @@ def test_tf_data_checkpoints_and_event_files_on_the_jax_backend(tmp_path):
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found["backend"] == "jax"
     # kerascale's tf.data changes apply on JAX too, and train as plain fit.
-    assert "prefetch(AUTOTUNE)" in found["data_changes"]
+    assert found["data_changes"]["prefetch"]
     np.testing.assert_allclose(found["ours"], found["theirs"][:2], rtol=1e-6)
     # A second fit resumes from the checkpoint (its History carried over)
     # and trains the third epoch as the uninterrupted run did.
@@ -37,7 +37,7 @@ def test_tf_data_checkpoints_and_event_files_on_the_jax_backend(tmp_path):
     assert "state.npz" in found["state_files"]  # Keras's variables, not tf.train
     assert found["event_files"] >= 1  # the monitors' TensorBoard scalars
     # fit(materialize=...) on JAX: the map written once, trained as plain fit.
-    assert found["materialized_changes"][0] == "materialized"
+    assert found["materialized_changes"]["materialized"]
     np.testing.assert_allclose(found["materialized"], found["theirs"], rtol=1e-6)
     assert found["warnings"] == []
     # Keras's JAX fit reads a batch to build the loss and metrics, from an
@@ -58,7 +58,7 @@ def test_a_cache_kerascale_adds_sees_no_stray_read_on_two_devices():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert found["replicas"] == 2 and "cache()" in found["changes"], found
+    assert found["replicas"] == 2 and found["changes"].get("cache"), found
     assert "did not fully read the dataset being cached" not in proc.stderr
 
 

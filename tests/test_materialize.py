@@ -219,7 +219,7 @@ def test_fit_materializes_and_trains_as_on_the_pipeline(images, tmp_path):
         small_model(), decoded(images).batch(8), materialize=folder, **settings
     )
     plan = history.plan
-    assert plan.data_changes[0] == "materialized"
+    assert plan.data_changes.materialized
     assert "materialized TensorSlice -> ParallelMap to" in plan.reasons["data_changes"]
     reference = small_model().fit(decoded(images).batch(8), epochs=2, verbose=0)
     np.testing.assert_allclose(
@@ -241,6 +241,6 @@ def test_fit_trains_what_it_cannot_materialize_as_given_with_one_warning(
             precision="float32",
         )  # fmt: skip
     assert sum("materialize=" in str(m.message) for m in w) == 1
-    assert "materialized" not in history.plan.data_changes
+    assert not history.plan.data_changes.materialized
     with pytest.raises(kerascale.ConfigurationError, match="materialize must be"):
         kerascale.fit(small_model(), ds, materialize=3)

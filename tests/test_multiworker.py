@@ -169,7 +169,7 @@ def test_two_workers_fit_like_one_process(tmp_path):
     assert (plan["strategy"], plan["replicas"]) == ("multi_worker", 2)
     # The per-worker batch is the global batch / workers.
     assert (plan["micro_batch_size"], plan["global_batch_size"]) == (8, 16)
-    assert "shard by data" in plan["data_changes"]
+    assert plan["data_changes"]["shard"] == "data"
     assert "TF_CONFIG: 2 workers" in plan["reasons"]["strategy"]
 
 

@@ -5,9 +5,9 @@ import pytest
 from conftest import CPU, CPU_BF16, gpu_box
 
 import kerascale
-from kerascale.plan import rules
+from kerascale.plan.data_changes import DataChanges
 from kerascale.plan.options import Options, pin
-from kerascale.plan.plan import MATERIALIZED, Plan
+from kerascale.plan.plan import Plan
 from kerascale.plan.rules import make_plan
 from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import ClusterInfo, GPUInfo, Hardware, TPUInfo
@@ -197,19 +197,22 @@ def test_a_model_that_cannot_move_to_the_cluster_is_an_error():
 @pytest.mark.parametrize(
     "data, batch_size, replicas_hw, global_batch, changes",
     [
-        (ARRAYS, "auto", CPU_ONLY, 32, ()),
-        (ARRAYS, "auto", gpu_box(4), 128, ()),
-        (ARRAYS, 100, CPU_ONLY, 100, ()),
-        (DataFacts("dataset"), "auto", CPU_ONLY, 32, ("batch(32)",)),
-        (DataFacts("dataset", True, 16), "auto", CPU_ONLY, 16, ()),
-        (DataFacts("dataset", True, 16), 64, CPU_ONLY, 64, ("rebatch(16 -> 64)",)),
+        (ARRAYS, "auto", CPU_ONLY, 32, {}),
+        (ARRAYS, "auto", gpu_box(4), 128, {}),
+        (ARRAYS, 100, CPU_ONLY, 100, {}),
+        (DataFacts("dataset"), "auto", CPU_ONLY, 32, {"batch": 32}),
+        (DataFacts("dataset", True, 16), "auto", CPU_ONLY, 16, {}),
+        (
+            DataFacts("dataset", True, 16), 64, CPU_ONLY, 64,
+            {"batch": 64, "rebatch_from": 16},
+        ),
     ],
-)
+)  # fmt: skip
 def test_batch_decisions(data, batch_size, replicas_hw, global_batch, changes):
     p = plan_for(replicas_hw, data=data, batch_size=batch_size, optimize_data=False)
     assert p.global_batch_size == global_batch
     assert p.micro_batch_size * p.replicas * p.accumulation_steps == global_batch
-    assert p.data_changes == changes
+    assert p.data_changes == DataChanges(**changes)
 
 
 def test_batch_must_divide_across_replicas():
@@ -222,34 +225,75 @@ def test_batch_must_divide_across_replicas():
 
 def test_optimize_data_changes_are_recorded():
     p = plan_for(CPU_ONLY, data=DataFacts("dataset", True, 32))
-    assert p.data_changes == ("prefetch(AUTOTUNE)",)  # no map to parallelize
+    assert p.data_changes == DataChanges(prefetch=True)  # no map to parallelize
     p = plan_for(CPU_ONLY, data=DataFacts("dataset", True, 32, sequential_map=True))
-    assert p.data_changes == ("map parallelization", "prefetch(AUTOTUNE)")
+    assert p.data_changes == DataChanges(parallel_map=True, prefetch=True)
     p = plan_for(gpu_box(2), data=DataFacts("dataset", True, 32))
-    assert p.data_changes[-1] == "shard by data"
+    assert p.data_changes.shard == "data"
     p = plan_for(gpu_box(2), data=DataFacts("dataset", True, 32, from_files=True))
-    assert p.data_changes[-1].startswith("shard by file")
+    assert p.data_changes.shard == "file"
+
+
+def test_data_changes_read_as_the_plan_has_always_printed_them():
+    """The one place the words are made (a golden test of their wording)."""
+    every = DataChanges(
+        materialized=True, batch=64, rebatch_from=16, parallel_map=True,
+        prefetch=True, cache=True, shard="file", read_ahead=True,
+        by_process=True, left_out=3, cut_as_read=True,
+    )  # fmt: skip
+    assert every.words() == (
+        "materialized",
+        "rebatch(16 -> 64)",
+        "map parallelization",
+        "prefetch(AUTOTUNE)",
+        "cache()",
+        "shard by file (by data if fewer files than workers)",
+        "read ahead on a thread where a callback waits on each step",
+        "each process reads its block of every global batch",
+        "last 3 sample(s) of each epoch left out",
+        "each batch cut to a multiple of the devices as it is read",
+    )
+    assert str(DataChanges()) == "unchanged" and DataChanges().words() == ()
+    assert every.pipeline == every.words()[:1] + every.words()[2:]
+    assert DataChanges.from_saved(every.to_dict()) == every
+    assert DataChanges().to_dict() == {}
+    with pytest.raises(ValueError, match="shard"):
+        DataChanges(shard="rows")
+
+
+def test_a_checkpoint_s_plan_saved_as_words_reads_back_as_its_changes():
+    """Plans saved before `DataChanges` held the words (kerascale 0.1.0,
+    until 2026-11-28): such a checkpoint still pins what it chose."""
+    old = plan_for(CPU_ONLY).to_dict()
+    old["data_changes"] = [
+        "rebatch(16 -> 64)", "map parallelization", "prefetch(AUTOTUNE)",
+        "shard by data", "read ahead on a thread where a callback waits on "
+        "each step", "a wording no field holds",
+    ]  # fmt: skip
+    changes = Plan.from_dict(old).data_changes
+    assert changes == DataChanges(
+        batch=64, rebatch_from=16, parallel_map=True, prefetch=True,
+        shard="data", read_ahead=True,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "changes, pinned",
     [
-        (("batch(32)", "map parallelization", "prefetch(AUTOTUNE)"), True),
+        ({"batch": 32, "parallel_map": True, "prefetch": True}, True),
         # JAX's read-ahead alone (this pinned False before: the checkpoint's
         # plan was searched for "prefetch(AUTOTUNE)", TensorFlow's words).
-        (("batch(32)", rules.PREFETCH), True),
-        (("rebatch(16 -> 64)",), False),
-        ((MATERIALIZED, "batch(32)"), False),
-        ((), False),
+        ({"batch": 32, "read_ahead": True}, True),
+        ({"batch": 64, "rebatch_from": 16}, False),
+        ({"materialized": True, "batch": 32}, False),
+        ({}, False),
     ],
 )
 def test_a_resumed_run_keeps_the_pipeline_changes_its_checkpoint_made(changes, pinned):
-    saved = dataclasses.replace(plan_for(CPU_ONLY), data_changes=changes)
+    saved = dataclasses.replace(plan_for(CPU_ONLY), data_changes=DataChanges(**changes))
+    saved = Plan.from_json(saved.to_json())  # as a checkpoint holds it
     options, names = pin(Options.validate(), saved, data_batched=False)
     assert options.optimize_data is pinned and "optimize_data" in names
-    assert saved.pipeline_changes() == tuple(
-        c for c in changes if not c.startswith(("batch(", "rebatch("))
-    )
 
 
 def test_plan_round_trips_through_json_and_is_frozen():

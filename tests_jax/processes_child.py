@@ -166,7 +166,7 @@ def main():
             "replicas": plan.replicas,
             "global_batch_size": plan.global_batch_size,
             "reason": plan.reasons.get("strategy", ""),
-            "data_changes": list(plan.data_changes),
+            "data_changes": plan.data_changes.to_dict(),
             "sharding": dict(plan.sharding),
             "sharding_reason": plan.reasons.get("sharding", ""),
         }

@@ -490,7 +490,7 @@ def test_the_trainer_pattern_trains_and_a_tensorflow_style_step_fails_as_plain()
             warnings.simplefilter("always")
             if fails:
                 plan = kerascale.plan(model, x, y, batch_size=16, verbose=0)
-                assert plan.data_changes  # a choice of kerascale's to drop
+                assert plan.data_changes.pipeline  # a choice of kerascale's to drop
                 plain = trainer(dense_model())
                 plain.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
                 with pytest.raises(TypeError, match="positional argument"):

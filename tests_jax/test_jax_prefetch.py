@@ -14,6 +14,7 @@ from conftest import dense_model, toy_data
 
 import kerascale
 from kerascale.callbacks import FaultTolerantBackup, Prefetch
+from kerascale.plan.data_changes import DataChanges
 
 
 class Batches(keras.utils.PyDataset):
@@ -152,7 +153,7 @@ def test_kerascale_fit_reads_ahead_where_a_callback_waits_on_each_step():
     history = kerascale.fit(
         dense_model(), x, y, batch_size=16, epochs=1, verbose=0, callbacks=[spy]
     )
-    assert "read ahead on a thread" in history.plan.data_changes[0]
+    assert history.plan.data_changes.read_ahead
     assert "same order" in history.plan.reasons["data_changes"]
     assert "Prefetch" in repr(spy.function)
     assert no_reader_threads()
@@ -166,7 +167,7 @@ def test_kerascale_fit_reads_ahead_where_a_callback_waits_on_each_step():
         dense_model(), x, y, batch_size=16, epochs=1, verbose=0,
         optimize_data=False, callbacks=[Spy()],
     )  # fmt: skip
-    assert off.plan.data_changes == ()
+    assert off.plan.data_changes == DataChanges()
 
 
 @pytest.mark.once  # plain fit and the callback: one device

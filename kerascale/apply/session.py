@@ -47,7 +47,7 @@ from kerascale.apply.jax import shard
 from kerascale.apply.tensorflow import cluster
 from kerascale.errors import ConfigurationError, warn
 from kerascale.sense import backend as backend_lib
-from kerascale.sense import data_facts, memory
+from kerascale.sense import data_facts
 from kerascale.sense.model_facts import borrow_problem, gist, is_builder
 
 logger = logging.getLogger("kerascale")
@@ -429,12 +429,6 @@ def train(
     restore = None
     if prepared.decided.search is not None:
         restore = strategy_lib.keep_state(prepared.plan, prepared.model)
-    # Planning's compiles, probes and trials leave garbage and freed heap in
-    # this process: training's memory was planned without them. (Where
-    # nothing was measured it is not done: `gc.collect` alone took 0.3-0.5 s
-    # in a TensorFlow process, more than the rest of planning.)
-    if prepared.decided.measured_here:
-        memory.release_freed()
     if traits.reads_to_build and data_lib.caches(prepared.x):
         # Keras's JAX fit reads one batch to build the loss and metrics, from
         # an iterator it drops: a cache() kerascale added would warn that it

@@ -20,7 +20,6 @@ from kerascale.callbacks.profile import ProfileWindow
 from kerascale.callbacks.throughput import Throughput
 from kerascale.callbacks.time_budget import TimeBudget
 from kerascale.errors import ConfigurationError, warn
-from kerascale.plan import rules
 from kerascale.sense import backend as backend_lib
 
 logger = logging.getLogger("kerascale")
@@ -72,7 +71,7 @@ def backup_for(
 def loader(plan: Any, callbacks: list[Any]) -> list[keras.callbacks.Callback]:
     """`Prefetch`, where the plan reads ahead on a thread (JAX) and one of
     `callbacks` makes Keras wait for each step."""
-    if rules.PREFETCH in plan.data_changes and waits_on_steps(callbacks):
+    if plan.data_changes.read_ahead and waits_on_steps(callbacks):
         return [Prefetch()]
     return []
 

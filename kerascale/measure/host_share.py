@@ -287,7 +287,7 @@ def _reader(x: Any, y: Any, data: Any, plan: Any, shuffle: Any) -> Any:
             planned = dataclasses.replace(
                 plan, micro_batch_size=max(1, batch // max(1, plan.replicas))
             )
-            optimize = bool(plan.data_changes)
+            optimize = plan.data_changes.optimized
             return data_lib.prepare(peekable(x), data, planned, optimize=optimize)
 
         def read_dataset(ds: Any, _: int) -> Any:

@@ -412,8 +412,6 @@ class InProcessProber:
         (none admitted: no clone is built, and no results); stops at the first
         that does not fit, which is probed again alone on a clone of its own
         (what the smaller batches left can tip a batch near the limit over)."""
-        import gc
-
         results: list[ProbeResult] = []
         if not admit(batches[0], results):
             return results
@@ -438,7 +436,7 @@ class InProcessProber:
                 results.pop()
             results.append(_failed(batches[len(results)], e, start))
         finally:
-            gc.collect()
+            memory.collect()
         if len(results) > 1 and results[-1].outcome != OK:
             alone = self.sweep([results[-1].batch])[0]
             results[-1] = dataclasses.replace(

@@ -6,7 +6,6 @@ interleaved rounds, within a budget. The decisions are `kerascale.measure.trials
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import time
 import types
@@ -21,6 +20,7 @@ from kerascale.apply.session import Session, prepare
 from kerascale.measure import budget
 from kerascale.measure.probe import StepClock
 from kerascale.sense import backend as backend_lib
+from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
 
 # A timed window (benchmarks/trial_noise.py, 2 cores, the reference CNN's
@@ -110,7 +110,7 @@ class Bench:
             return self.session.__exit__(*exc)
         finally:
             if made:
-                gc.collect()
+                memory.collect()
 
     def budget_for(self, samples, unbudgeted, speed) -> None:
         self.samples, self.unbudgeted, self.speed = samples, unbudgeted, speed

@@ -10,22 +10,22 @@ is read (one warning if one is cut). Anything else goes to Keras as it is.
 
 from __future__ import annotations
 
-from kerascale.sense.data_facts import DataFacts
+from typing import Any
 
-CUT_AS_READ = "each batch cut to a multiple of the devices as it is read"
-BY_PROCESS = "each process reads its block of every global batch"
+from kerascale.sense.data_facts import DataFacts
 
 
 def changes(
     data: DataFacts, step_batch: int, replicas: int, processes: int = 1
-) -> tuple[list[str], list[str]]:
-    """(data changes, warnings) for `data` at global batch `step_batch`
-    over `replicas` devices of `processes` JAX processes."""
+) -> tuple[dict[str, Any], list[str]]:
+    """(data changes, as `DataChanges` fields; warnings) for `data` at
+    global batch `step_batch` over `replicas` devices of `processes` JAX
+    processes."""
     if replicas <= 1:
-        return [], []
-    split = [BY_PROCESS] if processes > 1 and _shared(data) else []
+        return {}, []
+    split = {"by_process": True} if processes > 1 and _shared(data) else {}
     if processes > 1 and not _shared(data) and data.kind != "dataset":
-        return [], [
+        return {}, [
             f"kerascale cannot give each of the {processes} JAX processes its "
             f"share of a {data.kind} input it cannot cut as it reads: each "
             "process trains on the batches its own input gives (Keras joins "
@@ -37,7 +37,7 @@ def changes(
         dropped = last % replicas
         if not dropped:
             return split, []
-        return [*split, f"last {dropped} sample(s) of each epoch left out"], [
+        return {**split, "left_out": dropped}, [
             f"Your {data.num_samples} samples end in a batch of {last}, which "
             f"JAX cannot split evenly over the {replicas} devices (plain "
             f"model.fit under this distribution fails on it): kerascale leaves "
@@ -46,7 +46,7 @@ def changes(
             'sample count that is; strategy="default" trains on one device.'
         ]
     if data.kind in ("pydataset", "other") and data.splittable:
-        return [*split, CUT_AS_READ], []
+        return {**split, "cut_as_read": True}, []
     return split, []
 
 

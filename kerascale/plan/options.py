@@ -10,7 +10,7 @@ from kerascale import _validation
 from kerascale.errors import ConfigurationError
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
-from kerascale.plan.plan import MATERIALIZED, Plan
+from kerascale.plan.plan import Plan
 from kerascale.plan.sharding import Sharded
 
 VERBOSE_CHOICES = ("auto", 0, 1, 2)
@@ -140,9 +140,7 @@ def pin(
     if options.precision == "auto":
         changes["precision"] = saved.precision
     if options.optimize_data == "auto":
-        changes["optimize_data"] = any(
-            c != MATERIALIZED for c in saved.pipeline_changes()
-        )
+        changes["optimize_data"] = saved.data_changes.optimized
     if options.batch_size == "auto" and not data_batched:
         changes["batch_size"] = saved.global_batch_size
     batch = changes.get("batch_size", options.batch_size)
@@ -183,7 +181,7 @@ def plain(options: Options, plan: Plan, model_policy: str) -> tuple[Options, str
     ):
         changes["strategy"] = "default"
         said.append(f"training over {plan.replicas} devices")
-    pipeline = plan.pipeline_changes()
+    pipeline = plan.data_changes.pipeline
     if options.optimize_data == "auto" and pipeline:
         changes["optimize_data"] = False
         said.append(f"the input pipeline changes ({', '.join(pipeline)})")

@@ -11,12 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kerascale.errors import ConfigurationError
+from kerascale.plan.data_changes import DataChanges
 from kerascale.sense import backend as backend_lib
-
-# The data change `fit` names where it trains on a materialized copy of the
-# input (`kerascale.data.materialize`), and the prefixes of the batching ones.
-MATERIALIZED = "materialized"
-_BATCHING = ("batch(", "rebatch(")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +31,8 @@ class Plan:
             `micro_batch_size * replicas * accumulation_steps`.
         lr_factor: The factor applied to the learning rate.
         rebuild: Whether the model is re-created under the policy and scope.
-        data_changes: What kerascale changed in the input pipeline.
+        data_changes: What kerascale changed in the input pipeline (a
+            `DataChanges`; `str()` of it in words).
         hardware: A one-line summary of the hardware.
         reasons: Field name -> why it has its value.
         warnings: Things the user should know (e.g. mixed GPU types).
@@ -61,7 +58,7 @@ class Plan:
     global_batch_size: int
     lr_factor: float = 1.0
     rebuild: bool = False
-    data_changes: tuple[str, ...] = ()
+    data_changes: DataChanges = dataclasses.field(default_factory=DataChanges)
     hardware: str = ""
     reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
     warnings: tuple[str, ...] = ()
@@ -80,11 +77,6 @@ class Plan:
                 f"global_batch_size={self.global_batch_size}"
             )
 
-    def pipeline_changes(self) -> tuple[str, ...]:
-        """`data_changes` less the batching ("batch(N)", "rebatch(A -> B)",
-        made by `rules`): what `optimize_data` changed, and MATERIALIZED."""
-        return tuple(c for c in self.data_changes if not c.startswith(_BATCHING))
-
     @property
     def step_batch_size(self) -> int:
         """Samples in one forward pass across replicas: the dataset's batch."""
@@ -95,7 +87,9 @@ class Plan:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, tuple):
+            if isinstance(value, DataChanges):
+                value = value.to_dict()
+            elif isinstance(value, tuple):
                 value = list(value)
             elif isinstance(value, Mapping):
                 value = dict(value)
@@ -115,9 +109,11 @@ class Plan:
                 f"Unknown Plan field(s) {sorted(unknown)}; known: {sorted(names)}."
             )
         kwargs = dict(d)
-        for key in ("devices", "data_changes", "warnings"):
+        for key in ("devices", "warnings"):
             if key in kwargs:
                 kwargs[key] = tuple(kwargs[key])
+        if "data_changes" in kwargs:
+            kwargs["data_changes"] = DataChanges.from_saved(kwargs["data_changes"])
         return cls(**kwargs)
 
     @classmethod
@@ -198,7 +194,7 @@ class Plan:
         rows.append(
             (
                 "data",
-                ", ".join(self.data_changes) or "unchanged",
+                str(self.data_changes),
                 self.reasons.get("data_changes", ""),
             )
         )

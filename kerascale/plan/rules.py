@@ -14,6 +14,7 @@ from kerascale.plan import accumulation as accumulation_rules
 from kerascale.plan import batch_split, device_split, sharding
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
+from kerascale.plan.data_changes import DataChanges
 from kerascale.plan.options import Options
 from kerascale.plan.plan import Plan
 from kerascale.sense import backend as backend_lib
@@ -78,7 +79,8 @@ def make_plan(
     )
     reasons["data_changes"] = why_data
     split, split_warnings = _split(hardware, where, data, sp.micro * replicas)
-    data_changes, warnings = data_changes + split, warnings + split_warnings
+    data_changes = dataclasses.replace(data_changes, **split)
+    warnings += split_warnings
     recompute = _recompute(options, reasons)
     return Plan(
         strategy=where.strategy,
@@ -90,7 +92,7 @@ def make_plan(
         global_batch_size=global_batch,
         lr_factor=factor,
         rebuild=where.rebuild,
-        data_changes=tuple(data_changes),
+        data_changes=data_changes,
         hardware=hardware.summary(),
         reasons=reasons,
         warnings=tuple(warnings),
@@ -408,17 +410,12 @@ def _within_data(
     return capped, f"{why}, capped at the data's {n} samples", warnings
 
 
-# On JAX: kerascale.callbacks.Prefetch, installed by kerascale.fit where a
-# callback of the run makes Keras wait for each step's logs.
-PREFETCH = "read ahead on a thread where a callback waits on each step"
-
-
 def _split(
     hardware: Hardware, where: Any, data: DataFacts, step_batch: int
-) -> tuple[list[str], list[str]]:
+) -> tuple[dict[str, Any], list[str]]:
     """How each batch is split where the devices must divide it (JAX)."""
     if not backend_lib.traits(hardware.backend).even_batches:
-        return [], []
+        return {}, []
     processes = _processes(hardware, where)
     return batch_split.changes(data, step_batch, where.replicas, processes)
 
@@ -436,10 +433,12 @@ def _processes(hardware: Hardware, where: Any) -> int:
 
 def _data_changes(
     options: Options, data: DataFacts, global_batch: int, replicas: int, backend: str
-) -> tuple[list[str], str]:
+) -> tuple[DataChanges, str]:
     changes, why = _pipeline_changes(options, data, global_batch, replicas)
     if backend_lib.traits(backend).reads_in_step_thread and options.optimize_data:
-        changes.append(PREFETCH)
+        # kerascale.callbacks.Prefetch, installed by kerascale.fit where a
+        # callback of the run makes Keras wait for each step's logs.
+        changes = dataclasses.replace(changes, read_ahead=True)
         why = (
             "Keras's JAX fit reads each batch in the training thread, and "
             "dispatches steps ahead, so reading overlaps the step; a callback "
@@ -454,35 +453,34 @@ def _data_changes(
 
 def _pipeline_changes(
     options: Options, data: DataFacts, global_batch: int, replicas: int
-) -> tuple[list[str], str]:
+) -> tuple[DataChanges, str]:
     if data.kind == "arrays":
-        return [], "arrays are batched and prefetched by Keras itself"
+        return DataChanges(), "arrays are batched and prefetched by Keras itself"
     if data.kind == "pydataset":
-        return [], "a PyDataset makes its own batches; Keras reads it"
+        return DataChanges(), "a PyDataset makes its own batches; Keras reads it"
     if data.kind == "other":
-        return [], "your data goes to Keras as it is (kerascale does not read it)"
-    changes = []
+        return (
+            DataChanges(),
+            "your data goes to Keras as it is (kerascale does not read it)",
+        )
+    batching: dict[str, Any] = {}
     if not data.batched:
-        changes.append(f"batch({global_batch})")
+        batching = {"batch": global_batch}
     elif data.batch_size != global_batch:
-        changes.append(f"rebatch({data.batch_size} -> {global_batch})")
+        batching = {"batch": global_batch, "rebatch_from": data.batch_size}
+    changes = DataChanges(**batching)
     if options.optimize_data:
-        if data.sequential_map:
-            changes.append("map parallelization")
-        changes.append("prefetch(AUTOTUNE)")
-        if data.cacheable:
-            changes.append("cache()")
-        if replicas > 1:
-            # TF's AUTO tries files first and warns when it falls back to data;
-            # saying which one applies is quieter and shows in the plan.
-            changes.append(
-                "shard by file (by data if fewer files than workers)"
-                if data.from_files
-                else "shard by data"
-            )
-    if options.optimize_data:
+        changes = dataclasses.replace(
+            changes,
+            parallel_map=data.sequential_map,
+            prefetch=True,
+            cache=data.cacheable,
+            # TF's AUTO tries files first and warns when it falls back to
+            # data; saying which one applies is quieter and shows in the plan.
+            shard=("file" if data.from_files else "data") if replicas > 1 else "",
+        )
         what = "read ahead of training"
     else:
-        what = "batched only" if changes else "as given"
+        what = "batched only" if batching else "as given"
     why = f"{what} (optimize_data={options.optimize_data!r})"
     return changes, why

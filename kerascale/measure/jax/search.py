@@ -29,7 +29,6 @@ from kerascale.measure.jax import compiled, confirm
 from kerascale.measure.probe import OK, OOM, ProbeResult
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import granularity_for, granule_at, ladder, round_down
-from kerascale.plan import rules
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
 
@@ -80,7 +79,7 @@ def run_search(
     # With device_memory, a CPU device counts as a device of its own.
     host = hw.accelerator == "cpu" and not options.device_memory
     element = compiled.element_of(x, y)
-    held = reader.HELD if rules.PREFETCH in plan.data_changes else 0
+    held = reader.HELD if plan.data_changes.read_ahead else 0
     share = host_share.for_search(
         x, y, data, plan, memory_limit=options.memory_limit, on_host=host,
         start=start, cap=cap,

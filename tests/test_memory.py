@@ -1,0 +1,79 @@
+"""`memory.planning`: planning's garbage collections walk only what planning
+made, and the heap is as it was once the region ends, however it ends."""
+
+import gc
+
+import pytest
+
+from kerascale.sense import memory
+
+
+@pytest.fixture(autouse=True)
+def _unfrozen():
+    """The suite's conftest freezes what collection imported; these tests
+    start from a heap nobody froze, and the suite's is frozen again after."""
+    gc.unfreeze()
+    yield
+    gc.collect()
+    gc.freeze()
+
+
+class _Cycle:
+    def __init__(self):
+        self.me = self
+
+
+def _collected(ref_list):
+    return all(r() is None for r in ref_list)
+
+
+def test_a_region_freezes_at_its_first_collection_and_unfreezes_at_its_end():
+    import weakref
+
+    before = _Cycle()
+    dropped_before = weakref.ref(before)
+    del before  # garbage from before the region: the first collection is full
+    assert gc.get_freeze_count() == 0
+    with memory.planning():
+        assert gc.get_freeze_count() == 0  # nothing frozen until it collects
+        memory.collect()
+        assert _collected([dropped_before])
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        made = _Cycle()
+        dropped_inside = weakref.ref(made)
+        del made
+        memory.collect()  # of what the region made
+        assert _collected([dropped_inside])
+        assert gc.get_freeze_count() == frozen  # nothing more frozen
+        left = _Cycle()
+        left_behind = weakref.ref(left)
+        del left  # garbage the region leaves: collected at its end
+    assert _collected([left_behind])
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_region_that_raises_unfreezes_and_nested_regions_unfreeze_once():
+    with pytest.raises(RuntimeError), memory.planning():
+        with memory.planning():
+            memory.collect()
+        assert gc.get_freeze_count() > 0  # the outer region still holds
+        raise RuntimeError("planning failed")
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_heap_the_user_froze_stays_frozen_and_is_not_unfrozen():
+    gc.freeze()
+    try:
+        theirs = gc.get_freeze_count()
+        with memory.planning():
+            memory.release_freed()
+        assert gc.get_freeze_count() == theirs
+    finally:
+        gc.unfreeze()
+
+
+def test_a_region_that_collects_nothing_freezes_nothing():
+    with memory.planning():
+        pass
+    assert gc.get_freeze_count() == 0
