@@ -3,6 +3,10 @@
 Each function names what it reads and why there is no public way; each has a
 test in tests_jax/test_compat_jax.py that fails when JAX changes it.
 
+Whether JAX's backends have started (`xla_bridge.backends_are_initialized`):
+`jax.distributed.initialize` refuses to join once they have, with a
+RuntimeError whose text is the only public sign; asked first instead.
+
 The key-value store of JAX's coordination service (`jax.distributed`): the
 same service and store as TensorFlow's (XLA's `DistributedRuntimeClient`),
 with no public API: `jax/_src/distributed.py`'s `global_state.client` only
@@ -70,3 +74,11 @@ def kv_get(key: str, timeout: float | None) -> str:
         if "DEADLINE_EXCEEDED" in str(e):
             raise KeyTimeout(key) from e
         raise
+
+
+def backends_started() -> bool:
+    """Whether JAX has started its backends in this process (any computation,
+    `jax.devices()`...): then `jax.distributed.initialize` cannot join."""
+    from jax._src import xla_bridge
+
+    return bool(xla_bridge.backends_are_initialized())

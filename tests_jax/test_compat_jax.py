@@ -162,3 +162,40 @@ def test_read_like_fit_reads_the_batches_kerascale_counts():
     x, y = np.zeros((40, 3), "float32"), np.zeros((40, 1), "float32")
     _, _, held = keras_compat.read_like_fit(x, y, 8, True, "jax", 3)
     assert len(held) == 2 and held[0][0].shape == (8, 3)  # the step's and the next
+
+
+def test_jax_cannot_join_processes_once_its_backends_started():
+    """kerascale/_jax_compat.py `backends_started`: asked before joining, where
+    `jax.distributed.initialize` says it only in its error's text. Fails when
+    JAX renames it, or starts joining after computing (then the refusal and
+    kerascale's warning can go)."""
+    import subprocess
+    import sys
+    import warnings
+
+    from kerascale import _jax_compat
+    from kerascale.apply.jax import cluster
+    from kerascale.errors import ClusterConfigError
+
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import jax\nfrom kerascale import _jax_compat\n"
+         "print(_jax_compat.backends_started())"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert fresh.stdout.strip() == "False", fresh.stderr[-2000:]
+    jax.devices()
+    assert _jax_compat.backends_started()
+    with pytest.raises(RuntimeError):
+        jax.distributed.initialize("127.0.0.1:1", 2, 0, initialization_timeout=1)
+    env = {
+        "JAX_COORDINATOR_ADDRESS": "127.0.0.1:1",
+        "JAX_NUM_PROCESSES": "2",
+        "JAX_PROCESS_ID": "0",
+    }
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert cluster.join_at_import(env) is False
+    assert any("JAX had already computed" in str(w.message) for w in said)
+    with pytest.raises(ClusterConfigError, match="already computed"):
+        cluster.connect(environ=env)
+    assert not jax.distributed.is_initialized()

@@ -24,6 +24,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from kerascale import _jax_compat
 from kerascale.apply import keras_compat
 from kerascale.apply.tensorflow import cluster as tf_cluster
 from kerascale.errors import ClusterConfigError, warn
@@ -55,17 +56,7 @@ def join_at_import(environ: Mapping[str, str] | None = None) -> bool:
     if jax.distributed.is_initialized():
         return False
     timeouts = tf_cluster.timeouts_from_env(env)  # the same worker_timeout
-    try:
-        jax.distributed.initialize(
-            coordinator_address=described.coordinator,
-            num_processes=described.num_processes,
-            process_id=described.process_id,
-            initialization_timeout=math.ceil(timeouts.start),
-            heartbeat_timeout_seconds=math.ceil(timeouts.heartbeat),
-        )
-    except RuntimeError as e:
-        if "before any JAX" not in str(e):
-            raise
+    if not _joined(described, timeouts):
         warn(
             f"{described.source} describes {described.num_processes or 'several'} "
             "JAX processes, and kerascale could not join them: JAX had already "
@@ -79,6 +70,23 @@ def join_at_import(environ: Mapping[str, str] | None = None) -> bool:
         jax.process_count(),
         described.source,
         jax.process_index(),
+    )
+    return True
+
+
+def _joined(described: Any, timeouts: Any) -> bool:
+    """Joins the processes `described` through `jax.distributed`; False
+    where JAX has computed in this process already (it can join only before)."""
+    import jax
+
+    if _jax_compat.backends_started():
+        return False
+    jax.distributed.initialize(
+        coordinator_address=described.coordinator,
+        num_processes=described.num_processes,
+        process_id=described.process_id,
+        initialization_timeout=math.ceil(timeouts.start),
+        heartbeat_timeout_seconds=math.ceil(timeouts.heartbeat),
     )
     return True
 
@@ -112,17 +120,7 @@ def connect(
             raise ClusterConfigError(f"{described.source}: {described.error}")
         if not described.several:
             return None
-        try:
-            jax.distributed.initialize(
-                coordinator_address=described.coordinator,
-                num_processes=described.num_processes,
-                process_id=described.process_id,
-                initialization_timeout=math.ceil(timeouts.start),
-                heartbeat_timeout_seconds=math.ceil(timeouts.heartbeat),
-            )
-        except RuntimeError as e:
-            if "before any JAX" not in str(e):
-                raise
+        if not _joined(described, timeouts):
             raise ClusterConfigError(
                 f"{described.source} describes {described.num_processes or 'several'}"
                 " JAX processes, but JAX has already computed in this process, and "
