@@ -186,7 +186,7 @@ elif mode in ("timesave", "budget"):
         real_save = callback._save
 
         def recording_save(**kwargs):
-            saves.append(callback._global_step)
+            saves.append(callback._s.global_step)
             return real_save(**kwargs)
 
         callback._save = recording_save

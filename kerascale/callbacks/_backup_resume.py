@@ -52,19 +52,19 @@ class Resume:
 
         def unusable(found: store.Found, why: str, verb: str = "used") -> None:
             problems.append(f"{found.path}: {why}")
-            self._damaged.add(found.path)
+            self._s.damaged.add(found.path)
             warn(
                 f"Checkpoint {found.path} cannot be {verb}: {why}. Trying the "
                 "previous one."
             )
 
         started = time.perf_counter()
-        worker = self._agreement.worker_id if self._agreement is not None else 0
+        worker = self._coord.worker_id
         for found, written in store.verified(candidates, on_damaged=unusable):
             meta = meta_lib.for_worker(written, worker)
             self.restore_seconds += time.perf_counter() - started
             if not now:
-                self._restore_pending = True
+                self._s.restore_pending = True
             else:
                 self._check_fingerprint(meta, found)
                 try:
@@ -96,27 +96,27 @@ class Resume:
     def _resume_from(self, found: store.Found, meta: dict[str, Any]) -> None:
         self.resumed_from = meta
         saved = meta.get("history") or {"epoch": [], "logs": {}}
-        self._history = json.loads(json.dumps(saved))
-        self._history_before = json.loads(json.dumps(saved))
-        self._global_step = self._last_save_step = meta["global_step"]
-        self._epoch_steps = self._epoch_steps or meta["epoch_steps"]
-        self._completed_epochs = meta["epoch"]
-        self._restored_finished_run = (
-            meta["finished"] and self._epochs <= meta["epochs"]
+        self._s.history = json.loads(json.dumps(saved))
+        self._s.history_before = json.loads(json.dumps(saved))
+        self._s.global_step = self._s.last_save_step = meta["global_step"]
+        self._s.epoch_steps = self._s.epoch_steps or meta["epoch_steps"]
+        self._s.completed_epochs = meta["epoch"]
+        self._s.restored_finished_run = (
+            meta["finished"] and self._s.epochs <= meta["epochs"]
         )
         epoch = meta["epoch"]
-        if self._restored_finished_run:
-            epoch = max(epoch, self._epochs)
+        if self._s.restored_finished_run:
+            epoch = max(epoch, self._s.epochs)
         keras_compat.set_initial_epoch(self.model, epoch, self.run.alive)
-        self._epoch, self._step = epoch, meta["step"]
-        self._saved_at_boundary = meta["step"] == 0
-        self._skip_calls = meta["step"] // self._spe
-        self._pending_data = meta["data"]
-        self._restored_metrics = meta["step"] > 0
+        self._s.epoch, self._s.step = epoch, meta["step"]
+        self._s.saved_at_boundary = meta["step"] == 0
+        self._s.skip_calls = meta["step"] // self._s.spe
+        self._s.pending_data = meta["data"]
+        self._s.restored_metrics = meta["step"] > 0
         where = f"epoch {meta['epoch'] + 1}" + (
             f", step {meta['step']}" if meta["step"] else ""
         )
-        if self._restored_finished_run:
+        if self._s.restored_finished_run:
             message = (
                 f"Training already finished in {found.path} ({meta['epochs']} "
                 "epochs): weights restored, nothing left to train. Pass "

@@ -17,6 +17,7 @@ variables in Keras's own order.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,49 @@ from kerascale.sense import backend as backend_lib
 
 ARRAYS_FILE = ".npz"
 _MANIFEST = "__manifest__"
+
+
+def _empty_history() -> dict[str, Any]:
+    return {"epoch": [], "logs": {}}
+
+
+@dataclasses.dataclass
+class RunState:
+    """A `FaultTolerantBackup`'s state for one training run (made anew at
+    each `on_train_begin`): where training is, what is due, what a resume
+    restored."""
+
+    # The run, as Keras and the model give it (set at its start).
+    chief: bool = True  # this worker writes the checkpoints
+    spe: int = 1  # steps_per_execution: batches a train-function call applies
+    k: int = 1  # gradient accumulation: batches an optimizer update takes
+    epochs: int = 0
+    epoch_steps: int | None = None  # batches an epoch has (None: unknown yet)
+    # Where training is.
+    active: bool = True  # until released (then the handlers pass everything on)
+    epoch: int = 0
+    step: int = 0  # batches of this epoch done, skipped ones included
+    global_step: int = 0  # batches done in the whole run, across resumes
+    completed_epochs: int = 0
+    history: dict[str, Any] = dataclasses.field(default_factory=_empty_history)
+    # Saving.
+    next_number: int = 1  # the next checkpoint's number
+    last_save_step: int = 0
+    last_save_time: float = 0.0
+    saved_at_boundary: bool = True  # the newest checkpoint is at an epoch's end
+    save_due: bool = False  # a save waits for the epoch's end
+    save_owed: bool = False  # an agreed time-based save, at a window's end
+    preempt_due: bool = False  # decided at an epoch's last batch: at its end
+    damaged: set[str] = dataclasses.field(default_factory=set)  # not pruned
+    # What a resume restored, and what it still has to do.
+    skip_calls: int = 0  # train-function calls whose batches were applied
+    last_call_skipped: bool = False
+    pending_data: Any = None  # the input's position, restored at its iterator
+    restored_metrics: bool = False  # the partial epoch's metrics to read back
+    restore_pending: bool = False  # the state waits for the model to be built
+    restored_finished_run: bool = False
+    history_before: dict[str, Any] = dataclasses.field(default_factory=_empty_history)
+    order_warned: bool = False
 
 
 def format_name() -> str:

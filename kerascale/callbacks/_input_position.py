@@ -376,7 +376,7 @@ class Wrapped:
     def __call__(self, *args):
         # TensorFlow calls it with the iterator; JAX with (state, iterator).
         owner, iterator = self.owner, args[-1]
-        if owner._active and (
+        if owner._s.active and (
             iterator is owner._position.keras_iterator or owner.run.alive()
         ):
             return owner._step_fn(*args)

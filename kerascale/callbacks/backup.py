@@ -2,8 +2,9 @@
 with nothing applied twice and nothing lost.
 
 The storage (publish, verify, prune) is `checkpoint_store`; the input's position
-`_input_position`; the fingerprint and random state `_backup_meta`. This module
-is the callback: when to save, what to restore, and the preemption exit.
+`_input_position`; the fingerprint and random state `_backup_meta`; SIGTERM,
+the other workers and the lease `_coordinator`. This module is the callback:
+when to save and what to restore.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any
 
 from kerascale import _fs, _pids
 from kerascale import _validation as v
-from kerascale.apply import agreement as agreement_lib
 from kerascale.apply import keras_compat
 from kerascale.apply.model import accumulation_steps
 from kerascale.callbacks import _backup_meta as meta_lib
@@ -25,19 +25,19 @@ from kerascale.callbacks import _lease as lease_lib
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.callbacks._backup_resume import Resume, restore_errors
 from kerascale.callbacks._base import KerascaleCallback
+from kerascale.callbacks._coordinator import PREEMPTED_EXIT_CODE, Coordinator
 from kerascale.callbacks._input_position import (
     HostInputPosition,
     InputPosition,
     Wrapped,
 )
 from kerascale.callbacks._input_source import InputSource
-from kerascale.callbacks._preemption import SigtermWatch
 from kerascale.errors import CheckpointError, UnsupportedError, warn
 from kerascale.sense import backend as backend_lib
 
 logger = logging.getLogger("kerascale")
 
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers expect
+__all__ = ["PREEMPTED_EXIT_CODE", "FaultTolerantBackup"]
 
 
 class FaultTolerantBackup(Resume, KerascaleCallback):
@@ -125,7 +125,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         self._clock = time.monotonic  # a seam for tests
         self._lease_timeout = lease_lib.DEFAULT_TIMEOUT  # a seam for tests
         self.resumed_from: dict[str, Any] | None = None  # the restored meta.json
-        self._sigterm = SigtermWatch()
+        self._coord = Coordinator()
         self._wrapper: Wrapped | None = None
         self._reset_run_state()
 
@@ -144,42 +144,45 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         self.run.watch(self.release)
 
     def _begin(self) -> None:
-        self._chief = state_lib.is_chief(self.model)
-        self._spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
-        self._k = accumulation_steps(self.model)
-        self._epochs = int(self.params.get("epochs") or 0)
-        self._epoch_steps = self.params.get("steps")
+        self._s.chief = state_lib.is_chief(self.model)
+        self._s.spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        self._s.k = accumulation_steps(self.model)
+        self._s.epochs = int(self.params.get("epochs") or 0)
+        self._s.epoch_steps = self.params.get("steps")
         existing = store.scan(self.directory) if _fs.exists(self.directory) else []
         # Across workers, time-based saves and preemption are agreed on.
-        self._agreement = agreement_lib.for_run(self.model, self.run)
-        self._take_lease()
-        if self._chief:
+        self._coord.start(
+            self.model, self.run, self.directory, chief=self._s.chief,
+            lease_timeout=self._lease_timeout,
+            in_use=lambda: self._s.active and self.run.alive(),
+        )  # fmt: skip
+        if self._s.chief:
             for path in store.remove_leftovers(self.directory):
                 logger.info("Removed %s, a save that was interrupted.", path)
-        self._next_number = 1 + max((f.number for f in existing), default=0)
+        self._s.next_number = 1 + max((f.number for f in existing), default=0)
         built = keras_compat.fully_built(self.model)
         if built and not self.model.optimizer.built:
             keras_compat.build_like_first_step(self.model, None)
         if not self.start_over:
             self._resume([f for f in existing if f.state != "leftover"], now=built)
         self._wrap_train_function()
-        self._sigterm.install(lambda: self._active and self.run.alive())
-        self._last_save_time = self._clock()
+        self._coord.sigterm.install(lambda: self._s.active and self.run.alive())
+        self._s.last_save_time = self._clock()
 
     def on_epoch_begin(self, epoch, logs=None):
         keras_compat.clear_initial_epoch(self.model)  # read by Keras already
-        self._epoch = epoch
-        self._step = 0
+        self._s.epoch = epoch
+        self._s.step = 0
         self._position.new_epoch()
-        if self._restored_metrics and self._format != "tf":
+        if self._s.restored_metrics and self._format != "tf":
             # Keras reset the metrics just now, and its JAX loop reads them
             # at the first step: bring back the partial epoch's values.
-            self._restored_metrics = False
+            self._s.restored_metrics = False
             self._read_metrics()
 
     def on_train_batch_end(self, batch, logs=None):
-        self._step = batch + 1  # skipped steps count: they were applied before
-        if self._last_call_skipped:
+        self._s.step = batch + 1  # skipped steps count: they were applied before
+        if self._s.last_call_skipped:
             return
         # A used-up iterator's checkpoint loses its shuffle-seed state, and
         # Keras has yet to create the next epoch's: at an epoch's last batch,
@@ -187,70 +190,64 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         at_end = self._position.used_up()
         time_due = (
             self._every_seconds is not None
-            and self._clock() - self._last_save_time >= self._every_seconds
+            and self._clock() - self._s.last_save_time >= self._every_seconds
         )
-        preempt = self._sigterm.requested
-        if self._agreement is not None:  # every worker acts at the same step
-            if preempt:
-                self._agreement.want("preempt")
-            if time_due and not self._save_owed:
-                self._agreement.want("save")
-            decided = self._agreement.at_step(self._epoch, batch)
-            preempt, time_due = "preempt" in decided, "save" in decided
-        self._save_owed = self._save_owed or time_due
+        # Every worker acts at the same step.
+        preempt, time_due = self._coord.at_step(
+            self._s.epoch, batch, time_due=time_due, save_owed=self._s.save_owed
+        )
+        self._s.save_owed = self._s.save_owed or time_due
         if preempt and not at_end:
             self._preempt_exit(boundary=False)
-        self._preempt_due = self._preempt_due or preempt
+        self._s.preempt_due = self._s.preempt_due or preempt
         # save_freq counts optimizer updates: k batches each under gradient
         # accumulation, and a save waits for its window to end.
-        due = self._save_owed or (
+        due = self._s.save_owed or (
             self._every_steps is not None
-            and self._global_step - self._last_save_step >= self._every_steps * self._k
+            and self._s.global_step - self._s.last_save_step
+            >= self._every_steps * self._s.k
         )
-        if due and self._global_step % self._k:
+        if due and self._s.global_step % self._s.k:
             return
         if due and at_end:
-            self._save_due = True
+            self._s.save_due = True
         elif due:
             self._save(boundary=False)
 
     def on_test_batch_end(self, batch, logs=None):
         # Preempted during validation: alone, exit now; across workers, the
         # next training step agrees (or the run's end does).
-        if self._sigterm.requested and self._active and self._agreement is None:
+        if self._coord.preempted_alone() and self._s.active:
             self._preempt_exit()
 
     def on_epoch_end(self, epoch, logs=None):
         if self._epoch_complete():
             # Only whole epochs go into the saved History: a resumed run
             # reports the interrupted epoch itself when it completes it.
-            self._history["epoch"].append(epoch)
+            self._s.history["epoch"].append(epoch)
             for key, value in (logs or {}).items():
                 with contextlib.suppress(TypeError, ValueError):
-                    self._history["logs"].setdefault(key, []).append(float(value))
-            self._completed_epochs = epoch + 1
-            if self._epoch_steps is None:
-                self._epoch_steps = self._step  # learnt from a full epoch
-        if self._preempt_due or (self._agreement is None and self._sigterm.requested):
+                    self._s.history["logs"].setdefault(key, []).append(float(value))
+            self._s.completed_epochs = epoch + 1
+            if self._s.epoch_steps is None:
+                self._s.epoch_steps = self._s.step  # learnt from a full epoch
+        if self._s.preempt_due or self._coord.preempted_alone():
             self._preempt_exit()
-        if self.save_freq == "epoch" or self._save_due:
+        if self.save_freq == "epoch" or self._s.save_due:
             self._save()
 
     def on_train_end(self, logs=None):
         try:
             # A SIGTERM after the last step (on any worker) still exits 143.
-            if self._agreement is not None:
-                preempted = "preempt" in self._agreement.finish()
-            else:
-                preempted = self._sigterm.requested
+            preempted = self._coord.finish()
             # Also when the newest checkpoint holds an epoch's last batch but
             # not its end (a step save at the last batch of an input whose
             # length is unknown), so that a rerun finds the run finished.
-            if self._global_step > self._last_save_step or (
-                not self._saved_at_boundary and self._epoch_complete()
+            if self._s.global_step > self._s.last_save_step or (
+                not self._s.saved_at_boundary and self._epoch_complete()
             ):
                 self._save()
-            meta_lib.prepend_history(self.model, self._history_before)
+            meta_lib.prepend_history(self.model, self._s.history_before)
             if preempted:
                 self._preempt_exit(save=False)
         finally:
@@ -259,14 +256,8 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
     def release(self) -> None:
         """Takes out the SIGTERM handler (where the main thread can) and the
         `train_function` wrapper, and the initial epoch set for a resume."""
-        self._active = False
-        agreement, self._agreement = getattr(self, "_agreement", None), None
-        if agreement is not None:
-            agreement.close()
-        lease, self._lease = getattr(self, "_lease", None), None
-        if lease is not None:
-            lease.release()
-        self._sigterm.release()
+        self._s.active = False
+        self._coord.release()
         self._position.close()  # set in __init__
         wrapper, self._wrapper = self._wrapper, None
         model = getattr(self, "_model", None)
@@ -294,18 +285,18 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         else:
             self._position.seen(iterator)
         live = self._position.live
-        if self._skip_calls > 0:
-            self._skip_calls -= 1
-            self._last_call_skipped = True
+        if self._s.skip_calls > 0:
+            self._s.skip_calls -= 1
+            self._s.last_call_skipped = True
             return state_lib.skipped_step(self.model, *args[:-1])
-        self._last_call_skipped = False
+        self._s.last_call_skipped = False
         try:
             result = self._wrapper.real(*args[:-1], live)
         except state_lib.exhausted_errors():
             self._position.exhausted = True
             raise
-        self._position.consumed += self._spe
-        self._global_step += self._spe
+        self._position.consumed += self._s.spe
+        self._s.global_step += self._s.spe
         return result
 
     def _on_new_iterator(self, iterator) -> None:
@@ -315,8 +306,8 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             # variables in the same order before the state is restored.
             spec = getattr(iterator, "element_spec", None)
             keras_compat.build_like_first_step(self.model, spec)
-        if self._restore_pending:
-            self._restore_pending = False
+        if self._s.restore_pending:
+            self._s.restore_pending = False
             found = self._resumed_found
             self._check_fingerprint(self.resumed_from, found)
             try:
@@ -327,20 +318,20 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
                     f"restored: {meta_lib.first_line(e)}. Move it aside to resume "
                     "from the previous one, or pass start_over=True."
                 ) from e
-        if first and self._pending_data is not None:
-            record, self._pending_data = self._pending_data, None
+        if first and self._s.pending_data is not None:
+            record, self._s.pending_data = self._s.pending_data, None
             started = time.perf_counter()
             try:
                 self._position.restore(
                     iterator,
                     record,
                     store.state_prefix(self._resumed_found),
-                    epochs_left=self._epochs > self._completed_epochs,
+                    epochs_left=self._s.epochs > self._s.completed_epochs,
                 )
             finally:
                 self.restore_seconds += time.perf_counter() - started
-        if self._restored_metrics:
-            self._restored_metrics = False
+        if self._s.restored_metrics:
+            self._s.restored_metrics = False
             # Keras reset the metrics at the epoch's start; bring back the
             # partial epoch's accumulated values so its logs match.
             self._read_metrics()
@@ -357,13 +348,13 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
     def _epoch_complete(self) -> bool:
         if self._position.exhausted:
             return True
-        steps = self._epoch_steps
-        return steps is not None and self._step >= steps
+        steps = self._s.epoch_steps
+        return steps is not None and self._s.step >= steps
 
     def _position_now(self, boundary: bool) -> tuple[int, int]:
         if boundary and self._epoch_complete():
-            return self._epoch + 1, 0
-        return self._epoch, self._step
+            return self._s.epoch + 1, 0
+        return self._s.epoch, self._s.step
 
     def _save(self, *, boundary: bool = True) -> None:
         """Publishes a checkpoint. `boundary`: at an epoch's end (or after
@@ -376,55 +367,39 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             self.model,
             self.plan,
             objects,
-            workers=(self._agreement, f"save{len(self.save_seconds)}"),
+            workers=self._coord.workers(f"save{len(self.save_seconds)}"),
             epoch=epoch,
             step=step,
-            global_step=self._global_step,
-            epoch_steps=self._epoch_steps,
-            epochs=self._epochs,
+            global_step=self._s.global_step,
+            epoch_steps=self._s.epoch_steps,
+            epochs=self._s.epochs,
             data=data,
-            history=self._history,
+            history=self._s.history,
         )
         iterator = self._position.trackable(data)
         if iterator is not None:
             objects["iterator"] = iterator
         write = state_lib.writer(objects, self._format)
         started = time.perf_counter()
-        if self._chief:
+        if self._s.chief:
             path = store.publish(
                 self.directory,
-                self._next_number,
+                self._s.next_number,
                 write,
                 meta,
-                before_commit=self._lease.check,
+                before_commit=self._coord.check_lease,
             )
-            store.prune(self.directory, self.keep, frozenset(self._damaged))
-            self._next_number += 1
+            store.prune(self.directory, self.keep, frozenset(self._s.damaged))
+            self._s.next_number += 1
         else:  # every worker takes part in the write; only the chief keeps it
             with _pids.own_directory("kerascale-worker-") as tmp:
-                path = store.publish(tmp, self._next_number, write, meta)
+                path = store.publish(tmp, self._s.next_number, write, meta)
         self.save_seconds.append(time.perf_counter() - started)
         self.last_checkpoint = path
-        self._last_save_step = self._global_step
-        self._last_save_time = self._clock()
-        self._save_due = self._save_owed = False
-        self._saved_at_boundary = step == 0
-
-    def _take_lease(self) -> None:
-        """The chief takes the directory's lease (one writer per directory);
-        across workers, every worker raises the chief's error."""
-        problem = None
-        if self._chief:
-            self._lease, problem = lease_lib.taken(
-                self.directory,
-                self._lease_timeout,
-                in_use=lambda: self._active and self.run.alive(),
-            )
-        if self._agreement is not None:
-            problem = self._agreement.from_chief("lease", problem)
-        if problem is not None:
-            self.release()
-            raise CheckpointError(problem)
+        self._s.last_save_step = self._s.global_step
+        self._s.last_save_time = self._clock()
+        self._s.save_due = self._s.save_owed = False
+        self._s.saved_at_boundary = step == 0
 
     # --- preemption -----------------------------------------------------------
 
@@ -433,52 +408,22 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         (across workers) on another's, at the step all of them agreed on."""
         if save:
             self._save(boundary=boundary)
-        own = self._sigterm.requested
+        own = self._coord.sigterm.requested
         self.release()
-        whose = "SIGTERM" if own else "SIGTERM to another worker"
-        warn(
-            f"Preempted ({whose}): saved {self.last_checkpoint}; exiting with code "
-            f"{PREEMPTED_EXIT_CODE}. Rerun the same command to resume."
-        )
-        if own:
-            self._sigterm.pass_on()
-        raise SystemExit(PREEMPTED_EXIT_CODE)
+        self._coord.exit(self.last_checkpoint, own)
 
     # --- bookkeeping ----------------------------------------------------------
 
     def _reset_run_state(self) -> None:
-        self._active = True
-        self._global_step = 0
-        self._last_save_step = 0
-        self._last_save_time = 0.0
-        self._epoch = 0
-        self._step = 0
-        self._completed_epochs = 0
-        self._skip_calls = 0
-        self._last_call_skipped = False
-        self._saved_at_boundary = True
-        self._pending_data = None
-        self._restored_metrics = False
-        self._restore_pending = False
-        self._restored_finished_run = False
-        self._history: dict[str, Any] = {"epoch": [], "logs": {}}
-        self._history_before: dict[str, Any] = {"epoch": [], "logs": {}}
-        self._order_warned = False
+        self._s = state_lib.RunState()
         self._format = state_lib.format_name()
         position = InputPosition if self._format == "tf" else HostInputPosition
         self._position = position(
             self._warn_order_once,
-            lambda: self._epoch_steps,
+            lambda: self._s.epoch_steps,
             persistent=self.steps_per_epoch_given,
         )
         self._position.source = self.input_source
-        # _save_owed: an agreed time-based save, at a window's end
-        self._save_due = self._save_owed = False
-        self._preempt_due = False  # decided at an epoch's last batch: at its end
-        self._agreement: agreement_lib.Agreement | None = None
-        self._lease: lease_lib.Lease | None = None
-        self._damaged: set[str] = set()
-        self._next_number = 1
         self.last_checkpoint: str | None = None
         self.save_seconds: list[float] = []  # each save of this run, in seconds
         self.restore_seconds = 0.0  # verifying and restoring, in seconds
@@ -489,8 +434,8 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         return store.Found(number, f"{self.directory}/{store.name(number)}", "complete")
 
     def _warn_order_once(self, reason: str) -> None:
-        if not self._order_warned:
-            self._order_warned = True
+        if not self._s.order_warned:
+            self._s.order_warned = True
             warn(
                 "FaultTolerantBackup resumes at the exact step, but the data "
                 f"order after a resume may differ from an uninterrupted run: {reason}."
