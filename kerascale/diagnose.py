@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kerascale import _validation as v
 from kerascale._units import format_bytes
@@ -25,6 +25,10 @@ from kerascale.measure.advice import Recommendation
 from kerascale.measure.decide import decide, validate_options
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts, memory
+
+if TYPE_CHECKING:
+    from kerascale.measure.decided import Decided
+    from kerascale.plan.plan import Plan
 
 MEMORY_BOUND_HEADROOM = 0.10  # less free memory than this at the planned batch
 INPUT_BOUND_SHARE = 0.85  # training slower than this share of the step alone
@@ -62,7 +66,7 @@ class Diagnosis:
     memory_peak_bytes: int | None
     memory_limit_bytes: int | None
     recommendations: tuple[Recommendation, ...]
-    plan: Any
+    plan: Plan
     loader_batches_per_s: float | None = None
 
     @property
@@ -216,9 +220,10 @@ def diagnose(
         )  # fmt: skip
         rates = timing.rates(prepared, steps)
     loader_rate = None if math.isnan(rates.loaded) else rates.loaded
-    peak, limit = _memory(prepared.decided)
+    applied = cast("Decided", prepared.decided)  # what `decided()` gave it
+    peak, limit = _memory(applied)
     return _verdict(
-        prepared.decided, decode=_decode(x, prepared, rates.input),
+        applied, decode=_decode(x, prepared, rates.input),
         input_rate=rates.input, step_rate=rates.step, training_rate=rates.plain,
         peak=peak, limit=limit, loader_rate=loader_rate,
     )  # fmt: skip
@@ -258,7 +263,7 @@ def _supported(backend: str) -> None:
         )
 
 
-def _memory(decided: Any) -> tuple[int | None, int | None]:
+def _memory(decided: Decided) -> tuple[int | None, int | None]:
     """Peak at the planned per-replica batch, from the batch-size check's
     probes (they ran when a memory limit applies), and the limit."""
     result = decided.search
@@ -275,7 +280,7 @@ def _memory(decided: Any) -> tuple[int | None, int | None]:
 
 
 def _verdict(
-    decided: Any,
+    decided: Decided,
     *,
     input_rate: float,
     step_rate: float,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale import _validation
-from kerascale.errors import ConfigurationError, UnsupportedError
+from kerascale.errors import BatchSizeSearchError, ConfigurationError, UnsupportedError
 from kerascale.measure.batch import DEFAULT_MARGIN, SearchOptions
 from kerascale.measure.decide import decide
 from kerascale.measure.result import BatchSearchResult
@@ -15,6 +15,9 @@ from kerascale.measure.search import MODES
 from kerascale.plan.options import Options
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import memory
+
+if TYPE_CHECKING:
+    from kerascale.measure.decided import Decided
 
 
 def find_batch_size(
@@ -96,15 +99,26 @@ def find_batch_size(
     _supported_backend()
     with memory.planning():  # its collections walk only what it made
         decided = decide(model, x, y, options, search=search, force_search=True)
-    return _with_precision(decided)
+    return _with_precision(decided, search.mode)
 
 
-def _with_precision(decided: Any) -> BatchSearchResult:
+def _with_precision(decided: Decided, mode: str) -> BatchSearchResult:
     """The search's result with the precision it was measured under, and
     why (a CPU's trials of both, with their figures), among its reasons."""
+    found = decided.search
+    if found is None:  # it cannot answer here (no memory figure, a CPU...)
+        why = decided.search_skipped or " ".join(decided.plan.warnings)
+        fix = (
+            "pass mode='max' for the largest batch that fits, or "
+            if mode != "max"
+            else ""
+        )
+        raise BatchSizeSearchError(
+            f"The batch size cannot be searched here: {why}. Instead, "
+            f"{fix}choose batch_size yourself."
+        )
     why = decided.plan.reasons.get("precision", "")
-    reasons = {**decided.search.reasons, "precision": why}
-    return dataclasses.replace(decided.search, reasons=reasons)
+    return dataclasses.replace(found, reasons={**found.reasons, "precision": why})
 
 
 def _validated(arguments: dict[str, Any]) -> tuple[Options, SearchOptions]:

@@ -224,6 +224,16 @@ def test_find_batch_size_on_jax_fits_the_limit_by_xla_count_and_trains():
 
 
 @pytest.mark.once
+def test_find_batch_size_that_cannot_answer_here_says_why_and_what_to_do():
+    """On a CPU without memory_limit, only fit's trials time batches: asked
+    for the fastest, find_batch_size says so (it raised AttributeError on
+    the search's absent result before)."""
+    x, y = np.zeros((256, 256), "float32"), np.zeros(256, "int32")
+    with pytest.raises(kerascale.BatchSizeSearchError, match="CPU trials") as e:
+        kerascale.find_batch_size(_mlp(), x, y, mode="throughput", verbose=0)
+    assert "mode='max'" in str(e.value)
+
+
 def test_training_reuses_the_search_compile():
     """The step compiled at the found batch is read from JAX's cache when
     training starts: the cache holds one train-step program per batch."""

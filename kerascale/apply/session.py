@@ -32,7 +32,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import keras
 
@@ -50,7 +50,30 @@ from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
 from kerascale.sense.model_facts import borrow_problem, gist, is_builder
 
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
+    from kerascale.sense.data_facts import DataFacts
+    from kerascale.sense.hardware import Hardware
+
 logger = logging.getLogger("kerascale")
+
+
+class Decision(Protocol):
+    """What carrying a decision out reads of it (`measure.decided.Decided`,
+    from the layer above)."""
+
+    @property
+    def plan(self) -> Plan: ...
+    @property
+    def data(self) -> DataFacts: ...
+    @property
+    def hardware(self) -> Hardware: ...
+    @property
+    def instance(self) -> Any: ...  # the user's strategy, or None
+    @property
+    def optimize_data(self) -> bool: ...
+    @property
+    def search(self) -> Any: ...  # the batch search's result, or None
 
 
 class Session:
@@ -106,7 +129,7 @@ class Session:
     def model_for(
         self,
         model: Any,
-        plan: Any,
+        plan: Plan,
         *,
         instance: Any = None,
         copy: bool = False,
@@ -173,13 +196,13 @@ class Session:
         self._recompute(new, plan)
         return new, dist
 
-    def _recompute(self, model: keras.Model, plan: Any) -> None:
+    def _recompute(self, model: keras.Model, plan: Plan) -> None:
         """The plan's recomputation set on `model`'s layers, undone on exit."""
         mode = getattr(plan, "recompute", "")
         if mode:
             self.undo(f"recomputation ({mode}) on the layers", remat.apply(model, mode))
 
-    def accumulate(self, model: keras.Model, plan: Any, *, final: bool) -> None:
+    def accumulate(self, model: keras.Model, plan: Plan, *, final: bool) -> None:
         """Gradient accumulation and learning-rate scaling as `plan` says, on
         `model`'s optimizer, undone on exit. `final`: the real run, whose end
         drops (and reports) a partial last window."""
@@ -216,10 +239,10 @@ class Prepared:
             the normal end of a re-batched epoch here.
     """
 
-    decided: Any
+    decided: Decision
     model: keras.Model
     strategy: Any
-    plan: Any
+    plan: Plan
     x: Any
     y: Any
     fit_kwargs: dict[str, Any]
@@ -231,7 +254,7 @@ def prepare(
     model: Any,
     x: Any,
     y: Any,
-    decided: Any,
+    decided: Decision,
     *,
     copy: bool = False,
     as_dataset: bool = False,
@@ -289,8 +312,8 @@ def prepare(
 def _prepare_data(
     x: Any,
     y: Any,
-    decided: Any,
-    plan: Any,
+    decided: Decision,
+    plan: Plan,
     fit_kwargs: dict[str, Any] | None,
     as_dataset: bool,
 ) -> tuple[Any, Any, dict[str, Any], bool]:
@@ -344,7 +367,7 @@ def _prepare_data(
 OWN_DISTRIBUTIONS = ("data_parallel", "model_parallel")
 
 
-def _share(plan: Any) -> shard.Share | None:
+def _share(plan: Plan) -> shard.Share | None:
     """How each global batch is split on JAX: over the plan's devices, and
     the processes of kerascale's own `DataParallel`. A distribution of
     yours over several processes gets your data as it is (Keras's own

@@ -7,12 +7,15 @@ place that picks the backend's module; each function here is that module's.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale.sense import backend as backend_lib
 
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
 
-def backend_module(plan: Any) -> ModuleType:
+
+def backend_module(plan: Plan) -> ModuleType:
     """The module that carries out `plan` on its backend."""
     if plan.backend == "jax":
         from kerascale.apply.jax import distribution
@@ -87,7 +90,7 @@ def connect_cluster(worker_timeout: float | str = 60.0, **kwargs: Any) -> Any:
     )
 
 
-def build(plan: Any, instance: Any = None) -> Any:
+def build(plan: Plan, instance: Any = None) -> Any:
     """What trains the plan's replicas: a `tf.distribute.Strategy`; on JAX a
     `keras.distribution.Distribution`, or None (Keras's default). The user's
     own `instance` is returned as it is.
@@ -99,21 +102,21 @@ def build(plan: Any, instance: Any = None) -> Any:
     return backend_module(plan).build(plan, instance)
 
 
-def activated(plan: Any, built: Any) -> Any:
+def activated(plan: Plan, built: Any) -> Any:
     """A context manager under which Keras's `fit` trains with `built` (what
     `build` returned for `plan`): on JAX the distribution set for the run; on
     TensorFlow nothing (the model's variables carry their strategy)."""
     return backend_module(plan).activated(built)
 
 
-def place(plan: Any, built: Any, model: Any) -> Any:
+def place(plan: Plan, built: Any, model: Any) -> Any:
     """Puts `model`'s variables where `built` trains them, where the backend
     needs it done (JAX: a model built before its distribution); returns the
     undo, or None."""
     return backend_module(plan).place(model, built)
 
 
-def keep_state(plan: Any, model: Any) -> Any:
+def keep_state(plan: Plan, model: Any) -> Any:
     """Where the backend's step consumes its state (JAX donates it: after a
     failed step the model's variables are deleted), a copy of the model's
     state on the host and the function that puts it back; else None."""

@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
@@ -24,6 +24,9 @@ from kerascale.errors import CheckpointError
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
 from kerascale.sense.model_facts import architecture
+
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
 
 
 def validate_directory(directory: Any) -> str:
@@ -57,7 +60,7 @@ def validate_save_freq(save_freq: Any) -> tuple[int | None, float | None]:
     return v.positive_int("save_freq", save_freq, accepted=accepted), None
 
 
-def fingerprint(model: keras.Model, plan: Any) -> dict[str, Any]:
+def fingerprint(model: keras.Model, plan: Plan) -> dict[str, Any]:
     """What must not change between a checkpoint and its resume."""
     optimizer = model.optimizer
     variables = [
@@ -266,7 +269,7 @@ def read_state(model: keras.Model, prefix: str, meta: dict[str, Any]) -> None:
 
 def record(
     model: keras.Model,
-    plan: Any,
+    plan: Plan,
     objects: dict[str, Any],
     *,
     workers: tuple[Any, str] = (None, ""),

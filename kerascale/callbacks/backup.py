@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale import _fs, _pids
 from kerascale import _validation as v
@@ -34,6 +34,9 @@ from kerascale.callbacks._input_position import (
 from kerascale.callbacks._input_source import InputSource
 from kerascale.errors import CheckpointError, UnsupportedError, warn
 from kerascale.sense import backend as backend_lib
+
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
 
 logger = logging.getLogger("kerascale")
 
@@ -116,7 +119,9 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         if verbose not in (0, 1) or isinstance(verbose, bool):
             raise v.fail("verbose", verbose, "0 or 1")
         self.verbose = verbose
-        self.plan: Any = None  # set by kerascale.fit: its fingerprint is checked
+        self.plan: Plan | None = (
+            None  # set by kerascale.fit: its fingerprint is checked
+        )
         # Set by kerascale.fit: whether fit has steps_per_epoch (None: unknown).
         self.steps_per_epoch_given: bool | None = None
         # Set by kerascale.fit, which owns it: what the input carries across

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
@@ -21,6 +21,9 @@ from kerascale.callbacks.throughput import Throughput
 from kerascale.callbacks.time_budget import TimeBudget
 from kerascale.errors import ConfigurationError, warn
 from kerascale.sense import backend as backend_lib
+
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
 
 logger = logging.getLogger("kerascale")
 
@@ -68,7 +71,7 @@ def backup_for(
     return backup
 
 
-def loader(plan: Any, callbacks: list[Any]) -> list[keras.callbacks.Callback]:
+def loader(plan: Plan, callbacks: list[Any]) -> list[keras.callbacks.Callback]:
     """`Prefetch`, where the plan reads ahead on a thread (JAX) and one of
     `callbacks` makes Keras wait for each step."""
     if plan.data_changes.read_ahead and waits_on_steps(callbacks):

@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kerascale.measure.decided import Decided
+    from kerascale.plan.plan import Plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +27,7 @@ class Recommendation:
         return f"{self.action} ({gain}): {self.why}"
 
 
-def _measured_precision_gain(trials: Any, plan: Any) -> float | None:
+def _measured_precision_gain(trials: Any, plan: Plan) -> float | None:
     """mixed_bfloat16 over float32 at the planned batch, where trials timed
     both on this machine; None when they did not."""
     if trials is None:
@@ -74,7 +78,7 @@ MATERIALIZE_SHARE = 0.3
 
 
 def input_advice(
-    decided: Any,
+    decided: Decided,
     input_rate: float,
     step_rate: float,
     training_rate: float,
@@ -141,7 +145,7 @@ def input_advice(
     return recs
 
 
-def compute_advice(decided: Any, headroom: float | None) -> list[Recommendation]:
+def compute_advice(decided: Decided, headroom: float | None) -> list[Recommendation]:
     plan, hw = decided.plan, decided.hardware
     recs = []
     measured = _measured_precision_gain(decided.trials, plan)
@@ -191,7 +195,7 @@ def compute_advice(decided: Any, headroom: float | None) -> list[Recommendation]
     return recs
 
 
-def memory_advice(plan: Any, recomputed: Any = None) -> list[Recommendation]:
+def memory_advice(plan: Plan, recomputed: Any = None) -> list[Recommendation]:
     """What to do on a memory-bound run; `recomputed`: the plan's weighing
     of recomputation (`measure.recompute.Weighing`), where it ran."""
     recs = [_recompute_advice(plan, recomputed)]
@@ -221,7 +225,7 @@ def memory_advice(plan: Any, recomputed: Any = None) -> list[Recommendation]:
     return recs
 
 
-def _recompute_advice(plan: Any, weighing: Any) -> Recommendation:
+def _recompute_advice(plan: Plan, weighing: Any) -> Recommendation:
     """Recomputation, with the batch it buys where the plan weighed it."""
     if weighing is None:
         return Recommendation(

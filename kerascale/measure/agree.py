@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale.apply.tensorflow import cluster
 from kerascale.errors import ConfigurationError
 from kerascale.plan.rules import make_plan
 
+if TYPE_CHECKING:
+    from kerascale.measure.decided import Decided
 
-def agree(decided: Any) -> Any:
+
+def agree(decided: Decided) -> Any:
     """The plan every worker of a cluster trains with.
 
     Each worker searched its own memory: all take the smallest batch any of

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale import _validation
 from kerascale._units import format_bytes, parse_bytes
@@ -27,6 +27,10 @@ from kerascale.measure.search import MODES, granularity_for, ladder, search
 from kerascale.plan import strategy as strategy_rules
 from kerascale.sense import samples
 from kerascale.sense.model_facts import is_builder
+
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
+    from kerascale.sense.hardware import Hardware
 
 THROUGHPUT_TIMED_SECONDS = 1.0  # per probe; 0.3 s timings varied by 20% on 2 cores
 
@@ -103,13 +107,13 @@ class SearchOptions:
         return dataclasses.replace(o, memory_limit=limit, device_memory=device)
 
 
-def auto_mode(hw: Any) -> str:
+def auto_mode(hw: Hardware) -> str:
     """What `fit`'s own search looks for: on a CPU the fastest batch that
     fits ("throughput": it times the batches), elsewhere the largest ("max")."""
     return "throughput" if hw.accelerator == "cpu" else "max"
 
 
-def cap_for(data: Any, plan: Any, options: SearchOptions) -> tuple[int, str]:
+def cap_for(data: Any, plan: Plan, options: SearchOptions) -> tuple[int, str]:
     """The largest per-replica batch to search, and why."""
     caps = [(HARD_CAP, f"kerascale's ceiling of {HARD_CAP}")]
     if options.max_batch_size:
@@ -131,8 +135,8 @@ def run_search(
     x: Any,
     y: Any,
     data: Any,
-    plan: Any,
-    hw: Any,
+    plan: Plan,
+    hw: Hardware,
     options: SearchOptions,
     *,
     instance: Any = None,
@@ -204,7 +208,7 @@ def run_search(
 
 def _reported(
     found: BatchSearchResult,
-    plan: Any,
+    plan: Plan,
     spec: ProbeSpec,
     memory: probe_memory.Memory,
     whys: dict[str, str],
@@ -395,7 +399,7 @@ def _spec(
 
 
 def _isolation(
-    model: Any, hw: Any, options: SearchOptions, instance: Any
+    model: Any, hw: Hardware, options: SearchOptions, instance: Any
 ) -> tuple[bool, str]:
     """Whether probes run in child processes, and why: where the model can
     be shipped there (then tried, and this process used if the child cannot

@@ -27,7 +27,7 @@ import math
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
@@ -39,6 +39,9 @@ from kerascale.measure.probe_data import synthetic_batch
 from kerascale.measure.search import LADDER_CHUNK
 from kerascale.sense import data_facts, samples
 from kerascale.sense.model_facts import is_trainer
+
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
 
 # A measurement runs where its expected saving is at least REPAY x its cost
 # (tests set 0: always; inf: never).
@@ -106,7 +109,7 @@ class RunBudget:
         self.data, self.epochs, self.steps_per_epoch = data, epochs, steps_per_epoch
         self._estimate = estimate
 
-    def samples(self, plan: Any) -> int | None:
+    def samples(self, plan: Plan) -> int | None:
         """The samples the run trains under `plan`; None when unknown."""
         steps = self.steps_per_epoch
         if isinstance(steps, int) and steps > 0:
@@ -125,7 +128,7 @@ class RunBudget:
 
     def refuse_search(
         self,
-        plan: Any,
+        plan: Plan,
         rungs: list[int],
         steps: int,
         what: str = "search",

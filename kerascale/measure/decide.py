@@ -34,6 +34,7 @@ from kerascale.measure.batch_plan import (
     check_options,
     searched,
 )
+from kerascale.measure.decided import Decided
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
 from kerascale.plan import precision as precision_rules
@@ -56,46 +57,6 @@ def _search_anyway(hw: Hardware) -> str:
         "to search anyway, pass batch_size=kerascale.find_batch_size(model, "
         f"data{mode}).batch_size"
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class Decided:
-    """The plan and everything it was decided from.
-
-    Attributes:
-        hardware: What is here.
-        model: Facts about the model.
-        data: Facts about the training data.
-        plan: The plan.
-        instance: The user's `tf.distribute.Strategy`, or None.
-        options: The options the plan was made with ("auto" settled by
-            trials where they ran).
-        search: The batch search's result, where one ran.
-        optimize_data: The pipeline decision, "auto" resolved.
-        trials: The trials' result (`trials.TrialResult`), where they ran.
-        recomputed: Recomputation weighed against accumulation
-            (`recompute.Weighing`), where memory bound the batch.
-    """
-
-    hardware: Hardware
-    model: ModelFacts
-    data: DataFacts
-    plan: Plan
-    instance: Any
-    options: Options
-    search: BatchSearchResult | None = None
-    optimize_data: bool = True
-    trials: Any = None
-    recomputed: Any = None
-
-    @property
-    def measured_here(self) -> bool:
-        """Whether planning measured anything in this process (a search not
-        read from the cache, trials, recomputation weighed): what leaves
-        compiles' garbage and freed heap behind."""
-        searched = self.search is not None and not self.search.cached
-        tried = self.trials is not None and bool(self.trials.trials)
-        return searched or tried or self.recomputed is not None
 
 
 def validate_options(**kwargs: Any) -> tuple[Options, SearchOptions]:
@@ -253,6 +214,7 @@ def _measured(
         )
     reasons = {k: v for k, v in kept[0].items() if k == "sharding"}
     if skipped:
+        decided = dataclasses.replace(decided, search_skipped=skipped)
         why = decided.plan.reasons["global_batch_size"]
         hint = (
             "pass batch_size= to choose"

@@ -15,13 +15,16 @@ import functools
 import os
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
 
 from kerascale._state import preserved_state
 from kerascale.apply import keras_compat
+
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
 
 REFERENCE_LAYERS = 4
 # What bf16 saves of a CPU step where it is faster (at least): float32 steps
@@ -99,7 +102,7 @@ def bf16_repays(model: Any, backend: str, run_seconds: float) -> tuple[bool, flo
     return saving > cost, cost
 
 
-def why_float32(model: Any, plan: Any, budget: Any) -> str:
+def why_float32(model: Any, plan: Plan, budget: Any) -> str:
     """Why a run under `plan` (its `budget`: `measure.budget.RunBudget`)
     stays float32 rather than take the CPU rule's bf16, or "". A run of
     unknown length stays float32 (Keras's steps_per_execution test trained

@@ -15,11 +15,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale._units import format_bytes
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import memory
+
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
 
 logger = logging.getLogger("kerascale")
 
@@ -117,7 +120,7 @@ def for_search(
     x: Any,
     y: Any,
     data: Any,
-    plan: Any,
+    plan: Plan,
     *,
     memory_limit: int | None,
     on_host: bool,
@@ -145,7 +148,7 @@ def measure(
     x: Any,
     y: Any,
     data: Any,
-    plan: Any,
+    plan: Plan,
     *,
     counts_resident: bool,
     batches: tuple[int, int],
@@ -261,7 +264,7 @@ def _added(setup: Any, read: Any, batch: int) -> int:
     return max(0, steady - before)
 
 
-def _reader(x: Any, y: Any, data: Any, plan: Any, shuffle: Any) -> Any:
+def _reader(x: Any, y: Any, data: Any, plan: Plan, shuffle: Any) -> Any:
     """(setup, read) that build the input's pipeline at a batch as Keras's
     `fit` does and read it; None where kerascale cannot read the input
     without consuming it (a generator, a grain loader) or has no arrays."""

@@ -10,7 +10,6 @@ import json
 import logging
 import threading
 import time
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from kerascale import _tf
 from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session
 from kerascale.measure.probe_data import decode_structure, synthetic_batch
+from kerascale.plan.plan import Plan
 from kerascale.sense import memory
 from kerascale.sense.data_facts import as_structure
 from kerascale.sense.model_facts import is_builder
@@ -352,13 +352,16 @@ def build_probe_model(
     borrowed, when it cannot be copied and the plan keeps it as it is).
     """
     in_scope = spec.strategy == "default" and instance is None
-    plan = types.SimpleNamespace(
+    replicas = max(1, len(spec.devices))
+    plan = Plan(  # what `model_for` and `accumulate` read; the batch is the probe's
         strategy=spec.strategy,
-        devices=spec.devices,
+        devices=tuple(spec.devices),
+        replicas=replicas,
         precision=spec.policy,
-        rebuild=not in_scope,
+        micro_batch_size=1,
         accumulation_steps=spec.accumulation_steps,
-        lr_factor=1.0,
+        global_batch_size=replicas * spec.accumulation_steps,
+        rebuild=not in_scope,
         recompute=spec.recompute,
         backend="tensorflow",  # the probes' children run TensorFlow
     )

@@ -5,11 +5,15 @@ a TPU, or GPUs (what their allocators get, from NVML)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale._units import format_bytes
 from kerascale.sense import gpu_memory
 from kerascale.sense.memory import available_bytes
+
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
+    from kerascale.sense.hardware import Hardware
 
 # On CPU without memory_limit, probes may use this share of available memory.
 CPU_DEFAULT_SHARE = 0.8
@@ -34,7 +38,7 @@ class Memory:
     measured: str
 
 
-def memories(hw: Any, plan: Any, options: Any) -> tuple[Memory, Memory]:
+def memories(hw: Hardware, plan: Plan, options: Any) -> tuple[Memory, Memory]:
     """The memory probes have in child processes, and in this process (one
     reading of the device: the search may fall back from one to the other)."""
     if hw.accelerator == "gpu":
@@ -59,7 +63,7 @@ def memories(hw: Any, plan: Any, options: Any) -> tuple[Memory, Memory]:
     )
 
 
-def _gpu_memories(hw: Any, plan: Any, options: Any) -> tuple[Memory, Memory]:
+def _gpu_memories(hw: Hardware, plan: Plan, options: Any) -> tuple[Memory, Memory]:
     """On GPUs, probes in this process measure the allocator training will
     use (see `_isolation`); a child's allocator gets only what is free."""
     children = "GPU memory of child processes' TensorFlow allocators"

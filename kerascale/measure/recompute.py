@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale.measure.result import BatchSearchResult
 from kerascale.plan.rules import make_plan
+
+if TYPE_CHECKING:
+    from kerascale.measure.decided import Decided
+    from kerascale.plan.plan import Plan
 
 # Recomputation is kept only where it trains at least this much faster per
 # sample than accumulation alone (timings on a shared CPU vary by a few %).
@@ -39,7 +43,7 @@ class Candidate:
     """One way to train the batch: its plan and its measured speed."""
 
     name: str
-    plan: Any
+    plan: Plan
     samples_per_s: float | None
 
     def describe(self) -> str:
@@ -55,7 +59,7 @@ class Candidate:
         )
 
 
-def binding(decided: Any, requested: int | None) -> bool:
+def binding(decided: Decided, requested: int | None) -> bool:
     """Whether memory binds the batch `decided` trains: a requested batch
     (`requested` per replica) split for memory, or a largest-that-fits
     search stopped by memory (not by its cap)."""
@@ -81,7 +85,7 @@ class Weighing:
         search: The batch search with recomputation.
     """
 
-    plan: Any
+    plan: Plan
     bound: int
     bound_without: int
     candidates: tuple[Candidate, ...]
@@ -95,7 +99,7 @@ class Weighing:
 
 
 def weighed(
-    decided: Any,
+    decided: Decided,
     search: Searcher,
     options: Any,
     requested: int | None,
@@ -111,6 +115,7 @@ def weighed(
             batch (the largest that fits).
     """
     plan, result = decided.plan, decided.search
+    assert result is not None, "weighed only where `binding`: a search ran"
     with_remat = dataclasses.replace(plan, recompute=MODE)
     found = search(
         with_remat,
@@ -164,7 +169,7 @@ def reported(result: BatchSearchResult, found: BatchSearchResult) -> BatchSearch
     )
 
 
-def _name(plan: Any) -> str:
+def _name(plan: Plan) -> str:
     if not plan.recompute:
         return "accumulation alone" if plan.accumulation_steps > 1 else "as it is"
     if plan.accumulation_steps > 1:
@@ -172,7 +177,7 @@ def _name(plan: Any) -> str:
     return "recomputation"
 
 
-def _speed(search: Searcher, plan: Any, options: Any) -> float | None:
+def _speed(search: Searcher, plan: Plan, options: Any) -> float | None:
     """Samples per second of one real run at `plan`'s micro-batch and
     accumulation: a search capped at that batch, timed."""
     micro = plan.micro_batch_size

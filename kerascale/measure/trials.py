@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale.measure import cache
 from kerascale.measure.search import fastest_small
@@ -47,6 +47,10 @@ from kerascale.measure.trial_bench import ROUNDS, Bench, Trial
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
 from kerascale.sense import data_facts, data_signature
+
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
+    from kerascale.sense.hardware import Hardware
 
 MIN_GAIN = 0.03  # below this a difference is a tie, however quiet the machine
 MAX_ATTEMPTS = 3  # runs that re-measure a decision taken within noise
@@ -140,7 +144,7 @@ class TrialResult:
         return cls(**d, cached=True)
 
 
-def possible(options: Any, hw: Any, model: Any) -> bool:
+def possible(options: Any, hw: Hardware, model: Any) -> bool:
     """Trials run on a CPU host, for a model kerascale can copy (or train
     and put back), under a strategy it builds itself; not on a cluster, whose
     workers would time them differently and could choose differently."""
@@ -152,7 +156,9 @@ def possible(options: Any, hw: Any, model: Any) -> bool:
     )
 
 
-def wanted(options: Any, plan: Any, data: Any, x: Any, hw: Any) -> tuple[bool, str]:
+def wanted(
+    options: Any, plan: Plan, data: Any, x: Any, hw: Hardware
+) -> tuple[bool, str]:
     """(try the pipeline, the precision to time against float32 or ""): the
     choices left to kerascale where the alternatives differ. The precision
     is the plan's, or where the plan keeps float32 on a CPU with bf16 math
@@ -179,8 +185,8 @@ def run(
     x: Any,
     y: Any,
     data: Any,
-    plan: Any,
-    hw: Any,
+    plan: Plan,
+    hw: Hardware,
     *,
     try_pipeline: bool,
     try_precision: str,
@@ -256,7 +262,7 @@ def _read(key: str) -> TrialResult | None:
         return None  # an entry from another version: measure again
 
 
-def _estimate(batches: dict[int, float], plan: Any) -> float | None:
+def _estimate(batches: dict[int, float], plan: Plan) -> float | None:
     """samples/s before anything is timed: the search's synthetic speed at
     the plan's batch (or the fastest rung), if it ran."""
     speeds = {b: s for b, s in batches.items() if s}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
@@ -22,8 +22,11 @@ from kerascale.apply import keras_compat
 from kerascale.apply.jax import cluster, compile_cache
 from kerascale.errors import ConfigurationError
 
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
 
-def build(plan: Any, instance: Any = None) -> Any:
+
+def build(plan: Plan, instance: Any = None) -> Any:
     """The `keras.distribution.Distribution` for `plan`, or None for Keras's
     default (one device, no distribution).
 
@@ -61,7 +64,7 @@ def build(plan: Any, instance: Any = None) -> Any:
     )
 
 
-def _model_parallel(plan: Any) -> Any:
+def _model_parallel(plan: Plan) -> Any:
     """`ModelParallel` over the plan's (batch, model) mesh of every
     process's devices, each variable the plan splits laid out as it says
     (matched by its whole path); the rest replicated."""

@@ -30,7 +30,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale import _tf_compat as tfc
 from kerascale import _validation
@@ -45,6 +45,10 @@ from kerascale.sense.cluster import (
     detect_cluster,
 )
 from kerascale.sense.data_facts import UNSEEDED_SHUFFLE_ON_CLUSTER, unseeded_shuffle
+
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
+    from kerascale.sense.hardware import Hardware
 
 logger = logging.getLogger("kerascale")
 
@@ -271,7 +275,7 @@ def _join(info: Any, env: Mapping[str, str], timeouts: Timeouts) -> _Connection:
     return connection
 
 
-def join_if_wanted(hw: Any, requested: Any, worker_timeout: Any) -> bool:
+def join_if_wanted(hw: Hardware, requested: Any, worker_timeout: Any) -> bool:
     """Joins the cluster when `requested` trains across it (`fit`'s first
     step); returns whether it does. `worker_timeout=None` keeps an earlier
     connection's timeouts, else uses the default."""
@@ -292,7 +296,7 @@ def tf_seed() -> int | None:
     return tfc.global_seed()
 
 
-def start_alike(model: Any, strategy: Any, plan: Any, data: Any, x: Any) -> Any:
+def start_alike(model: Any, strategy: Any, plan: Plan, data: Any, x: Any) -> Any:
     """Under the joined cluster's strategy: gives every worker the chief's
     weights (and optimizer state) and TensorFlow seed, and returns `plan`
     with a warning when the dataset shuffles without a seed. Elsewhere it

@@ -6,12 +6,15 @@ place, since the model's variables carry their strategy."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale.errors import ConfigurationError
 
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
 
-def build(plan: Any, instance: Any = None) -> Any:
+
+def build(plan: Plan, instance: Any = None) -> Any:
     """The `tf.distribute.Strategy` for `plan` (its `strategy` and
     `devices`), or the user's own `instance` as it is."""
     import tensorflow as tf

@@ -27,6 +27,7 @@ from kerascale.sense.model_facts import gist
 
 if TYPE_CHECKING:
     from kerascale.measure.jax.compiled import Compiled
+    from kerascale.plan.plan import Plan
 
 TIMEOUT_SECONDS = 600
 # On a CPU, the confirming real step moves the answer up (within XLA's
@@ -89,7 +90,7 @@ MAX_REAL_STEPS = 4
 def confirmed(
     model: Any,
     element: Any,
-    plan: Any,
+    plan: Plan,
     chosen: int,
     seen: list[Compiled],
     limit: tuple[int, float, int],

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
@@ -32,6 +32,10 @@ from kerascale.measure.search import granularity_for, granule_at, ladder, round_
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
 
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
+    from kerascale.sense.hardware import Hardware
+
 # The cache's folder for batch searches (the TensorFlow path's too).
 KIND = "batch_search"
 # Where the search starts when nothing else says (Keras's default batch).
@@ -44,8 +48,8 @@ def run_search(
     x: Any,
     y: Any,
     data: Any,
-    plan: Any,
-    hw: Any,
+    plan: Plan,
+    hw: Hardware,
     options: batch_lib.SearchOptions,
     *,
     instance: Any = None,
@@ -128,7 +132,7 @@ def _release_compiles() -> None:
 def _compiled(
     model: Any,
     element: Any,
-    plan: Any,
+    plan: Plan,
     where: tuple[Any, batch_lib.SearchOptions, bool],
     instance: Any,
     asked: tuple[int, int, int, int | None, bool],
@@ -174,7 +178,7 @@ def _compiled(
 def _answer(
     model: Any,
     element: Any,
-    plan: Any,
+    plan: Plan,
     options: batch_lib.SearchOptions,
     host: bool,
     searched: tuple[int, int | None, list[compiled.Compiled]],
@@ -216,7 +220,9 @@ def _answer(
     return _result(plan, options, fits, fails, seen, limit, why_cap, result)
 
 
-def _key(model: Any, element: Any, plan: Any, hw: Any, options: Any, **parts: Any):
+def _key(
+    model: Any, element: Any, plan: Plan, hw: Hardware, options: Any, **parts: Any
+):
     """The cache key: the model, the data's shapes, the hardware, the plan's
     precision and distribution, and the limit as asked for (a default limit
     follows the memory free now, which must not make each search a miss)."""
@@ -267,7 +273,7 @@ def reported(step: Any, what: str = "Compiling the train step") -> Any:
     return reported
 
 
-def _confirmable(plan: Any) -> bool:
+def _confirmable(plan: Plan) -> bool:
     """Whether a child can train as `plan` does: one device, or data
     parallelism over the CPU's devices (kerascale's, or a `DataParallel` of
     the user's). Another distribution of the user's (a `ModelParallel`'s
@@ -276,7 +282,7 @@ def _confirmable(plan: Any) -> bool:
 
 
 def _result(
-    plan: Any,
+    plan: Plan,
     options: batch_lib.SearchOptions,
     fits: int,
     fails: int | None,
@@ -316,7 +322,7 @@ def _result(
     )
 
 
-def _free(hw: Any, options: batch_lib.SearchOptions, step: Any) -> tuple[int, str]:
+def _free(hw: Hardware, options: batch_lib.SearchOptions, step: Any) -> tuple[int, str]:
     """`free_bytes`, or with `device_memory` what a device has beyond the
     state laid out on it."""
     if not options.device_memory:
@@ -328,7 +334,7 @@ def _free(hw: Any, options: batch_lib.SearchOptions, step: Any) -> tuple[int, st
     )
 
 
-def free_bytes(hw: Any, options: batch_lib.SearchOptions) -> tuple[int, str]:
+def free_bytes(hw: Hardware, options: batch_lib.SearchOptions) -> tuple[int, str]:
     """The bytes one step may take on one device (on a CPU, in this
     process), beyond what is held there now, and where the figure comes from.
 
@@ -373,7 +379,7 @@ def free_bytes(hw: Any, options: batch_lib.SearchOptions) -> tuple[int, str]:
     )
 
 
-def _answerable(hw: Any, options: batch_lib.SearchOptions) -> None:
+def _answerable(hw: Hardware, options: batch_lib.SearchOptions) -> None:
     """Raises `SearchUnavailable` on a CPU asked for the fastest batch
     without a ladder for the trials to time (`mode="ladder"`)."""
     if hw.accelerator != "cpu" or options.mode in ("max", "ladder"):
@@ -386,7 +392,7 @@ def _answerable(hw: Any, options: batch_lib.SearchOptions) -> None:
         )
 
 
-def _affordable(plan: Any, hw: Any, options: Any, cap: int, budget: Any) -> None:
+def _affordable(plan: Plan, hw: Hardware, options: Any, cap: int, budget: Any) -> None:
     """Raises `SearchSkipped` where a ladder for the trials costs more than
     the run repays (`budget`; None: no budget)."""
     if budget is None or options.mode != "ladder":
@@ -398,7 +404,7 @@ def _affordable(plan: Any, hw: Any, options: Any, cap: int, budget: Any) -> None
 
 
 def _ladder(
-    plan: Any,
+    plan: Plan,
     bound: int,
     seen: list[compiled.Compiled],
     free: tuple[int, str],

@@ -23,7 +23,7 @@ model axis that fits is kept, as where no step could be timed.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
@@ -36,6 +36,10 @@ from kerascale.plan import sharding
 from kerascale.plan.rules import make_plan
 from kerascale.sense.model_facts import gist
 
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
+    from kerascale.sense.hardware import Hardware
+
 # kerascale's own choices, which it may replace by a sharded one; a
 # distribution of yours is used as it is.
 REPLACEABLE = ("default", "data_parallel")
@@ -47,10 +51,10 @@ def plan_sharding(
     x: Any,
     y: Any,
     options: Any,
-    hw: Any,
+    hw: Hardware,
     facts: Any,
     data: Any,
-    plan: Any,
+    plan: Plan,
     search: Any,
 ) -> tuple[Any, Any]:
     """(options, plan): `plan` as it is where one replica fits a device (its
@@ -109,7 +113,7 @@ def plan_sharding(
 def _decide(
     model: Any,
     planned: tuple[Any, Any],
-    hw: Any,
+    hw: Hardware,
     facts: Any,
     data: Any,
     element: Any,
@@ -129,7 +133,7 @@ def _decide(
     )
 
 
-def _key(model: Any, element: Any, plan: Any, hw: Any, limit: tuple) -> str:
+def _key(model: Any, element: Any, plan: Plan, hw: Hardware, limit: tuple) -> str:
     """The decision's cache key: the model, the data's shapes, the hardware
     and processes, the plan it starts from, and the device's limit."""
     import jax
@@ -189,7 +193,7 @@ def _as_json(one: int, request: sharding.Sharded | None) -> dict[str, Any]:
 def _sharded(
     model: Any,
     options: Any,
-    hw: Any,
+    hw: Hardware,
     facts: Any,
     data: Any,
     element: Any,
@@ -288,7 +292,7 @@ def _model_layouts(model: Any, mesh: tuple[int, int]) -> tuple[Any, str]:
     return out, f"{type(backbone).__name__}.get_layout_map"
 
 
-def _per_device(model: Any, element: Any, plan: Any, batch: int) -> int:
+def _per_device(model: Any, element: Any, plan: Plan, batch: int) -> int:
     """What one device holds while `plan` trains a step of `batch` per
     replica: the state laid out there and the step's own buffers, by XLA's
     count (nothing runs; the model is put back)."""
@@ -298,10 +302,10 @@ def _per_device(model: Any, element: Any, plan: Any, batch: int) -> int:
 def _measured(
     model: Any,
     element: Any,
-    plan: Any,
+    plan: Plan,
     batch: int,
     usable: int | None,
-    hw: Any = None,
+    hw: Hardware | None = None,
     search: Any = None,
 ) -> tuple[int, float | None, str]:
     """(`_per_device`'s bytes, the seconds of one real step or None, why it
@@ -319,7 +323,7 @@ def _measured(
             trained, element, dist, plan.replicas
         )
         need = step.state_bytes + jax_search.reported(step.need)(batch).need_bytes
-        if usable is None or need > usable:
+        if usable is None or hw is None or need > usable:
             return need, None, "not timed"
         try:
             free, _ = jax_search.free_bytes(hw, search or batch_lib.SearchOptions())
@@ -335,7 +339,7 @@ def _measured(
             return need, None, f"not timed: the step failed ({gist(e)})"
 
 
-def _device_limit(hw: Any, search: Any) -> tuple[int | None, str]:
+def _device_limit(hw: Hardware, search: Any) -> tuple[int | None, str]:
     """(bytes one device may hold, where the figure comes from): the
     `device_memory` you gave, else what a GPU or TPU reports; None on CPU
     devices without `device_memory`."""
@@ -351,11 +355,11 @@ def _device_limit(hw: Any, search: Any) -> tuple[int | None, str]:
     return limit, "XLA's allocator limit per device"
 
 
-def _with_warning(plan: Any, why: str) -> Any:
+def _with_warning(plan: Plan, why: str) -> Any:
     """`plan` with `why` as its one warning about sharding (the check could
     not decide: the plan trains as it is, as plain `fit` would)."""
     return dataclasses.replace(plan, warnings=(*plan.warnings, why))
 
 
-def _with_reason(plan: Any, why: str) -> Any:
+def _with_reason(plan: Plan, why: str) -> Any:
     return dataclasses.replace(plan, reasons={**plan.reasons, "sharding": why})

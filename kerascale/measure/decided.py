@@ -1,0 +1,57 @@
+"""`Decided`: the plan and everything it was decided from, what
+`measure.decide.decide` returns and `apply` carries out."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kerascale.measure.result import BatchSearchResult
+from kerascale.plan.options import Options
+from kerascale.plan.plan import Plan
+from kerascale.sense.data_facts import DataFacts
+from kerascale.sense.hardware import Hardware
+from kerascale.sense.model_facts import ModelFacts
+
+
+@dataclasses.dataclass(frozen=True)
+class Decided:
+    """The plan and everything it was decided from.
+
+    Attributes:
+        hardware: What is here.
+        model: Facts about the model.
+        data: Facts about the training data.
+        plan: The plan.
+        instance: The user's `tf.distribute.Strategy`, or None.
+        options: The options the plan was made with ("auto" settled by
+            trials where they ran).
+        search: The batch search's result, where one ran.
+        optimize_data: The pipeline decision, "auto" resolved.
+        trials: The trials' result (`trials.TrialResult`), where they ran.
+        recomputed: Recomputation weighed against accumulation
+            (`recompute.Weighing`), where memory bound the batch.
+        search_skipped: Why a batch search that was wanted did not run
+            ("" where it ran, or none was wanted).
+    """
+
+    hardware: Hardware
+    model: ModelFacts
+    data: DataFacts
+    plan: Plan
+    instance: Any
+    options: Options
+    search: BatchSearchResult | None = None
+    optimize_data: bool = True
+    trials: Any = None
+    recomputed: Any = None
+    search_skipped: str = ""
+
+    @property
+    def measured_here(self) -> bool:
+        """Whether planning measured anything in this process (a search not
+        read from the cache, trials, recomputation weighed): what leaves
+        compiles' garbage and freed heap behind."""
+        searched = self.search is not None and not self.search.cached
+        tried = self.trials is not None and bool(self.trials.trials)
+        return searched or tried or self.recomputed is not None
