@@ -4,4 +4,5 @@ import sys
 
 from kerascale.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when imported (the docs build inspects it)
+    sys.exit(main())
