@@ -248,7 +248,7 @@ def test_data_changes_read_as_the_plan_has_always_printed_them():
         "prefetch(AUTOTUNE)",
         "cache()",
         "shard by file (by data if fewer files than workers)",
-        "read ahead on a thread where a callback waits on each step",
+        "read ahead on a thread",
         "each process reads its block of every global batch",
         "last 3 sample(s) of each epoch left out",
         "each batch cut to a multiple of the devices as it is read",

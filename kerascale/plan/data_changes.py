@@ -16,7 +16,7 @@ SHARD = {
     "data": "shard by data",
     "file": "shard by file (by data if fewer files than workers)",
 }
-READ_AHEAD = "read ahead on a thread where a callback waits on each step"
+READ_AHEAD = "read ahead on a thread"  # where a callback waits on each step
 BY_PROCESS = "each process reads its block of every global batch"
 CUT_AS_READ = "each batch cut to a multiple of the devices as it is read"
 
