@@ -2,8 +2,8 @@
 README.md and docs/ parses, and every call it makes to kerascale names a
 function or class that exists, with arguments its signature takes (issue
 41: samples drift from the code as it changes; a renamed argument must
-break this test, not a reader's script). The samples are not run: they
-train on the reader's data (`train_ds`, `build_model()`)."""
+break this test, not a reader's script). test_docs_run.py runs them, on
+stand-ins for the reader's data (`train_ds`, `build_model()`)."""
 
 import ast
 import importlib

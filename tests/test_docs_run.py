@@ -1,0 +1,100 @@
+"""Every Python sample in README.md and docs/ runs (issue 41: the guides
+cannot drift from what the code does). A sample trains on the reader's
+objects (`model`, `train_ds`, `build_model()`...) and places (`/ckpt`,
+`gs://bucket`): here they are small stand-ins, and the places are a
+temporary folder. The substitutions are listed, so a reader can see that
+nothing else of a sample changes."""
+
+import re
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_docs_code import samples
+
+import kerascale
+
+# The reader's places and sizes -> this test's (`{tmp}`: a new folder).
+SUBSTITUTIONS = [
+    (r'"/ckpt"', '"{tmp}/ckpt"'),
+    (r'"gs://bucket/run1"', '"{tmp}/run1"'),
+    (r'"/data/kerascale-shards"', '"{tmp}/shards"'),
+    (r'"images/\*\.jpg"', '"{tmp}/images/*.jpg"'),
+    (r'log_dir="logs"', 'log_dir="{tmp}/logs"'),
+    (r'directory="tuning"', 'directory="{tmp}/tuning"'),
+    (r'"model\.keras"', '"{tmp}/model.keras"'),
+    (r"\bepochs=\d+", "epochs=2"),
+    (r"max_trials=\d+", "max_trials=2"),
+    (r"batch_size=\(32, 16384\)", "batch_size=(32, 64)"),
+    (r'memory_limit="6GiB"', 'memory_limit="2GiB"'),
+    # BayesianOptimization needs keras-tuner[bayesian] (scikit-learn), which
+    # the test environment leaves out; the sample's kerascale part is the same.
+    (r"keras_tuner\.BayesianOptimization", "keras_tuner.RandomSearch"),
+]
+SAMPLES = 256  # the stand-in data's size
+
+
+def build_model(hp=None):
+    """The reader's model: a small compiled conv net on 16x16x3 images."""
+    model = keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(4, activation="softmax"),
+        ]
+    )
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def _names(tmp: Path) -> dict:
+    rng = np.random.default_rng(0)
+    x = rng.random((SAMPLES, 16, 16, 3), dtype="float32")
+    y = rng.integers(0, 4, SAMPLES).astype("int32")
+    images = tmp / "images"
+    images.mkdir()
+    for i in range(8):
+        pixels = tf.constant(rng.integers(0, 255, (16, 16, 3)), tf.uint8)
+        tf.io.write_file(str(images / f"{i}.jpg"), tf.io.encode_jpeg(pixels))
+
+    def decode(path):
+        image = tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
+        return tf.cast(image, tf.float32) / 255.0, tf.constant(0, tf.int32)
+
+    def augment(image, label):
+        return tf.image.random_flip_left_right(image), label
+
+    samples_ds = tf.data.Dataset.from_tensor_slices((x, y))
+    ds = samples_ds.batch(32)
+    return {
+        "keras": keras, "tf": tf, "kerascale": kerascale,
+        "model": build_model(), "build_model": build_model,
+        "build_my_model": build_model, "x": x, "y": y, "x_train": x,
+        "y_train": y, "ds": ds, "train_ds": ds, "val_ds": ds.take(2),
+        "decode": decode, "augment": augment, "samples_ds": samples_ds,
+    }  # fmt: skip
+
+
+# Where a page's `ds` is a dataset of samples (it batches it itself).
+UNBATCHED = ("docs/accumulation.md",)
+
+
+@pytest.mark.parametrize("code", list(samples()))
+def test_each_sample_runs(code, tmp_path, monkeypatch, request, capsys):
+    monkeypatch.setenv("KERASCALE_CACHE_DIR", str(tmp_path / "cache"))
+    for pattern, replacement in SUBSTITUTIONS:
+        code = re.sub(pattern, replacement.format(tmp=tmp_path), code)
+    names = _names(tmp_path)
+    if request.node.callspec.id.startswith(UNBATCHED):
+        names["ds"] = names["samples_ds"]
+    policy = keras.config.dtype_policy()
+    try:
+        exec(compile(code, "<sample>", "exec"), names)
+    finally:  # the tour's sample sets the global policy, as a reader would
+        keras.config.set_dtype_policy(policy)
+    if "print(" in code:  # what the page says it prints: a plan, a result
+        printed = capsys.readouterr().out
+        assert re.search(r"kerascale plan|batch|bound", printed), printed[-2000:]
