@@ -83,7 +83,7 @@ def planning() -> Iterator[None]:
     """A region of planning, whose garbage collections (`collect`) traverse
     only the objects made inside it. A full collection in a process with
     TensorFlow loaded walks its ~400,000 objects: 0.17 s each, and a CPU
-    search took seven (1.7 s of a 1-minute run's planning). The first
+    search took six (1.7 s of a 1-minute run's planning). The first
     `collect` inside collects in full, then freezes what survives
     (`gc.freeze`); at the end, what the region made is collected and the
     heap unfrozen (its objects go back to the oldest generation). A region
