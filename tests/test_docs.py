@@ -55,3 +55,23 @@ def test_the_readme_fits_a_screen_or_two_and_keeps_its_two_commands():
     test_command = [line for line in text.splitlines() if "pytest -m serial" in line]
     assert test_command and test_command[0] in ci
     assert "examples/quickstart.py" in text
+
+
+def test_readme_s_quickstart_runs_and_prints_its_plan():
+    """README's first command ends in examples/quickstart.py: it must run,
+    print the plan, and train the user's own model (about 10 s)."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "kerascale plan" in done.stdout
+    accuracy = float(
+        done.stdout.rsplit("accuracy of your model after", 1)[1].split()[-1]
+    )
+    assert accuracy > 0.9, done.stdout[-2000:]

@@ -505,3 +505,24 @@ def test_the_trainer_pattern_trains_and_a_tensorflow_style_step_fails_as_plain()
                 assert len(history.history["loss"]) == 2
                 assert int(model.optimizer.iterations) == 16
         assert not [w for w in caught if w.category is kerascale.KerascaleWarning]
+
+
+@pytest.mark.once
+def test_the_jax_guide_s_quickstart_runs_on_two_devices():
+    """docs/jax.md's command: examples/quickstart_jax.py on 2 CPU devices,
+    without TensorFlow (about 11 s)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "quickstart_jax.py"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    done = subprocess.run(
+        [sys.executable, str(example)], capture_output=True, text=True,
+        timeout=300, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "data_parallel (2 replicas)" in done.stdout, done.stdout[-2000:]
+    accuracy = float(done.stdout.rsplit("test accuracy", 1)[1].split()[0])
+    assert accuracy > 0.9, done.stdout[-2000:]
