@@ -25,6 +25,7 @@ SUBSTITUTIONS = [
     (r'log_dir="logs"', 'log_dir="{tmp}/logs"'),
     (r'directory="tuning"', 'directory="{tmp}/tuning"'),
     (r'"model\.keras"', '"{tmp}/model.keras"'),
+    (r'"batch\.png"', '"{tmp}/batch.png"'),
     (r"\bepochs=\d+", "epochs=2"),
     (r"max_trials=\d+", "max_trials=2"),
     (r"batch_size=\(32, 16384\)", "batch_size=(32, 64)"),
@@ -85,6 +86,7 @@ UNBATCHED = ("docs/accumulation.md",)
 @pytest.mark.parametrize("code", list(samples()))
 def test_each_sample_runs(code, tmp_path, monkeypatch, request, capsys):
     monkeypatch.setenv("KERASCALE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # whatever else a sample writes lands here
     for pattern, replacement in SUBSTITUTIONS:
         code = re.sub(pattern, replacement.format(tmp=tmp_path), code)
     names = _names(tmp_path)
