@@ -27,7 +27,7 @@ SUBSTITUTIONS = [
     (r'"model\.keras"', '"{tmp}/model.keras"'),
     (r'"batch\.png"', '"{tmp}/batch.png"'),
     (r"\bepochs=\d+", "epochs=2"),
-    (r"max_trials=\d+", "max_trials=2"),
+    (r"max_trials=\d+", "max_trials=1"),
     (r"batch_size=\(32, 16384\)", "batch_size=(32, 64)"),
     (r'memory_limit="6GiB"', 'memory_limit="2GiB"'),
     # BayesianOptimization needs keras-tuner[bayesian] (scikit-learn), which
