@@ -24,7 +24,7 @@ from kerascale.measure import advice, engines
 from kerascale.measure.advice import Recommendation
 from kerascale.measure.decide import decide, validate_options
 from kerascale.sense import backend as backend_lib
-from kerascale.sense import data_facts, memory
+from kerascale.sense import data_facts
 
 if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
@@ -206,11 +206,10 @@ def diagnose(
     _readable(timing, x, y, read)
 
     def decided(not_rebuildable: Any = "") -> Any:
-        with memory.planning():  # its collections walk only what it made
-            return decide(
-                model, x, y, options, search=search, not_rebuildable=not_rebuildable,
-                steps_per_epoch=read,
-            )  # fmt: skip
+        return decide(
+            model, x, y, options, search=search, not_rebuildable=not_rebuildable,
+            steps_per_epoch=read,
+        )  # fmt: skip
 
     with Session() as session:
         session.enter(model_lib.preserved_state())

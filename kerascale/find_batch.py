@@ -14,7 +14,6 @@ from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import MODES
 from kerascale.plan.options import Options
 from kerascale.sense import backend as backend_lib
-from kerascale.sense import memory
 
 if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
@@ -97,8 +96,7 @@ def find_batch_size(
     """
     options, search = _validated(locals())
     _supported_backend()
-    with memory.planning():  # its collections walk only what it made
-        decided = decide(model, x, y, options, search=search, force_search=True)
+    decided = decide(model, x, y, options, search=search, force_search=True)
     return _with_precision(decided, search.mode)
 
 

@@ -35,7 +35,7 @@ from kerascale.measure.probe import is_oom_exception
 from kerascale.plan.options import Options, pin, plain, smaller_batch
 from kerascale.plan.plan import Plan
 from kerascale.sense import backend as backend_lib
-from kerascale.sense import data_facts, first_batch, memory
+from kerascale.sense import data_facts, first_batch
 from kerascale.sense import hardware as hardware_lib
 from kerascale.sense.model_facts import gist, is_builder
 
@@ -390,27 +390,20 @@ class _Deciding:
         self, *, not_rebuildable: Any = "", options: Any = None, search: Any = None
     ) -> Decided:
         """The decision; `not_rebuildable`: why re-creating the model failed."""
-        with memory.planning():
-            decided = decide(
-                self.model,
-                self.x,
-                self.y,
-                options or self.options,
-                steps_per_epoch=self.fit_kwargs.get("steps_per_epoch"),
-                validation_split=self.fit_kwargs.get("validation_split"),
-                epochs=_epochs(self.fit_kwargs),
-                search=search or self.request.search,
-                hardware=self.hardware,
-                not_rebuildable=not_rebuildable,
-                clustered=self.clustered,
-                pinned=tuple(self.pinned),
-            )
-            # Its compiles, probes and trials leave garbage and freed heap in
-            # this process: training's memory was planned without them.
-            # (Where nothing was measured it is not done: a full collection
-            # costs 0.17 s in a TensorFlow process.)
-            if decided.measured_here:
-                memory.release_freed()
+        decided = decide(
+            self.model,
+            self.x,
+            self.y,
+            options or self.options,
+            steps_per_epoch=self.fit_kwargs.get("steps_per_epoch"),
+            validation_split=self.fit_kwargs.get("validation_split"),
+            epochs=_epochs(self.fit_kwargs),
+            search=search or self.request.search,
+            hardware=self.hardware,
+            not_rebuildable=not_rebuildable,
+            clustered=self.clustered,
+            pinned=tuple(self.pinned),
+        )
         if not self.materialized:
             return decided
         plan = decided.plan

@@ -81,7 +81,7 @@ class DataChanges:
     def pipeline(self) -> tuple[str, ...]:
         """The words of every change but the batching: what plain
         `model.fit` would not do to the input."""
-        return tuple(w for w in self.words() if w not in self._batching())
+        return dataclasses.replace(self, batch=None, rebatch_from=None).words()
 
     def words(self) -> tuple[str, ...]:
         """Each change in words, in the plan's order."""
