@@ -9,12 +9,13 @@ repay it is skipped with the reason, and the rule's choice is kept. The
 trials' stages run in the order of their expected value (saving less cost).
 
 Before anything is measured, the run's length comes from a first estimate of
-a training step: an eager forward pass of the user's own model on a synthetic
-batch (`train_seconds_per_sample`). On 2 cores (TF 2.21), the estimate
-against `model.fit`'s trained samples at batch 32: the quickstart CNN 0.30 ms
-against 0.08-0.12 ms, the reference CNN of benchmarks/end_to_end.py 0.50
-against 0.31 ms, its BatchNorm-heavy one 2.1 against 1.5-1.9 ms. A training
-step (a forward and a backward pass) is taken as 2 eager forward passes: an
+a training step (`train_seconds_per_sample`): on TensorFlow an eager forward
+pass of the user's own model on a synthetic batch, on JAX a compiled one
+(`measure.jax.estimate`). On 2 cores (TF 2.21), the eager estimate against
+`model.fit`'s trained samples at batch 32: the quickstart CNN 0.30 ms against
+0.08-0.12 ms, the reference CNN of benchmarks/end_to_end.py 0.50 against
+0.31 ms, its BatchNorm-heavy one 2.1 against 1.5-1.9 ms. A training step (a
+forward and a backward pass) is taken as 2 eager forward passes: an
 overestimate on small models, where eager dispatch dominates, so that the
 error makes a run look longer (the measurement runs), not shorter. The
 estimate itself took 20-130 ms.
@@ -34,6 +35,7 @@ import numpy as np
 
 from kerascale._state import preserved_state, value_of
 from kerascale.apply import keras_compat
+from kerascale.measure.jax import estimate as jax_estimate
 from kerascale.measure.probe import MIN_TIMED_SECONDS
 from kerascale.measure.probe_data import synthetic_batch
 from kerascale.measure.search import LADDER_CHUNK
@@ -206,6 +208,13 @@ def _estimated(model: Any, x: Any, y: Any, data: Any) -> float | None:
     saved = [(v, value_of(v)) for v in {id(v): v for v in held}.values()]
     try:
         with preserved_state():
+            if keras.backend.backend() == "jax":
+                try:
+                    return jax_estimate.train_seconds_per_sample(
+                        model, inputs, TRAIN_PER_FORWARD
+                    )
+                except Exception:  # not traceable as it is: the eager figure
+                    pass
             _forward_seconds(model, inputs, FIRST_BATCH)  # eager's first-call setup
             first = _forward_seconds(model, inputs, FIRST_BATCH)
             batch = FIRST_BATCH

@@ -1,0 +1,88 @@
+"""A first figure for a JAX training step, for the run's budget: the
+compiled forward pass timed, times XLA's count of a training step's
+operations over the forward's (the gradient is lowered, not compiled).
+
+An eager forward pass, the TensorFlow figure, misreads JAX: each op is
+dispatched and compiled on its own, and the reference CNN's run read 3-4x
+short at 0.8 s a call. The compiled forward takes 0.17-0.22 s with its
+compile, and the count of operations scales it to a step: the MLP of
+`benchmarks/jax_wall_time.py`'s README section within 4%, the reference CNN
+3x short (XLA's CPU convolutions run their backward pass at a third of the
+forward's rate per operation). Compiling the gradient would read the CNN
+right, at 0.65-0.8 s: the cost this module removes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+FORWARD_BATCH = 32
+MAX_SECONDS = 0.25  # a forward pass longer than this is timed once
+
+
+def train_seconds_per_sample(
+    model: Any, inputs: Callable[[int], Any], train_per_forward: float
+) -> float:
+    """Seconds per sample of one training step of `model` on `inputs(batch)`;
+    `train_per_forward` where XLA gives no count of operations. Changes
+    nothing in the model: the variables' values are read, never assigned.
+
+    Raises:
+        Exception: Whatever tracing or running the model raises (the caller
+            falls back to an eager figure).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+    made = inputs(FORWARD_BATCH)
+
+    def forward(tv: Any, ntv: Any, x: Any) -> Any:
+        return model.stateless_call(tv, ntv, x, training=False)[0]
+
+    def summed(tv: Any, ntv: Any, x: Any) -> Any:
+        out = model.stateless_call(tv, ntv, x, training=True)[0]
+        floats = [
+            jnp.sum(o.astype("float32"))
+            for o in keras.tree.flatten(out)
+            if jnp.issubdtype(o.dtype, jnp.floating)
+        ]
+        return sum(floats, jnp.float32(0))
+
+    lowered = jax.jit(forward).lower(trainable, non_trainable, made)
+    step = lowered.compile()
+
+    def timed() -> float:
+        start = time.perf_counter()
+        jax.block_until_ready(step(trainable, non_trainable, made))
+        return time.perf_counter() - start
+
+    seconds = timed()  # the first run also places the inputs
+    if seconds <= MAX_SECONDS:
+        seconds = min(timed() for _ in range(2))
+    ratio = train_per_forward
+    forward_flops = _flops(lowered)
+    if forward_flops and trainable:
+        grad = jax.jit(jax.grad(summed)).lower(trainable, non_trainable, made)
+        train_flops = _flops(grad)
+        if train_flops:
+            ratio = max(1.0, train_flops / forward_flops)
+    return ratio * seconds / FORWARD_BATCH
+
+
+def _flops(lowered: Any) -> float:
+    """XLA's count of a lowered computation's floating-point operations, 0
+    where it gives none (`cost_analysis` is a dict, a list of one dict in
+    older JAX, or None)."""
+    try:
+        cost = lowered.cost_analysis()
+    except Exception:  # a backend without the analysis
+        return 0.0
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    return float((cost or {}).get("flops", 0.0) or 0.0)

@@ -1,0 +1,72 @@
+"""The run's first estimate on JAX: a compiled forward pass scaled by XLA's
+count of a training step, not eager passes (which dispatch and compile op
+by op, and read a JAX run 3-4x short at about 0.8 s a call)."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import toy_data
+
+from kerascale.measure import budget
+from kerascale.measure.jax import estimate
+from kerascale.sense import data_facts
+
+pytestmark = pytest.mark.once
+
+
+def _model() -> keras.Model:
+    inputs = keras.Input((8,))
+    h = keras.layers.BatchNormalization()(inputs)
+    h = keras.layers.Dropout(0.5)(keras.layers.Dense(64, activation="relu")(h))
+    model = keras.Model(inputs, keras.layers.Dense(2)(h))
+    model.compile("adam", "sparse_categorical_crossentropy")
+    return model
+
+
+def test_the_estimate_is_compiled_and_leaves_the_model_alone(monkeypatch):
+    def eager(*args):
+        raise AssertionError("the eager forward pass ran on JAX")
+
+    monkeypatch.setattr(budget, "_forward_seconds", eager)
+    model = _model()
+    x, y = toy_data(64, inputs=8)
+    before = [np.array(v.value) for v in model.variables]
+
+    per = budget.train_seconds_per_sample(
+        model, x, y, data_facts.inspect(x, y, steps_per_epoch=None)
+    )
+
+    assert per is not None and 0 < per < 0.1
+    for a, v in zip(before, model.variables, strict=True):
+        np.testing.assert_array_equal(a, np.array(v.value))
+
+
+def test_xla_counts_a_training_step_against_the_forward_pass(monkeypatch):
+    """The scale comes from XLA's counts (this model's step, its
+    BatchNormalization and Dropout training: 4.7 forward passes), not the
+    fallback ratio; fails if `Lowered.cost_analysis` stops giving "flops"."""
+    counted = []
+    real = estimate._flops
+    monkeypatch.setattr(
+        estimate, "_flops", lambda lowered: counted.append(real(lowered)) or counted[-1]
+    )
+    model = _model()
+    x, _ = toy_data(64, inputs=8)
+
+    estimate.train_seconds_per_sample(model, lambda b: x[:b], 1000.0)
+
+    forward, step = counted
+    assert forward > 0 and 2 < step / forward < 8
+
+
+def test_a_model_it_cannot_trace_gets_the_eager_figure(monkeypatch):
+    def untraceable(*args, **kwargs):
+        raise TypeError("not traceable")
+
+    monkeypatch.setattr(estimate, "train_seconds_per_sample", untraceable)
+    model = _model()
+    x, y = toy_data(64, inputs=8)
+    per = budget.train_seconds_per_sample(
+        model, x, y, data_facts.inspect(x, y, steps_per_epoch=None)
+    )
+    assert per is not None and per > 0
