@@ -28,7 +28,7 @@ def _doctor(args: argparse.Namespace) -> int:
         return _cluster(args)
     from kerascale.errors import KerascaleError, UnsupportedError
     from kerascale.plan.options import Options
-    from kerascale.plan.rules import make_plan
+    from kerascale.plan.rules import Planner
     from kerascale.sense import backend as backend_lib
     from kerascale.sense.data_facts import DataFacts
     from kerascale.sense.hardware import detect_hardware
@@ -39,7 +39,7 @@ def _doctor(args: argparse.Namespace) -> int:
     try:
         if not backend_lib.supported(hw.backend):
             raise UnsupportedError(backend_lib.unsupported_warning(hw.backend, []))
-        plan = make_plan(hw, Options.validate(), ModelFacts(), DataFacts("arrays"))
+        plan = Planner(hw, ModelFacts(), DataFacts("arrays"))(Options.validate())
         error = None
     except KerascaleError as e:
         plan, error = None, f"{type(e).__name__}: {e}"

@@ -30,8 +30,9 @@ from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._input_source import InputSource
 from kerascale.errors import warn
 from kerascale.measure.batch import SearchOptions
-from kerascale.measure.decide import Decided, decide, validate_options, with_notes
+from kerascale.measure.decide import Decided, decide, validate_options
 from kerascale.measure.probe import is_oom_exception
+from kerascale.plan.measured import Measured
 from kerascale.plan.options import Options, pin, plain, smaller_batch
 from kerascale.plan.plan import Plan
 from kerascale.sense import backend as backend_lib
@@ -406,19 +407,7 @@ class _Deciding:
         )
         if not self.materialized:
             return decided
-        plan = decided.plan
-        why = plan.reasons.get("data_changes", "")
-        plan = dataclasses.replace(
-            plan,
-            data_changes=dataclasses.replace(plan.data_changes, materialized=True),
-            reasons={
-                **plan.reasons,
-                "data_changes": f"{self.materialized}; {why}"
-                if why
-                else self.materialized,
-            },
-        )
-        return dataclasses.replace(decided, plan=plan)
+        return decided.replanned(Measured(materialized=self.materialized))
 
     def without_automatic_choices(
         self, decided: Decided, error: BaseException
@@ -436,8 +425,9 @@ class _Deciding:
             search = dataclasses.replace(
                 self.request.search, max_batch_size=options.max_batch_size
             )
-            again = self.decide(options=options, search=search)
-            return with_notes(again, warnings=(why,))
+            return self.decide(options=options, search=search).replanned(
+                Measured().warned(why)
+            )
         options, what = plain(self.options, decided.plan, decided.model.policy)
         if not what:
             return None
@@ -458,17 +448,19 @@ class _Deciding:
             )
             + " to skip the attempt."
         )
-        reasons = {}
-        if options.strategy != self.options.strategy:
-            reasons["strategy"] = why
-        if options.precision != self.options.precision:
-            reasons["precision"] = why
-        if options.optimize_data != self.options.optimize_data:
-            reasons["data_changes"] = why
-        if options.recompute != self.options.recompute:
-            reasons["recompute"] = why
-        return with_notes(
-            self.decide(options=options), reasons=reasons, warnings=(why,)
+        fields = {
+            "strategy": "strategy",
+            "precision": "precision",
+            "optimize_data": "data_changes",
+            "recompute": "recompute",
+        }
+        dropped = {
+            field: why
+            for option, field in fields.items()
+            if getattr(options, option) != getattr(self.options, option)
+        }
+        return self.decide(options=options).replanned(
+            Measured().decided(**dropped).warned(why)
         )
 
 

@@ -16,7 +16,8 @@ from kerascale.measure.batch import SearchOptions
 from kerascale.measure.decide import Decided
 from kerascale.measure.probe import ProbeResult
 from kerascale.measure.result import BatchSearchResult
-from kerascale.plan.options import Options, pin, say_pinned
+from kerascale.plan.measured import Measured
+from kerascale.plan.options import Options, pin, pinned_reasons
 from kerascale.plan.rules import make_plan
 from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
@@ -165,8 +166,9 @@ def test_the_plan_round_trips_and_a_resumed_run_keeps_its_recomputation():
     assert remat.MODES == (recompute.MODE,)
     pinned, names = pin(Options.validate(), plan, data_batched=False)
     assert pinned.recompute == "activations" and "recompute" in names
-    resumed = make_plan(HW, pinned, MODEL, DATA)
-    said = say_pinned(resumed, names)
+    said = make_plan(
+        HW, pinned, MODEL, DATA, measured=Measured().decided(**pinned_reasons(names))
+    )
     assert said.reasons["recompute"] == "as in the checkpoint being resumed"
     without = make_plan(HW, Options.validate(), MODEL, DATA)
     assert pin(Options.validate(), without, data_batched=False)[0].recompute == "off"

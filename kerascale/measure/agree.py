@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from kerascale.apply.tensorflow import cluster
 from kerascale.errors import ConfigurationError
-from kerascale.plan.rules import make_plan
+from kerascale.plan.measured import Measured
 
 if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
 
 
-def agree(decided: Decided) -> Any:
+def agree(decided: Decided) -> Decided:
     """The plan every worker of a cluster trains with.
 
     Each worker searched its own memory: all take the smallest batch any of
@@ -60,20 +60,15 @@ def agree(decided: Decided) -> Any:
             batch_size=smallest * plan.replicas,
             reasons={**result.reasons, "batch_size": why},
         )
-    agreed = make_plan(
-        decided.hardware, settled, decided.model, decided.data, search=result
-    )
-    reasons = dict(agreed.reasons)
+    found = Measured()
     if "precision" in changes:
-        reasons["precision"] = (
-            f"the chief's ({chief['precision']}), so that all workers compute alike"
+        found = found.decided(
+            precision=f"the chief's ({chief['precision']}), so that all workers "
+            "compute alike"
         )
     if "recompute" in changes:
-        reasons["recompute"] = (
-            f"the chief's ({chief.get('recompute') or 'none'}), so that all "
-            "workers compute alike"
+        found = found.decided(
+            recompute=f"the chief's ({chief.get('recompute') or 'none'}), so that "
+            "all workers compute alike"
         )
-    elif "recompute" in plan.reasons:
-        reasons["recompute"] = plan.reasons["recompute"]
-    agreed = dataclasses.replace(agreed, reasons=reasons)
-    return dataclasses.replace(decided, plan=agreed, search=result, options=settled)
+    return decided.replanned(found, options=settled, search=result)

@@ -40,14 +40,14 @@ from kerascale.measure.decided import Decided
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
 from kerascale.plan import precision as precision_rules
-from kerascale.plan.options import Options, say_pinned, user_instance
+from kerascale.plan.measured import Measured
+from kerascale.plan.options import Options, pinned_reasons, user_instance
 from kerascale.plan.plan import Plan
-from kerascale.plan.rules import make_plan, searched_batch
+from kerascale.plan.rules import Planner, searched_batch
 from kerascale.sense import data_facts, memory, samples
 from kerascale.sense import hardware as hardware_lib
-from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
-from kerascale.sense.model_facts import ModelFacts, gist, model_facts
+from kerascale.sense.model_facts import gist, model_facts
 
 
 def _search_anyway(hw: Hardware) -> str:
@@ -150,10 +150,9 @@ def decide(
             steps_per_epoch,
             lambda: budget_lib.train_seconds_per_sample(model, x, y, data),
         )
+    planner = Planner(hw, facts, data)
     try:
-        decided = _measured(
-            model, x, y, options, hw, facts, data, search, force_search, budget
-        )
+        decided = _measured(model, x, y, options, planner, search, force_search, budget)
     except CannotRecreate as e:
         if not facts.rebuildable:
             raise
@@ -165,7 +164,8 @@ def decide(
         )  # fmt: skip
     if clustered:
         decided = agree(decided)
-    decided = dataclasses.replace(decided, plan=say_pinned(decided.plan, pinned))
+    if pinned:
+        decided = decided.replanned(Measured().decided(**pinned_reasons(pinned)))
     return _settle_tpu(decided, model, x, y, steps_per_epoch, search)
 
 
@@ -174,25 +174,23 @@ def _measured(
     x: Any,
     y: Any,
     options: Options,
-    hw: Hardware,
-    facts: ModelFacts,
-    data: DataFacts,
+    planner: Planner,
     search: SearchOptions | None,
     force_search: bool,
     budget: budget_lib.RunBudget | None = None,
 ) -> Decided:
-    """The plan with the batch search's and the trials' answers in it, each
-    measured only where `budget`'s run repays it (None: no budget).
+    """The decision with the batch search's and the trials' answers in it,
+    each measured only where `budget`'s run repays it (None: no budget).
 
     A search whose probe fails for a reason other than memory is not fit's
     error to raise: under a mixed precision kerascale chose, it is tried
     again in the model's own precision; otherwise it is dropped (the real
     run then raises the model's error, as `model.fit` would)."""
+    hw, facts, data = planner.hardware, planner.model, planner.data
     instance = user_instance(options)
-    plan = make_plan(hw, options, facts, data)
     shard = engines.sharding(hw.backend)
-    options, new = shard(model, x, y, options, hw, facts, data, plan, search)
-    kept, plan = (new.reasons, new.warnings[len(plan.warnings) :]), new  # re-plans
+    options, found = shard(model, x, y, options, planner, planner(options), search)
+    plan = planner(options, measured=found)
     can_try = trials_lib.possible(options, hw, facts)
     # The batch per replica asked for (None for "auto"), before a split.
     asked = None if searched_batch(options, data) else plan.micro_batch_size
@@ -209,57 +207,43 @@ def _measured(
         if options.precision == "auto" and plan.precision != facts.policy:
             plain = dataclasses.replace(options, precision=facts.policy)
             decided = _measured(
-                model, x, y, plain, hw, facts, data, search, force_search, budget
+                model, x, y, plain, planner, search, force_search, budget
             )
             why = (
                 f"{facts.policy}: {plan.precision} failed in the batch search's "
                 f"probe ({e}); pass precision='{facts.policy}' to skip the attempt"
             )
-            return with_notes(decided, reasons={"precision": why}, warnings=(why,))
+            return decided.replanned(Measured().decided(precision=why).warned(why))
         result, ladder = None, False
         note = (
             f"No batch search: a probe failed for a reason other than memory "
             f"({e}). Training at Keras's default batch; pass batch_size= to choose."
         )
-    if result is not None:
-        plan = make_plan(hw, options, facts, data, search=result)
+    found = found.warned(note)
+    if skipped:
+        hint = "pass batch_size= to choose" if unavailable else _search_anyway(hw)
+        found = found.noted(
+            "global_batch_size", f"batch search skipped: {skipped}; {hint}"
+        )
     decided = Decided(
-        hw, facts, data, plan, instance, options, result,
+        hw,
+        facts,
+        data,
+        planner(options, search=result, measured=found),
+        instance,
+        options,
+        result,
         options.optimize_data is not False,
-    )  # fmt: skip
+        search_skipped=skipped,
+        measured=found,
+    )
     if can_try:
         decided = _tried(decided, model, x, y, ladder, budget)
     if options.recompute == "auto" or force_search:
         decided = _recomputed(
             decided, (model, x, y), search, (asked, force_search), budget
         )
-    reasons = {k: v for k, v in kept[0].items() if k == "sharding"}
-    if skipped:
-        decided = dataclasses.replace(decided, search_skipped=skipped)
-        why = decided.plan.reasons["global_batch_size"]
-        hint = (
-            "pass batch_size= to choose"
-            if unavailable
-            else _search_anyway(decided.hardware)
-        )
-        reasons["global_batch_size"] = (
-            f"{why} (batch search skipped: {skipped}; {hint})"
-        )
-    notes = (*kept[1], *((note,) if note else ()))
-    return with_notes(decided, reasons=reasons, warnings=notes)
-
-
-def with_notes(
-    decided: Decided, *, reasons: dict[str, str] | None = None, warnings=()
-) -> Decided:
-    """`decided` with `reasons` set and `warnings` added to its plan."""
-    plan = decided.plan
-    plan = dataclasses.replace(
-        plan,
-        reasons={**plan.reasons, **(reasons or {})},
-        warnings=(*plan.warnings, *(w for w in warnings if w not in plan.warnings)),
-    )
-    return dataclasses.replace(decided, plan=plan)
+    return decided
 
 
 def _recomputed(
@@ -295,7 +279,7 @@ def _recomputed(
         why := budget.refuse_search(decided.plan, rungs, 3, "recompute")
     ):
         why = f"not weighed: {why}; pass recompute=True to use it anyway"
-        return with_notes(decided, reasons={"recompute": why})
+        return decided.replanned(Measured().decided(recompute=why))
     if asked is None:
         search = search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
     else:
@@ -314,17 +298,16 @@ def _recomputed(
             f"{gist(e)}); pass recompute=True to use it anyway, or False to skip "
             "the attempt"
         )
-        return with_notes(decided, reasons={"recompute": why}, warnings=(why,))
-    plan, why = weighing.plan, weighing.why
-    options = dataclasses.replace(decided.options, recompute=plan.recompute or "auto")
-    decided = dataclasses.replace(
-        decided,
-        plan=plan,
-        options=options,
+        return decided.replanned(Measured().decided(recompute=why).warned(why))
+    plan = weighing.plan
+    return decided.replanned(
+        Measured().decided(recompute=weighing.why),
+        options=dataclasses.replace(
+            decided.options, recompute=plan.recompute or "auto"
+        ),
         recomputed=weighing,
         search=weighing.search if plan.recompute else result,
     )
-    return with_notes(decided, reasons={"recompute": why})
 
 
 def _tried(
@@ -340,7 +323,7 @@ def _tried(
     each where `budget`'s run is long enough to pay for it (None: no
     budget)."""
     options, plan, result = decided.options, decided.plan, decided.search
-    hw, facts, data = decided.hardware, decided.model, decided.data
+    hw, data = decided.hardware, decided.data
     try_pipeline, try_precision = trials_lib.wanted(options, plan, data, x, hw)
     rungs: dict[int, float] = {}
     if ladder and result.mode == "ladder":  # not XLA's search: no rungs
@@ -383,18 +366,16 @@ def _tried(
         if measured.measured("data_changes")
         else options.optimize_data,
     )
-    plan = make_plan(hw, settled, facts, data, search=result)
-    reasons = dict(plan.reasons)
+    found = Measured()
     for field, tried in (("precision", try_precision), ("data_changes", try_pipeline)):
         if measured.measured(field):
-            reasons[field] = measured.why(field)
+            found = found.decided(**{field: measured.why(field)})
         elif field == "precision" and short:
-            reasons[field] = short
+            found = found.decided(precision=short)
         elif tried and measured.skip_reason(field):
-            reasons[field] += f" (trials skipped: {measured.skip_reason(field)})"
-    return dataclasses.replace(
-        decided,
-        plan=dataclasses.replace(plan, reasons=reasons),
+            found = found.noted(field, f"trials skipped: {measured.skip_reason(field)}")
+    return decided.replanned(
+        found,
         options=settled,
         search=result,
         optimize_data=measured.optimize_data

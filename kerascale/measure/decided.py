@@ -7,8 +7,10 @@ import dataclasses
 from typing import Any
 
 from kerascale.measure.result import BatchSearchResult
+from kerascale.plan.measured import NOTHING, Measured
 from kerascale.plan.options import Options
 from kerascale.plan.plan import Plan
+from kerascale.plan.rules import Planner
 from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
 from kerascale.sense.model_facts import ModelFacts
@@ -33,6 +35,8 @@ class Decided:
             (`recompute.Weighing`), where memory bound the batch.
         search_skipped: Why a batch search that was wanted did not run
             ("" where it ran, or none was wanted).
+        measured: What planning found beyond the rules, in the plan's
+            reasons and warnings.
     """
 
     hardware: Hardware
@@ -46,6 +50,23 @@ class Decided:
     trials: Any = None
     recomputed: Any = None
     search_skipped: str = ""
+    measured: Measured = NOTHING
+
+    @property
+    def planner(self) -> Planner:
+        return Planner(self.hardware, self.model, self.data)
+
+    def replanned(self, measured: Measured = NOTHING, **changes: Any) -> Decided:
+        """This decision with `changes` (its fields: options, search...) and
+        `measured` added, its plan made again from its options, its search and
+        everything measured."""
+        decided = dataclasses.replace(
+            self, measured=self.measured | measured, **changes
+        )
+        plan = decided.planner(
+            decided.options, search=decided.search, measured=decided.measured
+        )
+        return dataclasses.replace(decided, plan=plan)
 
     @property
     def measured_here(self) -> bool:

@@ -36,8 +36,10 @@ def sharding(backend: str) -> Callable[..., Any]:
 
         return jax_sharding.plan_sharding
 
-    def as_it_is(model, x, y, options, hw, facts, data, plan, search):
-        return options, plan
+    def as_it_is(model, x, y, options, planner, plan, search):
+        from kerascale.plan.measured import Measured
+
+        return options, Measured()
 
     return as_it_is
 

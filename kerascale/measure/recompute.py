@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kerascale.measure.result import BatchSearchResult
-from kerascale.plan.rules import make_plan
 
 if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
@@ -125,9 +124,7 @@ def weighed(
     )
     bound, before = found.per_replica_batch_size, result.per_replica_batch_size
     settled = dataclasses.replace(decided.options, recompute=MODE)
-    remat_plan = make_plan(
-        decided.hardware, settled, decided.model, decided.data, search=found
-    )
+    remat_plan = decided.planner(settled, search=found, measured=decided.measured)
     figures = (
         f"with recomputation {bound} per replica fit in one pass, without {before}"
     )

@@ -151,15 +151,12 @@ def pin(
     return dataclasses.replace(options, **changes), sorted(changes)
 
 
-def say_pinned(plan: Plan, pinned: list[str]) -> Plan:
-    """`plan` with reasons that say which choices came from the checkpoint
-    being resumed (not "you asked for it")."""
-    if not pinned:
-        return plan
-    reasons = dict(plan.reasons)
-    for name in pinned:
-        reasons[_PINNED_REASON[name]] = "as in the checkpoint being resumed"
-    return dataclasses.replace(plan, reasons=reasons)
+def pinned_reasons(pinned: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """The reasons of the choices that came from the checkpoint being
+    resumed (not "you asked for it"), by plan field."""
+    return {
+        _PINNED_REASON[name]: "as in the checkpoint being resumed" for name in pinned
+    }
 
 
 def plain(options: Options, plan: Plan, model_policy: str) -> tuple[Options, str]:

@@ -15,6 +15,7 @@ from kerascale.plan import batch_split, device_split, sharding
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.data_changes import DataChanges
+from kerascale.plan.measured import NOTHING, Measured
 from kerascale.plan.options import Options
 from kerascale.plan.plan import Plan
 from kerascale.sense import backend as backend_lib
@@ -27,6 +28,29 @@ from kerascale.sense.model_facts import ModelFacts
 DEFAULT_BATCH_PER_REPLICA = 32
 
 
+@dataclasses.dataclass(frozen=True)
+class Planner:
+    """`make_plan` over one set of facts: every plan kerascale makes, the
+    candidates its measurements time and the one that trains, is made here,
+    from the options and what was measured."""
+
+    hardware: Hardware
+    model: ModelFacts
+    data: DataFacts
+
+    def __call__(
+        self, options: Options, *, search: Any = None, measured: Measured = NOTHING
+    ) -> Plan:
+        return make_plan(
+            self.hardware,
+            options,
+            self.model,
+            self.data,
+            search=search,
+            measured=measured,
+        )
+
+
 def make_plan(
     hardware: Hardware,
     options: Options,
@@ -34,6 +58,7 @@ def make_plan(
     data: DataFacts,
     *,
     search: Any = None,
+    measured: Measured = NOTHING,
 ) -> Plan:
     """Decides strategy, precision, batch and data handling. Pure.
 
@@ -44,6 +69,8 @@ def make_plan(
         data: Facts about the training data.
         search: A `BatchSearchResult` for this plan's precision and strategy,
             which decides an "auto" batch.
+        measured: What planning measured beyond the rules: in the reasons
+            and warnings, as the plan states it.
 
     Returns:
         The `Plan`.
@@ -82,6 +109,9 @@ def make_plan(
     data_changes = dataclasses.replace(data_changes, **split)
     warnings += split_warnings
     recompute = _recompute(options, reasons)
+    if measured.materialized:
+        data_changes = dataclasses.replace(data_changes, materialized=True)
+    reasons, stated = measured.stated(reasons, tuple(warnings))
     return Plan(
         strategy=where.strategy,
         devices=tuple(where.devices),
@@ -95,7 +125,7 @@ def make_plan(
         data_changes=data_changes,
         hardware=hardware.summary(),
         reasons=reasons,
-        warnings=tuple(warnings),
+        warnings=stated,
         backend=hardware.backend,
         sharding=sharding.plan_field(options.strategy),
         recompute=recompute,

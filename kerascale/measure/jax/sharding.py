@@ -33,11 +33,12 @@ from kerascale.errors import BatchSizeSearchError, ConfigurationError
 from kerascale.measure import cache
 from kerascale.measure.jax import compiled
 from kerascale.plan import sharding
-from kerascale.plan.rules import make_plan
+from kerascale.plan.measured import Measured
 from kerascale.sense.model_facts import gist
 
 if TYPE_CHECKING:
     from kerascale.plan.plan import Plan
+    from kerascale.plan.rules import Planner
     from kerascale.sense.hardware import Hardware
 
 # kerascale's own choices, which it may replace by a sharded one; a
@@ -51,18 +52,17 @@ def plan_sharding(
     x: Any,
     y: Any,
     options: Any,
-    hw: Hardware,
-    facts: Any,
-    data: Any,
+    planner: Planner,
     plan: Plan,
     search: Any,
-) -> tuple[Any, Any]:
-    """(options, plan): `plan` as it is where one replica fits a device (its
-    reasons saying so where `device_memory` was given), else the plan over
-    the mesh that fits and trains fastest, with `options.strategy` the
-    request that makes it (`sharding.Sharded`). The decision is kept in
-    kerascale's cache, by the model, the data's shapes, the hardware, the
-    plan and the device's limit: a later run makes none of its compiles.
+) -> tuple[Any, Measured]:
+    """(options, what was found): `options` as they are where one replica
+    fits a device (the finding says so where `device_memory` was given),
+    else with `options.strategy` the request (`sharding.Sharded`) for the
+    mesh that fits and trains fastest; `plan` is `planner(options)`. The
+    decision is kept in kerascale's cache, by the model, the data's shapes,
+    the hardware, the plan and the device's limit: a later run makes none of
+    its compiles.
 
     Where the check cannot decide (the model's step fails to compile here,
     or nothing fits a device whose memory you did not give), the plan stays
@@ -72,12 +72,12 @@ def plan_sharding(
         ConfigurationError: Where even the largest model axis does not fit
             the `device_memory` you gave.
     """
+    hw, data = planner.hardware, planner.data
     if isinstance(options.strategy, sharding.Sharded):  # decided before: again
-        request = options.strategy
-        return options, _with_reason(plan, request.why)
+        return options, Measured().decided(sharding=options.strategy.why)
     limit, source = _device_limit(hw, search)
     if limit is None or plan.strategy not in REPLACEABLE or not data.measurable:
-        return options, plan
+        return options, Measured()
     margin = search.margin if search is not None else 0.0
     usable = int(limit * (1 - margin))
     element = compiled.element_of(x, y)
@@ -87,35 +87,33 @@ def plan_sharding(
     if decided is None:
         try:
             figures = (usable, source, search)
-            decided = _decide(model, (options, plan), hw, facts, data, element, figures)
+            decided = _decide(model, (options, plan), planner, element, figures)
         except BatchSizeSearchError as e:  # the model's own failure: fit raises it
-            return options, _with_warning(plan, f"no sharding check: {e}")
+            return options, Measured().warned(f"no sharding check: {e}")
         except ConfigurationError as e:
             if yours:
                 raise
-            return options, _with_warning(plan, f"{e} Trained as planned, unsharded.")
+            return options, Measured().warned(f"{e} Trained as planned, unsharded.")
         if search is None or search.cache:
             cache.cache_write(KIND, key, _as_json(*decided))
     one, request = decided
     if request is not None:
         trial = dataclasses.replace(options, strategy=request)
-        return trial, _with_reason(make_plan(hw, trial, facts, data), request.why)
+        return trial, Measured().decided(sharding=request.why)
     if not yours:
-        return options, plan
+        return options, Measured()
     why = (
         f"one replica needs {format_bytes(one)} per device (a step of one "
         f"sample per replica, by XLA's count), within {source} "
         f"{format_bytes(limit)} less the {margin:.0%} margin: not sharded"
     )
-    return options, _with_reason(plan, why)
+    return options, Measured().decided(sharding=why)
 
 
 def _decide(
     model: Any,
     planned: tuple[Any, Any],
-    hw: Hardware,
-    facts: Any,
-    data: Any,
+    planner: Planner,
     element: Any,
     figures: tuple[int, str, Any],
 ) -> tuple[int, sharding.Sharded | None]:
@@ -129,7 +127,7 @@ def _decide(
     if one <= usable:
         return one, None
     return one, _sharded(
-        model, options, hw, facts, data, element, (one, usable, source, search)
+        model, options, planner, element, (one, usable, source, search)
     )
 
 
@@ -193,9 +191,7 @@ def _as_json(one: int, request: sharding.Sharded | None) -> dict[str, Any]:
 def _sharded(
     model: Any,
     options: Any,
-    hw: Hardware,
-    facts: Any,
-    data: Any,
+    planner: Planner,
     element: Any,
     figures: tuple[int, int, str, Any],
 ) -> sharding.Sharded:
@@ -224,7 +220,7 @@ def _sharded(
             continue
         request = sharding.Sharded(mesh, split, "", one)
         trial = dataclasses.replace(options, strategy=request)
-        candidate = make_plan(hw, trial, facts, data)
+        candidate = planner(trial)
         batch = candidate.micro_batch_size
         need, seconds, untimed = _measured(
             model,
@@ -232,7 +228,7 @@ def _sharded(
             candidate,
             batch,
             None if untimed_why else usable,
-            hw,
+            planner.hardware,
             search,
         )
         untimed = untimed_why or untimed
@@ -353,13 +349,3 @@ def _device_limit(hw: Hardware, search: Any) -> tuple[int | None, str]:
 
     limit = jax_devices.memory_limit(jax.local_devices()[0])
     return limit, "XLA's allocator limit per device"
-
-
-def _with_warning(plan: Plan, why: str) -> Any:
-    """`plan` with `why` as its one warning about sharding (the check could
-    not decide: the plan trains as it is, as plain `fit` would)."""
-    return dataclasses.replace(plan, warnings=(*plan.warnings, why))
-
-
-def _with_reason(plan: Plan, why: str) -> Any:
-    return dataclasses.replace(plan, reasons={**plan.reasons, "sharding": why})
