@@ -32,8 +32,9 @@ from kerascale.errors import warn
 from kerascale.measure.batch import SearchOptions
 from kerascale.measure.decide import Decided, decide, validate_options
 from kerascale.measure.probe import is_oom_exception
+from kerascale.plan import fallback
 from kerascale.plan.measured import Measured
-from kerascale.plan.options import Options, pin, plain, smaller_batch
+from kerascale.plan.options import Options, pin
 from kerascale.plan.plan import Plan
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts, first_batch
@@ -109,23 +110,26 @@ def fit(
     # training reads it anyway, where `plan` must leave it unread.
     x = first_batch.first_read(x)
     deciding = _Deciding(model, x, y, request, fit_kwargs)
-    decided = deciding.decide()
-    try:
-        return _train(deciding, decided)
-    except session_lib.FirstStepFailed as failed:
-        retry = deciding.without_automatic_choices(decided, failed.error)
-        if retry is None:
-            raise failed.error from None
-    # A generator yields again what the failed attempt read of it.
-    deciding.x = first_batch.replay(deciding.x)
-    # What the retry dropped is said after its first step (failing the same
-    # way, the error is the model's own); what the first attempt said, never.
-    said = decided.plan.warnings
-    held = tuple(w for w in retry.plan.warnings if w not in said)
-    try:
-        return _train(deciding, retry, held=held, said=said)
-    except session_lib.FirstStepFailed as failed:
-        raise failed.error from None
+    # The decision, then at most one fallback (`plan.fallback`): `said` is
+    # None on the first attempt, then the warnings the first one gave.
+    decided, said = deciding.decide(), None
+    while True:
+        # What a fallback dropped is said after its first step (failing the
+        # same way, the error is the model's own); what was said, never again.
+        held: tuple[str, ...] = ()
+        if said is not None:
+            held = tuple(w for w in decided.plan.warnings if w not in said)
+        try:
+            return _train(deciding, decided, held=held, said=said or ())
+        except session_lib.FirstStepFailed as failed:
+            retry = None
+            if said is None:
+                retry = deciding.after_first_step(decided, failed)
+            if retry is None:
+                raise failed.error from None
+        said, decided = decided.plan.warnings, retry
+        # A generator yields again what the failed attempt read of it.
+        deciding.x = first_batch.replay(deciding.x)
 
 
 def _plain_fit(
@@ -409,59 +413,28 @@ class _Deciding:
             return decided
         return decided.replanned(Measured(materialized=self.materialized))
 
-    def without_automatic_choices(
-        self, decided: Decided, error: BaseException
+    def after_first_step(
+        self, decided: Decided, failed: session_lib.FirstStepFailed
     ) -> Decided | None:
-        """The decision with the choices kerascale made on its own set to
-        plain `model.fit`'s, after they failed at the first step (a batch
-        kerascale searched that ran out of memory: stepped down); None when
-        there were none (the error is then the model's own)."""
-        smaller = None
-        if decided.search is not None and is_oom_exception(error):
-            smaller = smaller_batch(self.options, decided.plan)
-        if smaller is not None:
-            options, why = smaller
-            why += f" ({type(error).__name__}: {gist(error)})"
-            search = dataclasses.replace(
-                self.request.search, max_batch_size=options.max_batch_size
-            )
-            return self.decide(options=options, search=search).replanned(
-                Measured().warned(why)
-            )
-        options, what = plain(self.options, decided.plan, decided.model.policy)
-        if not what:
+        """The decision of the attempt after `decided` failed at its first
+        step (`fallback.after_first_step`), or None where nothing failed
+        that kerascale chose (the error is then the model's own)."""
+        error = failed.error
+        step = fallback.after_first_step(
+            self.options,
+            decided.plan,
+            decided.model.policy,
+            searched=decided.search is not None,
+            out_of_memory=is_oom_exception(error),
+            error=error,
+            gist=gist(error),
+        )
+        if step is None:
             return None
-        # The arguments that skip each attempt, as the user writes them.
-        skip = {
-            "strategy": options.strategy,
-            "precision": options.precision,
-            "optimize_data": options.optimize_data,
-            "recompute": False,
-        }
-        why = (
-            f"{what} failed at the first training step ({type(error).__name__}: "
-            f"{gist(error)}): training without them. Pass "
-            + " and ".join(
-                f"{k}={v!r}"
-                for k, v in skip.items()
-                if getattr(options, k) != getattr(self.options, k)
-            )
-            + " to skip the attempt."
+        search = dataclasses.replace(
+            self.request.search, max_batch_size=step.options.max_batch_size
         )
-        fields = {
-            "strategy": "strategy",
-            "precision": "precision",
-            "optimize_data": "data_changes",
-            "recompute": "recompute",
-        }
-        dropped = {
-            field: why
-            for option, field in fields.items()
-            if getattr(options, option) != getattr(self.options, option)
-        }
-        return self.decide(options=options).replanned(
-            Measured().decided(**dropped).warned(why)
-        )
+        return self.decide(options=step.options, search=search).replanned(step.measured)
 
 
 def _epochs(fit_kwargs: dict[str, Any]) -> int:

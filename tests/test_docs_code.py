@@ -119,3 +119,26 @@ def test_a_renamed_argument_fails_the_check():
         test_each_sample_calls_kerascale_as_its_signatures_allow(code)
     with pytest.raises(AttributeError):
         calls("kerascale.find_batch_sizes(model, x)\n")
+
+
+def test_the_design_walk_names_what_exists():
+    """Every `package.module.name` the walk of one `fit` call names is in
+    kerascale: a rename must break this test, not the walk."""
+    walk = (ROOT / "docs" / "design" / "walk.md").read_text(encoding="utf-8")
+    packages = ("apply.", "callbacks.", "measure.", "plan.", "sense.")
+    dotted = re.findall(r"`([a-z_]+(?:\.[A-Za-z_]+)+)`", walk)
+    names = sorted({n for n in dotted if n.startswith(packages)})
+    assert len(names) > 20
+    for name in names:
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):  # the longest importable module
+            try:
+                found = importlib.import_module("kerascale." + ".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for attr in parts[cut:]:
+                assert hasattr(found, attr), f"walk.md names {name}: no {attr}"
+                found = getattr(found, attr)
+            break
+        else:
+            raise AssertionError(f"walk.md names {name}: no such module")
