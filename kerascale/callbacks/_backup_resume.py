@@ -1,7 +1,10 @@
-"""`FaultTolerantBackup`'s resume: which checkpoint, and restoring it.
+"""`FaultTolerantBackup`'s resume: which checkpoint, restoring it, and the
+steps of the resumed run (the batches a checkpoint already applied are
+skipped; its state is restored at the first step, once the data has built
+the model).
 
-A mixin of `FaultTolerantBackup` (it reads the callback's run state), kept
-apart so that each module reads in one sitting.
+The resume half of the callback (it reads the callback's run state, `_s`);
+`backup.py` is the other half: when to save, and what.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from kerascale import _tf
 from kerascale._tf import tf
 from kerascale.apply import keras_compat
 from kerascale.callbacks import _backup_meta as meta_lib
+from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import CheckpointError, warn
 
@@ -132,3 +136,77 @@ class Resume:
     def _check_fingerprint(self, meta: dict[str, Any], found: store.Found) -> None:
         now = meta_lib.fingerprint(self.model, self.plan)
         meta_lib.check_fingerprint(meta["fingerprint"], now, found.path)
+
+    # --- the steps of a run: skipped, counted, restored at the first -------
+
+    def _step_fn(self, *args):
+        """One call of Keras's train function: TensorFlow's takes the
+        iterator, JAX's (state, iterator) and returns (logs, state)."""
+        iterator = args[-1]
+        if iterator is not self._position.keras_iterator:
+            self._on_new_iterator(iterator)
+        else:
+            self._position.seen(iterator)
+        live = self._position.live
+        if self._s.skip_calls > 0:
+            self._s.skip_calls -= 1
+            self._s.last_call_skipped = True
+            return state_lib.skipped_step(self.model, *args[:-1])
+        self._s.last_call_skipped = False
+        try:
+            result = self._wrapper.real(*args[:-1], live)
+        except state_lib.exhausted_errors():
+            self._position.exhausted = True
+            raise
+        self._position.consumed += self._s.spe
+        self._s.global_step += self._s.spe
+        return result
+
+    def _on_new_iterator(self, iterator) -> None:
+        first = self._position.new_iterator(iterator)
+        if first:
+            # Built in every run, resumed or not, so that both create their
+            # variables in the same order before the state is restored.
+            spec = getattr(iterator, "element_spec", None)
+            keras_compat.build_like_first_step(self.model, spec)
+        if self._s.restore_pending:
+            self._s.restore_pending = False
+            found = self._resumed_found
+            self._check_fingerprint(self.resumed_from, found)
+            try:
+                self._restore_state(found, self.resumed_from)
+            except restore_errors() as e:
+                raise CheckpointError(
+                    f"Checkpoint {found.path} passed its checks but cannot be "
+                    f"restored: {meta_lib.first_line(e)}. Move it aside to resume "
+                    "from the previous one, or pass start_over=True."
+                ) from e
+        if first and self._s.pending_data is not None:
+            record, self._s.pending_data = self._s.pending_data, None
+            started = time.perf_counter()
+            try:
+                self._position.restore(
+                    iterator,
+                    record,
+                    store.state_prefix(self._resumed_found),
+                    epochs_left=self._s.epochs > self._s.completed_epochs,
+                )
+            finally:
+                self.restore_seconds += time.perf_counter() - started
+        if self._s.restored_metrics:
+            self._s.restored_metrics = False
+            # Keras reset the metrics at the epoch's start; bring back the
+            # partial epoch's accumulated values so its logs match.
+            self._read_metrics()
+
+    def _read_metrics(self) -> None:
+        state_lib.read_metrics(
+            store.state_prefix(self._resumed_found),
+            list(self.model.metrics_variables),
+            self.resumed_from.get("state_format", "tf"),
+        )
+
+    @property
+    def _resumed_found(self) -> store.Found:
+        number = self.resumed_from["number"]
+        return store.Found(number, f"{self.directory}/{store.name(number)}", "complete")

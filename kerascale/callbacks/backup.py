@@ -23,7 +23,7 @@ from kerascale.callbacks import _backup_meta as meta_lib
 from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import _lease as lease_lib
 from kerascale.callbacks import checkpoint_store as store
-from kerascale.callbacks._backup_resume import Resume, restore_errors
+from kerascale.callbacks._backup_resume import Resume
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._coordinator import PREEMPTED_EXIT_CODE, Coordinator
 from kerascale.callbacks._input_position import (
@@ -32,7 +32,7 @@ from kerascale.callbacks._input_position import (
     Wrapped,
 )
 from kerascale.callbacks._input_source import InputSource
-from kerascale.errors import CheckpointError, UnsupportedError, warn
+from kerascale.errors import UnsupportedError, warn
 from kerascale.sense import backend as backend_lib
 
 if TYPE_CHECKING:
@@ -48,31 +48,24 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
 
     Unlike `keras.callbacks.BackupAndRestore`, it resumes mid-epoch at the
     exact batch: the batches already applied are skipped, not repeated, so the
-    resumed run makes the same optimizer updates as an uninterrupted one. It
-    saves the model's weights, the optimizer's state (slots, gradient
-    accumulators, loss scale, iterations), the current epoch's metrics, the
-    random state (Keras seed generators, Python's and NumPy's), and the input
-    pipeline's position: on TensorFlow a `tf.data` iterator's own checkpoint,
-    shuffle buffer and seeds included; on JAX the batches read since Keras
-    created the epoch's iterator and the random state its shuffle drew from
-    (exact for arrays, a `PyDataset` and a generator that repeats itself).
+    resumed run makes the same optimizer updates as an uninterrupted one. A
+    checkpoint holds the weights, the optimizer's state, the epoch's metrics,
+    the random state and the input's position (on TensorFlow the `tf.data`
+    iterator's own checkpoint; on JAX the batches read and the random state
+    the epoch's shuffle drew from).
 
-    Each checkpoint is written into a directory of its own (on TensorFlow by
-    `tf.train.Checkpoint`; on JAX as one NumPy ``.npz`` of Keras's variables,
-    read without unpickling) and committed by an atomic rename of its
-    ``meta.json`` (sizes and SHA-256 of every file, the position, a
-    fingerprint of the configuration),
-    so a kill at any moment leaves the previous checkpoint intact. A damaged
-    latest checkpoint is reported and the previous one used; a directory with
-    nothing usable left, or written by another configuration, raises
-    `CheckpointError` instead of silently training from scratch.
+    Each checkpoint is committed by an atomic rename, so a kill at any moment
+    leaves the previous one intact. A damaged latest checkpoint is reported
+    and the previous one used; a directory with nothing usable left, or
+    written by another configuration, raises `CheckpointError` instead of
+    silently training from scratch (docs/checkpointing.md has the format).
 
     On SIGTERM (preemption) it saves at the next step boundary, calls the
     handler installed before it, and exits with code 143. Under a
-    multi-worker strategy only the chief writes into ``directory``. It leaves
-    nothing behind: when `fit` raises (Keras then skips `on_train_end`), its
-    SIGTERM handler and its wrapper on `model.train_function` pass everything
-    on to what was there before and take themselves out at their next use.
+    multi-worker strategy only the chief writes into ``directory``. When
+    `fit` raises, its SIGTERM handler and its wrapper on
+    `model.train_function` hand over to what was there before and take
+    themselves out at their next use.
 
     Args:
         directory: Where checkpoints live (a local path or ``gs://...``).
@@ -272,7 +265,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             keras_compat.clear_initial_epoch(model)
         super().release()
 
-    # --- the train-function wrapper: data position and skipped steps -------
+    # --- the train-function wrapper (its steps: `Resume._step_fn`) ---------
 
     def _wrap_train_function(self) -> None:
         real = self.model.train_function
@@ -280,73 +273,6 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             real = real.real
         self._wrapper = Wrapped(self, real)
         self.model.train_function = self._wrapper
-
-    def _step_fn(self, *args):
-        """One call of Keras's train function: TensorFlow's takes the
-        iterator, JAX's (state, iterator) and returns (logs, state)."""
-        iterator = args[-1]
-        if iterator is not self._position.keras_iterator:
-            self._on_new_iterator(iterator)
-        else:
-            self._position.seen(iterator)
-        live = self._position.live
-        if self._s.skip_calls > 0:
-            self._s.skip_calls -= 1
-            self._s.last_call_skipped = True
-            return state_lib.skipped_step(self.model, *args[:-1])
-        self._s.last_call_skipped = False
-        try:
-            result = self._wrapper.real(*args[:-1], live)
-        except state_lib.exhausted_errors():
-            self._position.exhausted = True
-            raise
-        self._position.consumed += self._s.spe
-        self._s.global_step += self._s.spe
-        return result
-
-    def _on_new_iterator(self, iterator) -> None:
-        first = self._position.new_iterator(iterator)
-        if first:
-            # Built in every run, resumed or not, so that both create their
-            # variables in the same order before the state is restored.
-            spec = getattr(iterator, "element_spec", None)
-            keras_compat.build_like_first_step(self.model, spec)
-        if self._s.restore_pending:
-            self._s.restore_pending = False
-            found = self._resumed_found
-            self._check_fingerprint(self.resumed_from, found)
-            try:
-                self._restore_state(found, self.resumed_from)
-            except restore_errors() as e:
-                raise CheckpointError(
-                    f"Checkpoint {found.path} passed its checks but cannot be "
-                    f"restored: {meta_lib.first_line(e)}. Move it aside to resume "
-                    "from the previous one, or pass start_over=True."
-                ) from e
-        if first and self._s.pending_data is not None:
-            record, self._s.pending_data = self._s.pending_data, None
-            started = time.perf_counter()
-            try:
-                self._position.restore(
-                    iterator,
-                    record,
-                    store.state_prefix(self._resumed_found),
-                    epochs_left=self._s.epochs > self._s.completed_epochs,
-                )
-            finally:
-                self.restore_seconds += time.perf_counter() - started
-        if self._s.restored_metrics:
-            self._s.restored_metrics = False
-            # Keras reset the metrics at the epoch's start; bring back the
-            # partial epoch's accumulated values so its logs match.
-            self._read_metrics()
-
-    def _read_metrics(self) -> None:
-        state_lib.read_metrics(
-            store.state_prefix(self._resumed_found),
-            list(self.model.metrics_variables),
-            self.resumed_from.get("state_format", "tf"),
-        )
 
     # --- saving --------------------------------------------------------------
 
@@ -432,11 +358,6 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         self.last_checkpoint: str | None = None
         self.save_seconds: list[float] = []  # each save of this run, in seconds
         self.restore_seconds = 0.0  # verifying and restoring, in seconds
-
-    @property
-    def _resumed_found(self) -> store.Found:
-        number = self.resumed_from["number"]
-        return store.Found(number, f"{self.directory}/{store.name(number)}", "complete")
 
     def _warn_order_once(self, reason: str) -> None:
         if not self._s.order_warned:
