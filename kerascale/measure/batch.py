@@ -29,6 +29,7 @@ from kerascale.sense import samples
 from kerascale.sense.model_facts import is_builder
 
 if TYPE_CHECKING:
+    from kerascale.measure.request import SearchRequest
     from kerascale.plan.plan import Plan
     from kerascale.sense.hardware import Hardware
 
@@ -130,30 +131,20 @@ def cap_for(data: Any, plan: Plan, options: SearchOptions) -> tuple[int, str]:
     return min(caps)
 
 
-def run_search(
-    model: Any,
-    x: Any,
-    y: Any,
-    data: Any,
-    plan: Plan,
-    hw: Hardware,
-    options: SearchOptions,
-    *,
-    instance: Any = None,
-    verbose: Any = "auto",
-    first: int | None = None,
-    accumulation_steps: int | None = None,
-    budget: Any = None,
-    timed: bool = False,
-) -> BatchSearchResult:
-    """Searches the per-replica batch for `plan` (its precision, strategy,
-    accumulation or `accumulation_steps`, recomputation) with real probes,
-    `first` first. Uses the cache. Probes are timed, for a second with
-    `timed` (when their speed decides).
+def run_search(request: SearchRequest) -> BatchSearchResult:
+    """Searches the per-replica batch for `request.plan` (its precision,
+    strategy, accumulation or `accumulation_steps`, recomputation) with real
+    probes, `first` first. Uses the cache. Probes are timed, for a second
+    with `timed` (when their speed decides).
 
     Raises:
         SearchSkipped: A "ladder" would cost more than `budget` allows.
     """
+    model, x, y, data = request.model, request.x, request.y, request.data
+    plan, hw, options = request.plan, request.hardware, request.options
+    instance, verbose, first = request.instance, request.verbose, request.first
+    accumulation_steps, budget = request.accumulation_steps, request.budget
+    timed = request.timed
     isolate, why_isolate = _isolation(model, hw, options, instance)
     # Where probes run decides their memory (GPUs); see `_found`'s fallback.
     in_children, here = probe_memory.memories(hw, plan, options)

@@ -12,6 +12,7 @@ from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import budget as budget_lib
 from kerascale.measure import engines
 from kerascale.measure.batch import SearchOptions
+from kerascale.measure.request import SearchRequest
 from kerascale.measure.result import BatchSearchResult
 from kerascale.plan.options import Options, user_instance
 from kerascale.plan.plan import Plan
@@ -67,8 +68,7 @@ def batch_for_plan(
     Raises:
         SearchSkipped: The ladder would cost more than `budget` allows.
     """
-    instance = user_instance(options)
-    run = dict(instance=instance, verbose=options.verbose)
+    run: dict[str, Any] = dict(instance=user_instance(options), verbose=options.verbose)
     wanted = force_search or searched_batch(options, data)
     check = not wanted and needs_check(options, data, hw, search)
     cannot = unmeasurable(facts, data, wanted, check, force_search, hw)
@@ -86,24 +86,18 @@ def batch_for_plan(
             # searched under: Keras's default batch might break it.
             bounded = search.memory_limit or search.max_batch_size
             run["budget"] = None if bounded else budget
-        args = (model, x, y, data, plan, hw, search)
-        return searched(args, run, force_search), ladder, ""
+        request = SearchRequest(model, x, y, data, plan, hw, search, **run)
+        return searched(request, force_search), ladder, ""
     if check:
         # Does the requested batch fit in one forward pass? One probe if it
         # does; otherwise the largest micro-batch, for the accumulation split.
         # Probes carry accumulators (k=2): the split will need them.
-        per_replica = plan.micro_batch_size
-        args = (
-            model,
-            x,
-            y,
-            data,
-            plan,
-            hw,
-            check_options(search, plan.micro_batch_size * plan.replicas),
-        )
-        run.update(first=per_replica, accumulation_steps=2)
-        return searched(args, run, False), False, ""
+        checked = check_options(search, plan.micro_batch_size * plan.replicas)
+        request = SearchRequest(
+            model, x, y, data, plan, hw, checked, **run,
+            first=plan.micro_batch_size, accumulation_steps=2,
+        )  # fmt: skip
+        return searched(request, False), False, ""
     if search is not None and search.memory_limit:
         why = (
             "your PyDataset makes its own batches"
@@ -159,10 +153,12 @@ def unmeasurable(
     return f"batch_size was not checked against memory: {why}."
 
 
-def searched(args: tuple, run: dict[str, Any], force: bool) -> BatchSearchResult:
-    search = engines.batch_search(args[5].backend)  # args[5]: Hardware
+def searched(request: SearchRequest, force: bool) -> BatchSearchResult:
+    """The engine's answer to `request`; a probe's failure other than memory
+    is `ProbeFailed` unless `force` (`find_batch_size`: its error)."""
+    search = engines.batch_search(request.hardware.backend)
     try:
-        return search(*args, **run)
+        return search(request)
     except BatchSizeSearchError as e:
         if force or e.out_of_memory:
             raise

@@ -37,6 +37,7 @@ from kerascale.measure.batch_plan import (
     searched,
 )
 from kerascale.measure.decided import Decided
+from kerascale.measure.request import SearchRequest
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
 from kerascale.plan import precision as precision_rules
@@ -267,8 +268,12 @@ def _recomputed(
         if decided.options.recompute == "off" or result.smallest_failing is None:
             return decided
         plan = dataclasses.replace(decided.plan, recompute=recompute_lib.MODE)
-        args = (*data, decided.data, plan, decided.hardware, search)
-        found = searched(args, dict(instance=decided.instance), True)
+        model, x, y = data
+        request = SearchRequest(
+            model, x, y, decided.data, plan, decided.hardware, search,
+            instance=decided.instance,
+        )  # fmt: skip
+        found = searched(request, True)
         return dataclasses.replace(
             decided, search=recompute_lib.reported(result, found)
         )
@@ -287,8 +292,12 @@ def _recomputed(
     run = dict(instance=decided.instance, verbose=decided.options.verbose)
 
     def searcher(plan: Plan, options: SearchOptions, **kwargs: Any) -> Any:
-        args = (*data, decided.data, plan, decided.hardware, options)
-        return searched(args, {**run, **kwargs}, True)
+        model, x, y = data
+        request = SearchRequest(
+            model, x, y, decided.data, plan, decided.hardware, options,
+            **{**run, **kwargs},
+        )  # fmt: skip
+        return searched(request, True)
 
     try:
         weighing = recompute_lib.weighed(decided, searcher, search, asked)

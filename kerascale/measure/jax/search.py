@@ -33,6 +33,7 @@ from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
 
 if TYPE_CHECKING:
+    from kerascale.measure.request import SearchRequest
     from kerascale.plan.plan import Plan
     from kerascale.sense.hardware import Hardware
 
@@ -43,25 +44,11 @@ START = 32
 ROUND_TO = 8  # the granule from search.ROUND_FROM up, on every accelerator
 
 
-def run_search(
-    model: Any,
-    x: Any,
-    y: Any,
-    data: Any,
-    plan: Plan,
-    hw: Hardware,
-    options: batch_lib.SearchOptions,
-    *,
-    instance: Any = None,
-    verbose: Any = "auto",
-    first: int | None = None,
-    accumulation_steps: int | None = None,
-    budget: Any = None,
-    timed: bool = False,
-) -> BatchSearchResult:
-    """The largest per-replica batch whose compiled step fits, for `plan`
-    (its precision and distribution), starting at `first`. The arguments are
-    the TensorFlow search's (`batch.run_search`): the step compiled is the
+def run_search(request: SearchRequest) -> BatchSearchResult:
+    """The largest per-replica batch whose compiled step fits, for
+    `request.plan` (its precision and distribution), starting at `first`.
+    The request is the TensorFlow search's (`batch.run_search`): the step
+    compiled is the
     micro-batch's, with the memory of `accumulation_steps`' accumulators
     held beside it, and of the batches `Prefetch` reads ahead where the plan
     has it. With `options.mode == "ladder"` (a CPU's trials will time the
@@ -75,10 +62,12 @@ def run_search(
             batch rather than the largest).
         BatchSizeSearchError: When even a batch of 1 does not fit.
     """
-    del verbose
+    model, x, y, data = request.model, request.x, request.y, request.data
+    plan, hw, options = request.plan, request.hardware, request.options
+    first, accumulation_steps = request.first, request.accumulation_steps
     _answerable(hw, options)
     cap, why_cap = batch_lib.cap_for(data, plan, options)
-    _affordable(plan, hw, options, cap, budget)
+    _affordable(plan, hw, options, cap, request.budget)
     start = first or min(cap, START)
     # With device_memory, a CPU device counts as a device of its own.
     host = hw.accelerator == "cpu" and not options.device_memory
@@ -91,7 +80,7 @@ def run_search(
     key = _key(
         model, element, plan, hw, options, cap=cap, first=first,
         accumulation=accumulation_steps, ahead=held, mode=options.mode,
-        timed=timed,
+        timed=request.timed,
     )  # fmt: skip
     cached = _cached(key, options)
     slack = host_share.slack(options.memory_limit)
@@ -100,9 +89,8 @@ def run_search(
     ):
         return cached
     searched, free = _compiled(
-        model, element, plan, (hw, options, host), instance,
-        (start, cap, held, accumulation_steps, timed), share=share,
-    )  # fmt: skip
+        request, element, host, start=start, cap=cap, held=held, share=share
+    )
     found = _answer(
         model, element, plan, options, host, searched, free, (cap, why_cap),
         share=share,
@@ -130,21 +118,22 @@ def _release_compiles() -> None:
 
 
 def _compiled(
-    model: Any,
+    request: SearchRequest,
     element: Any,
-    plan: Plan,
-    where: tuple[Any, batch_lib.SearchOptions, bool],
-    instance: Any,
-    asked: tuple[int, int, int, int | None, bool],
+    host: bool,
     *,
+    start: int,
+    cap: int,
+    held: int,
     share: host_share.HostShare,
 ) -> tuple[tuple[int, int | None, list[compiled.Compiled]], tuple[int, str]]:
     """The compiles of `run_search`, in a session that puts everything back:
-    ((fits, fails, the compiles), (the bytes free, why)). `where`: (hw,
-    options, whether the host's memory is the budget); `asked`: (the first
-    batch, the cap, the batches read ahead, the accumulation steps, timed)."""
-    hw, options, host = where
-    start, cap, held, accumulation_steps, timed = asked
+    ((fits, fails, the compiles), (the bytes free, why)). `host`: whether the
+    host's memory is the budget; `start`, `cap`: the first and the largest
+    batch; `held`: the batches read ahead."""
+    model, plan, hw = request.model, request.plan, request.hardware
+    options, instance = request.options, request.instance
+    accumulation_steps, timed = request.accumulation_steps, request.timed
     with Session() as session:
         # model_for sets the run's distribution, and JAX's compilation cache
         # with it (`apply.jax.distribution.activated`): training finds there
