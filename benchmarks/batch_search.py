@@ -47,7 +47,7 @@ import numpy as np
 
 from kerascale._units import parse_bytes
 from kerascale.measure import child, probe, probe_data
-from kerascale.measure.batch import DEFAULT_MARGIN
+from kerascale.measure.request import DEFAULT_MARGIN
 from kerascale.measure.search import granularity_for, search
 from kerascale.sense import data_facts
 

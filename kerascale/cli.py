@@ -28,7 +28,7 @@ def _doctor(args: argparse.Namespace) -> int:
         return _cluster(args)
     from kerascale.errors import KerascaleError, UnsupportedError
     from kerascale.plan.options import Options
-    from kerascale.plan.rules import Planner
+    from kerascale.plan.planner import Planner
     from kerascale.sense import backend as backend_lib
     from kerascale.sense.data_facts import DataFacts
     from kerascale.sense.hardware import detect_hardware

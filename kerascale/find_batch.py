@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from kerascale import _validation
 from kerascale.errors import BatchSizeSearchError, ConfigurationError, UnsupportedError
-from kerascale.measure.batch import DEFAULT_MARGIN, SearchOptions
 from kerascale.measure.decide import decide
+from kerascale.measure.request import DEFAULT_MARGIN, SearchOptions
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import MODES
 from kerascale.plan.options import Options

@@ -29,9 +29,9 @@ from kerascale.callbacks import for_fit
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._input_source import InputSource
 from kerascale.errors import warn
-from kerascale.measure.batch import SearchOptions
 from kerascale.measure.decide import Decided, decide, validate_options
 from kerascale.measure.probe import is_oom_exception
+from kerascale.measure.request import SearchOptions
 from kerascale.plan import fallback
 from kerascale.plan.measured import Measured
 from kerascale.plan.options import Options, pin
@@ -109,9 +109,13 @@ def fit(
     # A generator's first batch tells its size (and is given back first):
     # training reads it anyway, where `plan` must leave it unread.
     x = first_batch.first_read(x)
-    deciding = _Deciding(model, x, y, request, fit_kwargs)
-    # The decision, then at most one fallback (`plan.fallback`): `said` is
-    # None on the first attempt, then the warnings the first one gave.
+    return _attempted(_Deciding(model, x, y, request, fit_kwargs))
+
+
+def _attempted(deciding: _Deciding) -> keras.callbacks.History:
+    """Trains the decision, then at most one fallback (`plan.fallback`)
+    where the first attempt failed at its first step."""
+    # `said` is None on the first attempt, then the warnings it gave.
     decided, said = deciding.decide(), None
     while True:
         # What a fallback dropped is said after its first step (failing the

@@ -19,7 +19,8 @@ from test_batch_search import spec_for
 from test_hardware import fake_nvml
 
 import kerascale
-from kerascale.measure import batch, child, probe, probe_memory
+from kerascale.measure import child, probe, probe_memory
+from kerascale.measure.request import SearchOptions
 from kerascale.sense import gpu_memory, hardware
 
 GiB = 1 << 30
@@ -158,7 +159,7 @@ def test_a_child_on_a_gpu_would_get_only_what_is_free(fake_gpu):
         verbose=0,
     )
     hw = hardware.detect_hardware()
-    options = batch.SearchOptions.validate()
+    options = SearchOptions.validate()
     in_child, here = probe_memory.memories(hw, plan, options)
     assert in_child.predict == TOTAL // 10 - 225 * MiB  # under 2 GiB free
     assert "Most of the GPU is held" in in_child.why
@@ -166,7 +167,7 @@ def test_a_child_on_a_gpu_would_get_only_what_is_free(fake_gpu):
     assert here.predict == TOTAL - 2 * GiB - 1536 * MiB
     assert here.enforce is None
     _, given = probe_memory.memories(
-        hw, plan, batch.SearchOptions.validate(memory_limit="6GiB")
+        hw, plan, SearchOptions.validate(memory_limit="6GiB")
     )
     assert (given.enforce, given.predict) == (6 * GiB, 6 * GiB)
 

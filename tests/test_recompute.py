@@ -12,9 +12,9 @@ from test_remat import gelu_mlp
 import kerascale
 from kerascale.apply import keras_compat, remat
 from kerascale.measure import advice, recompute
-from kerascale.measure.batch import SearchOptions
 from kerascale.measure.decide import Decided
 from kerascale.measure.probe import ProbeResult
+from kerascale.measure.request import SearchOptions
 from kerascale.measure.result import BatchSearchResult
 from kerascale.plan.measured import Measured
 from kerascale.plan.options import Options, pin, pinned_reasons

@@ -5,11 +5,9 @@ or in this one), the memory limit and cap, the cache and progress lines
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING, Any
 
-from kerascale import _validation
-from kerascale._units import format_bytes, parse_bytes
+from kerascale._units import format_bytes
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import (
     cache,
@@ -22,14 +20,14 @@ from kerascale.measure import (
 )
 from kerascale.measure import probe as probe_lib
 from kerascale.measure.probe import ProbeResult, ProbeSpec
+from kerascale.measure.request import SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult, describe_probe
-from kerascale.measure.search import MODES, granularity_for, ladder, search
+from kerascale.measure.search import granularity_for, ladder, search
 from kerascale.plan import strategy as strategy_rules
 from kerascale.sense import samples
 from kerascale.sense.model_facts import is_builder
 
 if TYPE_CHECKING:
-    from kerascale.measure.request import SearchRequest
     from kerascale.plan.plan import Plan
     from kerascale.sense.hardware import Hardware
 
@@ -37,7 +35,6 @@ THROUGHPUT_TIMED_SECONDS = 1.0  # per probe; 0.3 s timings varied by 20% on 2 co
 
 # Without max_batch_size or a known dataset size, the search stops here.
 HARD_CAP = 65536
-DEFAULT_MARGIN = 0.03
 
 
 class SearchSkipped(Exception):
@@ -46,66 +43,6 @@ class SearchSkipped(Exception):
 
 class SearchUnavailable(SearchSkipped):
     """The search cannot answer here (this backend, this device); says why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchOptions:
-    """Validated batch-search options (see `find_batch_size`)."""
-
-    mode: str = "auto"
-    isolate: Any = "auto"
-    memory_limit: int | None = None
-    # Per device: what a GPU reports, given for CPU devices (or a device
-    # you plan for); decides sharding on JAX (`measure.jax.sharding`).
-    device_memory: int | None = None
-    max_batch_size: int | None = None
-    steps_per_trial: int = 3
-    margin: float = DEFAULT_MARGIN
-    max_trials: int = 20
-    timeout: float = 600.0
-    cache: bool = True
-    force: bool = False
-    # Optimizer updates an epoch must keep: fit's "auto" asks for several, so
-    # that a small dataset is not swallowed by one huge batch.
-    min_steps_per_epoch: int = 1
-
-    @classmethod
-    def validate(cls, **kwargs: Any) -> SearchOptions:
-        """Checks every option at the door; raises `ConfigurationError`."""
-        o = cls(**kwargs)
-        _validation.one_of("mode", o.mode, ("auto", *MODES))
-        if o.isolate != "auto" and not isinstance(o.isolate, bool):
-            raise _validation.fail("isolate", o.isolate, '"auto", True or False')
-        limit = (
-            None
-            if o.memory_limit is None
-            else parse_bytes("memory_limit", o.memory_limit)
-        )
-        if o.max_batch_size is not None:
-            _validation.positive_int(
-                "max_batch_size", o.max_batch_size, accepted="a positive int or None"
-            )
-        _validation.positive_int("steps_per_trial", o.steps_per_trial)
-        m = o.margin
-        if (
-            isinstance(m, bool)
-            or not isinstance(m, int | float)
-            or math.isnan(m)
-            or not 0 <= m < 0.5
-        ):
-            raise _validation.fail("margin", m, "a fraction in [0, 0.5)")
-        _validation.positive_int("max_trials", o.max_trials)
-        t = o.timeout
-        if isinstance(t, bool) or not isinstance(t, int | float) or not t > 0:
-            raise _validation.fail("timeout", t, "a positive number of seconds")
-        _validation.boolean("cache", o.cache)
-        _validation.boolean("force", o.force)
-        device = (
-            None
-            if o.device_memory is None
-            else parse_bytes("device_memory", o.device_memory)
-        )
-        return dataclasses.replace(o, memory_limit=limit, device_memory=device)
 
 
 def auto_mode(hw: Hardware) -> str:

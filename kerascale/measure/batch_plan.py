@@ -11,8 +11,7 @@ from typing import Any
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import budget as budget_lib
 from kerascale.measure import engines
-from kerascale.measure.batch import SearchOptions
-from kerascale.measure.request import SearchRequest
+from kerascale.measure.request import SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult
 from kerascale.plan.options import Options, user_instance
 from kerascale.plan.plan import Plan

@@ -28,7 +28,6 @@ from kerascale.measure import engines, first_trace
 from kerascale.measure import recompute as recompute_lib
 from kerascale.measure import trials as trials_lib
 from kerascale.measure.agree import agree
-from kerascale.measure.batch import SearchOptions
 from kerascale.measure.batch_plan import (
     AUTO_MIN_STEPS,
     ProbeFailed,
@@ -37,14 +36,15 @@ from kerascale.measure.batch_plan import (
     searched,
 )
 from kerascale.measure.decided import Decided
-from kerascale.measure.request import SearchRequest
+from kerascale.measure.request import SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
 from kerascale.plan import precision as precision_rules
 from kerascale.plan.measured import Measured
 from kerascale.plan.options import Options, pinned_reasons, user_instance
 from kerascale.plan.plan import Plan
-from kerascale.plan.rules import Planner, searched_batch
+from kerascale.plan.planner import Planner
+from kerascale.plan.rules import searched_batch
 from kerascale.sense import data_facts, memory, samples
 from kerascale.sense import hardware as hardware_lib
 from kerascale.sense.hardware import Hardware

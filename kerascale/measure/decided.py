@@ -10,7 +10,7 @@ from kerascale.measure.result import BatchSearchResult
 from kerascale.plan.measured import NOTHING, Measured
 from kerascale.plan.options import Options
 from kerascale.plan.plan import Plan
-from kerascale.plan.rules import Planner
+from kerascale.plan.planner import Planner
 from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
 from kerascale.sense.model_facts import ModelFacts

@@ -28,29 +28,6 @@ from kerascale.sense.model_facts import ModelFacts
 DEFAULT_BATCH_PER_REPLICA = 32
 
 
-@dataclasses.dataclass(frozen=True)
-class Planner:
-    """`make_plan` over one set of facts: every plan kerascale makes, the
-    candidates its measurements time and the one that trains, is made here,
-    from the options and what was measured."""
-
-    hardware: Hardware
-    model: ModelFacts
-    data: DataFacts
-
-    def __call__(
-        self, options: Options, *, search: Any = None, measured: Measured = NOTHING
-    ) -> Plan:
-        return make_plan(
-            self.hardware,
-            options,
-            self.model,
-            self.data,
-            search=search,
-            measured=measured,
-        )
-
-
 def make_plan(
     hardware: Hardware,
     options: Options,

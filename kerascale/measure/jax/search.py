@@ -27,6 +27,7 @@ from kerascale.measure import batch as batch_lib
 from kerascale.measure import cache, host_share
 from kerascale.measure.jax import compiled, confirm
 from kerascale.measure.probe import OK, OOM, ProbeResult
+from kerascale.measure.request import SearchOptions
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import granularity_for, granule_at, ladder, round_down
 from kerascale.sense import memory
@@ -168,7 +169,7 @@ def _answer(
     model: Any,
     element: Any,
     plan: Plan,
-    options: batch_lib.SearchOptions,
+    options: SearchOptions,
     host: bool,
     searched: tuple[int, int | None, list[compiled.Compiled]],
     limit: tuple[int, str],
@@ -272,7 +273,7 @@ def _confirmable(plan: Plan) -> bool:
 
 def _result(
     plan: Plan,
-    options: batch_lib.SearchOptions,
+    options: SearchOptions,
     fits: int,
     fails: int | None,
     seen: list[compiled.Compiled],
@@ -311,7 +312,7 @@ def _result(
     )
 
 
-def _free(hw: Hardware, options: batch_lib.SearchOptions, step: Any) -> tuple[int, str]:
+def _free(hw: Hardware, options: SearchOptions, step: Any) -> tuple[int, str]:
     """`free_bytes`, or with `device_memory` what a device has beyond the
     state laid out on it."""
     if not options.device_memory:
@@ -323,7 +324,7 @@ def _free(hw: Hardware, options: batch_lib.SearchOptions, step: Any) -> tuple[in
     )
 
 
-def free_bytes(hw: Hardware, options: batch_lib.SearchOptions) -> tuple[int, str]:
+def free_bytes(hw: Hardware, options: SearchOptions) -> tuple[int, str]:
     """The bytes one step may take on one device (on a CPU, in this
     process), beyond what is held there now, and where the figure comes from.
 
@@ -368,7 +369,7 @@ def free_bytes(hw: Hardware, options: batch_lib.SearchOptions) -> tuple[int, str
     )
 
 
-def _answerable(hw: Hardware, options: batch_lib.SearchOptions) -> None:
+def _answerable(hw: Hardware, options: SearchOptions) -> None:
     """Raises `SearchUnavailable` on a CPU asked for the fastest batch
     without a ladder for the trials to time (`mode="ladder"`)."""
     if hw.accelerator != "cpu" or options.mode in ("max", "ladder"):

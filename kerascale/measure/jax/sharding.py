@@ -32,13 +32,14 @@ from kerascale.apply.session import Session
 from kerascale.errors import BatchSizeSearchError, ConfigurationError
 from kerascale.measure import cache
 from kerascale.measure.jax import compiled
+from kerascale.measure.request import SearchOptions
 from kerascale.plan import sharding
 from kerascale.plan.measured import Measured
 from kerascale.sense.model_facts import gist
 
 if TYPE_CHECKING:
     from kerascale.plan.plan import Plan
-    from kerascale.plan.rules import Planner
+    from kerascale.plan.planner import Planner
     from kerascale.sense.hardware import Hardware
 
 # kerascale's own choices, which it may replace by a sharded one; a
@@ -322,7 +323,7 @@ def _measured(
         if usable is None or hw is None or need > usable:
             return need, None, "not timed"
         try:
-            free, _ = jax_search.free_bytes(hw, search or batch_lib.SearchOptions())
+            free, _ = jax_search.free_bytes(hw, search or SearchOptions())
         except batch_lib.SearchUnavailable as e:
             return need, None, f"not timed: {e}"
         on_host = hw.accelerator not in ("gpu", "tpu")
