@@ -93,9 +93,17 @@ def batch_for_plan(
         # Probes carry accumulators (k=2): the split will need them.
         checked = check_options(search, plan.micro_batch_size * plan.replicas)
         request = SearchRequest(
-            model, x, y, data, plan, hw, checked, **run,
-            first=plan.micro_batch_size, accumulation_steps=2,
-        )  # fmt: skip
+            model,
+            x,
+            y,
+            data,
+            plan,
+            hw,
+            checked,
+            **run,
+            first=plan.micro_batch_size,
+            accumulation_steps=2,
+        )
         return searched(request, False), False, ""
     if search is not None and search.memory_limit:
         why = (

@@ -270,9 +270,15 @@ def _recomputed(
         plan = dataclasses.replace(decided.plan, recompute=recompute_lib.MODE)
         model, x, y = data
         request = SearchRequest(
-            model, x, y, decided.data, plan, decided.hardware, search,
+            model,
+            x,
+            y,
+            decided.data,
+            plan,
+            decided.hardware,
+            search,
             instance=decided.instance,
-        )  # fmt: skip
+        )
         found = searched(request, True)
         return dataclasses.replace(
             decided, search=recompute_lib.reported(result, found)
@@ -294,9 +300,15 @@ def _recomputed(
     def searcher(plan: Plan, options: SearchOptions, **kwargs: Any) -> Any:
         model, x, y = data
         request = SearchRequest(
-            model, x, y, decided.data, plan, decided.hardware, options,
+            model,
+            x,
+            y,
+            decided.data,
+            plan,
+            decided.hardware,
+            options,
             **{**run, **kwargs},
-        )  # fmt: skip
+        )
         return searched(request, True)
 
     try:
@@ -419,7 +431,10 @@ def _too_short_for_bf16(
 
 
 def _batch_chosen(
-    result: BatchSearchResult, measured: Any, rungs: dict[int, float], replicas: int
+    result: BatchSearchResult,
+    measured: trials_lib.TrialResult,
+    rungs: dict[int, float],
+    replicas: int,
 ) -> BatchSearchResult:
     """The search's result with the batch the trials chose, or, where they
     did not time the rungs, the fastest by the probes' own (synthetic)

@@ -38,6 +38,7 @@ from kerascale.plan.measured import Measured
 from kerascale.sense.model_facts import gist
 
 if TYPE_CHECKING:
+    from kerascale.plan.options import Options
     from kerascale.plan.plan import Plan
     from kerascale.plan.planner import Planner
     from kerascale.sense.hardware import Hardware
@@ -52,10 +53,10 @@ def plan_sharding(
     model: Any,
     x: Any,
     y: Any,
-    options: Any,
+    options: Options,
     planner: Planner,
     plan: Plan,
-    search: Any,
+    search: SearchOptions | None,
 ) -> tuple[Any, Measured]:
     """(options, what was found): `options` as they are where one replica
     fits a device (the finding says so where `device_memory` was given),
@@ -113,7 +114,7 @@ def plan_sharding(
 
 def _decide(
     model: Any,
-    planned: tuple[Any, Any],
+    planned: tuple[Options, Plan],
     planner: Planner,
     element: Any,
     figures: tuple[int, str, Any],
@@ -160,7 +161,9 @@ def _key(model: Any, element: Any, plan: Plan, hw: Hardware, limit: tuple) -> st
     )
 
 
-def _cached(key: str, search: Any) -> tuple[int, sharding.Sharded | None] | None:
+def _cached(
+    key: str, search: SearchOptions | None
+) -> tuple[int, sharding.Sharded | None] | None:
     """The decision cached under `key` (a compile per mesh saved: 20 s and
     more each on a GPU), unless the options refuse the cache."""
     if search is not None and (not search.cache or search.force):
@@ -191,7 +194,7 @@ def _as_json(one: int, request: sharding.Sharded | None) -> dict[str, Any]:
 
 def _sharded(
     model: Any,
-    options: Any,
+    options: Options,
     planner: Planner,
     element: Any,
     figures: tuple[int, int, str, Any],
@@ -303,7 +306,7 @@ def _measured(
     batch: int,
     usable: int | None,
     hw: Hardware | None = None,
-    search: Any = None,
+    search: SearchOptions | None = None,
 ) -> tuple[int, float | None, str]:
     """(`_per_device`'s bytes, the seconds of one real step or None, why it
     was not timed). Timed (with `usable`) where it fits `usable` and the
@@ -336,7 +339,7 @@ def _measured(
             return need, None, f"not timed: the step failed ({gist(e)})"
 
 
-def _device_limit(hw: Hardware, search: Any) -> tuple[int | None, str]:
+def _device_limit(hw: Hardware, search: SearchOptions | None) -> tuple[int | None, str]:
     """(bytes one device may hold, where the figure comes from): the
     `device_memory` you gave, else what a GPU or TPU reports; None on CPU
     devices without `device_memory`."""
