@@ -48,8 +48,11 @@ class Measured:
 
     def warned(self, *warnings: str) -> Measured:
         """With `warnings` added (each once)."""
-        new = tuple(w for w in warnings if w and w not in self.warnings)
-        return dataclasses.replace(self, warnings=(*self.warnings, *new))
+        said = list(self.warnings)
+        for w in warnings:
+            if w and w not in said:
+                said.append(w)
+        return dataclasses.replace(self, warnings=tuple(said))
 
     def __or__(self, other: Measured) -> Measured:
         """Both: `other`'s reasons, notes and materialization win."""
