@@ -35,7 +35,7 @@ import numpy as np
 
 from kerascale._state import preserved_state, value_of
 from kerascale.apply import keras_compat
-from kerascale.measure.jax import estimate as jax_estimate
+from kerascale.measure import engines
 from kerascale.measure.probe import MIN_TIMED_SECONDS
 from kerascale.measure.probe_data import synthetic_batch
 from kerascale.measure.search import LADDER_CHUNK
@@ -208,11 +208,10 @@ def _estimated(model: Any, x: Any, y: Any, data: Any) -> float | None:
     saved = [(v, value_of(v)) for v in {id(v): v for v in held}.values()]
     try:
         with preserved_state():
-            if keras.backend.backend() == "jax":
+            compiled = engines.compiled_estimate(keras.backend.backend())
+            if compiled is not None:
                 try:
-                    return jax_estimate.train_seconds_per_sample(
-                        model, inputs, TRAIN_PER_FORWARD
-                    )
+                    return compiled(model, inputs, TRAIN_PER_FORWARD)
                 except Exception:  # not traceable as it is: the eager figure
                     pass
             _forward_seconds(model, inputs, FIRST_BATCH)  # eager's first-call setup

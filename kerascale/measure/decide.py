@@ -268,18 +268,7 @@ def _recomputed(
         if decided.options.recompute == "off" or result.smallest_failing is None:
             return decided
         plan = dataclasses.replace(decided.plan, recompute=recompute_lib.MODE)
-        model, x, y = data
-        request = SearchRequest(
-            model,
-            x,
-            y,
-            decided.data,
-            plan,
-            decided.hardware,
-            search,
-            instance=decided.instance,
-        )
-        found = searched(request, True)
+        found = searched(_request(decided, data, plan, search), True)
         return dataclasses.replace(
             decided, search=recompute_lib.reported(result, found)
         )
@@ -298,18 +287,9 @@ def _recomputed(
     run = dict(instance=decided.instance, verbose=decided.options.verbose)
 
     def searcher(plan: Plan, options: SearchOptions, **kwargs: Any) -> Any:
-        model, x, y = data
-        request = SearchRequest(
-            model,
-            x,
-            y,
-            decided.data,
-            plan,
-            decided.hardware,
-            options,
-            **{**run, **kwargs},
+        return searched(
+            _request(decided, data, plan, options, **{**run, **kwargs}), True
         )
-        return searched(request, True)
 
     try:
         weighing = recompute_lib.weighed(decided, searcher, search, asked)
@@ -328,6 +308,21 @@ def _recomputed(
         ),
         recomputed=weighing,
         search=weighing.search if plan.recompute else result,
+    )
+
+
+def _request(
+    decided: Decided,
+    data: tuple,
+    plan: Plan,
+    options: SearchOptions | None,
+    **run: Any,
+) -> SearchRequest:
+    """The search for `plan` over `decided`'s facts; `data`: (model, x, y)."""
+    model, x, y = data
+    run.setdefault("instance", decided.instance)
+    return SearchRequest(
+        model, x, y, decided.data, plan, decided.hardware, options, **run
     )
 
 

@@ -6,6 +6,8 @@ backend.
   (`measure.jax.search`, which falls back to the probes where the analysis
   is missing).
 - Whether one replica fits a device, else the mesh to shard over (JAX).
+- The first estimate of a training step, where it is compiled (JAX:
+  `measure.jax.estimate`; elsewhere the eager one in `measure.budget`).
 - The timing that `diagnose` reads: `measure.tensorflow.timing` or
   `measure.jax.timing` (the same `rates`, `AS_DATASET`, `READABLE`).
 """
@@ -53,3 +55,13 @@ def timing(backend: str) -> ModuleType:
     from kerascale.measure.tensorflow import timing as tensorflow_timing
 
     return tensorflow_timing
+
+
+def compiled_estimate(backend: str) -> Callable[..., float] | None:
+    """The first estimate of a training step compiled on `backend`
+    (`measure.jax.estimate`), or None where the eager one is used."""
+    if backend == "jax":
+        from kerascale.measure.jax import estimate
+
+        return estimate.train_seconds_per_sample
+    return None
