@@ -211,9 +211,11 @@ def _estimated(model: Any, x: Any, y: Any, data: Any) -> float | None:
             compiled = engines.compiled_estimate(keras.backend.backend())
             if compiled is not None:
                 try:
-                    return compiled(model, inputs, TRAIN_PER_FORWARD)
+                    figure = compiled(model, inputs, TRAIN_PER_FORWARD)
                 except Exception:  # not traceable as it is: the eager figure
-                    pass
+                    figure = None
+                if figure is not None:
+                    return figure
             _forward_seconds(model, inputs, FIRST_BATCH)  # eager's first-call setup
             first = _forward_seconds(model, inputs, FIRST_BATCH)
             batch = FIRST_BATCH

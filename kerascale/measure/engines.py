@@ -57,7 +57,7 @@ def timing(backend: str) -> ModuleType:
     return tensorflow_timing
 
 
-def compiled_estimate(backend: str) -> Callable[..., float] | None:
+def compiled_estimate(backend: str) -> Callable[..., float | None] | None:
     """The first estimate of a training step compiled on `backend`
     (`measure.jax.estimate`), or None where the eager one is used."""
     if backend == "jax":

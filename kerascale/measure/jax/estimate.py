@@ -21,16 +21,31 @@ from typing import Any
 
 import keras
 
+from kerascale.sense.model_facts import output_elements
+
 FORWARD_BATCH = 32
 MAX_SECONDS = 0.25  # a forward pass longer than this is timed once
+# Compiled only from this many operations in a forward pass of FORWARD_BATCH
+# (about a millisecond of XLA's CPU code on 2 cores, where eager dispatch
+# costs as much): a small model's compile and count cost 80-110 ms, its
+# eager passes 3-5 ms once its ops are compiled in the process (Keras's
+# fit tests, a model a test: routed 1.08x and 1.36x the plain time on 1 and
+# 2 devices with every model compiled, 2026-11-28). The reference CNN counts
+# 336 million, an MLP 3072-1024-1024-10 about 270 million.
+MIN_FLOPS = 50e6
+# Not even lowered (15 ms for a model of two small Dense layers) where the
+# model has fewer parameters and fewer output elements a sample than this.
+TINY = 10_000
 
 
 def train_seconds_per_sample(
     model: Any, inputs: Callable[[int], Any], train_per_forward: float
-) -> float:
+) -> float | None:
     """Seconds per sample of one training step of `model` on `inputs(batch)`;
-    `train_per_forward` where XLA gives no count of operations. Changes
-    nothing in the model: the variables' values are read, never assigned.
+    `train_per_forward` where XLA gives no count of a step's operations. None
+    for a model whose forward pass XLA counts under `MIN_FLOPS` (or not at
+    all): its compile would cost more than the eager figure. Changes nothing
+    in the model: the variables' values are read, never assigned.
 
     Raises:
         Exception: Whatever tracing or running the model raises (the caller
@@ -39,6 +54,8 @@ def train_seconds_per_sample(
     import jax
     import jax.numpy as jnp
 
+    if model.count_params() < TINY and output_elements(model) < TINY:
+        return None  # even its lowering costs more than eager passes
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
     made = inputs(FORWARD_BATCH)
@@ -56,6 +73,9 @@ def train_seconds_per_sample(
         return sum(floats, jnp.float32(0))
 
     lowered = jax.jit(forward).lower(trainable, non_trainable, made)
+    forward_flops = _flops(lowered)
+    if forward_flops < MIN_FLOPS:
+        return None  # a small model: its compile costs more than eager passes
     step = lowered.compile()
 
     def timed() -> float:
@@ -67,8 +87,7 @@ def train_seconds_per_sample(
     if seconds <= MAX_SECONDS:
         seconds = min(timed() for _ in range(2))
     ratio = train_per_forward
-    forward_flops = _flops(lowered)
-    if forward_flops and trainable:
+    if trainable:
         grad = jax.jit(jax.grad(summed)).lower(trainable, non_trainable, made)
         train_flops = _flops(grad)
         if train_flops:
