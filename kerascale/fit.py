@@ -39,7 +39,7 @@ from kerascale.plan.plan import Plan
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts, first_batch
 from kerascale.sense import hardware as hardware_lib
-from kerascale.sense.model_facts import gist, is_builder
+from kerascale.sense.model_facts import is_builder
 
 logger = logging.getLogger("kerascale")
 
@@ -431,7 +431,6 @@ class _Deciding:
             searched=decided.search is not None,
             out_of_memory=is_oom_exception(error),
             error=error,
-            gist=gist(error),
         )
         if step is None:
             return None

@@ -17,9 +17,8 @@ MODEL, DATA = ModelFacts(policy="float32"), DataFacts("arrays", num_samples=10_0
 def _after(options, plan, *, searched, oom):
     error = RuntimeError("boom")
     return fallback.after_first_step(
-        options, plan, "float32", searched=searched, out_of_memory=oom,
-        error=error, gist="boom",
-    )  # fmt: skip
+        options, plan, "float32", searched=searched, out_of_memory=oom, error=error
+    )
 
 
 def test_a_searched_batch_that_ran_out_of_memory_steps_down():

@@ -11,8 +11,6 @@ from kerascale.measure import budget
 from kerascale.measure.jax import estimate
 from kerascale.sense import data_facts
 
-pytestmark = pytest.mark.once
-
 
 def _model(width: int = 1024) -> keras.Model:
     """BatchNormalization and Dropout (state a step changes), and large
@@ -26,11 +24,15 @@ def _model(width: int = 1024) -> keras.Model:
     return model
 
 
-def test_the_estimate_is_compiled_and_leaves_the_model_alone(monkeypatch):
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_the_estimate_is_compiled_and_leaves_the_model_alone(monkeypatch, policy):
+    """On 1 and on 2 devices (the suite's two JAX runs), in both precisions."""
+
     def eager(*args):
         raise AssertionError("the eager forward pass ran on JAX")
 
     monkeypatch.setattr(budget, "_forward_seconds", eager)
+    keras.config.set_dtype_policy(policy)
     model = _model()
     x, y = toy_data(64, inputs=256)
     before = [np.array(v.value) for v in model.variables]
@@ -44,6 +46,7 @@ def test_the_estimate_is_compiled_and_leaves_the_model_alone(monkeypatch):
         np.testing.assert_array_equal(a, np.array(v.value))
 
 
+@pytest.mark.once
 def test_xla_counts_a_training_step_against_the_forward_pass(monkeypatch):
     """The scale comes from XLA's counts (a training step of dense layers:
     2-3 forward passes), not the fallback ratio; fails if
@@ -62,6 +65,7 @@ def test_xla_counts_a_training_step_against_the_forward_pass(monkeypatch):
     assert forward > estimate.MIN_FLOPS and 1.5 < step / forward < 4
 
 
+@pytest.mark.once
 def test_a_model_it_cannot_trace_gets_the_eager_figure(monkeypatch):
     def untraceable(*args, **kwargs):
         raise TypeError("not traceable")
@@ -75,6 +79,7 @@ def test_a_model_it_cannot_trace_gets_the_eager_figure(monkeypatch):
     assert per is not None and per > 0
 
 
+@pytest.mark.once
 def test_a_small_model_keeps_the_eager_figure():
     """Its compile would cost 80-110 ms a `fit` call, its eager passes 3-5."""
     x, _ = toy_data(64, inputs=256)

@@ -190,7 +190,7 @@ def _measured(
     hw, facts, data = planner.hardware, planner.model, planner.data
     instance = user_instance(options)
     shard = engines.sharding(hw.backend)
-    options, found = shard(model, x, y, options, planner, planner(options), search)
+    options, found = shard(model, x, y, options, planner, search)
     plan = planner(options, measured=found)
     can_try = trials_lib.possible(options, hw, facts)
     # The batch per replica asked for (None for "auto"), before a split.

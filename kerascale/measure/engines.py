@@ -18,6 +18,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from kerascale.plan.measured import Measured
+
 
 def batch_search(backend: str) -> Callable[..., Any]:
     """The batch-size search of `backend` (`run_search`'s signature)."""
@@ -38,9 +40,7 @@ def sharding(backend: str) -> Callable[..., Any]:
 
         return jax_sharding.plan_sharding
 
-    def as_it_is(model, x, y, options, planner, plan, search):
-        from kerascale.plan.measured import Measured
-
+    def as_it_is(model, x, y, options, planner, search):
         return options, Measured()
 
     return as_it_is

@@ -113,5 +113,5 @@ class SearchRequest:
     verbose: Any = "auto"
     first: int | None = None
     accumulation_steps: int | None = None
-    budget: Any = None
+    budget: Any = None  # a `budget.RunBudget` (not imported: a cycle)
     timed: bool = False

@@ -12,6 +12,7 @@ from typing import Any
 from kerascale.plan.measured import Measured
 from kerascale.plan.options import Options
 from kerascale.plan.plan import Plan
+from kerascale.sense.model_facts import gist
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,16 +46,15 @@ def after_first_step(
     searched: bool,
     out_of_memory: bool,
     error: BaseException,
-    gist: str,
 ) -> Fallback | None:
     """The attempt after `plan` failed at its first training step with
-    `error` (`gist`: its message in a few words), or None where nothing
-    failed that kerascale chose (the error is then the model's own).
+    `error`, or None where nothing failed that kerascale chose (the error is
+    then the model's own).
 
     A batch kerascale searched (`searched`) that ran out of memory steps
     down; otherwise the choices kerascale made on its own (precision,
     recomputation, several devices, the pipeline) become plain `fit`'s."""
-    failure = f"{type(error).__name__}: {gist}"
+    failure = f"{type(error).__name__}: {gist(error)}"
     if searched and out_of_memory:
         smaller = smaller_batch(options, plan)
         if smaller is not None:

@@ -24,7 +24,6 @@ import keras
 from kerascale.sense.model_facts import output_elements
 
 FORWARD_BATCH = 32
-MAX_SECONDS = 0.25  # a forward pass longer than this is timed once
 # Compiled only from this many operations in a forward pass of FORWARD_BATCH
 # (about a millisecond of XLA's CPU code on 2 cores, where eager dispatch
 # costs as much): a small model's compile and count cost 80-110 ms, its
@@ -83,9 +82,10 @@ def train_seconds_per_sample(
         jax.block_until_ready(step(trainable, non_trainable, made))
         return time.perf_counter() - start
 
-    seconds = timed()  # the first run also places the inputs
-    if seconds <= MAX_SECONDS:
-        seconds = min(timed() for _ in range(2))
+    # Always two runs (the first also places the inputs), whatever they
+    # take: the processes of a JAX cluster must run a computation alike.
+    timed()
+    seconds = timed()
     ratio = train_per_forward
     if trainable:
         grad = jax.jit(jax.grad(summed)).lower(trainable, non_trainable, made)

@@ -49,10 +49,9 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
     """The largest per-replica batch whose compiled step fits, for
     `request.plan` (its precision and distribution), starting at `first`.
     The request is the TensorFlow search's (`batch.run_search`): the step
-    compiled is the
-    micro-batch's, with the memory of `accumulation_steps`' accumulators
-    held beside it, and of the batches `Prefetch` reads ahead where the plan
-    has it. With `options.mode == "ladder"` (a CPU's trials will time the
+    compiled is the micro-batch's, with the memory of `accumulation_steps`'
+    accumulators held beside it, and of the batches `Prefetch` reads ahead
+    where the plan has it. With `options.mode == "ladder"` (a CPU's trials will time the
     batches), the answer is the rungs up to the largest that fits, none run;
     `budget` then refuses a ladder the run would not repay. `timed`: the
     largest batch that fits also runs a few real steps (`_timed`).

@@ -55,13 +55,12 @@ def plan_sharding(
     y: Any,
     options: Options,
     planner: Planner,
-    plan: Plan,
     search: SearchOptions | None,
 ) -> tuple[Any, Measured]:
     """(options, what was found): `options` as they are where one replica
     fits a device (the finding says so where `device_memory` was given),
     else with `options.strategy` the request (`sharding.Sharded`) for the
-    mesh that fits and trains fastest; `plan` is `planner(options)`. The
+    mesh that fits and trains fastest. The
     decision is kept in kerascale's cache, by the model, the data's shapes,
     the hardware, the plan and the device's limit: a later run makes none of
     its compiles.
@@ -75,6 +74,7 @@ def plan_sharding(
             the `device_memory` you gave.
     """
     hw, data = planner.hardware, planner.data
+    plan = planner(options)
     if isinstance(options.strategy, sharding.Sharded):  # decided before: again
         return options, Measured().decided(sharding=options.strategy.why)
     limit, source = _device_limit(hw, search)
