@@ -46,7 +46,13 @@ def child(*args):
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": flags},
+        env={
+            **os.environ,
+            "KERAS_BACKEND": "jax",
+            "XLA_FLAGS": flags,
+            # the devices stand in for GPUs: the search plans data-parallel
+            "KERASCALE_CPU_DEVICES_STAND_IN": "1" if DEVICES > 1 else "",
+        },
         check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -141,6 +141,13 @@ def main() -> None:
     parser.add_argument(
         "--devices", type=int, default=1, help="JAX: forced host devices"
     )
+    parser.add_argument(
+        "--as-cpu",
+        action="store_true",
+        help="JAX: leave the forced devices CPU devices (kerascale then trains "
+        "on one, as plain fit does); without it they stand in for GPUs, and "
+        "kerascale trains data-parallel where plain fit uses one device",
+    )
     parser.add_argument("--only", action="append", help="a file under keras/src")
     args = parser.parse_args()
     src = _keras_src()
@@ -149,6 +156,8 @@ def main() -> None:
     env = {"KERAS_BACKEND": args.backend}
     if args.backend == "jax":
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+        if args.devices > 1 and not args.as_cpu:
+            env["KERASCALE_CPU_DEVICES_STAND_IN"] = "1"
     start = time.perf_counter()
     plain = run(files, False, args.options, env)
     routed = run(files, True, args.options, env)

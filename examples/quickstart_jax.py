@@ -1,6 +1,8 @@
 """kerascale on Keras's JAX backend, without TensorFlow: the quickstart's CNN on
-NumPy arrays, on two CPU devices made visible, with a memory limit that the
-batch search reads from the compiler.
+NumPy arrays, with a memory limit that the batch search reads from the
+compiler. Two CPU devices are made visible: they share this machine's cores,
+so kerascale trains on one of them, as `model.fit` does, and its plan says why
+(on two GPUs it would split each batch over them).
 
 Run (the JAX environment from README):
 

@@ -8,6 +8,7 @@ import os
 
 os.environ["KERAS_BACKEND"] = "jax"
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["KERASCALE_CPU_DEVICES_STAND_IN"] = "1"  # planned as 2 GPUs
 
 import keras
 import keras_hub

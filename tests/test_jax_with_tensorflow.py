@@ -52,6 +52,7 @@ def test_a_cache_kerascale_adds_sees_no_stray_read_on_two_devices():
     was not fully read stays away."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    env["KERASCALE_CPU_DEVICES_STAND_IN"] = "1"  # as GPUs: data-parallel
     proc = subprocess.run(
         [sys.executable, str(CHILD.with_name("jax_with_tf_2dev_child.py"))],
         capture_output=True, text=True, timeout=240, env=env,

@@ -83,6 +83,40 @@ def test_mirrored_on_logical_cpus_uses_them_all():
     assert p.micro_batch_size == 32
 
 
+SPLIT_CPU = dataclasses.replace(CPU, logical_devices=2)
+
+
+@pytest.mark.parametrize(
+    "hw, strategy, replicas",
+    [
+        (Hardware(cpu=SPLIT_CPU), "default", 1),
+        (Hardware(cpu=SPLIT_CPU, backend="jax"), "default", 1),
+        (
+            Hardware(
+                cpu=dataclasses.replace(SPLIT_CPU, devices_stand_in=True),
+                backend="jax",
+            ),
+            "data_parallel",
+            2,
+        ),
+        (dataclasses.replace(gpu_box(2), backend="jax"), "data_parallel", 2),
+    ],
+)
+def test_cpu_devices_of_one_process_are_split_only_when_asked(hw, strategy, replicas):
+    # They share the process's cores: a split computes no faster, on either
+    # backend. Standing in for accelerators (the tests' seam), JAX's split.
+    p = plan_for(hw, batch_size=64)
+    assert (p.strategy, p.replicas) == (strategy, replicas), p.reasons["strategy"]
+    if hw.backend == "jax" and not (hw.gpus or hw.cpu.devices_stand_in):
+        assert "share 8 cores: one trains as fast" in p.reasons["strategy"]
+        # (JAX's name: this process's door takes TensorFlow's)
+        options = dataclasses.replace(
+            Options.validate(batch_size=64), strategy="data_parallel"
+        )
+        asked = make_plan(hw, options, FLOAT32, ARRAYS)
+        assert (asked.strategy, asked.replicas) == ("data_parallel", 2)
+
+
 def test_tpu_requested_without_tpu_is_an_error():
     with pytest.raises(
         kerascale.ConfigurationError, match='strategy="tpu" needs a TPU'

@@ -576,6 +576,8 @@ def setup_devices() -> None:
                 f"JAX has {len(jax.local_devices())} devices, not {n}: set "
                 f"XLA_FLAGS=--xla_force_host_platform_device_count={n}"
             )
+        if n > 1:  # they stand in for GPUs: "auto" splits over them
+            os.environ["KERASCALE_CPU_DEVICES_STAND_IN"] = "1"
         return
     import tensorflow as tf
 

@@ -6,6 +6,10 @@ and no TensorFlow (README, "Development"), on 1 and on 2 forced host devices
 import os
 
 os.environ["KERAS_BACKEND"] = "jax"
+# The hardware seam: the forced CPU devices stand in for GPUs, so "auto" splits
+# over them as it would over accelerators (children inherit it). Without it
+# kerascale trains on one of them (test_jax_fit's test of the CPU default).
+os.environ["KERASCALE_CPU_DEVICES_STAND_IN"] = "1"
 
 import jax
 import keras

@@ -21,8 +21,9 @@ process holds it (the truth is the process where fit trains: its data, and
 what Keras's fit builds from it, count), so that each starts from the same
 resident memory; a step is one of Keras's own `fit` on those arrays.
 Where several devices are visible
-(XLA_FLAGS=--xla_force_host_platform_device_count=N), the search plans
-keras.distribution.DataParallel over them by itself, as kerascale.fit does,
+(XLA_FLAGS=--xla_force_host_platform_device_count=N) standing in for GPUs
+(KERASCALE_CPU_DEVICES_STAND_IN=1, set by the suite's conftest), the search
+plans keras.distribution.DataParallel over them by itself, as kerascale.fit does,
 and a step trains under it; BATCH (like the batch found) is each
 replica's share.
 """

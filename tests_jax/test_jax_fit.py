@@ -15,6 +15,7 @@ from conftest import dense_model, devices, toy_data
 
 import kerascale
 from kerascale.sense import backend as backend_lib
+from kerascale.sense.hardware import STAND_IN_VARIABLE
 
 TF_WORDS = ("tf.distribute", "TensorFlow", "Mirrored", "OneDevice", "MultiWorker")
 
@@ -55,6 +56,28 @@ def test_plan_names_the_backend_and_no_tf_distribute_strategy():
         assert f"{devices()} CPU devices" in plan.reasons["strategy"]
     else:
         assert plan.strategy == "default"
+
+
+@pytest.mark.skipif(devices() < 2, reason="needs 2 devices")
+def test_cpu_devices_of_one_process_train_on_one_as_plain_fit_does(monkeypatch):
+    # Not standing in for accelerators, the CPU devices share the cores: a
+    # split trains no faster, so "auto" trains as plain fit does, on one.
+    monkeypatch.delenv(STAND_IN_VARIABLE)
+    x, y = toy_data(n=96)
+    ours = dense_model(seed=3)
+    history = kerascale.fit(
+        ours, x, y, epochs=2, batch_size=32, shuffle=False, verbose=0
+    )
+    assert (history.plan.strategy, history.plan.replicas) == ("default", 1)
+    assert "CPU devices share" in history.plan.reasons["strategy"]
+    theirs = dense_model(seed=3)
+    theirs.fit(x, y, epochs=2, batch_size=32, shuffle=False, verbose=0)
+    for a, b in zip(ours.get_weights(), theirs.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    asked = kerascale.plan(
+        dense_model(), x, y, batch_size=32, strategy="data_parallel", verbose=0
+    )
+    assert (asked.strategy, asked.replicas) == ("data_parallel", 2)
 
 
 def test_training_equals_plain_fit_under_the_same_distribution():

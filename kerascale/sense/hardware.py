@@ -42,6 +42,11 @@ _TPU_ENV_VARS = (
     "TPU_ACCELERATOR_TYPE",
 )
 
+# The hardware seam for several accelerators on a machine that has none: with
+# it set to 1, JAX's CPU devices of one process (XLA_FLAGS=
+# --xla_force_host_platform_device_count=N) are planned as GPUs would be.
+STAND_IN_VARIABLE = "KERASCALE_CPU_DEVICES_STAND_IN"
+
 
 @dataclasses.dataclass(frozen=True)
 class CPUInfo:
@@ -53,8 +58,12 @@ class CPUInfo:
         bf16: Whether the CPU has native bfloat16 instructions.
         bf16_flags: Which of `BF16_CPU_FLAGS` were found.
         logical_devices: TensorFlow logical CPU devices configured for the first
-            physical CPU (more than one only when the user split it, as tests do
-            to stand in for several GPUs).
+            physical CPU, or JAX's CPU devices (more than one only when the user
+            split it, as tests do to stand in for several GPUs).
+        devices_stand_in: Whether those devices stand in for accelerators
+            (`STAND_IN_VARIABLE`=1, the test suite's hardware seam): "auto"
+            then splits the batch over them as over GPUs. Unset, CPU devices
+            of one process share its cores, and "auto" trains on one.
     """
 
     cores: int
@@ -62,6 +71,7 @@ class CPUInfo:
     bf16: bool = False
     bf16_flags: tuple[str, ...] = ()
     logical_devices: int = 1
+    devices_stand_in: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +250,8 @@ def _detect_jax(
     (`JOINED`), else those the environment describes (not joined)."""
     found = jax_devices.detect(notes)
     cpu = _detect_cpu(notes, logical_devices=max(1, found["cpu_devices"]))
+    if os.environ.get(STAND_IN_VARIABLE) == "1":
+        cpu = dataclasses.replace(cpu, devices_stand_in=True)
     gpus = tuple(
         GPUInfo(g["index"], g["name"], g["memory_total"], g["cc"])
         for g in found["gpus"]

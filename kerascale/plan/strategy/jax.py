@@ -1,10 +1,11 @@
 """Which `keras.distribution` to train under on the JAX backend. Pure.
 
-Several local devices (GPUs, TPU cores, or CPU devices made visible with
-`XLA_FLAGS=--xla_force_host_platform_device_count=N`) -> `DataParallel`
-over all of them: Keras splits each global batch across them and keeps the
-variables replicated (the model trains as it is: JAX needs no scope, so
-nothing is re-created). One device -> no distribution, Keras's default. A
+Several local GPUs or TPU cores -> `DataParallel` over all of them: Keras
+splits each global batch across them and keeps the variables replicated (the
+model trains as it is: JAX needs no scope, so nothing is re-created). One
+device, or CPU devices made visible with
+`XLA_FLAGS=--xla_force_host_platform_device_count=N` (they share the
+process's cores) -> no distribution, Keras's default. A
 `keras.distribution.Distribution` you pass, or set with
 `keras.distribution.set_distribution` before `fit`, is used as it is.
 Building the object is `kerascale.apply.jax`'s job.
@@ -67,6 +68,23 @@ def devices(hw: Hardware) -> tuple[str, ...]:
     return tuple(f"cpu:{i}" for i in range(max(1, hw.cpu.logical_devices)))
 
 
+def _shared_cpu_devices(hw: Hardware, local: tuple[str, ...]) -> str:
+    """Why "auto" keeps one of several CPU devices of this process, or "":
+    they share its cores, so a batch split over them computes no faster than
+    on one, and adds an all-reduce (the step at N is N x one device's share,
+    `plan.scaling`'s shared compute); XLA's CPU all-reduce over two devices
+    on 2 cores also stalled and aborted a 1024-wide MLP's fit, where one
+    device trains. Not where they stand in for accelerators (tests)."""
+    if len(local) < 2 or hw.gpus or hw.tpu is not None or hw.cpu.devices_stand_in:
+        return ""
+    return (
+        f"{len(local)} CPU devices share {hw.cpu.cores} cores: one trains as fast "
+        "(split over them a batch computes no faster and adds an all-reduce; "
+        "Keras's JAX default, no keras.distribution; strategy='data_parallel' "
+        "splits anyway)"
+    )
+
+
 def _tpu_cores(hw: Hardware) -> int:
     digits = "".join(c for c in hw.tpu.source.split("(")[-1] if c.isdigit())
     return int(digits) if digits else 1
@@ -105,13 +123,14 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
             "KERASCALE_AUTO_CONNECT=1): it trains on its own devices, as "
             "model.fit would.",
         )
-    if requested == "default" or (requested == "auto" and len(local) == 1):
+    shared = _shared_cpu_devices(hw, local) if requested == "auto" else ""
+    if requested == "default" or (requested == "auto" and len(local) == 1) or shared:
         why = "you asked for it" if requested == "default" else "one device"
         return StrategyChoice(
             "default",
             local[:1],
             1,
-            f"{why}: Keras's JAX default (no keras.distribution)",
+            shared or f"{why}: Keras's JAX default (no keras.distribution)",
             cluster,
             scoped=False,
         )
