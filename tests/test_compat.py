@@ -2,8 +2,11 @@
 the upstream code it replaces and run by two real worker processes on
 127.0.0.1; and the model internals, pinned by what they do."""
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import keras
@@ -417,3 +420,46 @@ def test_a_killed_process_s_compile_cache_is_removed_by_the_next(monkeypatch, tm
     assert not orphan.exists() and not older.exists()
     assert living.exists() and foreign.exists() and being_made.exists()
     shutil.rmtree(mine)
+
+
+_NO_TF_CHILD = """
+import json, sys
+import keras, numpy as np
+import kerascale
+from kerascale.apply.keras_compat import serialization
+from kerascale.sense import model_facts
+from keras.src.utils import module_utils
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
+                          keras.layers.Dense(2, activation="softmax")])
+model.compile("sgd", "sparse_categorical_crossentropy")
+with serialization.tensorflow_left_unimported():
+    inside = module_utils.tensorflow._available
+facts = model_facts.recreation_problem(model), model_facts.architecture(model)
+x, y = np.zeros((64, 4), "float32"), np.zeros(64, "int32")
+kerascale.fit(model, x, y, epochs=1, batch_size=16, verbose=0)
+print(json.dumps({"inside": inside, "after": module_utils.tensorflow._available,
+                  "recreates": facts[0] == "", "architecture": bool(facts[1]),
+                  "tensorflow": "tensorflow" in sys.modules}))
+"""
+
+
+def test_a_jax_fit_reads_configs_without_importing_tensorflow():
+    """keras_compat section 8 (keras-team/keras#18455): on JAX with TensorFlow
+    installed, Keras's serialization would import TensorFlow (2.5 s of a
+    first fit) to ask whether a value is one of its objects. Fails when
+    Keras renames the lazy module or its flag: TensorFlow is imported
+    again."""
+    env = dict(os.environ, KERAS_BACKEND="jax", XLA_FLAGS="")
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_TF_CHILD],
+        capture_output=True, text=True, timeout=240, env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found == {
+        "inside": False,  # Keras told TensorFlow is unavailable in the block
+        "after": None,  # and left to decide again after it
+        "recreates": True,
+        "architecture": True,
+        "tensorflow": False,
+    }

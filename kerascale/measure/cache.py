@@ -17,6 +17,7 @@ from typing import Any
 
 from kerascale._state import quiet_variable_reads
 from kerascale._version import __version__
+from kerascale.apply.keras_compat.serialization import tensorflow_left_unimported
 from kerascale.errors import warn
 from kerascale.measure.fingerprint import builder_fingerprint
 from kerascale.sense import model_facts
@@ -83,7 +84,7 @@ def model_fingerprint(model: Any) -> str:
     if arch is None:  # subclassed without get_config: its shapes stand in
         arch = type(model).__qualname__ + repr([tuple(w.shape) for w in model.weights])
     try:
-        with quiet_variable_reads():
+        with quiet_variable_reads(), tensorflow_left_unimported():
             config = model.get_compile_config()
         compiled = json.dumps(
             model_facts.canonical_names(config),

@@ -61,6 +61,10 @@ class Traits:
         reads_to_build: Whether its `fit` reads a batch through an iterator
             it drops, to build the loss and metrics (JAX), so that a
             `cache()` kerascale added warns that it discarded that read.
+        places_by_scope: Whether a distribution places a model's variables
+            only when the model is built in its scope (`tf.distribute`), so
+            that a plan may re-create your model (JAX lays out the variables
+            of the model as it is).
     """
 
     name: str
@@ -75,6 +79,7 @@ class Traits:
     even_batches: bool
     empties_variables: bool = False
     reads_to_build: bool = False
+    places_by_scope: bool = False
 
 
 _TRAITS = {
@@ -89,6 +94,7 @@ _TRAITS = {
         profiler_needs_tensorflow=True,
         joins_tf_clusters=True,
         even_batches=False,
+        places_by_scope=True,
     ),
     "jax": Traits(
         name="jax",

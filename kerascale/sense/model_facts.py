@@ -20,7 +20,9 @@ from typing import Any
 import keras
 
 from kerascale._state import preserved_state, quiet_variable_reads
+from kerascale.apply.keras_compat.serialization import tensorflow_left_unimported
 from kerascale.errors import ModelError
+from kerascale.sense import backend as backend_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +34,8 @@ class ModelFacts:
         rebuildable: Whether kerascale can re-create the model under another
             policy or strategy scope (a builder function, or a built model
             whose every layer re-creates from its config, as cloning does).
+            Tried only where a plan or a measurement would re-create it (a
+            backend that places by scope, a model that cannot be borrowed).
         why_not_rebuildable: The reason, when it cannot.
         in_strategy_scope: Whether its variables already live in the scope of
             the strategy instance the user passed.
@@ -141,8 +145,14 @@ def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> Mode
                 "it is not built, and building it from the data's shape failed "
                 f"({type(e).__name__}: {gist(e)})"
             )
-    why = unbuilt or recreation_problem(model)
     not_borrowable = borrow_problem(model)
+    # Re-created only to place it in a strategy's scope (TensorFlow), or to
+    # measure a copy of a model that cannot be borrowed: elsewhere the round
+    # trip is not tried, since it reads each layer's config, and Keras's
+    # serialization then imports TensorFlow where it is installed (3 s of a
+    # JAX user's first fit).
+    tried = backend_lib.traits().places_by_scope or bool(not_borrowable)
+    why = unbuilt or (recreation_problem(model) if tried else "")
     if unbuilt and not_borrowable in ("", "it is not built"):
         not_borrowable = unbuilt
     in_scope = (
@@ -221,12 +231,14 @@ _ROUND_TRIPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _round_trip(layer: Any, what: str) -> str:
     why, key = "", None
     try:
-        config = layer.get_config()
+        with tensorflow_left_unimported():
+            config = layer.get_config()
         key = _config_key(config)
         known = _ROUND_TRIPS.get(layer) if key is not None else None
         if known is not None and known[0] == key:
             return known[1]
-        with preserved_state():  # initializers draw seeds from Python's random
+        # initializers draw seeds from Python's random
+        with preserved_state(), tensorflow_left_unimported():
             type(layer).from_config(config)
     except Exception as e:
         why = (
@@ -309,7 +321,7 @@ def architecture(model: keras.Model) -> str | None:
     """The model's architecture as canonical JSON (automatic names replaced,
     see `canonical_names`), or None for a model without a usable config."""
     try:
-        with quiet_variable_reads():
+        with quiet_variable_reads(), tensorflow_left_unimported():
             config = json.loads(model.to_json())
     except Exception:  # subclassed without get_config, unserialisable layers
         return None

@@ -107,6 +107,9 @@ batches that iterator read ahead are lost, a racy number of them. The
 generator is fed as a dataset whose iterators all read it from its first
 batch (`data_adapter_utils.get_tensor_spec`, `NUM_BATCHES_FOR_TENSOR_SPEC`:
 Keras's own spec of it).
+
+8. Keras's serialization imports TensorFlow on another backend
+(keras#18455): `serialization.tensorflow_left_unimported`.
 """
 
 from __future__ import annotations
@@ -446,6 +449,11 @@ from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402
 )
 from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402
     train_state as train_state,
+)
+
+# 8. keras#18455 (another backend): in serialization.py, re-exported here.
+from kerascale.apply.keras_compat.serialization import (  # noqa: E402
+    tensorflow_left_unimported as tensorflow_left_unimported,
 )
 
 
