@@ -9,6 +9,10 @@ it (what kerascale picks for a run this short). The per-call difference of
 the medians is the overhead; the same figures with the batch search's cache
 warm are what a second run of a notebook cell pays.
 
+`--first-calls N` also times the first call of N fresh processes each way
+(alternating): `model.fit` against `import kerascale` plus `kerascale.fit`,
+what one call in a new script or a test file pays once.
+
     .venv/bin/python benchmarks/planning_overhead.py        # TensorFlow
     KERAS_BACKEND=jax .venv-jax/bin/python benchmarks/planning_overhead.py
 
@@ -18,8 +22,10 @@ Writes benchmarks/results/planning_overhead_BACKEND.json.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -50,9 +56,46 @@ def model() -> keras.Model:
     return m
 
 
+FIRST_CALL = """
+import json, sys, time
+import keras, numpy as np
+m = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
+                      keras.layers.Dense(10)])
+m.compile(optimizer="adam", metrics=["accuracy"],
+          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+x = np.random.default_rng(0).normal(size=(512, 32)).astype("float32")
+y = np.random.default_rng(0).integers(0, 10, 512)
+start = time.perf_counter()
+if sys.argv[1] == "kerascale":
+    import kerascale
+    kerascale.fit(m, x, y, epochs=1, verbose=0)
+else:
+    m.fit(x, y, epochs=1, verbose=0)
+print(json.dumps({"seconds": time.perf_counter() - start}))
+"""
+
+
+def first_calls(n: int) -> dict[str, float]:
+    """The median first call of `n` fresh processes each way, alternating."""
+    times: dict[str, list[float]] = {"plain": [], "kerascale": []}
+    for _ in range(n):
+        for way in times:
+            done = subprocess.run(
+                [sys.executable, "-c", FIRST_CALL, way],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=300,
+            )
+            seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+            times[way].append(seconds)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--first-calls", type=int, default=0)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     x = rng.normal(size=(512, 32)).astype("float32")
@@ -79,9 +122,12 @@ def main() -> None:
     overhead_ms = 1000 * (medians["kerascale"] - medians["plain"])
     plan = kerascale.plan(model(), x, y, verbose=0)
     backend = keras.backend.backend()
+    first = first_calls(args.first_calls) if args.first_calls else {}
     _results.write(
         f"planning_overhead_{backend}",
         backend=backend,
+        first_call_seconds={k: round(v, 3) for k, v in first.items()},
+        tensorflow_installed=_tensorflow_installed(),
         precision=plan.precision,
         calls=args.calls,
         median_seconds={k: round(v, 4) for k, v in medians.items()},
@@ -93,6 +139,18 @@ def main() -> None:
         f"{medians['kerascale'] * 1000:.0f} ms (median of {args.calls}): "
         f"{overhead_ms:+.0f} ms a call; plan precision {plan.precision}"
     )
+    if first:
+        print(
+            f"first call of a fresh process (median of {args.first_calls}): "
+            f"model.fit {first['plain'] * 1000:.0f} ms, import kerascale + "
+            f"kerascale.fit {first['kerascale'] * 1000:.0f} ms"
+        )
+
+
+def _tensorflow_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorflow") is not None
 
 
 if __name__ == "__main__":

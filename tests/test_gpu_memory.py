@@ -30,8 +30,10 @@ TOTAL = 16 * GiB
 
 class OutOfMemoryAbove(keras.layers.Layer):
     """Above `threshold` samples in a batch, asks TensorFlow's allocator for
-    a tensor no machine holds: a real ResourceExhaustedError, as a GPU's
-    allocator raises when the batch is too large."""
+    a tensor no machine holds, 2**62 floats (2**64 bytes): a real
+    ResourceExhaustedError at once, as a GPU's allocator raises when the
+    batch is too large. (A request of PBs made it wait 10 s for memory to
+    come free before refusing: 10 s a refused probe.)"""
 
     def __init__(self, threshold, **kwargs):
         super().__init__(**kwargs)
@@ -41,7 +43,8 @@ class OutOfMemoryAbove(keras.layers.Layer):
         n = tf.shape(x)[0]
 
         def impossible():
-            shape = tf.stack([tf.cast(n, tf.int64), tf.constant(2**42, tf.int64)])
+            rows = tf.constant(2**62, tf.int64) + 0 * tf.cast(n, tf.int64)
+            shape = tf.stack([rows, tf.constant(1, tf.int64)])
             return tf.reduce_max(tf.random.uniform(shape))
 
         big = tf.cond(n > self.threshold, impossible, lambda: tf.constant(0.0))

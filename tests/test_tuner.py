@@ -32,16 +32,18 @@ def build(hp):
 @keras.saving.register_keras_serializable(package="kerascale_tests")
 class OutOfMemoryAbove(keras.layers.Layer):
     """The deterministic OOM seam: a batch larger than `limit` asks
-    TensorFlow's CPU allocator for a 25 TB tensor, which fails with a real
-    ResourceExhaustedError, the error a GPU out of memory raises."""
+    TensorFlow's CPU allocator for 2**62 floats (2**64 bytes), which it
+    refuses at once with a real ResourceExhaustedError, the error a GPU out
+    of memory raises. (A request of TBs or PBs made it wait 10 s for memory
+    to come free before refusing: 10 s an OOM trial.)"""
 
     def __init__(self, limit=64, **kwargs):
         super().__init__(**kwargs)
         self.limit = limit
 
     def call(self, x):
-        side = tf.where(tf.shape(x)[0] > self.limit, 40000, 1)
-        huge = tf.random.uniform(tf.stack([side, side, 4000]))
+        rows = tf.where(tf.shape(x)[0] > self.limit, tf.constant(2**62, tf.int64), 1)
+        huge = tf.random.uniform(tf.stack([rows, tf.constant(1, tf.int64)]))
         return x + 0.0 * tf.reduce_min(huge)
 
     def get_config(self):

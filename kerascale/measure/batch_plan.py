@@ -15,6 +15,7 @@ from kerascale.measure.request import SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult
 from kerascale.plan.options import Options, user_instance
 from kerascale.plan.plan import Plan
+from kerascale.plan.planner import Planner
 from kerascale.plan.rules import searched_batch
 from kerascale.sense import data_facts
 from kerascale.sense.data_facts import DataFacts
@@ -52,21 +53,22 @@ def batch_for_plan(
     x: Any,
     y: Any,
     options: Options,
-    facts: ModelFacts,
-    hw: Hardware,
-    data: DataFacts,
+    planner: Planner,
     plan: Plan,
     search: SearchOptions | None,
+    *,
     force_search: bool,
     can_try: bool,
     budget: budget_lib.RunBudget | None = None,
 ) -> tuple[BatchSearchResult | None, bool, str]:
     """(the batch search's result or None, whether it ran as a ladder for the
-    trials, a warning: why a search, a check or a memory_limit was not used).
+    trials, a warning: why a search, a check or a memory_limit was not used),
+    for `plan`, made by `planner` (whose facts it reads).
 
     Raises:
         SearchSkipped: The ladder would cost more than `budget` allows.
     """
+    hw, facts, data = planner.hardware, planner.model, planner.data
     run: dict[str, Any] = dict(instance=user_instance(options), verbose=options.verbose)
     wanted = force_search or searched_batch(options, data)
     check = not wanted and needs_check(options, data, hw, search)

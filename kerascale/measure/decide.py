@@ -198,8 +198,8 @@ def _measured(
     skipped, unavailable = "", False
     try:
         result, ladder, note = batch_for_plan(
-            model, x, y, options, facts, hw, data, plan, search, force_search,
-            can_try, budget,
+            model, x, y, options, planner, plan, search,
+            force_search=force_search, can_try=can_try, budget=budget,
         )  # fmt: skip
     except batch_lib.SearchSkipped as e:
         result, ladder, note, skipped = None, False, "", str(e)
