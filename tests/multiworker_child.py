@@ -57,7 +57,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import kerascale  # noqa: E402
-from kerascale.apply import keras_compat as compat  # noqa: E402
+from kerascale import _keras_compat as compat  # noqa: E402
 
 if mode == "compat":
     strategy = (

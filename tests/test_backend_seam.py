@@ -18,7 +18,7 @@ DISPATCH = {
     "plan/strategy/__init__.py",
     "measure/engines.py",
     "apply/strategy.py",
-    "apply/keras_compat/__init__.py",
+    "_keras_compat/__init__.py",
     "callbacks/profile.py",
     "callbacks/_backup_state.py",
     "callbacks/prefetch.py",

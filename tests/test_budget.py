@@ -10,7 +10,7 @@ import tensorflow as tf
 from conftest import dense_model, toy_data
 
 import kerascale
-from kerascale.apply import keras_compat
+from kerascale import _keras_compat as keras_compat
 from kerascale.measure import budget, child
 from kerascale.measure.search import LADDER_CHUNK, ladder
 from kerascale.sense import data_facts, samples

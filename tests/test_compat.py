@@ -15,12 +15,12 @@ import pytest
 import tensorflow as tf
 from test_multiworker import load, max_diff, run_cluster_and_single
 
-from kerascale.apply import keras_compat as compat
+from kerascale import _keras_compat as compat
 
 
 def test_upstream_code_is_the_code_the_fix_replaces():
     """Fails when Keras changes the patched functions: revisit
-    kerascale/apply/keras_compat/ (and drop it if keras-team/keras#20585 is
+    kerascale/_keras_compat/ (and drop it if keras-team/keras#20585 is
     fixed)."""
     assert compat.upstream_changed() == []
 
@@ -338,7 +338,7 @@ def test_replay_gives_every_iterator_the_generators_batches_in_order():
     what an open one has yet to read, and a later one starts there."""
     import threading
 
-    from kerascale.apply.keras_compat import generator_feed
+    from kerascale._keras_compat import generator_feed
 
     pulled = []
 
@@ -426,7 +426,7 @@ _NO_TF_CHILD = """
 import json, sys
 import keras, numpy as np
 import kerascale
-from kerascale.apply.keras_compat import serialization
+from kerascale._keras_compat import serialization
 from kerascale.sense import model_facts
 from keras.src.utils import module_utils
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),

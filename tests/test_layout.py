@@ -11,6 +11,17 @@ SHARED = {"kerascale._validation", "kerascale._units", "kerascale._version"}
 SHARED |= {"kerascale._state"}
 SHARED |= {"kerascale.errors", "kerascale._tf_compat", "kerascale._tf", "kerascale._fs"}
 SHARED |= {"kerascale._jax_compat"}  # the one module of JAX's private names
+# the one package of Keras's private names, beside TensorFlow's and JAX's
+SHARED |= {
+    f"kerascale._keras_compat{part}"
+    for part in (
+        "",
+        ".distributed_accumulation",
+        ".generator_feed",
+        ".jax_variables",
+        ".serialization",
+    )
+}
 SHARED |= {"kerascale._pids"}  # whether a process is alive
 # Each stage may import itself and the stages listed.
 ALLOWED = {

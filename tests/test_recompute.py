@@ -10,7 +10,8 @@ from conftest import CPU, gpu_box
 from test_remat import gelu_mlp
 
 import kerascale
-from kerascale.apply import keras_compat, remat
+from kerascale import _keras_compat as keras_compat
+from kerascale.apply import remat
 from kerascale.measure import advice, recompute
 from kerascale.measure.decide import Decided
 from kerascale.measure.probe import ProbeResult

@@ -6,7 +6,8 @@ import keras
 import numpy as np
 import pytest
 
-from kerascale.apply import keras_compat, remat
+from kerascale import _keras_compat as keras_compat
+from kerascale.apply import remat
 
 
 def gelu_mlp(seed=0):

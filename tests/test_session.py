@@ -21,7 +21,7 @@ import tensorflow as tf
 from realworld import Widened
 
 import kerascale
-from kerascale.apply import keras_compat
+from kerascale import _keras_compat as keras_compat
 from kerascale.apply.session import Session
 from kerascale.callbacks import (
     FaultTolerantBackup,

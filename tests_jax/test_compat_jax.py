@@ -1,5 +1,5 @@
 """The private Keras names kerascale uses on the JAX backend
-(`kerascale.apply.keras_compat`, section 4): these fail when upstream
+(`kerascale._keras_compat`, section 4): these fail when upstream
 changes them, so the workaround is revisited."""
 
 import jax
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import dense_model, devices, toy_data
 
-from kerascale.apply import keras_compat
+from kerascale import _keras_compat as keras_compat
 
 
 def test_jax_variables_have_the_layout_hooks_kerascale_sets():
@@ -97,7 +97,7 @@ def test_set_remat_sets_what_a_remat_scope_around_construction_sets():
     """keras_compat section 5: `Operation._remat_mode`, read at each call."""
     import keras
 
-    from kerascale.apply import keras_compat
+    from kerascale import _keras_compat as keras_compat
 
     with keras.RematScope(mode="activations"):
         scoped = keras.layers.Dense(4, activation="gelu")
@@ -115,7 +115,7 @@ def test_a_fit_that_raises_leaves_empty_variables_and_the_guard_refills_them():
     when Keras stops doing so (then StateGuard can go)."""
     import numpy as np
 
-    from kerascale.apply import keras_compat
+    from kerascale import _keras_compat as keras_compat
 
     class Breaks(keras.Model):
         def __init__(self):
@@ -157,7 +157,7 @@ def test_read_like_fit_reads_the_batches_kerascale_counts():
     fit reads it on JAX."""
     import numpy as np
 
-    from kerascale.apply import keras_compat
+    from kerascale import _keras_compat as keras_compat
 
     x, y = np.zeros((40, 3), "float32"), np.zeros((40, 1), "float32")
     _, _, held = keras_compat.read_like_fit(x, y, 8, True, "jax", 3)

@@ -263,7 +263,7 @@ def test_checkpoint_dir_checkpoints_without_a_warning(tmp_path):
 def test_a_model_that_cannot_be_laid_out_trains_on_one_device_with_one_warning(
     monkeypatch,
 ):
-    from kerascale.apply import keras_compat
+    from kerascale import _keras_compat as keras_compat
 
     real = keras_compat.lay_out
 

@@ -29,9 +29,9 @@ from typing import Any
 
 import keras
 
+from kerascale import _keras_compat as keras_compat
 from kerascale import _validation
 from kerascale._state import value_of
-from kerascale.apply import keras_compat
 from kerascale.apply.model import core_optimizer
 from kerascale.errors import ConfigurationError, ModelError, warn
 

@@ -25,8 +25,9 @@ from typing import Any
 
 import keras
 
+from kerascale import _keras_compat as keras_compat
 from kerascale._state import preserved_state, quiet_variable_reads, value_of
-from kerascale.apply import keras_compat, precision
+from kerascale.apply import precision
 from kerascale.errors import ModelError, warn
 from kerascale.sense.model_facts import gist, is_builder, is_functional
 

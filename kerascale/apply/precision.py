@@ -45,7 +45,7 @@ from typing import Any
 
 import keras
 
-from kerascale.apply import keras_compat
+from kerascale import _keras_compat as keras_compat
 
 _TRACED = ("train_function", "test_function", "predict_function")
 # Where a model keeps the functions Keras traced under kerascale's policy, for

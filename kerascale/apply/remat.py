@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kerascale.apply import keras_compat
+from kerascale import _keras_compat as keras_compat
 
 MODES = ("activations",)
 

@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import keras
 
+from kerascale import _keras_compat as keras_compat
 from kerascale._tf import tf
-from kerascale.apply import accumulation, keras_compat, remat
+from kerascale.apply import accumulation, remat
 from kerascale.apply import data as data_lib
 from kerascale.apply import model as model_lib
 from kerascale.apply import precision as precision_lib

@@ -15,9 +15,9 @@ import keras
 import numpy as np
 
 from kerascale import _fs
+from kerascale import _keras_compat as keras_compat
 from kerascale import _validation as v
 from kerascale._state import quiet_variable_reads, value_of
-from kerascale.apply import keras_compat
 from kerascale.apply.model import core_optimizer
 from kerascale.callbacks import _backup_state as state_lib
 from kerascale.errors import CheckpointError

@@ -14,9 +14,9 @@ import logging
 import time
 from typing import Any
 
+from kerascale import _keras_compat as keras_compat
 from kerascale import _tf
 from kerascale._tf import tf
-from kerascale.apply import keras_compat
 from kerascale.callbacks import _backup_meta as meta_lib
 from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import checkpoint_store as store

@@ -16,8 +16,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kerascale import _fs, _pids
+from kerascale import _keras_compat as keras_compat
 from kerascale import _validation as v
-from kerascale.apply import keras_compat
 from kerascale.apply.model import accumulation_steps
 from kerascale.callbacks import _backup_meta as meta_lib
 from kerascale.callbacks import _backup_state as state_lib

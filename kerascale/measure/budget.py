@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import keras
 import numpy as np
 
+from kerascale import _keras_compat as keras_compat
 from kerascale._state import preserved_state, value_of
-from kerascale.apply import keras_compat
 from kerascale.measure import engines
 from kerascale.measure.probe import MIN_TIMED_SECONDS
 from kerascale.measure.probe_data import synthetic_batch

@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kerascale._keras_compat.serialization import tensorflow_left_unimported
 from kerascale._state import quiet_variable_reads
 from kerascale._version import __version__
-from kerascale.apply.keras_compat.serialization import tensorflow_left_unimported
 from kerascale.errors import warn
 from kerascale.measure.fingerprint import builder_fingerprint
 from kerascale.sense import model_facts

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import keras
 import numpy as np
 
+from kerascale import _keras_compat as keras_compat
 from kerascale._state import preserved_state
-from kerascale.apply import keras_compat
 
 if TYPE_CHECKING:
     from kerascale.plan.plan import Plan

@@ -268,7 +268,7 @@ def _reader(x: Any, y: Any, data: Any, plan: Plan, shuffle: Any) -> Any:
     """(setup, read) that build the input's pipeline at a batch as Keras's
     `fit` does and read it; None where kerascale cannot read the input
     without consuming it (a generator, a grain loader) or has no arrays."""
-    from kerascale.apply import keras_compat
+    from kerascale import _keras_compat as keras_compat
 
     if data.kind == "arrays" and data.measurable:
         # Keras builds its pipeline of arrays (a copy, on TensorFlow) in fit.

@@ -8,7 +8,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from kerascale.apply import keras_compat
+from kerascale import _keras_compat as keras_compat
 
 
 def import_objects(entries: list[dict[str, str]]) -> dict[str, Any]:

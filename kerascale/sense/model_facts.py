@@ -19,8 +19,8 @@ from typing import Any
 
 import keras
 
+from kerascale._keras_compat.serialization import tensorflow_left_unimported
 from kerascale._state import preserved_state, quiet_variable_reads
-from kerascale.apply.keras_compat.serialization import tensorflow_left_unimported
 from kerascale.errors import ModelError
 from kerascale.sense import backend as backend_lib
 

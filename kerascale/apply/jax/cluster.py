@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kerascale import _jax_compat
-from kerascale.apply import keras_compat
+from kerascale import _keras_compat as keras_compat
 from kerascale.apply.tensorflow import cluster as tf_cluster
 from kerascale.errors import ClusterConfigError, warn
 from kerascale.sense import jax_processes

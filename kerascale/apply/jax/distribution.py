@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from kerascale.apply import keras_compat
+from kerascale import _keras_compat as keras_compat
 from kerascale.apply.jax import cluster, compile_cache
 from kerascale.errors import ConfigurationError
 

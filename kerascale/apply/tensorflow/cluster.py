@@ -3,7 +3,7 @@
 `connect` joins the cluster that the environment describes (TF_CONFIG, Vertex
 AI's CLUSTER_SPEC, or SLURM through TensorFlow's resolvers). It creates the
 `MultiWorkerMirroredStrategy` with bounded timeouts and applies the Keras 3
-fix in `kerascale.apply.keras_compat`. TensorFlow sets collective
+fix in `kerascale._keras_compat`. TensorFlow sets collective
 communication up only before it runs anything, so call `connect` first in the
 script, before building the model or the data. `kerascale.fit` calls it
 itself when TensorFlow has not started yet.
@@ -32,9 +32,9 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from kerascale import _keras_compat as keras_compat
 from kerascale import _tf_compat as tfc
 from kerascale import _validation
-from kerascale.apply import keras_compat
 from kerascale.apply.model import core_optimizer
 from kerascale.apply.tensorflow.resolvers import cluster_resolver
 from kerascale.errors import ClusterConfigError, WorkerLostError, warn

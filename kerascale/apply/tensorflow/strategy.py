@@ -21,7 +21,7 @@ def build(plan: Plan, instance: Any = None) -> Any:
 
     if instance is not None:
         if isinstance(instance, tf.distribute.MultiWorkerMirroredStrategy):
-            from kerascale.apply import keras_compat
+            from kerascale import _keras_compat as keras_compat
 
             keras_compat.apply()  # Keras 3's fit needs it under this strategy
         return instance

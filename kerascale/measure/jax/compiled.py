@@ -104,7 +104,7 @@ class StepMemory:
     ):
         import jax
 
-        from kerascale.apply import keras_compat
+        from kerascale import _keras_compat as keras_compat
 
         self._jax = jax
         self.element, self.replicas = element, replicas
@@ -173,7 +173,7 @@ class StepMemory:
         what `need(batch)` reports, plus the state, free on each device."""
         import numpy as np
 
-        from kerascale.apply import keras_compat
+        from kerascale import _keras_compat as keras_compat
 
         jax = self._jax
         data = keras.tree.map_structure(

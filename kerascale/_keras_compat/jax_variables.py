@@ -1,4 +1,4 @@
-"""Section 4 of `kerascale.apply.keras_compat` (see its docstring): a model
+"""Section 4 of `kerascale._keras_compat` (see its docstring): a model
 built before a `keras.distribution` was set, on JAX. Keras's JAX variables
 take their layout when created under a distribution (`Variable._layout`,
 read by `Variable._direct_assign`), and Keras has no public way to lay out

@@ -427,32 +427,32 @@ def reset_accumulators(optimizer: Any) -> None:
 
 
 # keras#20582 (TensorFlow): in distributed_accumulation.py, re-exported here.
-from kerascale.apply.keras_compat.distributed_accumulation import (  # noqa: E402
+from kerascale._keras_compat.distributed_accumulation import (  # noqa: E402
     fix_distributed_accumulation as fix_distributed_accumulation,
 )
-from kerascale.apply.keras_compat.distributed_accumulation import (  # noqa: E402
+from kerascale._keras_compat.distributed_accumulation import (  # noqa: E402
     unfix_distributed_accumulation as unfix_distributed_accumulation,
 )
-from kerascale.apply.keras_compat.generator_feed import (  # noqa: E402
+from kerascale._keras_compat.generator_feed import (  # noqa: E402
     replayed as replayed,
 )
 
 # 4. (JAX backend) in jax_variables.py, re-exported here.
-from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402
+from kerascale._keras_compat.jax_variables import (  # noqa: E402
     StateGuard as StateGuard,
 )
-from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402
+from kerascale._keras_compat.jax_variables import (  # noqa: E402
     lay_out as lay_out,
 )
-from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402
+from kerascale._keras_compat.jax_variables import (  # noqa: E402
     model_variables as model_variables,
 )
-from kerascale.apply.keras_compat.jax_variables import (  # noqa: E402
+from kerascale._keras_compat.jax_variables import (  # noqa: E402
     train_state as train_state,
 )
 
 # 8. keras#18455 (another backend): in serialization.py, re-exported here.
-from kerascale.apply.keras_compat.serialization import (  # noqa: E402
+from kerascale._keras_compat.serialization import (  # noqa: E402
     tensorflow_left_unimported as tensorflow_left_unimported,
 )
 
