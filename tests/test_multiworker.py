@@ -264,11 +264,10 @@ def long_single(tmp_path_factory):
 
 
 def test_a_killed_worker_stops_the_other_and_a_restart_resumes(tmp_path, long_single):
-    took = kill_one_and_time_the_other(tmp_path, signal.SIGKILL, 5)
+    took = kill_one_and_time_the_other(tmp_path, signal.SIGKILL, 20)
     # A closed connection is noticed at once when the survivor is exchanging
-    # with the dead worker; otherwise the missing heartbeats tell (after
-    # worker_timeout, 5 s as for the frozen worker below).
-    assert took < 5 + 30
+    # with the dead worker; otherwise the missing heartbeats tell.
+    assert took < 20 + 30
     assert any((tmp_path / "ckpt").iterdir())
     assert_resumes_like_one_process(tmp_path, long_single)
 
