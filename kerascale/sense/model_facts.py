@@ -147,10 +147,9 @@ def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> Mode
             )
     not_borrowable = borrow_problem(model)
     # Re-created only to place it in a strategy's scope (TensorFlow), or to
-    # measure a copy of a model that cannot be borrowed: elsewhere the round
-    # trip is not tried, since it reads each layer's config, and Keras's
-    # serialization then imports TensorFlow where it is installed (3 s of a
-    # JAX user's first fit).
+    # measure a copy of a model that cannot be borrowed: elsewhere nothing
+    # uses the answer, so the round trip (every layer made anew from its
+    # config) is not paid for.
     tried = backend_lib.traits().places_by_scope or bool(not_borrowable)
     why = unbuilt or (recreation_problem(model) if tried else "")
     if unbuilt and not_borrowable in ("", "it is not built"):
@@ -233,13 +232,12 @@ def _round_trip(layer: Any, what: str) -> str:
     try:
         with tensorflow_left_unimported():
             config = layer.get_config()
-        key = _config_key(config)
-        known = _ROUND_TRIPS.get(layer) if key is not None else None
-        if known is not None and known[0] == key:
-            return known[1]
-        # initializers draw seeds from Python's random
-        with preserved_state(), tensorflow_left_unimported():
-            type(layer).from_config(config)
+            key = _config_key(config)
+            known = _ROUND_TRIPS.get(layer) if key is not None else None
+            if known is not None and known[0] == key:
+                return known[1]
+            with preserved_state():  # initializers draw seeds from Python's random
+                type(layer).from_config(config)
     except Exception as e:
         why = (
             f"{what} ({type(layer).__name__}) does not re-create from its config: "
