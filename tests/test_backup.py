@@ -19,6 +19,7 @@ import tensorflow as tf
 import kerascale
 from kerascale.callbacks import FaultTolerantBackup
 from kerascale.callbacks import checkpoint_store as store
+from kerascale.callbacks._save_schedule import SaveSchedule
 from kerascale.errors import CheckpointError, ConfigurationError
 
 CHILD = children.TrainingChild(Path(__file__).with_name("backup_child.py"))
@@ -379,6 +380,31 @@ def test_accepted_save_freq(tmp_path):
     assert FaultTolerantBackup(tmp_path, save_freq=7)._every_steps == 7
     assert FaultTolerantBackup(tmp_path, save_freq="1h30min")._every_seconds == 5400
     assert FaultTolerantBackup(tmp_path, save_freq="30s")._every_seconds == 30
+
+
+def test_save_schedule_saves_at_window_ends_and_after_its_time():
+    """Every 2 updates of 3 batches each: at batches 6 and 12, never inside a
+    window; "30s": due at the first window's end from 30 s on, once."""
+    steps = SaveSchedule(every_steps=2, every_seconds=None)
+    saved = []
+    for batch in range(1, 14):
+        if steps.due(batch, 3):
+            steps.saved(batch, at_boundary=False)
+            saved.append(batch)
+    assert saved == [6, 12]
+    assert not steps.by_epoch and SaveSchedule(None, None).by_epoch
+
+    now = [100.0]
+    timed = SaveSchedule(every_steps=None, every_seconds=30.0, clock=lambda: now[0])
+    timed.start_clock()
+    now[0] = 129.9
+    assert not timed.time_due()
+    now[0] = 130.0
+    assert timed.time_due()
+    timed.owed = True  # the workers agreed
+    assert not timed.due(5, 2) and timed.due(6, 2)
+    timed.saved(6, at_boundary=False)
+    assert not timed.owed and not timed.time_due() and not timed.at_boundary
 
 
 def augment(a, b):

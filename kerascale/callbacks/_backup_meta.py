@@ -45,21 +45,6 @@ def validate_directory(directory: Any) -> str:
     return directory
 
 
-def validate_save_freq(save_freq: Any) -> tuple[int | None, float | None]:
-    accepted = (
-        '"epoch", a positive int (every N batches) or a duration like "10min", '
-        '"30s" or "1h"'
-    )
-    if isinstance(save_freq, str):
-        if save_freq == "epoch":
-            return None, None
-        seconds = v.parse_duration(save_freq)
-        if seconds is None or seconds <= 0:
-            raise v.fail("save_freq", save_freq, accepted)
-        return None, seconds
-    return v.positive_int("save_freq", save_freq, accepted=accepted), None
-
-
 def fingerprint(model: keras.Model, plan: Plan) -> dict[str, Any]:
     """What must not change between a checkpoint and its resume."""
     optimizer = model.optimizer

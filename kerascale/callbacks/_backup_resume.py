@@ -102,7 +102,7 @@ class Resume:
         saved = meta.get("history") or {"epoch": [], "logs": {}}
         self._s.history = json.loads(json.dumps(saved))
         self._s.history_before = json.loads(json.dumps(saved))
-        self._s.global_step = self._s.last_save_step = meta["global_step"]
+        self._s.global_step = self._schedule.last_step = meta["global_step"]
         self._s.epoch_steps = self._s.epoch_steps or meta["epoch_steps"]
         self._s.completed_epochs = meta["epoch"]
         self._s.restored_finished_run = (
@@ -113,7 +113,7 @@ class Resume:
             epoch = max(epoch, self._s.epochs)
         keras_compat.set_initial_epoch(self.model, epoch, self.run.alive)
         self._s.epoch, self._s.step = epoch, meta["step"]
-        self._s.saved_at_boundary = meta["step"] == 0
+        self._schedule.at_boundary = meta["step"] == 0
         self._s.skip_calls = meta["step"] // self._s.spe
         self._s.pending_data = meta["data"]
         self._s.restored_metrics = meta["step"] > 0

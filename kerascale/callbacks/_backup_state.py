@@ -26,6 +26,7 @@ import keras
 import numpy as np
 
 from kerascale import _tf
+from kerascale.apply.model import accumulation_steps
 from kerascale.sense import backend as backend_lib
 
 ARRAYS_FILE = ".npz"
@@ -57,11 +58,6 @@ class RunState:
     history: dict[str, Any] = dataclasses.field(default_factory=_empty_history)
     # Saving.
     next_number: int = 1  # the next checkpoint's number
-    last_save_step: int = 0
-    last_save_time: float = 0.0
-    saved_at_boundary: bool = True  # the newest checkpoint is at an epoch's end
-    save_due: bool = False  # a save waits for the epoch's end
-    save_owed: bool = False  # an agreed time-based save, at a window's end
     preempt_due: bool = False  # decided at an epoch's last batch: at its end
     damaged: set[str] = dataclasses.field(default_factory=set)  # not pruned
     # What a resume restored, and what it still has to do.
@@ -72,7 +68,26 @@ class RunState:
     restore_pending: bool = False  # the state waits for the model to be built
     restored_finished_run: bool = False
     history_before: dict[str, Any] = dataclasses.field(default_factory=_empty_history)
-    order_warned: bool = False
+
+    def read_run(self, model: keras.Model, params: dict[str, Any]) -> None:
+        """The run as Keras (`params`) and the model give it, at its start."""
+        self.chief = is_chief(model)
+        self.spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        self.k = accumulation_steps(model)
+        self.epochs = int(params.get("epochs") or 0)
+        self.epoch_steps = params.get("steps")
+
+    def epoch_complete(self, exhausted: bool) -> bool:
+        """Whether the running epoch is done (`exhausted`: its input ended)."""
+        steps = self.epoch_steps
+        return exhausted or (steps is not None and self.step >= steps)
+
+    def at(self, *, boundary: bool, exhausted: bool) -> tuple[int, int]:
+        """(epoch, step) a save records; `boundary`: at an epoch's end (or
+        after it), where a complete epoch is saved as the next one's start."""
+        if boundary and self.epoch_complete(exhausted):
+            return self.epoch + 1, 0
+        return self.epoch, self.step
 
 
 def format_name() -> str:

@@ -37,6 +37,7 @@ from kerascale.callbacks._backup_meta import (
     random_state,
     restore_random_state,
 )
+from kerascale.errors import warn
 
 
 class _EpochPosition:
@@ -47,9 +48,10 @@ class _EpochPosition:
     Keras creates a new iterator each epoch, except with `steps_per_epoch`,
     where one iterator runs on until the data ends (`persistent`).
 
+    It warns once where the data order after a resume may differ from an
+    uninterrupted run's.
+
     Args:
-        warn_order: Called once with the reason when the data order after a
-            resume may differ from an uninterrupted run's.
         epoch_steps: Returns the epoch's number of steps, when known.
         persistent: Whether `fit` was given `steps_per_epoch` (None: not
             known, as inside a plain `model.fit`; taken as not given, and a
@@ -58,11 +60,10 @@ class _EpochPosition:
 
     def __init__(
         self,
-        warn_order: Callable[[str], None],
         epoch_steps: Callable[[], int | None] = lambda: None,
         persistent: bool | None = None,
     ):
-        self._warn_order = warn_order
+        self._order_warned = False
         self._epoch_steps = epoch_steps
         self._persistent = persistent
         self.keras_iterator: Any = None
@@ -72,6 +73,14 @@ class _EpochPosition:
         # Python's and NumPy's random state when the iterator started.
         self._start_random: dict[str, Any] | None = None
         self.source: Any = None  # an InputSource, where kerascale.fit gave one
+
+    def _warn_order(self, reason: str) -> None:
+        if not self._order_warned:
+            self._order_warned = True
+            warn(
+                "FaultTolerantBackup resumes at the exact step, but the data "
+                f"order after a resume may differ from an uninterrupted run: {reason}."
+            )
 
     @property
     def live(self) -> Any:
@@ -170,20 +179,14 @@ class _EpochPosition:
 
 
 class InputPosition(_EpochPosition):
-    """The input's position in the running epoch (see the module doc).
-
-    Args:
-        warn_order: Called once with the reason when the data order after a
-            resume may differ from an uninterrupted run's.
-    """
+    """The input's position in the running epoch (see the module doc)."""
 
     def __init__(
         self,
-        warn_order: Callable[[str], None],
         epoch_steps: Callable[[], int | None] = lambda: None,
         persistent: bool | None = None,
     ):
-        super().__init__(warn_order, epoch_steps, persistent)
+        super().__init__(epoch_steps, persistent)
         self.next_epoch_iterator: Any = None  # created for an epoch-end save
         self._rewind: tempfile.TemporaryDirectory | None = None  # its copy
         self.dataset: Any = None
@@ -345,14 +348,6 @@ class HostInputPosition(_EpochPosition):
     iterator Keras keeps across epochs is.
     """
 
-    def __init__(
-        self,
-        warn_order: Callable[[str], None],
-        epoch_steps: Callable[[], int | None],
-        persistent: bool | None = None,
-    ):
-        super().__init__(warn_order, epoch_steps, persistent)
-
     def new_iterator(self, iterator: Any) -> bool:
         return self._started(iterator)
 
@@ -382,3 +377,16 @@ class Wrapped:
             return owner._step_fn(*args)
         owner.release()  # its fit is over: a later fit is not its business
         return self.real(*args)
+
+    @classmethod
+    def install(cls, owner: Any, model: Any) -> Wrapped:
+        """Wraps `model.train_function` (the real one, if already wrapped)."""
+        real = model.train_function
+        wrapper = cls(owner, real.real if isinstance(real, Wrapped) else real)
+        model.train_function = wrapper
+        return wrapper
+
+    def uninstall(self, model: Any) -> None:
+        """Puts the real function back, if this wrapper is still there."""
+        if model.train_function is self:
+            model.train_function = self.real

@@ -2,9 +2,9 @@
 with nothing applied twice and nothing lost.
 
 The storage (publish, verify, prune) is `checkpoint_store`; the input's position
-`_input_position`; the fingerprint and random state `_backup_meta`; SIGTERM,
-the other workers and the lease `_coordinator`. This module is the callback:
-when to save and what to restore.
+`_input_position`; when a save is due `_save_schedule`; the fingerprint and
+random state `_backup_meta`; SIGTERM, the other workers and the lease
+`_coordinator`. This module is the callback, over them.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from kerascale import _fs, _pids
+from kerascale import _fs
 from kerascale import _keras_compat as keras_compat
 from kerascale import _validation as v
-from kerascale.apply.model import accumulation_steps
 from kerascale.callbacks import _backup_meta as meta_lib
 from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import _lease as lease_lib
@@ -32,7 +31,8 @@ from kerascale.callbacks._input_position import (
     Wrapped,
 )
 from kerascale.callbacks._input_source import InputSource
-from kerascale.errors import UnsupportedError, warn
+from kerascale.callbacks._save_schedule import SaveSchedule, parse_save_freq
+from kerascale.errors import UnsupportedError
 from kerascale.sense import backend as backend_lib
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             )
         self.directory = meta_lib.validate_directory(directory)
         self.save_freq = save_freq
-        self._every_steps, self._every_seconds = meta_lib.validate_save_freq(save_freq)
+        self._every_steps, self._every_seconds = parse_save_freq(save_freq)
         self.keep = v.positive_int("keep", keep)
         self.start_over = v.boolean("start_over", start_over)
         if verbose not in (0, 1) or isinstance(verbose, bool):
@@ -142,18 +142,17 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         self.run.watch(self.release)
 
     def _begin(self) -> None:
-        self._s.chief = state_lib.is_chief(self.model)
-        self._s.spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
-        self._s.k = accumulation_steps(self.model)
-        self._s.epochs = int(self.params.get("epochs") or 0)
-        self._s.epoch_steps = self.params.get("steps")
+        self._s.read_run(self.model, self.params)
         existing = store.scan(self.directory) if _fs.exists(self.directory) else []
         # Across workers, time-based saves and preemption are agreed on.
         self._coord.start(
-            self.model, self.run, self.directory, chief=self._s.chief,
+            self.model,
+            self.run,
+            self.directory,
+            chief=self._s.chief,
             lease_timeout=self._lease_timeout,
             in_use=lambda: self._s.active and self.run.alive(),
-        )  # fmt: skip
+        )
         if self._s.chief:
             for path in store.remove_leftovers(self.directory):
                 logger.info("Removed %s, a save that was interrupted.", path)
@@ -163,9 +162,9 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             keras_compat.build_like_first_step(self.model, None)
         if not self.start_over:
             self._resume([f for f in existing if f.state != "leftover"], now=built)
-        self._wrap_train_function()
+        self._wrapper = Wrapped.install(self, self.model)
         self._coord.sigterm.install(lambda: self._s.active and self.run.alive())
-        self._s.last_save_time = self._clock()
+        self._schedule.start_clock()
 
     def on_epoch_begin(self, epoch, logs=None):
         keras_compat.clear_initial_epoch(self.model)  # read by Keras already
@@ -186,31 +185,20 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         # Keras has yet to create the next epoch's: at an epoch's last batch,
         # saves (and a preemption's exit) wait for the epoch's end.
         at_end = self._position.used_up()
-        time_due = (
-            self._every_seconds is not None
-            and self._clock() - self._s.last_save_time >= self._every_seconds
-        )
+        schedule = self._schedule
         # Every worker acts at the same step.
         preempt, time_due = self._coord.at_step(
-            self._s.epoch, batch, time_due=time_due, save_owed=self._s.save_owed
+            self._s.epoch, batch, time_due=schedule.time_due(), save_owed=schedule.owed
         )
-        self._s.save_owed = self._s.save_owed or time_due
+        schedule.owed = schedule.owed or time_due
         if preempt and not at_end:
             self._preempt_exit(boundary=False)
         self._s.preempt_due = self._s.preempt_due or preempt
-        # save_freq counts optimizer updates: k batches each under gradient
-        # accumulation, and a save waits for its window to end.
-        due = self._s.save_owed or (
-            self._every_steps is not None
-            and self._s.global_step - self._s.last_save_step
-            >= self._every_steps * self._s.k
-        )
-        if due and self._s.global_step % self._s.k:
-            return
-        if due and at_end:
-            self._s.save_due = True
-        elif due:
-            self._save(boundary=False)
+        if schedule.due(self._s.global_step, self._s.k):
+            if at_end:
+                schedule.at_epoch_end = True
+            else:
+                self._save(boundary=False)
 
     def on_test_batch_end(self, batch, logs=None):
         # Preempted during validation: alone, exit now; across workers, the
@@ -219,7 +207,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             self._preempt_exit()
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._epoch_complete():
+        if self._s.epoch_complete(self._position.exhausted):
             # Only whole epochs go into the saved History: a resumed run
             # reports the interrupted epoch itself when it completes it.
             self._s.history["epoch"].append(epoch)
@@ -231,7 +219,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
                 self._s.epoch_steps = self._s.step  # learnt from a full epoch
         if self._s.preempt_due or self._coord.preempted_alone():
             self._preempt_exit()
-        if self.save_freq == "epoch" or self._s.save_due:
+        if self._schedule.by_epoch or self._schedule.at_epoch_end:
             self._save()
 
     def on_train_end(self, logs=None):
@@ -241,8 +229,9 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             # Also when the newest checkpoint holds an epoch's last batch but
             # not its end (a step save at the last batch of an input whose
             # length is unknown), so that a rerun finds the run finished.
-            if self._s.global_step > self._s.last_save_step or (
-                not self._s.saved_at_boundary and self._epoch_complete()
+            if self._s.global_step > self._schedule.last_step or (
+                not self._schedule.at_boundary
+                and self._s.epoch_complete(self._position.exhausted)
             ):
                 self._save()
             meta_lib.prepend_history(self.model, self._s.history_before)
@@ -260,37 +249,17 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         wrapper, self._wrapper = self._wrapper, None
         model = getattr(self, "_model", None)
         if model is not None:
-            if wrapper is not None and model.train_function is wrapper:
-                model.train_function = wrapper.real
+            if wrapper is not None:
+                wrapper.uninstall(model)
             keras_compat.clear_initial_epoch(model)
         super().release()
 
-    # --- the train-function wrapper (its steps: `Resume._step_fn`) ---------
-
-    def _wrap_train_function(self) -> None:
-        real = self.model.train_function
-        if isinstance(real, Wrapped):
-            real = real.real
-        self._wrapper = Wrapped(self, real)
-        self.model.train_function = self._wrapper
-
     # --- saving --------------------------------------------------------------
-
-    def _epoch_complete(self) -> bool:
-        if self._position.exhausted:
-            return True
-        steps = self._s.epoch_steps
-        return steps is not None and self._s.step >= steps
-
-    def _position_now(self, boundary: bool) -> tuple[int, int]:
-        if boundary and self._epoch_complete():
-            return self._s.epoch + 1, 0
-        return self._s.epoch, self._s.step
 
     def _save(self, *, boundary: bool = True) -> None:
         """Publishes a checkpoint. `boundary`: at an epoch's end (or after
         it, in validation or at the end of training), not between batches."""
-        epoch, step = self._position_now(boundary)
+        epoch, step = self._s.at(boundary=boundary, exhausted=self._position.exhausted)
         data = self._position.record(boundary)
         state_lib.sync(self.model)
         objects = meta_lib.trackables(self.model, global_seed=None)
@@ -312,25 +281,21 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             objects["iterator"] = iterator
         write = state_lib.writer(objects, self._format)
         started = time.perf_counter()
+        path = store.commit(
+            self.directory,
+            self._s.next_number,
+            write,
+            meta,
+            chief=self._s.chief,
+            keep=self.keep,
+            spare=frozenset(self._s.damaged),
+            before_commit=self._coord.check_lease,
+        )
         if self._s.chief:
-            path = store.publish(
-                self.directory,
-                self._s.next_number,
-                write,
-                meta,
-                before_commit=self._coord.check_lease,
-            )
-            store.prune(self.directory, self.keep, frozenset(self._s.damaged))
             self._s.next_number += 1
-        else:  # every worker takes part in the write; only the chief keeps it
-            with _pids.own_directory("kerascale-worker-") as tmp:
-                path = store.publish(tmp, self._s.next_number, write, meta)
         self.save_seconds.append(time.perf_counter() - started)
         self.last_checkpoint = path
-        self._s.last_save_step = self._s.global_step
-        self._s.last_save_time = self._clock()
-        self._s.save_due = self._s.save_owed = False
-        self._s.saved_at_boundary = step == 0
+        self._schedule.saved(self._s.global_step, at_boundary=step == 0)
 
     # --- preemption -----------------------------------------------------------
 
@@ -347,22 +312,15 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
 
     def _reset_run_state(self) -> None:
         self._s = state_lib.RunState()
+        self._schedule = SaveSchedule(
+            self._every_steps, self._every_seconds, clock=self._clock
+        )
         self._format = state_lib.format_name()
         position = InputPosition if self._format == "tf" else HostInputPosition
         self._position = position(
-            self._warn_order_once,
-            lambda: self._s.epoch_steps,
-            persistent=self.steps_per_epoch_given,
+            lambda: self._s.epoch_steps, persistent=self.steps_per_epoch_given
         )
         self._position.source = self.input_source
         self.last_checkpoint: str | None = None
         self.save_seconds: list[float] = []  # each save of this run, in seconds
         self.restore_seconds = 0.0  # verifying and restoring, in seconds
-
-    def _warn_order_once(self, reason: str) -> None:
-        if not self._s.order_warned:
-            self._s.order_warned = True
-            warn(
-                "FaultTolerantBackup resumes at the exact step, but the data "
-                f"order after a resume may differ from an uninterrupted run: {reason}."
-            )

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kerascale import _fs
+from kerascale import _fs, _pids
 
 FORMAT = "kerascale.backup/1"
 META = "meta.json"
@@ -127,6 +127,29 @@ def publish(
     _fs.rename(temp, _join(path, META))
     _fsync_dir(path)
     _fs.remove(_join(path, INCOMPLETE))
+    return path
+
+
+def commit(
+    directory: str,
+    number: int,
+    write_state: Callable[[str], None],
+    meta: dict[str, Any],
+    *,
+    chief: bool,
+    keep: int,
+    spare: frozenset[str] = frozenset(),
+    before_commit: Callable[[], None] | None = None,
+) -> str:
+    """One worker's part in checkpoint ``number``: the chief publishes it in
+    ``directory`` and prunes to ``keep`` (sparing ``spare``, the damaged
+    ones); another worker takes part in the write (its collective ops)
+    into a directory of its own, removed after. Returns where it went."""
+    if not chief:
+        with _pids.own_directory("kerascale-worker-") as tmp:
+            return publish(tmp, number, write_state, meta)
+    path = publish(directory, number, write_state, meta, before_commit)
+    prune(directory, keep, spare)
     return path
 
 

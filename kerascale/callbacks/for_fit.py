@@ -29,7 +29,10 @@ logger = logging.getLogger("kerascale")
 
 
 def backup_for(
-    checkpoint_dir: Any, checkpoint_freq: Any, fit_kwargs: dict[str, Any], verbose: Any
+    checkpoint_dir: str | os.PathLike | None,
+    checkpoint_freq: str | int,
+    fit_kwargs: dict[str, Any],
+    verbose: int | str,
 ) -> FaultTolerantBackup | None:
     """The run's FaultTolerantBackup: the user's own in `callbacks`, or one
     made from `checkpoint_dir` (added to `callbacks`), or None."""
@@ -131,7 +134,7 @@ def for_fit(
     *,
     samples_per_step: int,
     gpus: int,
-    backup: Any,
+    backup: FaultTolerantBackup | None,
 ) -> list[keras.callbacks.Callback]:
     """The callbacks `kerascale.fit` installs for its monitoring arguments.
     Without TensorFlow, which writes TensorBoard's event files, the monitors'
