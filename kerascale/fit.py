@@ -28,6 +28,7 @@ from kerascale.apply.tensorflow import cluster
 from kerascale.callbacks import for_fit
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._input_source import InputSource
+from kerascale.callbacks.backup import FaultTolerantBackup
 from kerascale.errors import warn
 from kerascale.measure.decide import Decided, decide, validate_options
 from kerascale.measure.probe import is_oom_exception
@@ -271,9 +272,9 @@ def plan(
 
 def _install_callbacks(
     session: session_lib.Session,
-    prepared: Any,
-    monitor: tuple,
-    backup: Any,
+    prepared: session_lib.Prepared,
+    monitor: tuple[str | None, tuple[int, int] | None, float | None],
+    backup: FaultTolerantBackup | None,
     x: Any,
 ) -> None:
     """Adds the callbacks `fit`'s arguments ask for, and gives the session
@@ -315,11 +316,11 @@ class _Request:
 
     options: Options
     search: SearchOptions
-    monitor: tuple[Any, ...]  # (log_dir, profile window, time budget)
-    checkpoint_dir: Any
-    checkpoint_freq: Any
-    worker_timeout: Any
-    materialize: Any = None
+    monitor: tuple[str | None, tuple[int, int] | None, float | None]
+    checkpoint_dir: str | os.PathLike | None
+    checkpoint_freq: str | int
+    worker_timeout: float | str | None
+    materialize: str | os.PathLike | None = None
 
     @classmethod
     def from_arguments(cls, arguments: dict[str, Any]) -> _Request:
@@ -396,7 +397,11 @@ class _Deciding:
             self.options, self.pinned = pin(self.options, saved, data_batched=batched)
 
     def decide(
-        self, *, not_rebuildable: Any = "", options: Any = None, search: Any = None
+        self,
+        *,
+        not_rebuildable: str | BaseException = "",
+        options: Options | None = None,
+        search: SearchOptions | None = None,
     ) -> Decided:
         """The decision; `not_rebuildable`: why re-creating the model failed."""
         decided = decide(

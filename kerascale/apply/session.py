@@ -52,6 +52,7 @@ from kerascale.sense import data_facts
 from kerascale.sense.model_facts import borrow_problem, gist, is_builder
 
 if TYPE_CHECKING:
+    from kerascale.plan.measured import SearchAnswer
     from kerascale.plan.plan import Plan
     from kerascale.sense.data_facts import DataFacts
     from kerascale.sense.hardware import Hardware
@@ -74,7 +75,7 @@ class Decision(Protocol):
     @property
     def optimize_data(self) -> bool: ...
     @property
-    def search(self) -> Any: ...  # the batch search's result, or None
+    def search(self) -> SearchAnswer | None: ...
 
 
 class Session:
@@ -260,7 +261,7 @@ def prepare(
     copy: bool = False,
     as_dataset: bool = False,
     fit_kwargs: dict[str, Any] | None = None,
-    replan: Callable[[str], Any] | None = None,
+    replan: Callable[[BaseException], Decision] | None = None,
 ) -> Prepared:
     """Sets up what trains under `decided.plan`, inside `session`.
 

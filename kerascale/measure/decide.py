@@ -107,7 +107,7 @@ def decide(
     search: SearchOptions | None = None,
     force_search: bool = False,
     hardware: Hardware | None = None,
-    not_rebuildable: Any = "",
+    not_rebuildable: str | BaseException = "",
     clustered: bool = False,
     pinned: tuple[str, ...] = (),
 ) -> Decided:

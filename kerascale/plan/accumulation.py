@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kerascale.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from kerascale.plan.measured import SearchAnswer
     from kerascale.plan.options import Options
     from kerascale.sense.data_facts import DataFacts
 
@@ -100,7 +101,11 @@ def lr_factor(scaling: str | None, effective: int, base: int | None) -> float:
 
 
 def for_request(
-    options: Options, data: DataFacts, requested: int, replicas: int, search: Any
+    options: Options,
+    data: DataFacts,
+    requested: int,
+    replicas: int,
+    search: SearchAnswer | None,
 ) -> tuple[Split, list[str]]:
     """How each replica reaches its share of `requested`: micro x k, and
     the warnings to give. `search`: the batch search's result, or None."""
@@ -147,7 +152,7 @@ def for_request(
 
 
 def _micro_bound(
-    options: Options, data: DataFacts, replicas: int, search: Any
+    options: Options, data: DataFacts, replicas: int, search: SearchAnswer | None
 ) -> tuple[int | None, str]:
     """The most samples per replica one forward pass may take, and whence:
     `max_batch_size`, or the search's measure where it only bounds it."""
@@ -164,7 +169,11 @@ def _micro_bound(
 
 
 def _unsplit(
-    options: Options, data: DataFacts, per_replica: int, replicas: int, search: Any
+    options: Options,
+    data: DataFacts,
+    per_replica: int,
+    replicas: int,
+    search: SearchAnswer | None,
 ) -> tuple[Split, list[str]]:
     """Data that makes its own batches trains on them as they are: kerascale
     cannot cut them into micro-batches, and says so where a bound asks it."""

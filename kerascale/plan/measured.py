@@ -12,6 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Protocol
+
+
+class SearchAnswer(Protocol):
+    """What a plan reads of a batch search's answer
+    (`kerascale.measure.result.BatchSearchResult`, made after the plan's
+    stage)."""
+
+    @property
+    def per_replica_batch_size(self) -> int: ...
+
+    @property
+    def cached(self) -> bool: ...
+
+    @property
+    def reasons(self) -> Mapping[str, str]: ...
 
 
 @dataclasses.dataclass(frozen=True)

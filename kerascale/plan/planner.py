@@ -4,9 +4,8 @@ measured (`plan.measured.Measured`), over one set of facts."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-from kerascale.plan.measured import NOTHING, Measured
+from kerascale.plan.measured import NOTHING, Measured, SearchAnswer
 from kerascale.plan.options import Options
 from kerascale.plan.plan import Plan
 from kerascale.plan.rules import make_plan
@@ -26,7 +25,11 @@ class Planner:
     data: DataFacts
 
     def __call__(
-        self, options: Options, *, search: Any = None, measured: Measured = NOTHING
+        self,
+        options: Options,
+        *,
+        search: SearchAnswer | None = None,
+        measured: Measured = NOTHING,
     ) -> Plan:
         return make_plan(
             self.hardware,

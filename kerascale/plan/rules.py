@@ -14,8 +14,9 @@ from kerascale.plan import accumulation as accumulation_rules
 from kerascale.plan import batch_split, device_split, sharding
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
+from kerascale.plan.choice import StrategyChoice
 from kerascale.plan.data_changes import DataChanges
-from kerascale.plan.measured import NOTHING, Measured
+from kerascale.plan.measured import NOTHING, Measured, SearchAnswer
 from kerascale.plan.options import Options
 from kerascale.plan.plan import Plan
 from kerascale.sense import backend as backend_lib
@@ -34,7 +35,7 @@ def make_plan(
     model: ModelFacts,
     data: DataFacts,
     *,
-    search: Any = None,
+    search: SearchAnswer | None = None,
     measured: Measured = NOTHING,
 ) -> Plan:
     """Decides strategy, precision, batch and data handling. Pure.
@@ -234,7 +235,7 @@ def _split_or_one_device(
 
 def _as_it_is(
     hardware: Hardware,
-    choice: Any,
+    choice: StrategyChoice,
     policy: str,
     why_policy: str,
     model: ModelFacts,
@@ -357,7 +358,7 @@ def _lr_factor(options: Options, data: DataFacts, effective: int) -> tuple[float
 
 
 def _choose_batch(
-    options: Options, data: DataFacts, replicas: int, search: Any
+    options: Options, data: DataFacts, replicas: int, search: SearchAnswer | None
 ) -> tuple[int, str]:
     if data.kind == "other":
         if options.batch_size != "auto":
@@ -418,7 +419,7 @@ def _within_data(
 
 
 def _split(
-    hardware: Hardware, where: Any, data: DataFacts, step_batch: int
+    hardware: Hardware, where: _Placement, data: DataFacts, step_batch: int
 ) -> tuple[dict[str, Any], list[str]]:
     """How each batch is split where the devices must divide it (JAX)."""
     if not backend_lib.traits(hardware.backend).even_batches:
@@ -427,7 +428,7 @@ def _split(
     return batch_split.changes(data, step_batch, where.replicas, processes)
 
 
-def _processes(hardware: Hardware, where: Any) -> int:
+def _processes(hardware: Hardware, where: _Placement) -> int:
     """The JAX processes kerascale's own DataParallel spans (1 elsewhere)."""
     cluster = hardware.cluster
     joined = cluster is not None and cluster.source == jax_processes.JOINED

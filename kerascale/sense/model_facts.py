@@ -68,7 +68,7 @@ class ModelFacts:
     def why_not_measurable(self) -> str:
         return "" if self.measurable else self.why_not_borrowable
 
-    def without_rebuild(self, why: Any) -> ModelFacts:
+    def without_rebuild(self, why: str | BaseException) -> ModelFacts:
         """These facts, for a model whose re-creation failed (`why`: the
         reason, or the exception; one that says `placing` failed to lay the
         variables out, which costs the distribution, not the re-creation)."""

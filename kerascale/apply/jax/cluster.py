@@ -74,7 +74,7 @@ def join_at_import(environ: Mapping[str, str] | None = None) -> bool:
     return True
 
 
-def _joined(described: Any, timeouts: Any) -> bool:
+def _joined(described: jax_processes.Processes, timeouts: tf_cluster.Timeouts) -> bool:
     """Joins the processes `described` through `jax.distributed`; False
     where JAX has computed in this process already (it can join only before)."""
     import jax

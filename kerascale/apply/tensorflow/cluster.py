@@ -41,6 +41,7 @@ from kerascale.errors import ClusterConfigError, WorkerLostError, warn
 from kerascale.plan import strategy as strategy_rules
 from kerascale.sense import backend as backend_lib
 from kerascale.sense.cluster import (
+    ClusterInfo,
     check_trainable,
     detect_cluster,
 )
@@ -239,7 +240,7 @@ def _number_or_text(value: Any) -> Any:
         return value
 
 
-def _join(info: Any, env: Mapping[str, str], timeouts: Timeouts) -> _Connection:
+def _join(info: ClusterInfo, env: Mapping[str, str], timeouts: Timeouts) -> _Connection:
     """Creates the strategy that joins the cluster, with `timeouts`."""
     import tensorflow as tf
 
