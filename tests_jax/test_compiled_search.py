@@ -288,18 +288,10 @@ def _children(*calls):
     return answers
 
 
-@pytest.mark.parametrize(
-    "model, policy",
-    [
-        ("cnn", "float32"),
-        # On 2 devices the CNN alone: its confirmation is what 2 replicas change.
-        pytest.param(
-            "mlp",
-            "mixed_bfloat16",
-            marks=pytest.mark.skipif(devices() > 1, reason="checked on 1 device"),
-        ),
-    ],
-)
+# The CNN, whose convolutions XLA's count misses, in float32. The MLP in bf16
+# (55 s here) is benchmarks/jax_batch_search.py's, with both models in both
+# precisions against the user's-process truth.
+@pytest.mark.parametrize("model, policy", [("cnn", "float32")])
 def test_found_batch_fits_the_real_limit_and_is_not_far_below_it(model, policy):
     """The truth is a real training step's peak resident memory (VmHWM) in a
     fresh process against the limit: the batch found must fit it, and one
