@@ -1,25 +1,6 @@
 """keras-tuner integration: batch size as a memory-aware hyperparameter.
 
-`ScaledHyperModel` is a `keras_tuner.HyperModel` whose `fit` trains through
-`kerascale.fit` with the batch size (and, if asked, the precision and the
-learning-rate scaling rule) taken from the trial's hyperparameters:
-
-    hypermodel = kerascale.tuner.ScaledHyperModel(build_model, batch_size=(16, 1024))
-    tuner = keras_tuner.RandomSearch(hypermodel, objective="val_loss", max_trials=10)
-    tuner.search(x, y, epochs=3, validation_split=0.2)
-
-- The batch range is bounded by the largest batch that fits, measured by
-  `kerascale.find_batch_size` (probes in child processes on CPU, in this
-  process on GPU; cached per model configuration), the first time the search
-  sees the data: values that cannot fit are never proposed.
-- A model configuration that holds less (a wider layer, say) is measured too;
-  a trial whose batch exceeds its bound is not trained, and one that still
-  runs out of memory (`ResourceExhaustedError`) is caught. Either is recorded
-  as infeasible: completed, with the metric `kerascale_infeasible` = 1, the
-  reason in the trial's message, and the objective at the worst value the
-  search has seen (or the untrained model's), so the oracle steers away. It
-  neither crashes the search nor counts toward
-  `max_consecutive_failed_trials`.
+Its design: docs/design/modules.md, `kerascale.tuner`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """Gradient accumulation, applied: reaching a batch larger than what fits.
 
-Keras's optimizer does the accumulating (`gradient_accumulation_steps`: it
-averages k micro-batch gradients and applies them once); the split itself is
-`kerascale.plan.accumulation`'s rule. What Keras does not do, and this module
-does:
-
-- count learning-rate schedules per update: Keras calls a schedule with the
-  raw micro-step counter, so a schedule would decay k times too fast.
-  `PerUpdate` wraps the user's schedule (the user's object is not changed)
-  and also carries the learning-rate scaling factor;
-- switch accumulation on for an optimizer that is already built (Keras makes
-  the accumulators only in `build`), and off again (`apply`, `restore`);
-- end a training run on a whole window (`discard_partial_window`, `finish`).
-
-The BatchNorm caveat: a BatchNormalization layer sees each micro-batch on its
-own. Its batch statistics come from `micro` samples, not from the effective
-batch, and its moving averages move once per micro-step (k times per update).
-Accumulated training therefore equals large-batch training exactly only for
-models without batch-dependent layers.
+Its design: docs/design/modules.md, `kerascale.apply.accumulation`.
 """
 
 from __future__ import annotations

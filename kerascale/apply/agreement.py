@@ -1,34 +1,6 @@
 """Decisions that every worker of a cluster takes at the same step.
 
-Under `MultiWorkerMirroredStrategy` every training step all-reduces across
-the workers, and so does reading the metrics (which a save does). A decision
-that one worker takes alone, from its own clock or signal (a time-based save,
-a SIGTERM, `TimeBudget`'s stop), would make it save or stop while the others
-train: it would wait in a collective that never comes. So a worker that wants
-one *proposes* it, and every worker acts on it at the same step.
-
-Learnt from TensorFlow's `PreemptionCheckpointHandler`
-(tensorflow/python/distribute/failure_handling/failure_handling.py), which
-solves this for SIGTERM alone:
-
-- The proposer, having finished step s, writes "kind at step s+1" under the
-  next round's key in the coordination service's key-value store (a key can be
-  written once, so the first proposer of a round wins), and waits until every
-  worker has acknowledged it before it runs step s+1. No worker can have
-  finished step s+1 by then, since that step's all-reduce needs the proposer;
-  so every worker acts at the end of step s+1.
-- A watcher thread on each worker waits for the next round's key and
-  acknowledges it. The training thread reads one local variable per step:
-  until some worker raises a flag, the agreement costs nothing.
-
-kerascale does not use the handler itself: it saves through its own
-`CheckpointManager` into per-worker directories, owns the training loop
-(`run()`), keeps its SIGTERM handler for good, and knows nothing of
-`FaultTolerantBackup`'s atomic commit or input position. Unlike it, rounds
-here carry any of several kinds ("save", "stop", "preempt"); a worker whose
-wish another's proposal overtook proposes again after it; and the run's end
-is a last round every worker posts to, so that a SIGTERM after the last step
-still stops every worker with exit code 143.
+Its design: docs/design/modules.md, `kerascale.apply.agreement`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """Materialized input: the deterministic part of a `tf.data` pipeline run
 once, kept on disk as shards, and read back in parallel every epoch after.
 
-A decode that runs again every epoch (JPEG, CSV, parsing, a resize) is the
-input-bound job's usual cost, and `prefetch` or a parallel map only spreads
-it over the cores. `materialize(ds, directory)` splits the pipeline where
-tf.data shows its structure: the longest chain of steps from the source
-that are the same every epoch (no shuffle, no random op, no Python code)
-is written once; the steps after it (the random part: shuffle,
-augmentation, batch) are applied again on what is read back. Where
-kerascale cannot tell (Python code, a first step that shuffles, a step it
-cannot apply again), it asks for the split: `materialize(deterministic,
-directory, then=lambda ds: ...)`.
-
-The shards on disk, their fingerprint and their checks: `apply.shards`.
+Its design: docs/design/modules.md, `kerascale.apply.materialize`.
 """
 
 from __future__ import annotations

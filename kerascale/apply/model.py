@@ -1,19 +1,7 @@
 """The model that trains when it cannot be the user's own: a copy under a
 strategy's scope, and its weights put back into the user's model afterwards.
 
-Variables must be created under the strategy's scope, so a model built
-outside a multi-replica strategy is re-created inside it: copied as its own
-class (the same class, the same weights by shape, checked), weights and
-optimizer state copied, re-compiled with the user's own compile settings.
-Measurements (the batch search, the trials) train such a copy too, so that
-the user's weights do not move. Precision is not a reason to copy: it is set
-in place (`kerascale.apply.precision`). Re-creating draws initializer seeds
-from Python's random module, so it runs under `preserved_state`: the global
-dtype policy and the random state are left as they were found.
-
-`borrow` is the other way to measure on a model: train it as it is, and put
-every variable back afterwards (what Lightning's batch-size finder does with
-its trainer's state). It serves models that cannot be re-created.
+Its design: docs/design/modules.md, `kerascale.apply.model`.
 """
 
 from __future__ import annotations

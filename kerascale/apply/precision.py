@@ -1,40 +1,6 @@
 """The plan's precision, set in place on the model that trains.
 
-A built Keras layer reads its dtype policy at call time, so a model's
-precision can change without copying it: `layer.dtype_policy =
-"mixed_bfloat16"` on a built, compiled, trained model trains next with
-float32 variables, bf16 activations and whatever the output layers compute
-in. The model keeps its class, compiled metrics, optimizer and preprocessor
-(a keras-hub `Task` stays one), where re-creating it did not.
-
-What changes, and what does not:
-
-- every layer the forward pass runs (a graph model's graph, a custom layer's
-  sublayers; not a keras-hub task's preprocessor) whose policy is float32 and
-  that the user did not pin gets the plan's policy; a layer built with its
-  own `dtype=` keeps it (Keras gives a layer built without `dtype` the global
-  policy object itself, so the pinned ones are the others, where some share
-  it);
-- the layers that produce a graph model's outputs stay float32, with
-  everything inside them, and so do those of every graph model nested in it
-  (Keras's mixed-precision guide: a softmax in float16 is unsafe; what a
-  GAN's generator hands its discriminator stays float32);
-  every model's `call` also casts its floating outputs to float32 (on the
-  instance), which covers subclassed models, keras-hub tasks and outputs that
-  an operation rather than a layer makes;
-- under mixed_float16 the optimizer is wrapped in Keras's own
-  `LossScaleOptimizer` (what `compile` does under that global policy); its
-  inner optimizer is the user's, so its state trains on;
-- Keras's traced train/test/predict functions are dropped, so that the next
-  step traces under the new policies; those traced under kerascale's policy
-  are kept on the model (`_kerascale_traced`) for the next `fit` with the same
-  plan, which reuses them unless the model was compiled again.
-
-`apply` returns what undoes it all: `fit` restores the user's policies, call,
-optimizer and traced functions when training ends, however it ends. The
-model is then what it was before `fit`, plus the trained weights (Keras's own
-mixed precision is a global setting the user chose before building; here
-the choice was kerascale's, so it is not left behind).
+Its design: docs/design/modules.md, `kerascale.apply.precision`.
 """
 
 from __future__ import annotations

@@ -3,19 +3,7 @@ Keras's own remat (`keras.RematScope`'s "activations" mode; `tf.recompute_grad`
 on TensorFlow, `jax.checkpoint` on JAX), switched on for the model's layers
 without copying the model, and switched back off when the run ends.
 
-Each layer's activation function is recomputed in the backward pass instead
-of its intermediates kept (a Dense with `gelu` keeps the activation's input,
-not what gelu computes on the way). Only tensors pass through the recomputed
-function, so it is safe on every layer. Keras's "full" mode (a layer's whole
-call recomputed) is not used: `jax.checkpoint` traces every argument, and a
-call that branches on `training=` (BatchNormalization, Dropout; Dense takes
-the argument too) fails under it; and since each layer's output is kept as
-the next one's input, it kept no less than "activations" on the MLPs
-measured here.
-
-It pays where activations have intermediates (gelu, swish, softmax): by
-XLA's count a 4 x 512 gelu MLP's step at batch 256 needs 0.56x the memory
-beyond its state; little on conv + relu stacks.
+Its design: docs/design/modules.md, `kerascale.apply.remat`.
 """
 
 from __future__ import annotations

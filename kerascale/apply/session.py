@@ -1,27 +1,7 @@
 """One path from (model, data, plan) to what trains, and the session that owns
 every change made on the way.
 
-`Session` is built on `contextlib.ExitStack`: each step that changes the
-process or the model registers its undo as it makes the change, and every
-exit (a normal end, an exception, KeyboardInterrupt, the SystemExit of a
-preemption, a TimeBudget stop) undoes them, newest first. `kerascale.fit`,
-`kerascale.plan`, `kerascale.diagnose`, the CPU trials and the batch-size
-probes all prepare what trains here, so they cannot drift apart:
-
-- the strategy (`apply.strategy.build`);
-- the model: re-created under the strategy's scope when the plan says so
-  (several replicas), or when a measurement needs a copy; when that fails,
-  the model as it is (`replan` gives the plan without re-creation, and a
-  measurement borrows the model and puts it back afterwards); then the
-  plan's precision, set in place (`apply.precision`);
-- recomputation (Keras's remat) on the layers, where the plan has it;
-- gradient accumulation and learning-rate scaling (undone on exit);
-- the data: batched, re-batched and optimised as the plan says, validation
-  data alike; arrays get the plan's batch through `fit`'s `batch_size`;
-- on a cluster, the chief's weights and seed on every worker.
-
-The trained weights go back into the user's model on every exit too, as
-Keras's own `fit` leaves what it trained so far in the model.
+Its design: docs/design/modules.md, `kerascale.apply.session`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """A materialized shard set on disk (`kerascale.apply.materialize`): its
 fingerprint, writing, checking and reading.
 
-The format is TensorFlow's own `tf.data.Dataset.save` (the snapshot
-format), not TFRecord: it keeps the element structure (nested, ragged,
-any dtype) without a parsing spec the user writes, records the element
-count, and `Dataset.load` reads its shards through a reader function.
-Elements are dealt round-robin to one shard per core (at most 16), and
-read back by an interleave over the shards in the same rotation, in
-parallel: the order the pipeline gave, exactly.
-
-A set is written under a temporary name; its manifest (the fingerprint,
-the element count and spec, every file's size) is written last, and the
-set is renamed into place after it. A later run trusts a set only when its
-manifest matches the pipeline's fingerprint and every file its size: a set
-cut short by a kill has no manifest under the trusted name, and a stale one
-(the pipeline or the files it reads changed) has another fingerprint.
+Its design: docs/design/modules.md, `kerascale.apply.shards`.
 """
 
 from __future__ import annotations

@@ -2,17 +2,7 @@
 read the way the backend needs: the one place the backup's storage differs
 between backends.
 
-- TensorFlow (``"tf"``): `tf.train.Checkpoint` of the variables, and of the
-  `tf.data` iterator's position (its shuffle buffer and seeds).
-- Any other backend (``"arrays"``, JAX today): the same variables' values,
-  as one NumPy ``.npz`` file written from Keras's backend-neutral variables
-  and read without unpickling anything. The input's position is in
-  ``meta.json`` (batches consumed, and the random state the epoch's
-  shuffle drew from).
-
-The groups are those of `_backup_meta.trackables`: "model", "optimizer",
-"metrics" and "seeds" (Keras's global seed generator), each a list of
-variables in Keras's own order.
+Its design: docs/design/modules.md, `kerascale.callbacks._backup_state`.
 """
 
 from __future__ import annotations

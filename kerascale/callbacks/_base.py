@@ -1,22 +1,7 @@
 """What every kerascale callback shares: knowing which `fit` call it serves,
 and undoing what it changed at any moment.
 
-Keras 3's `fit` has no `try/finally`: when it raises (an error in a step or
-a callback, KeyboardInterrupt), `on_train_end` is never called. A callback
-that installs something in the process (a signal handler, a wrapper on
-`model.train_function`, a profiler, a thread) therefore cannot rely on its
-own hooks to take it out. Two mechanisms cover it:
-
-- `kerascale.fit` owns the run: its session calls each kerascale callback's
-  `release()` on every exit, so nothing is left behind there, at once.
-- In a plain `model.fit`, each change is tied to the `fit` call that made it
-  (`FitRun`, found on the call stack at `on_train_begin`). Once that call is
-  no longer running, the change is inert and takes itself out at its next
-  use: the SIGTERM handler passes the signal to the handler that was there
-  before, a stale `train_function` wrapper hands over to the real function,
-  and threads (the profiler's watch, the GPU sampler) stop within a fraction
-  of a second. The next `on_train_begin` also releases what the last run
-  left.
+Its design: docs/design/modules.md, `kerascale.callbacks._base`.
 """
 
 from __future__ import annotations

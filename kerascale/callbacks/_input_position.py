@@ -1,25 +1,6 @@
 """Where the input of the running epoch is, and how to put it back.
 
-`FaultTolerantBackup` takes part in every training step through a wrapper on
-`model.train_function` (Keras looks the function up at every step, so this
-is how a callback sees the iterator without changing Keras). `InputPosition`
-follows the iterators Keras creates, counts what each has given, and records
-the position a checkpoint needs:
-
-- mid-epoch (and between batches, even at an epoch's last one, before Keras
-  sets up the next epoch's iterator), the `tf.data` iterator's own
-  checkpoint: its position and its shuffle seeds ("iterator");
-- at an epoch's end, the next epoch's iterator, created here and saved
-  unused ("next_epoch"), because a used-up iterator's checkpoint does not
-  keep the shuffle-seed state (TF 2.21: it restores the seeds of the first
-  epochs). Creating it draws the next shuffle seed, which Keras's own next
-  iterator would have drawn: so when Keras creates that one, it is put back
-  to the saved iterator's state, seeds included (from a copy written with
-  the save), exactly as the resumed run's first iterator is. Every epoch
-  then shuffles as in a plain `fit`, saved or not;
-- where the iterator cannot be checkpointed (a `tf.distribute` iterator, a
-  Python generator), the number of batches to read again and drop
-  ("replay"), with a warning that the order may differ.
+Its design: docs/design/modules.md, `kerascale.callbacks._input_position`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """What the training input carries from one epoch to the next, which a rerun's
 freshly made input lacks, and how to bring it back.
 
-- A `tf.data` pipeline that shuffles draws a new seed each time an iterator
-  is made of it (or of any dataset made from it). On TensorFlow the
-  iterator's own checkpoint keeps those seeds (`_input_position`); where
-  Keras iterates in Python (JAX), a rerun makes as many iterators first as
-  the interrupted run had made, so that its next one shuffles alike.
-- A `keras.utils.PyDataset` whose `on_epoch_end` changes it (a reshuffled
-  index, as Keras's guide writes one): each call's random state is noted,
-  and a rerun calls it again that many times, each from its noted state.
-
-`kerascale.fit` hands the backup its input (`FaultTolerantBackup` inside a
-plain `model.fit` does not see it, and resumes these two as a fresh input).
+Its design: docs/design/modules.md, `kerascale.callbacks._input_source`.
 """
 
 from __future__ import annotations

@@ -1,31 +1,6 @@
 """One writer per checkpoint directory: a lease.
 
-Two processes writing into one checkpoint directory (an old pod draining
-while its replacement starts, the same command launched twice) would number
-their checkpoints alike and interleave their files, and each one's start-up
-cleanup would delete the other's save in progress. So a writer first takes
-the directory's lease, ``writer.lease``: a small JSON file naming the host,
-the pid, the start time and a random token.
-
-- Taking it is atomic on a local or shared POSIX file system: the file is
-  created exclusively (``O_CREAT | O_EXCL``). On object stores (``gs://``),
-  which `tf.io.gfile` cannot create exclusively, the lease is written and
-  read back after `SETTLE_SECONDS`: of two writers that start within that
-  time, the last one written wins and the other stops.
-- A live holder renews it every `timeout / 4` seconds (a daemon thread), and
-  removes it when its run ends. A second writer gets `CheckpointError` naming
-  the holder.
-- A lease is stale, and taken over with a warning, when its holder is a dead
-  process on this host, or when it was not renewed for `timeout` seconds (a
-  killed or frozen process elsewhere; `DEFAULT_TIMEOUT`, 2 minutes, judged by
-  the hosts' wall clocks, which must agree to within it). A lease naming this
-  very process is stale unless one of its runs still in use holds it: an
-  earlier `fit` in this process that raised (Keras then skips the callback's
-  `on_train_end`; a notebook reruns the cell), or an earlier process with
-  the same pid (a restarted container, whose pid and host name repeat).
-- Before each commit the writer checks the lease is still its own, so a
-  writer whose lease was taken over (it froze for longer than the timeout)
-  stops with `CheckpointError` instead of committing over the new writer.
+Its design: docs/design/modules.md, `kerascale.callbacks._lease`.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """Checkpoint storage for `FaultTolerantBackup`: publish, find, verify, prune.
 
-A checkpoint is one directory, ``ckpt-00000012/``, holding the state files
-(``state.*``: TensorFlow's checkpoint files, or on JAX ``state.npz``; see
-`_backup_state`) and ``meta.json``.
-``meta.json`` is the commit record. It is written last, to a temporary name
-and then renamed, after every other file is flushed. It lists each file with
-its size and SHA-256, and carries a checksum of its own content. So:
-
-- a kill at any byte of a save leaves a directory without ``meta.json``,
-  which is never taken for a checkpoint ("no partial latest is ever visible");
-- damage found later (a truncated, emptied or overwritten file, an edited
-  ``meta.json``) is detected before anything is restored.
-
-A ``.incomplete`` marker is created first in a directory being written, so a
-directory interrupted mid-save (removed on the next start) is told apart from
-a finished checkpoint whose ``meta.json`` was lost (reported, never deleted).
-
-Every file operation goes through `kerascale._fs`: `os` for a local path,
-`tf.io.gfile` for a remote one, so the directory may be on GCS (``gs://``, as
-`AIP_CHECKPOINT_DIR` is on Vertex AI): there the rename of one object is its
-atomic publication. Nothing is unpickled or executed on load: ``meta.json``
-is parsed as JSON and checked against a schema, and the state is read by
-TensorFlow's checkpoint reader or by NumPy with pickles refused.
+Its design: docs/design/modules.md, `kerascale.callbacks.checkpoint_store`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """`Prefetch`: the host out of the accelerator's way on JAX.
 
-Keras's JAX `fit` reads each batch when the step asks for it: the gather of
-a shuffled batch from your arrays (or your `PyDataset`'s `__getitem__`, or
-your generator) and its copy to the devices happen between one step and the
-next, in the training thread, while the accelerator waits. `Prefetch` runs
-that same reading on a thread of its own, `depth` batches ahead
-(`kerascale.apply.jax.reader`), so the host's work overlaps the steps.
-
-It reads Keras's own iterator, in Keras's order, and hands the step exactly
-what Keras would have: the same batches, in the same order, shuffle kept
-(tested against plain `fit` for arrays, a `PyDataset` and a generator). An
-error your data raises reaches you from the step that needed the batch, as
-in plain `fit`. When `fit` ends, however it ends, the thread is stopped and
-joined.
-
-On TensorFlow, `tf.data`'s own prefetch does this (`kerascale.fit`'s
-`optimize_data`), and this callback is refused.
+Its design: docs/design/modules.md, `kerascale.callbacks.prefetch`.
 """
 
 from __future__ import annotations

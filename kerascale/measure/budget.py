@@ -1,24 +1,6 @@
 """What kerascale's own measurements may cost: what they are expected to save.
 
-Each measurement on a CPU (the batch search's ladder, the trials of the batch,
-the pipeline and the precision, recomputation weighed) runs only where its
-expected saving repays its cost: the share of the run it is expected to save
-before it runs (`GAINS`, per backend, from the measurements below) times the
-run's expected length, against the seconds it would take. Where it cannot
-repay it is skipped with the reason, and the rule's choice is kept. The
-trials' stages run in the order of their expected value (saving less cost).
-
-Before anything is measured, the run's length comes from a first estimate of
-a training step (`train_seconds_per_sample`): on TensorFlow an eager forward
-pass of the user's own model on a synthetic batch, on JAX a compiled one
-(`measure.jax.estimate`). On 2 cores (TF 2.21), the eager estimate against
-`model.fit`'s trained samples at batch 32: the quickstart CNN 0.30 ms against
-0.08-0.12 ms, the reference CNN of benchmarks/end_to_end.py 0.50 against
-0.31 ms, its BatchNorm-heavy one 2.1 against 1.5-1.9 ms. A training step (a
-forward and a backward pass) is taken as 2 eager forward passes: an
-overestimate on small models, where eager dispatch dominates, so that the
-error makes a run look longer (the measurement runs), not shorter. The
-estimate itself took 20-130 ms.
+Its design: docs/design/modules.md, `kerascale.measure.budget`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """Probes in child processes: a crash there never harms the caller.
 
-`IsolatedProber` saves the model once into a private temp dir, and runs each
-probe (or an increasing sweep of them) in a child process (forked from a
-`fork_server` on CPU, else `python -m kerascale.measure.child`) that loads the
-model from that `.keras` file under a real memory limit: on CPU, its resident
-memory (what a container limit and the kernel's out-of-memory killer count),
-watched every millisecond and checked against Linux's exact peak after each
-probe, with `RLIMIT_DATA` only as a generous safety net; on GPU
-(`isolate=True`), its own allocator, under a logical-device limit where
-`memory_limit` is given. TensorFlow gets all GPU memory back when the child
-exits (it cannot otherwise: tensorflow#36465). `custom_objects` says whether a
-model's own classes and functions can be imported there.
+Its design: docs/design/modules.md, `kerascale.measure.child`.
 """
 
 from __future__ import annotations

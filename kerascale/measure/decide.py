@@ -1,16 +1,7 @@
 """Facts, measurements and the plan: shared by `fit`, `plan`, `diagnose` and
 `find_batch_size`.
 
-The facts are the hardware, the model and the data; the plan is
-`rules.make_plan` of them. When the batch is "auto" and the data does not
-bring its own batch, the batch-size search runs between a first plan (which
-fixes the strategy and precision the probes must use) and the final one; on a
-CPU, trials then time the choices a rule can get wrong. On a cluster every
-worker takes the same plan (`agree`).
-
-A model that cannot be copied for a trial or a probe is planned as `fit`
-would train it when re-creating it fails: as it is, the choices that need a
-re-created model dropped with the reason.
+Its design: docs/design/modules.md, `kerascale.measure.decide`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """What identifies a model builder for the caches: its code, not its name.
 
-Two lambdas share a qualified name (`<lambda>`), a `functools.partial` has
-none, and a builder edited between two runs keeps its own: keying a cached
-measurement by name would hand one builder another's answer. The
-fingerprint covers what decides what a builder builds:
-
-- a function's bytecode and constants (nested functions and lambdas
-  included), its defaults, and the values its closure cells hold;
-- the module-level names it reads that hold plain values (`UNITS = 64`) or
-  other functions of the user's (fingerprinted the same way);
-- a `functools.partial`'s function and arguments; a bound method's function
-  and object; a callable object's class (its `__call__`) and attributes.
-
-Values are fingerprinted by content where that is cheap and stable (numbers,
-strings, containers, arrays up to 16 MiB, Keras objects by their config) and
-by type otherwise, never by memory address.
+Its design: docs/design/modules.md, `kerascale.measure.fingerprint`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Recomputation weighed against gradient accumulation, where memory binds.
 
-When the batch wanted does not fit in one forward pass (a requested
-`batch_size` above the memory bound, or an "auto" batch that memory stopped
-rather than the cap), there are three ways to train it: gradient
-accumulation alone (the micro-batch that fits, several passes per update);
-recomputation (Keras's remat: a larger micro-batch fits, at the cost of
-recomputing activations in the backward pass); or both. `weighed` searches
-the bound again with recomputation on, and where it lets a larger
-micro-batch train, runs both candidates for real at their micro-batches
-(the probes the search already runs: a TensorFlow probe, or the JAX step
-timed from a copy of its state) and keeps recomputation only where it is
-at least `GAIN` faster per sample. The plan's reason gives both figures.
-
-On a CPU's ladder (an "auto" batch whose rungs the trials time) nothing is
-weighed: the trials pick the fastest rung below the bound.
+Its design: docs/design/modules.md, `kerascale.measure.recompute`.
 """
 
 from __future__ import annotations

@@ -3,16 +3,7 @@ of memory, or the fastest within it. Pure: it asks a probe function whether
 a batch fits and decides what to try next, so tests drive it with a
 deterministic out-of-memory threshold.
 
-1. Probe a few small batches and fit a memory model (fixed + per sample).
-2. Predict the largest batch under the memory limit and probe it.
-3. Close in on the boundary between the largest batch that fitted and the
-   smallest that did not, guided by the model refitted on every measurement
-   (and by plain bisection when the model misleads), down to a granularity:
-   8 on accelerators, 1 on CPU for small caps.
-4. Keep a small safety margin below the boundary, and say so.
-
-`kerascale.measure.find` wires it to real probes, the plan's precision and
-strategy, the cache and progress lines.
+Its design: docs/design/modules.md, `kerascale.measure.search`.
 """
 
 from __future__ import annotations

@@ -1,38 +1,6 @@
 """Measuring, before committing, the decisions a rule can get wrong on a CPU.
 
-On a CPU with native bf16, `mixed_bfloat16` usually steps faster, and a
-prefetched pipeline with parallel maps usually feeds the model faster. Not
-always: on 2 cores a parallel map competes with the model for the same cores,
-and a BatchNorm-heavy model gains little from bf16. So where the user left
-the choice to kerascale and the host is a CPU, the candidates train copies of
-the model on the real data, and the measurements decide. Coordinate-wise:
-the batch (the batch search's ladder), the input pipeline, the precision, in
-the order of their expected value. On GPUs and TPUs the rules are kept.
-
-Trials must pay for themselves and survive a noisy machine:
-
-- **Only what repays.** Each stage runs only where the share of the run it
-  is expected to save repays its cost (`kerascale.measure.budget`, which also
-  weighs the batch search's ladder): the run's samples at a first speed (the
-  search's probes, else a shorter run's, else an eager forward pass of the
-  model), against each candidate's preparation (copy, tracing, warm-up) and
-  timed rounds. A stage that cannot repay is skipped and its rule kept, and
-  the plan says so.
-- **Interleaved rounds.** A stage's candidates are prepared once, then timed
-  in ROUNDS rounds, A B A B A B, each a window of at least WINDOW_SECONDS and
-  MIN_WINDOW_STEPS steps after the warm-up of a new iterator: a busy moment
-  hits every candidate, and each has repeats to show its spread (the range
-  of its repeats over their mean).
-- **Evidence before change.** An alternative replaces the plain choice
-  (float32 and the pipeline as given, what `model.fit` does; the batch the
-  probes found fastest) only when it wins every round, by more than MIN_GAIN
-  and half the range of the per-round gains; a tie keeps the plain choice.
-- **Confidence in the cache.** A decision taken within noise (spread above
-  MIN_GAIN and a difference inside it) is cached as uncertain and measured
-  again on a later run, up to MAX_ATTEMPTS runs.
-
-Keras's warm-up (tracing, and tf.data's autotuning of a new pipeline) stays
-out of the figures: a candidate's first fit is not timed.
+Its design: docs/design/modules.md, `kerascale.measure.trials`.
 """
 
 from __future__ import annotations

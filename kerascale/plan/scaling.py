@@ -1,24 +1,7 @@
 """The step time at N workers for data parallelism, predicted from one
 worker's measured step and the bytes its gradients all-reduce. Pure.
 
-Each step of N data-parallel workers is one worker's step (each computes
-its own share of the batch) followed by an all-reduce of the gradients. A
-ring all-reduce of G bytes over N participants sends 2(N-1)/N x G bytes
-through each link and takes 2(N-1) hops, so it takes
-
-    allreduce(N) = 2 (N-1)/N x G / bandwidth + 2 (N-1) x latency
-
-(no overlap with the step assumed: the estimate is an upper bound where XLA
-overlaps them). With gradient accumulation over k micro-batches the
-all-reduce runs once per update: k steps and one all-reduce.
-
-The interconnect is a documented default per device kind (`INTERCONNECTS`,
-overridable with `bandwidth=` and `latency=`): the figures are the
-typical links' nominal rates, not measurements of your network.
-
-Where the workers share one machine's cores (CPU devices forced in one
-process, or processes on one host), they do not each add compute: the
-step then takes N x the one-worker step (`shared_compute`).
+Its design: docs/design/modules.md, `kerascale.plan.scaling`.
 """
 
 from __future__ import annotations

@@ -3,20 +3,7 @@ device (JAX's SPMD: `keras.distribution.ModelParallel`). Pure: the compiles
 that decide whether to shard, and over which mesh, are
 `measure.jax.sharding`'s; carrying it out is `apply.jax.distribution`'s.
 
-- The mesh is (batch, model): the devices split into a batch axis (data
-  parallelism, as `DataParallel`) and a model axis that each large variable
-  is split along. Of the meshes that fit, the one whose real step trains
-  the most samples per second is chosen (`choose`); within `TIE`, or
-  untimed, the smaller model axis, whose variables span fewer devices and
-  so exchange less per step.
-- The layout is derived from the model's own variables: every variable of at
-  least `THRESHOLD_BYTES` is split along its largest axis that the model
-  axis divides; the rest stays replicated. Keras gives each optimizer slot
-  its variable's layout (`add_variable_from_reference`), so the optimizer's
-  state is split as its variables are: ZeRO's parameter and optimizer
-  sharding, and the gradients follow from XLA's SPMD partitioner.
-- Not split: activations (each device holds its batch shard's whole layer
-  outputs), and GPipe's pipeline stages, which JAX's SPMD does not do.
+Its design: docs/design/modules.md, `kerascale.plan.sharding`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """Which Keras backend runs the model: the one seam every backend choice reads.
 
-As in Keras, the backend is the user's choice (`KERAS_BACKEND`, or
-`~/.keras/keras.json`); kerascale plans for it and never switches it. It
-supports TensorFlow (`tf.distribute`) and JAX (`keras.distribution`); on any
-other backend (torch, numpy, openvino) `kerascale.fit` trains as `model.fit`
-would, with one warning (`kerascale.fit`'s door).
-
-What differs between the backends reaches the stages in two forms only:
-- facts about a backend (`Traits`, from `traits`), which the stages read
-  instead of comparing the backend's name;
-- one module per backend and floor, picked in one place per floor:
-  `sense.hardware.detect_hardware` (devices), `plan.strategy` (which
-  distribution), `measure.engines` (batch search and timing),
-  `apply.strategy` (carrying the distribution out) and
-  `callbacks.profile.ProfileWindow` (the profiler).
-
-Tests replace `name` to stand in for a backend that is not installed.
+Its design: docs/design/modules.md, `kerascale.sense.backend`.
 """
 
 from __future__ import annotations

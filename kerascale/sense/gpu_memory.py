@@ -1,25 +1,6 @@
 """GPU memory as TensorFlow's allocator sees it, read when a search starts.
 
-What the batch search rests on (TensorFlow 2.21, read in
-tensorflow/core/common_runtime/gpu/gpu_device.cc and the GPU guide):
-
-- When a process first uses a GPU, TensorFlow sizes that GPU's allocator
-  (BFC) once, for the life of the process: the memory free then (after the
-  process's own CUDA context exists) less a reserve for CUDA, cuDNN and cuBLAS,
-  `MinSystemMemory`: 225 MiB below 2 GiB free, else 500 MiB up to compute
-  capability 6, 1050 MiB for 7, 1536 MiB for 8 and 1800 MiB above.
-  `TF_DEVICE_MIN_SYS_MEMORY_IN_MB` replaces the reserve; a logical device's
-  `memory_limit` replaces the whole size.
-- Without memory growth, the allocator's first allocation takes all of it
-  ("Limiting GPU memory growth" in the GPU guide); with it, the pool grows as
-  needed. Either way it is never given back while the process lives.
-- `tf.config.experimental.get_memory_info` reports the bytes in use and their
-  peak, not the allocator's size; NVML reports the device's total and free
-  memory and, where the driver lets it, each process's share.
-
-So a second process on the same GPU gets only what the first left free, and
-the memory that training will have is this process's allocator: the search
-probes there (see `kerascale.measure.batch`).
+Its design: docs/design/modules.md, `kerascale.sense.gpu_memory`.
 """
 
 from __future__ import annotations

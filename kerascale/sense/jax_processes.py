@@ -2,18 +2,7 @@
 to join them (the coordinator's address, the process count, this process's
 index), read from the same sources as the TensorFlow path.
 
-In order:
-- JAX's own `JAX_COORDINATOR_ADDRESS` (which `jax.distributed` reads), with
-  `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` (read here; where they are unset,
-  JAX detects them under SLURM or Open MPI);
-- Keras's `KERAS_DISTRIBUTION_JOB_ADDRESSES` (the coordinator first),
-  `KERAS_DISTRIBUTION_NUM_PROCESSES` and `KERAS_DISTRIBUTION_PROCESS_ID`
-  (`keras.distribution.initialize`'s);
-- `TF_CONFIG` or Vertex AI's `CLUSTER_SPEC`: the training tasks (chief, then
-  workers) in order, the first one's address the coordinator's;
-- SLURM under `srun` with two or more tasks: JAX's own detection.
-
-Pure: reads a mapping, starts nothing.
+Its design: docs/design/modules.md, `kerascale.sense.jax_processes`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """Joining JAX's processes (`jax.distributed`) with no extra line, and
 starting them alike.
 
-`import kerascale` joins the processes the environment describes
-(`sense.jax_processes`: JAX's and Keras's own variables, `TF_CONFIG`, Vertex
-AI's `CLUSTER_SPEC`, SLURM), as the TensorFlow path joins its cluster:
-`jax.distributed.initialize` must run before JAX computes anything, which is
-why it happens at import. `KERASCALE_AUTO_CONNECT=0` turns it off; a job that
-called `jax.distributed.initialize` itself is left as it is. On a CPU the
-processes reduce through gloo (JAX's CPU collectives).
-
-Before a run, every process takes process 0's weights and optimizer state
-(`start_alike`): Keras lays a variable out over every process's devices from
-the value each process holds, which must be the same everywhere (JAX asserts
-it), and a model built without a shared seed differs from process to
-process. Process 0's values win, whatever the seed.
+Its design: docs/design/modules.md, `kerascale.apply.jax.cluster`.
 """
 
 from __future__ import annotations

@@ -2,17 +2,7 @@
 the run that follows them, so that a step compiled to read its memory is not
 compiled again when training starts at the same batch.
 
-A compile is found again when its program is the same: the batch search
-lowers Keras's own `train_step`, jitted as Keras's JAX trainer jits it, so
-the first training step at the batch the search chose reads the search's
-compile from the cache instead of paying it again (20 s and more on a GPU).
-
-The cache lives in a directory of this process's own, removed when the
-process exits, unless you set `jax_compilation_cache_dir` yourself (yours is
-then used). A process that is killed cannot remove its own: its directory
-names its process id and holds its owner's lock, and the next process that
-makes one removes those whose process is gone. JAX's settings are put back
-when each block ends.
+Its design: docs/design/modules.md, `kerascale.apply.jax.compile_cache`.
 """
 
 from __future__ import annotations

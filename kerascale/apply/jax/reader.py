@@ -1,16 +1,6 @@
 """Reading Keras's JAX input on a thread, ahead of the step.
 
-Keras's JAX `fit` calls its train function as `train_function(state,
-iterator)`, and the function takes each batch with `next(iterator)`: the
-gather of a shuffled batch, a `PyDataset`'s `__getitem__` or a generator's
-next value, and the copy to the devices, all in the training thread between
-one step and the next. `ReadAhead` stands for that function and hands it a
-`Reader` of the same iterator instead: a thread that takes Keras's batches,
-in Keras's order, up to `depth` ahead. The step gets the same batches in the
-same order; the host's work overlaps the step's.
-
-The readers also count the time the input took (`read_seconds`, on the
-reading thread), which `kerascale.diagnose` reports as the input alone.
+Its design: docs/design/modules.md, `kerascale.apply.jax.reader`.
 """
 
 from __future__ import annotations

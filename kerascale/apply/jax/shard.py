@@ -1,23 +1,6 @@
 """Each batch split evenly over the devices, and each process given its share.
 
-JAX lays a batch out along the mesh's batch axis, whose size must divide it:
-under `DataParallel` over 2 devices, Keras's JAX `fit` fails on a last batch
-of 5 samples (`IndivisibleError`) where plain `fit` on one device trains it.
-So kerascale keeps, of each batch, the largest part the devices divide (the
-last batch of an epoch loses at most `replicas - 1` samples; the plan and one
-warning say so).
-
-With several processes (`jax.distributed`), Keras builds each global batch
-from every process's local batch (`jax.make_array_from_process_local_data`),
-in process order. kerascale gives process p the p-th block of every global
-batch of the user's data, so that together the processes train on the same
-global batches, in the same order, that one process would (with
-`shuffle=False`; with shuffling each process shuffles its own share each
-epoch, and every sample is still seen once per epoch).
-
-Arrays are cut up front (a view on one process; each process's rows, a
-copy, on several); a `PyDataset`, a generator or a grain dataset is wrapped
-so that each batch is cut as it is read.
+Its design: docs/design/modules.md, `kerascale.apply.jax.shard`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """Training on several machines with TensorFlow's own engine.
 
-`connect` joins the cluster that the environment describes (TF_CONFIG, Vertex
-AI's CLUSTER_SPEC, or SLURM through TensorFlow's resolvers). It creates the
-`MultiWorkerMirroredStrategy` with bounded timeouts and applies the Keras 3
-fix in `kerascale._keras_compat`. TensorFlow sets collective
-communication up only before it runs anything, so call `connect` first in the
-script, before building the model or the data. `kerascale.fit` calls it
-itself when TensorFlow has not started yet.
-
-When the workers have planned, `exchange` shares each worker's plan through
-the coordination service's key-value store so that they agree: the smallest
-batch any of them can hold, and the chief's precision.
-
-Timeouts (all derived from `worker_timeout`, 60 s by default):
-- heartbeat: a worker that sends no heartbeat for `worker_timeout` seconds
-  (killed, crashed, machine lost, network cut, process frozen) is declared
-  dead; the others then stop with `WorkerLostError`. A worker whose process
-  ends is noticed sooner, when its connections close.
-- start: every worker must have joined within max(15 min, 15 x worker_timeout).
-- exchange: one collective operation may wait max(30 min, 30 x
-  worker_timeout), which also ends the wait for a worker that is alive but
-  stuck outside TensorFlow.
+Its design: docs/design/modules.md, `kerascale.apply.tensorflow.cluster`.
 """
 
 from __future__ import annotations

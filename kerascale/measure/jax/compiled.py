@@ -1,28 +1,7 @@
 """The largest batch whose compiled train step fits a device, on JAX: from
 XLA's own memory analysis, in few compiles, with no step run.
 
-On JAX an out-of-memory is found before anything runs: XLA's compiler
-assigns every buffer of a step and reports them (`Compiled.memory_analysis`).
-The step is Keras's own `train_step`, jitted as Keras's JAX trainer jits it
-(state donated, the state's shardings kept under a distribution), on the
-model as it will train (its precision set in place, its variables laid out),
-lowered on abstract values: nothing is allocated or trained.
-
-What one step needs on a device, beyond the model's state already held
-there, is `arguments + outputs - aliases + temporaries - state`; it fits
-when that is at most what is free: `bytes_limit - bytes_in_use` of the
-device (GPU, TPU), or on a CPU the limit (`memory_limit`, else 80% of the
-memory available) less the process's resident memory.
-
-Memory is not linear in the batch (on a GPU, XLA rematerializes a large
-program toward the device's limit; on a CPU small batches fuse differently),
-so the search does not extrapolate a line from small batches: it steps on
-the compiled figures themselves (secant steps, then regula falsi between the
-largest batch that fits and the smallest that does not), at most
-`MAX_COMPILES` compiles. Compiles are the cost on a GPU (20 s and
-more each); JAX's persistent compilation cache, on for the search and the
-run that follows (`kerascale.apply.jax.compile_cache`), lets training reuse
-the compile of the batch it trains at instead of paying it twice.
+Its design: docs/design/modules.md, `kerascale.measure.jax.compiled`.
 """
 
 from __future__ import annotations

@@ -2,15 +2,7 @@
 compiled forward pass timed, times XLA's count of a training step's
 operations over the forward's (the gradient is lowered, not compiled).
 
-An eager forward pass, the TensorFlow figure, misreads JAX: each op is
-dispatched and compiled on its own. On 2 cores (JAX 0.10.2, batch 32, a
-quiet machine), against `fit`'s trained samples: the reference CNN of
-`benchmarks/jax_end_to_end.py` read 0.24 ms against 1.08 (4.4x short) in
-0.80 s; compiled, 0.57-0.92 ms against 1.12 (1.2-2x short) in 0.16-0.20 s.
-An MLP (3072-1024-1024-10): eager 0.43 ms against 0.33 in 0.28 s; compiled
-0.14 against 0.29 in 0.11 s, short by what the count leaves out (the
-optimizer's update, Keras's work between steps). Compiling the gradient to
-time it would cost 0.65-0.8 s for the CNN: what this module saves.
+Its design: docs/design/modules.md, `kerascale.measure.jax.estimate`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
 """Whether one replica fits a device, and if not, the mesh to shard over, by
 the compiler's count (JAX).
 
-Before training, the plan asks XLA what one replica needs on a device at
-the smallest useful batch (one sample per replica): the state held there
-(parameters, optimizer slots, metrics) and one step's buffers, from the
-compiled step's memory analysis (`compiled.StepMemory`). Where that exceeds
-the device's memory less the margin (what a GPU or TPU reports, or
-`device_memory`, which stands in for it on CPU devices and lets a user plan
-for a device they do not have), the plan shards: over each (batch, model)
-mesh of the devices (`plan.sharding`), it compiles the step at the planned
-batch with the model's large variables split (`ModelParallel`). Each mesh
-whose per-device figure fits is then timed, a few real steps on zeros from
-a copy of the state (where that copy fits the memory free now), and the
-fastest in samples per second trains (`sharding.choose`). The plan says the
-mesh, the bytes per device before and after, each mesh's step time, and why.
-
-Timing needs a real step on these devices: with several processes each
-would time its own and could choose another mesh, so there the smallest
-model axis that fits is kept, as where no step could be timed.
+Its design: docs/design/modules.md, `kerascale.measure.jax.sharding`.
 """
 
 from __future__ import annotations

@@ -3,20 +3,7 @@ confirmation on a CPU (`confirm.real_need`): what the compiler does not see
 (a convolution's scratch memory outside XLA's buffers, the host's copies)
 shows in the process's peak resident memory.
 
-    python -m kerascale.measure.jax.step_child MODEL SPEC POLICY BATCH \
-        [REPLICAS [RECOMPUTE]]
-
-(MODEL: a .keras file; SPEC: the JSON of `encode_spec`.)
-
-With REPLICAS > 1 (its parent makes that many CPU devices visible with
-XLA_FLAGS), the model is loaded under `keras.distribution.DataParallel` over
-them, as `fit` trains it, and BATCH is each replica's share. Loads the
-model, sets POLICY in place (as `fit` does) and RECOMPUTE's remat mode on
-its layers where given, steps once at one sample per
-replica (the compiler and the state in memory), then trains two steps of
-Keras's own `fit` at BATCH per replica on zero arrays shaped as SPEC says,
-and prints JSON: {"need": peak resident memory during that fit, less the
-resident memory before it}.
+Its design: docs/design/modules.md, `kerascale.measure.jax.step_child`.
 """
 
 from __future__ import annotations

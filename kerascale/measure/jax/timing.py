@@ -1,17 +1,7 @@
-"""What `kerascale.diagnose` times on JAX, on the model it trains:
+"""What `kerascale.diagnose` times on JAX, on the model it trains: the step
+alone, training as plain `fit` runs it, and with the host loader.
 
-- the step alone: Keras's `fit` on one batch made once and given again and
-  again (its copy to the devices included, as every step has one);
-- training as plain `model.fit` runs it (each batch read between steps, in
-  the training thread; Keras dispatches the steps ahead, so the reading
-  overlaps the step unless a callback makes Keras wait for each step);
-- training with the host loader (`apply.jax.reader`: the batches read on a
-  thread ahead of the step), as `kerascale.fit` runs it, which also times
-  the input alone: the seconds its thread spent taking each batch from
-  Keras's iterator (gather, `__getitem__` or generator, and the copy).
-
-Rates are batches per second after `WARMUP_STEPS` steps, from the times at
-which Keras's `on_train_batch_end` saw each step end.
+Its design: docs/design/modules.md, `kerascale.measure.jax.timing`.
 """
 
 from __future__ import annotations
