@@ -75,6 +75,13 @@ class KerascaleWarning(UserWarning):
     """
 
 
+def first_line(e: BaseException) -> str:
+    """An error's message on one line for a sentence of ours: its first line
+    (a traceback-sized message goes on), or its type's name where it has none."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 # Frames of these packages are never the line a warning is about.
 _INTERNAL = ("kerascale", "keras", "tensorflow", "keras_tuner", "contextlib")
 

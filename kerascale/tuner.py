@@ -21,7 +21,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
     ) from e
 
 from kerascale import _validation
-from kerascale.errors import BatchSizeSearchError, ConfigurationError, warn
+from kerascale.errors import BatchSizeSearchError, ConfigurationError, first_line, warn
 
 logger = logging.getLogger("kerascale")
 
@@ -206,7 +206,7 @@ class ScaledHyperModel(keras_tuner.HyperModel):
                 y,
                 kwargs,
                 f"batch {batch} ran out of memory: {type(e).__name__}: "
-                f"{_first_line(e)}",
+                f"{first_line(e)[:200]}",
             )
 
     # --- the bound -------------------------------------------------------------
@@ -427,8 +427,3 @@ def _untrained_value(objective: Any, model: Any, x: Any, y: Any, kwargs) -> floa
     except Exception as e:  # the fallback below is still a valid score
         warn(f"kerascale.tuner: evaluating the untrained model failed: {e}")
     return 0.0 if objective.direction == "max" else 1e6
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else ""

@@ -125,11 +125,6 @@ def nondeterminism(dataset: Any) -> str | None:
     return "; ".join(reasons) or None
 
 
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def check_fingerprint(saved: dict[str, Any], now: dict[str, Any], path: str) -> None:
     """Raises `CheckpointError` naming what changed between the configuration
     a checkpoint was written under (`saved`) and this run's (`now`)."""

@@ -20,7 +20,7 @@ from kerascale._tf import tf
 from kerascale.callbacks import _backup_meta as meta_lib
 from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import checkpoint_store as store
-from kerascale.errors import CheckpointError, warn
+from kerascale.errors import CheckpointError, first_line, warn
 
 logger = logging.getLogger("kerascale")
 
@@ -74,7 +74,7 @@ class Resume:
                 try:
                     self._restore_state(found, meta)
                 except restore_errors() as e:
-                    unusable(found, meta_lib.first_line(e), "restored")
+                    unusable(found, first_line(e), "restored")
                     started = time.perf_counter()
                     continue
             self._resume_from(found, meta)
@@ -178,7 +178,7 @@ class Resume:
             except restore_errors() as e:
                 raise CheckpointError(
                     f"Checkpoint {found.path} passed its checks but cannot be "
-                    f"restored: {meta_lib.first_line(e)}. Move it aside to resume "
+                    f"restored: {first_line(e)}. Move it aside to resume "
                     "from the previous one, or pass start_over=True."
                 ) from e
         if first and self._s.pending_data is not None:

@@ -13,12 +13,11 @@ from typing import Any
 from kerascale import _tf_compat as tfc
 from kerascale._tf import tf
 from kerascale.callbacks._backup_meta import (
-    first_line,
     nondeterminism,
     random_state,
     restore_random_state,
 )
-from kerascale.errors import warn
+from kerascale.errors import first_line, warn
 
 
 class _EpochPosition:

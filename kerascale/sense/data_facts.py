@@ -27,7 +27,7 @@ from kerascale import _tf
 from kerascale import _tf_compat as tfc
 from kerascale._tf import tf
 from kerascale._units import format_bytes
-from kerascale.errors import DataError
+from kerascale.errors import DataError, first_line
 from kerascale.sense import arrays, first_batch
 from kerascale.sense import backend as backend_lib
 from kerascale.sense.memory import available_bytes
@@ -489,7 +489,7 @@ def _stateful_reason(ds: tf.data.Dataset) -> str | None:
     try:
         tfc.stateful_ops(ds)
     except tf.errors.OpError as e:
-        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        text = first_line(e)
         # e.g. "EagerPyFunc is stateful."
         text = text.split("graph: ", 1)[-1].split(" [Op:")[0]
         return f"it has stateful operations (random ops or Python code: {text[:120]})"
