@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import dense_model, gpu_box, toy_data
+from oom_seam import OutOfMemoryAbove
 from test_batch_search import spec_for
 from test_hardware import fake_nvml
 
@@ -26,32 +27,6 @@ from kerascale.sense import gpu_memory, hardware
 GiB = 1 << 30
 MiB = 1 << 20
 TOTAL = 16 * GiB
-
-
-class OutOfMemoryAbove(keras.layers.Layer):
-    """Above `threshold` samples in a batch, asks TensorFlow's allocator for
-    a tensor no machine holds, 2**62 floats (2**64 bytes): a real
-    ResourceExhaustedError at once, as a GPU's allocator raises when the
-    batch is too large. (A request of PBs made it wait 10 s for memory to
-    come free before refusing: 10 s a refused probe.)"""
-
-    def __init__(self, threshold, **kwargs):
-        super().__init__(**kwargs)
-        self.threshold = threshold
-
-    def call(self, x):
-        n = tf.shape(x)[0]
-
-        def impossible():
-            rows = tf.constant(2**62, tf.int64) + 0 * tf.cast(n, tf.int64)
-            shape = tf.stack([rows, tf.constant(1, tf.int64)])
-            return tf.reduce_max(tf.random.uniform(shape))
-
-        big = tf.cond(n > self.threshold, impossible, lambda: tf.constant(0.0))
-        return x + tf.cast(1e-30 * big, x.dtype)
-
-    def get_config(self):
-        return {**super().get_config(), "threshold": self.threshold}
 
 
 def model_that_runs_out_above(threshold):

@@ -6,7 +6,7 @@ import keras
 import keras_tuner
 import numpy as np
 import pytest
-import tensorflow as tf
+from oom_seam import OutOfMemoryAbove
 from probe_helpers import small_convnet
 
 import kerascale
@@ -27,27 +27,6 @@ def build(hp):
     )
     model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=["accuracy"])
     return model
-
-
-@keras.saving.register_keras_serializable(package="kerascale_tests")
-class OutOfMemoryAbove(keras.layers.Layer):
-    """The deterministic OOM seam: a batch larger than `limit` asks
-    TensorFlow's CPU allocator for 2**62 floats (2**64 bytes), which it
-    refuses at once with a real ResourceExhaustedError, the error a GPU out
-    of memory raises. (A request of TBs or PBs made it wait 10 s for memory
-    to come free before refusing: 10 s an OOM trial.)"""
-
-    def __init__(self, limit=64, **kwargs):
-        super().__init__(**kwargs)
-        self.limit = limit
-
-    def call(self, x):
-        rows = tf.where(tf.shape(x)[0] > self.limit, tf.constant(2**62, tf.int64), 1)
-        huge = tf.random.uniform(tf.stack([rows, tf.constant(1, tf.int64)]))
-        return x + 0.0 * tf.reduce_min(huge)
-
-    def get_config(self):
-        return {**super().get_config(), "limit": self.limit}
 
 
 def build_with_seam(hp):
