@@ -6,13 +6,16 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kerascale import _validation as v
 from kerascale.apply import agreement as agreement_lib
 from kerascale.apply.model import accumulation_steps, core_optimizer
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.errors import warn
+
+if TYPE_CHECKING:
+    from kerascale.callbacks.backup import FaultTolerantBackup
 
 logger = logging.getLogger("kerascale")
 
@@ -63,7 +66,7 @@ class TimeBudget(KerascaleCallback):
         if clock is not None and not callable(clock):
             raise v.fail("clock", clock, "a function returning seconds, or None")
         self._clock = clock or time.monotonic
-        self.backup: Any = None  # a FaultTolerantBackup, to reserve its save time
+        self.backup: FaultTolerantBackup | None = None  # to reserve its save time
         self.stopped_early = False
         self.projected_seconds: float | None = None
 

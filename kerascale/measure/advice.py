@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
+    from kerascale.measure.trials import TrialResult
     from kerascale.plan.plan import Plan
 
 
@@ -27,7 +28,7 @@ class Recommendation:
         return f"{self.action} ({gain}): {self.why}"
 
 
-def _measured_precision_gain(trials: Any, plan: Plan) -> float | None:
+def _measured_precision_gain(trials: TrialResult | None, plan: Plan) -> float | None:
     """mixed_bfloat16 over float32 at the planned batch, where trials timed
     both on this machine; None when they did not."""
     if trials is None:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale.measure.result import BatchSearchResult
 from kerascale.plan.measured import NOTHING, Measured
@@ -14,6 +14,9 @@ from kerascale.plan.planner import Planner
 from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
 from kerascale.sense.model_facts import ModelFacts
+
+if TYPE_CHECKING:
+    from kerascale.measure.trials import TrialResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +50,7 @@ class Decided:
     options: Options
     search: BatchSearchResult | None = None
     optimize_data: bool = True
-    trials: Any = None
+    trials: TrialResult | None = None
     recomputed: Any = None
     search_skipped: str = ""
     measured: Measured = NOTHING

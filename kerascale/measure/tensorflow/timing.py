@@ -12,12 +12,15 @@ counterpart is `kerascale.measure.jax.timing`, with the same `rates`.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
 from kerascale.measure.result import Rates
 from kerascale.sense.data_facts import indexable_grain
+
+if TYPE_CHECKING:
+    from kerascale.apply.session import Prepared
 
 WARMUP_STEPS = 3
 # Prepared as a tf.data pipeline (arrays become one), which this module reads.
@@ -31,7 +34,7 @@ READABLE_HINT = (
 )
 
 
-def rates(prepared: Any, steps: int) -> Rates:
+def rates(prepared: Prepared, steps: int) -> Rates:
     """The rates of `prepared` (`apply.session.Prepared`: its model a copy,
     its data a `tf.data.Dataset`); no loader on TensorFlow (its `loaded` is
     NaN: tf.data's own prefetch is the pipeline's)."""
