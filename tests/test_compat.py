@@ -437,8 +437,12 @@ with serialization.tensorflow_left_unimported():
 facts = model_facts.recreation_problem(model), model_facts.architecture(model)
 x, y = np.zeros((64, 4), "float32"), np.zeros(64, "int32")
 kerascale.fit(model, x, y, epochs=1, batch_size=16, verbose=0)
+# What a measurement's copy does (the trials' models, a search's clone).
+from kerascale.apply import model as model_lib
+copy = model_lib.recreate(model, "float32", None)
 print(json.dumps({"inside": inside, "after": module_utils.tensorflow._available,
-                  "recreates": facts[0] == "", "architecture": bool(facts[1]),
+                  "recreates": facts[0] == "" and copy is not model,
+                  "architecture": bool(facts[1]),
                   "tensorflow": "tensorflow" in sys.modules}))
 """
 
@@ -446,7 +450,9 @@ print(json.dumps({"inside": inside, "after": module_utils.tensorflow._available,
 def test_a_jax_fit_reads_configs_without_importing_tensorflow():
     """keras_compat section 8 (keras-team/keras#18455): on JAX with TensorFlow
     installed, Keras's serialization would import TensorFlow (2.5 s of a
-    first fit) to ask whether a value is one of its objects. Fails when
+    first fit, 5 s of a first search with its trials) to ask whether a value
+    is one of its objects. A fit and a measurement's copy of the model leave
+    it unimported. Fails when
     Keras renames the lazy module or its flag: TensorFlow is imported
     again."""
     env = dict(os.environ, KERAS_BACKEND="jax", XLA_FLAGS="")

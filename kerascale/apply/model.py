@@ -14,6 +14,7 @@ from typing import Any
 import keras
 
 from kerascale import _keras_compat as keras_compat
+from kerascale._keras_compat.serialization import tensorflow_left_unimported
 from kerascale._state import preserved_state, quiet_variable_reads, value_of
 from kerascale.apply import precision
 from kerascale.errors import ModelError, warn
@@ -115,14 +116,17 @@ def recreate(
             with global_policy(policy):
                 return _float32_outputs(_built(model), policy)
         try:
-            new = _copy(model)
-            if model.built and model.weights:
-                if not new.built:
-                    new.build_from_config(model.get_build_config())
-                _check_same(model, new)
-                new.set_weights(model.get_weights())
-            compile_like(model, new)
-            copy_optimizer_state(model, new)
+            # Configs are read and made without importing TensorFlow where it
+            # is not imported (keras_compat section 8).
+            with tensorflow_left_unimported():
+                new = _copy(model)
+                if model.built and model.weights:
+                    if not new.built:
+                        new.build_from_config(model.get_build_config())
+                    _check_same(model, new)
+                    new.set_weights(model.get_weights())
+                compile_like(model, new)
+                copy_optimizer_state(model, new)
         except Exception as e:
             raise CannotRecreate(
                 f"re-creating it failed: {type(e).__name__}: {gist(e)}"

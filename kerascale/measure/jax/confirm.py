@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kerascale._keras_compat.serialization import tensorflow_left_unimported
 from kerascale._units import format_bytes
 from kerascale.measure.jax import step_child
 from kerascale.sense.model_facts import gist
@@ -55,7 +56,8 @@ def real_need(
         path = os.path.join(directory, "model.keras")
         spec = os.path.join(directory, "spec.json")
         try:
-            model.save(path)
+            with tensorflow_left_unimported():
+                model.save(path)
         except Exception as e:
             return None, f"the model cannot be saved for a child ({gist(e)})"
         with open(spec, "w", encoding="utf-8") as f:

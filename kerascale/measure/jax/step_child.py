@@ -28,6 +28,7 @@ def main(
     import keras
     import numpy as np
 
+    from kerascale._keras_compat.serialization import tensorflow_left_unimported
     from kerascale.apply import precision, remat
     from kerascale.sense import memory
 
@@ -43,7 +44,8 @@ def main(
         keras.distribution.set_distribution(
             keras.distribution.DataParallel(devices=devices[:n])
         )
-    model = keras.models.load_model(path)
+    with tensorflow_left_unimported():
+        model = keras.models.load_model(path)
     precision.apply(model, policy)
     if recompute:
         remat.apply(model, recompute)
