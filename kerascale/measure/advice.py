@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
+    from kerascale.measure.recompute import Weighing
     from kerascale.measure.trials import TrialResult
     from kerascale.plan.plan import Plan
 
@@ -196,7 +197,9 @@ def compute_advice(decided: Decided, headroom: float | None) -> list[Recommendat
     return recs
 
 
-def memory_advice(plan: Plan, recomputed: Any = None) -> list[Recommendation]:
+def memory_advice(
+    plan: Plan, recomputed: Weighing | None = None
+) -> list[Recommendation]:
     """What to do on a memory-bound run; `recomputed`: the plan's weighing
     of recomputation (`measure.recompute.Weighing`), where it ran."""
     recs = [_recompute_advice(plan, recomputed)]
@@ -226,7 +229,7 @@ def memory_advice(plan: Plan, recomputed: Any = None) -> list[Recommendation]:
     return recs
 
 
-def _recompute_advice(plan: Plan, weighing: Any) -> Recommendation:
+def _recompute_advice(plan: Plan, weighing: Weighing) -> Recommendation:
     """Recomputation, with the batch it buys where the plan weighed it."""
     if weighing is None:
         return Recommendation(

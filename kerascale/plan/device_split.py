@@ -5,7 +5,7 @@ and a second device must have a share worth splitting for. Pure.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 from kerascale.plan.options import Options
 from kerascale.sense import backend as backend_lib
@@ -20,7 +20,17 @@ from kerascale.sense.hardware import Hardware
 MIN_SHARE = 8
 
 
-def chosen_split(hardware: Hardware, options: Options, where: Any) -> bool:
+class Where(Protocol):
+    """What a split reads of where the model trains (`rules`' placement)."""
+
+    @property
+    def strategy(self) -> str: ...
+
+    @property
+    def replicas(self) -> int: ...
+
+
+def chosen_split(hardware: Hardware, options: Options, where: Where) -> bool:
     """Whether `where` is data-parallel over one process's JAX devices that
     kerascale chose on its own (across processes each would train alone)."""
     return (
@@ -33,7 +43,7 @@ def chosen_split(hardware: Hardware, options: Options, where: Any) -> bool:
 
 
 def small_share(
-    hardware: Hardware, options: Options, data: DataFacts, where: Any
+    hardware: Hardware, options: Options, data: DataFacts, where: Where
 ) -> str:
     """Why data-parallel that kerascale chose on its own would not pay, or
     "": arrays whose samples leave each device fewer than MIN_SHARE a step,
@@ -54,7 +64,7 @@ def uneven(
     hardware: Hardware,
     options: Options,
     data: DataFacts,
-    where: Any,
+    where: Where,
     default_batch: int,
 ) -> str:
     """Why data-parallel training that kerascale chose on its own over JAX's
