@@ -31,10 +31,12 @@ MODE:
 import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 
 faulthandler.enable()  # a crash in TensorFlow's C++ prints the Python stack
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test asks where it hangs
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 mode, index, ports, out = sys.argv[1:5]

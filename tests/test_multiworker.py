@@ -234,7 +234,15 @@ def lose_a_worker(out, sig, worker_timeout, wait=120):
         said[0].wait_for("epoch 1 ", timeout=180)
         os.kill(workers[1].pid, sig)
         killed = time.monotonic()
-        workers[0].wait(timeout=wait)
+        try:
+            workers[0].wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            os.kill(workers[0].pid, signal.SIGUSR1)  # its threads' stacks
+            time.sleep(2)
+            raise AssertionError(
+                f"worker 0 still runs {wait}s after worker 1 got {sig!r}; its "
+                f"stderr ends:\n{said[0].stderr[-6000:]}"
+            ) from None
         took = time.monotonic() - killed
         err = said[0].stderr
     finally:
