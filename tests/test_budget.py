@@ -187,7 +187,7 @@ def test_a_bound_the_user_gave_is_always_searched_under(monkeypatch):
         dense_model(), x, y, epochs=1, verbose=0, precision="float32",
         max_batch_size=16,
     )  # fmt: skip
-    assert plan.reasons["global_batch_size"].startswith("searched (")
+    assert plan.reasons["global_batch_size"].code == "batch.searched"
     assert plan.global_batch_size <= 16
 
 
@@ -197,7 +197,7 @@ def test_a_cached_search_is_used_whatever_the_run(monkeypatch, no_budget):
     monkeypatch.setattr(budget, "REPAY", 1.0)
     no_children(monkeypatch)
     plan = kerascale.plan(dense_model(), x, y, verbose=0, precision="float32")
-    assert "cached search" in plan.reasons["global_batch_size"]
+    assert plan.reasons["global_batch_size"].details["how"] == "cached search"
 
 
 def shuffled(n=512):
@@ -228,7 +228,7 @@ def test_trials_leave_the_datasets_shuffle_order_alone(no_budget):
     history = kerascale.fit(
         model, shuffled(), batch_size=32, precision="float32", epochs=2, verbose=0
     )
-    assert "measured on your data" in history.plan.reasons["data_changes"]
+    assert history.plan.reasons["data_changes"].code == "data.timed"
     for a, b in zip(plain.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
 

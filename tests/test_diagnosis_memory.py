@@ -74,4 +74,4 @@ def test_memory_bound_workload_with_a_real_memory_limit():
     assert d.plan.accumulation_steps > 1 or d.memory_headroom < 0.10
     assert any("accumulation" in r.action for r in d.recommendations)
     assert d.to_dict()["bound"] == "memory"
-    assert d.plan.reasons["recompute"] == "recompute=False you passed"
+    assert d.plan.reasons["recompute"].code == "recompute.off"

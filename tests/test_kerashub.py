@@ -128,6 +128,6 @@ def test_an_image_classifier_gets_the_batch_search_and_checkpoints(tmp_path, no_
         model, x, y, epochs=2, checkpoint_dir=str(tmp_path / "ckpt"),
         max_batch_size=32,
     )  # fmt: skip
-    assert history.plan.reasons["global_batch_size"].startswith("searched (")
+    assert history.plan.reasons["global_batch_size"].code == "batch.searched"
     assert history.plan.global_batch_size <= 32
     assert (tmp_path / "ckpt").exists() and any((tmp_path / "ckpt").iterdir())

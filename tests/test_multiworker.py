@@ -591,9 +591,10 @@ def test_workers_agree_on_the_smallest_batch_and_the_chiefs_choices(monkeypatch)
         "smallest of the 2 workers' (48, 64 per replica)"
         in p.reasons["global_batch_size"]
     )
-    assert "the chief's" in p.reasons["precision"]
+    assert p.reasons["precision"].code == "precision.chief"
     assert p.recompute == "activations"
-    assert "the chief's (activations)" in p.reasons["recompute"]
+    assert p.reasons["recompute"].code == "recompute.chief"
+    assert p.reasons["recompute"].details["mode"] == "activations"
 
 
 def test_workers_that_agree_keep_their_plan(monkeypatch):
@@ -674,4 +675,5 @@ def test_plan_agrees_with_the_other_workers_as_fit_does(monkeypatch):
     p = kerascale.plan(dense_model(), x, y, batch_size=32, precision="float32")
     assert joined == ["auto"]
     assert p.precision == "mixed_bfloat16"
-    assert "the chief's (mixed_bfloat16)" in p.reasons["precision"]
+    why = p.reasons["precision"]
+    assert why.code == "precision.chief" and why.details["policy"] == "mixed_bfloat16"

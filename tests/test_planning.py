@@ -65,7 +65,7 @@ def test_mixed_gpus_warn_that_the_slowest_sets_the_pace():
 def test_explicit_strategy_overrides(requested, strategy, replicas):
     p = plan_for(gpu_box(4), strategy=requested)
     assert (p.strategy, p.replicas) == (strategy, replicas)
-    assert p.reasons["strategy"] == "you asked for it"
+    assert p.reasons["strategy"].code == "strategy.asked"
 
 
 def test_strategy_instance_overrides():
@@ -108,7 +108,8 @@ def test_cpu_devices_of_one_process_are_split_only_when_asked(hw, strategy, repl
     p = plan_for(hw, batch_size=64)
     assert (p.strategy, p.replicas) == (strategy, replicas), p.reasons["strategy"]
     if hw.backend == "jax" and not (hw.gpus or hw.cpu.devices_stand_in):
-        assert "share 8 cores: one trains as fast" in p.reasons["strategy"]
+        why = p.reasons["strategy"]
+        assert why.code == "strategy.shared_cpu_devices" and why.details["cores"] == 8
         # (JAX's name: this process's door takes TensorFlow's)
         options = dataclasses.replace(
             Options.validate(batch_size=64), strategy="data_parallel"
@@ -168,7 +169,7 @@ def test_rebuild_only_when_a_strategy_needs_its_scope():
     assert not plan_for(CPU_ONLY).rebuild  # float32 on the default strategy
     bf16 = plan_for(Hardware(cpu=CPU_BF16))
     assert not bf16.rebuild and bf16.precision == "mixed_bfloat16"  # in place
-    assert "set in place" in bf16.reasons["rebuild"]
+    assert bf16.reasons["rebuild"].code == "rebuild.policy_in_place"
     assert not plan_for(gpu_box(1, cc=(6, 0))).rebuild  # one GPU: default strategy
     assert plan_for(gpu_box(2)).rebuild  # mirrored: variables in its scope
     assert plan_for(gpu_box(1), strategy="one_device").rebuild  # you asked
@@ -194,7 +195,9 @@ def test_clusters_plan_multi_worker_training():
     assert (p.strategy, p.replicas, p.devices) == ("multi_worker", 2, ("/cpu:0",))
     # The global batch is split: 32 per worker.
     assert (p.micro_batch_size, p.global_batch_size) == (32, 64)
-    assert "TF_CONFIG: 2 workers x 1 device, this is worker 1" in p.reasons["strategy"]
+    why = p.reasons["strategy"]
+    assert why.code == "strategy.multi_worker"
+    assert (why.details["source"], why.details["where"]) == ("TF_CONFIG", "worker 1")
     gpus = dataclasses.replace(gpu_box(4), cluster=ClusterInfo("SLURM", 3, "worker", 0))
     p = plan_for(gpus, batch_size=1200)
     assert (p.strategy, p.replicas, p.micro_batch_size) == ("multi_worker", 12, 100)

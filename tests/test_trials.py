@@ -332,8 +332,9 @@ def test_fit_on_a_bf16_cpu_measures_and_says_so(monkeypatch, capsys, no_budget):
     model = dense_model()
     history = kerascale.fit(model, mapped(), batch_size=32, epochs=1, verbose=0)
     plan = history.plan
+    assert plan.reasons["precision"].code == "precision.timed"
     assert plan.reasons["precision"].startswith("measured on your data (trials, 3 ")
-    assert "measured on your data" in plan.reasons["data_changes"]
+    assert plan.reasons["data_changes"].code == "data.timed"
     assert plan.precision in ("float32", "mixed_bfloat16")
     assert capsys.readouterr().out == ""  # verbose=0: the trials print nothing
     # A second plan reads the cache.
@@ -403,7 +404,7 @@ def test_a_run_too_short_to_repay_bf16_stays_float32(monkeypatch):
     x, y = toy_data(64)
     short = kerascale.plan(dense_model(), x, y, epochs=1, verbose=0)
     assert short.precision == "float32"
-    assert "too short to repay bf16's start" in short.reasons["precision"]
+    assert short.reasons["precision"].code == "precision.bf16_too_short"
     assert first_trace.bf16_extra_seconds.cache_info().currsize == 1
     # The reference models left no trace in Keras's automatic names.
     assert keras.Sequential().name == "sequential"
@@ -439,4 +440,5 @@ def test_a_run_of_unknown_length_stays_float32_and_says_so(monkeypatch):
     ).batch(8)
     plan = kerascale.plan(dense_model(), ds, epochs=1, verbose=0)
     assert plan.precision == "float32"
+    assert plan.reasons["precision"].code == "precision.bf16_too_short"
     assert "the run's length is unknown" in plan.reasons["precision"]

@@ -154,7 +154,7 @@ def test_kerascale_fit_reads_ahead_where_a_callback_waits_on_each_step():
         dense_model(), x, y, batch_size=16, epochs=1, verbose=0, callbacks=[spy]
     )
     assert history.plan.data_changes.read_ahead
-    assert "same order" in history.plan.reasons["data_changes"]
+    assert history.plan.reasons["data_changes"].code == "data.read_ahead"
     assert "Prefetch" in repr(spy.function)
     assert no_reader_threads()
     # Keras dispatches steps ahead, and reads meanwhile: nothing to add.

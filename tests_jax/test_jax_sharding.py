@@ -83,6 +83,7 @@ def test_a_replica_over_device_memory_is_sharded_and_trains_as_unsharded():
     figures = plan.sharding["bytes"]
     limit = 80 << 20
     assert figures["replicated"] > limit >= figures["sharded"], figures
+    assert plan.reasons["sharding"].code == "sharding.chosen"
     assert "split over a model axis" in plan.reasons["sharding"]
     # of the meshes that fit, the one whose real step trains fastest
     seconds = plan.sharding["seconds_per_step"]
@@ -115,7 +116,7 @@ def test_a_replica_that_fits_stays_data_parallel_and_says_so():
     x, y = data()
     plan = kerascale.plan(small_model(), x, y, device_memory=SMALL_DEVICE, verbose=0)
     assert plan.strategy == "data_parallel" and not plan.sharding
-    assert "not sharded" in plan.reasons["sharding"]
+    assert plan.reasons["sharding"].code == "sharding.fits"
 
 
 def test_device_memory_is_checked_at_the_door():

@@ -141,6 +141,7 @@ def test_a_step_too_small_to_share_stays_on_one_device_without_a_warning():
         )
     assert not [w for w in caught if issubclass(w.category, kerascale.KerascaleWarning)]
     assert history.plan.replicas == 1
+    assert history.plan.reasons["strategy"].code == "strategy.kept_one_device"
     assert "fewer than 8" in history.plan.reasons["strategy"]
     logs = model.evaluate(x, y, return_dict=True, verbose=0)
     assert history.history["val_loss"][-1] == logs["loss"]

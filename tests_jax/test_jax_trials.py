@@ -90,7 +90,7 @@ def test_fit_after_its_trials_trains_as_plain_fit(bf16_cpu, monkeypatch):
     keras.utils.set_random_seed(7)  # the shuffle's
     history = kerascale.fit(ours, x, y, batch_size=64, epochs=2, verbose=0)
     assert history.plan.precision == "float32"
-    assert "measured on your data" in history.plan.reasons["precision"]
+    assert history.plan.reasons["precision"].code == "precision.timed"
     if history.plan.replicas > 1:
         keras.distribution.set_distribution(keras.distribution.DataParallel())
     theirs = model()
@@ -126,7 +126,9 @@ def test_trials_time_the_ladder_of_batches_under_the_compiled_bound(bf16_cpu):
         assert pairs, [(t.batch, t.samples_per_s) for t in timed]
         a, b = pairs[-1]
         assert all(f > s for s, f in zip(a.repeats, b.repeats, strict=True)), (a, b)
-    assert "measured on your data" in decided.plan.reasons["global_batch_size"]
+    why = decided.plan.reasons["global_batch_size"]
+    assert why.code == "batch.searched"
+    assert why.details["answer"].startswith("measured on your data")
 
 
 def test_a_short_run_keeps_keras_default_batch_and_says_why(bf16_cpu, monkeypatch):
@@ -134,4 +136,6 @@ def test_a_short_run_keeps_keras_default_batch_and_says_why(bf16_cpu, monkeypatc
     x, y = toy_data(n=2048, inputs=16)
     plan = kerascale.plan(model(), x, y, epochs=1, verbose=0)
     assert plan.global_batch_size == 32 * plan.replicas
-    assert "skipped" in plan.reasons["global_batch_size"]
+    why = plan.reasons["global_batch_size"]
+    assert why.code == "batch.keras_default"
+    assert why.details["note"].startswith("batch search skipped: ")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from kerascale.apply.tensorflow import cluster
 from kerascale.errors import ConfigurationError
 from kerascale.plan.measured import Measured
+from kerascale.plan.reasons import Reason
 
 if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
@@ -63,12 +64,10 @@ def agree(decided: Decided) -> Decided:
     found = Measured()
     if "precision" in changes:
         found = found.decided(
-            precision=f"the chief's ({chief['precision']}), so that all workers "
-            "compute alike"
+            precision=Reason("precision.chief", policy=chief["precision"])
         )
     if "recompute" in changes:
         found = found.decided(
-            recompute=f"the chief's ({chief.get('recompute') or 'none'}), so that "
-            "all workers compute alike"
+            recompute=Reason("recompute.chief", mode=chief.get("recompute") or "none")
         )
     return decided.replanned(found, options=settled, search=result)

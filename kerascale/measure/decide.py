@@ -35,6 +35,7 @@ from kerascale.plan.measured import Measured
 from kerascale.plan.options import Options, pinned_reasons, user_instance
 from kerascale.plan.plan import Plan
 from kerascale.plan.planner import Planner
+from kerascale.plan.reasons import Reason
 from kerascale.plan.rules import searched_batch
 from kerascale.sense import data_facts, memory, samples
 from kerascale.sense import hardware as hardware_lib
@@ -201,9 +202,11 @@ def _measured(
             decided = _measured(
                 model, x, y, plain, planner, search, force_search, budget
             )
-            why = (
-                f"{facts.policy}: {plan.precision} failed in the batch search's "
-                f"probe ({e}); pass precision='{facts.policy}' to skip the attempt"
+            why = Reason(
+                "precision.failed_in_probe",
+                policy=facts.policy,
+                tried=plan.precision,
+                error=str(e),
             )
             return decided.replanned(Measured().decided(precision=why).warned(why))
         result, ladder = None, False
@@ -269,8 +272,8 @@ def _recomputed(
     if budget is not None and (
         why := budget.refuse_search(decided.plan, rungs, 3, "recompute")
     ):
-        why = f"not weighed: {why}; pass recompute=True to use it anyway"
-        return decided.replanned(Measured().decided(recompute=why))
+        refused = Reason("recompute.not_weighed", why=why)
+        return decided.replanned(Measured().decided(recompute=refused))
     if asked is None:
         search = search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
     else:
@@ -285,11 +288,7 @@ def _recomputed(
     try:
         weighing = recompute_lib.weighed(decided, searcher, search, asked)
     except Exception as e:  # a model remat cannot trace: trains as planned
-        why = (
-            f"recomputation was not weighed: its search failed ({type(e).__name__}: "
-            f"{gist(e)}); pass recompute=True to use it anyway, or False to skip "
-            "the attempt"
-        )
+        why = Reason("recompute.weigh_failed", error=f"{type(e).__name__}: {gist(e)}")
         return decided.replanned(Measured().decided(recompute=why).warned(why))
     plan = weighing.plan
     return decided.replanned(
@@ -374,11 +373,16 @@ def _tried(
         else options.optimize_data,
     )
     found = Measured()
-    for field, tried in (("precision", try_precision), ("data_changes", try_pipeline)):
+    for field, tried, timed in (
+        ("precision", try_precision, "precision.timed"),
+        ("data_changes", try_pipeline, "data.timed"),
+    ):
         if measured.measured(field):
-            found = found.decided(**{field: measured.why(field)})
+            found = found.decided(**{field: Reason(timed, why=measured.why(field))})
         elif field == "precision" and short:
-            found = found.decided(precision=short)
+            found = found.decided(
+                precision=Reason("precision.bf16_too_short", why=short)
+            )
         elif tried and measured.skip_reason(field):
             found = found.noted(field, f"trials skipped: {measured.skip_reason(field)}")
     return decided.replanned(

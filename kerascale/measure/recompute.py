@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kerascale.measure.result import BatchSearchResult
+from kerascale.plan.reasons import Reason
 
 if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
@@ -75,7 +76,7 @@ class Weighing:
     bound: int
     bound_without: int
     candidates: tuple[Candidate, ...]
-    why: str
+    why: Reason
     search: BatchSearchResult | None = None
 
     @property
@@ -117,8 +118,8 @@ def weighed(
     )
 
     def kept(why: str, *candidates: Candidate) -> Weighing:
-        why = f"not used: {figures}{why}"
-        return Weighing(plan, bound, before, candidates, why, found)
+        not_used = Reason("recompute.not_used", figures=figures, why=why)
+        return Weighing(plan, bound, before, candidates, not_used, found)
 
     if remat_plan.micro_batch_size <= plan.micro_batch_size:
         return kept(", no larger micro-batch")
@@ -134,7 +135,7 @@ def weighed(
         return kept(f"; not both timed ({measured})", remat, alone)
     if remat.samples_per_s < alone.samples_per_s * (1 + GAIN):
         return kept(f", but it was not {GAIN:.0%} faster ({measured})", remat, alone)
-    why = f"{MODE}: {figures}, and it trains faster ({measured})"
+    why = Reason("recompute.used", mode=MODE, figures=figures, measured=measured)
     return Weighing(remat_plan, bound, before, (remat, alone), why, found)
 
 

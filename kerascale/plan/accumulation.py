@@ -12,6 +12,7 @@ import math
 from typing import TYPE_CHECKING
 
 from kerascale.errors import ConfigurationError
+from kerascale.plan.reasons import Reason
 
 if TYPE_CHECKING:
     from kerascale.plan.measured import SearchAnswer
@@ -38,7 +39,7 @@ class Split:
     micro: int
     steps: int
     exact: bool
-    why: str
+    why: Reason
 
 
 def split(per_replica: int, max_micro: int | None) -> Split:
@@ -52,35 +53,33 @@ def split(per_replica: int, max_micro: int | None) -> Split:
     must tell the user that the effective batch is micro x k, not the request.
     """
     if not max_micro or per_replica <= max_micro:
-        why = (
-            "the batch fits in one forward pass"
-            if max_micro
-            else "no memory bound known: one forward pass per update"
-        )
+        why = Reason("accumulation.fits" if max_micro else "accumulation.no_bound")
         return Split(per_replica, 1, True, why)
     k_min = math.ceil(per_replica / max_micro)
     k = k_min
     while per_replica / k >= MIN_FILL * max_micro:
         if per_replica % k == 0:
             micro = per_replica // k
-            return Split(
-                micro,
-                k,
-                True,
-                f"{per_replica} per replica does not fit (at most {max_micro}): "
-                f"{k} micro-batches of {micro}, gradients averaged",
+            why = Reason(
+                "accumulation.split",
+                per_replica=per_replica,
+                bound=max_micro,
+                k=k,
+                micro=micro,
             )
+            return Split(micro, k, True, why)
         k += 1
     micro = per_replica // k_min
     least = math.ceil(MIN_FILL * max_micro)
-    return Split(
-        micro,
-        k_min,
-        False,
-        f"{per_replica} per replica does not fit (at most {max_micro}) and has "
-        f"no split into equal micro-batches of at least {least}: "
-        f"{k_min} x {micro} = {micro * k_min} per replica instead",
+    why = Reason(
+        "accumulation.inexact",
+        per_replica=per_replica,
+        bound=max_micro,
+        least=least,
+        k=k_min,
+        micro=micro,
     )
+    return Split(micro, k_min, False, why)
 
 
 def nearest_exact(per_replica: int, max_micro: int, replicas: int) -> tuple[int, int]:
@@ -128,12 +127,11 @@ def for_request(
                 f"micro-batches. Received: accumulation_steps={k}. Use a divisor of "
                 f"{per_replica}, or a batch_size divisible by {k * replicas}."
             )
-        why = f"accumulation_steps={k} you passed" if k > 1 else "accumulation_steps=1"
-        return Split(per_replica // k, k, True, why), []
+        return Split(per_replica // k, k, True, Reason("accumulation.passed", k=k)), []
     bound, source = _micro_bound(options, data, replicas, search)
     sp = split(per_replica, bound)
     if sp.steps > 1:
-        sp = dataclasses.replace(sp, why=f"{sp.why} ({source} bound)")
+        sp = dataclasses.replace(sp, why=sp.why.noted(f"{source} bound"))
     warnings = []
     if not sp.exact:
         below, above = nearest_exact(per_replica, bound, replicas)
@@ -177,7 +175,7 @@ def _unsplit(
 ) -> tuple[Split, list[str]]:
     """Data that makes its own batches trains on them as they are: kerascale
     cannot cut them into micro-batches, and says so where a bound asks it."""
-    sp = Split(per_replica, 1, True, "not split")
+    sp = Split(per_replica, 1, True, Reason("accumulation.not_split"))
     bound, source = _micro_bound(options, data, replicas, search)
     if not bound or not per_replica or per_replica <= bound:
         return sp, []

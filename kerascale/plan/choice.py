@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from kerascale.plan.reasons import Reason
+
 
 @dataclasses.dataclass(frozen=True)
 class StrategyChoice:
@@ -25,7 +27,7 @@ class StrategyChoice:
     name: str
     devices: tuple[str, ...]
     replicas: int
-    reason: str
+    reason: Reason
     warnings: tuple[str, ...] = ()
     instance: Any = None
     scoped: bool = True

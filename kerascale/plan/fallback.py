@@ -12,6 +12,7 @@ from typing import Any
 from kerascale.plan.measured import Measured
 from kerascale.plan.options import Options
 from kerascale.plan.plan import Plan
+from kerascale.plan.reasons import Reason
 from kerascale.sense.model_facts import gist
 
 
@@ -71,11 +72,11 @@ def after_first_step(
         "recompute": False,
     }
     changed = [k for k in _FIELDS if getattr(plainer, k) != getattr(options, k)]
-    why = (
-        f"{what} failed at the first training step ({failure}): training without "
-        "them. Pass "
-        + " and ".join(f"{k}={skip[k]!r}" for k in changed)
-        + " to skip the attempt."
+    why = Reason(
+        "first_step_failed",
+        what=what,
+        failure=failure,
+        skip={k: skip[k] for k in changed},
     )
     measured = Measured().decided(**{_FIELDS[k]: why for k in changed}).warned(why)
     return Fallback(plainer, measured)

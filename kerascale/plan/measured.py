@@ -14,6 +14,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Protocol
 
+from kerascale.plan import reasons as reasons_lib
+from kerascale.plan.reasons import Reason
+
 
 class SearchAnswer(Protocol):
     """What a plan reads of a batch search's answer
@@ -44,12 +47,12 @@ class Measured:
             not): the data changes say so first.
     """
 
-    reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    reasons: Mapping[str, Reason] = dataclasses.field(default_factory=dict)
     notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     materialized: str = ""
 
-    def decided(self, **reasons: str) -> Measured:
+    def decided(self, **reasons: Reason) -> Measured:
         """With each field's reason set (its skip note dropped)."""
         notes = {k: v for k, v in self.notes.items() if k not in reasons}
         return dataclasses.replace(
@@ -85,12 +88,10 @@ class Measured:
         """The rules' `reasons` and `warnings` with these findings in."""
         stated = {**reasons, **self.reasons}
         for field, note in self.notes.items():
-            stated[field] = f"{stated[field]} ({note})" if stated.get(field) else note
+            stated[field] = reasons_lib.noted(stated.get(field, ""), note)
         if self.materialized:
             why = stated.get("data_changes", "")
-            stated["data_changes"] = (
-                f"{self.materialized}; {why}" if why else self.materialized
-            )
+            stated["data_changes"] = reasons_lib.after(why, self.materialized)
         new = tuple(w for w in self.warnings if w not in warnings)
         return stated, (*warnings, *new)
 

@@ -11,6 +11,7 @@ from kerascale.errors import ConfigurationError
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.plan import Plan
+from kerascale.plan.reasons import Reason
 from kerascale.plan.sharding import Sharded
 
 VERBOSE_CHOICES = ("auto", 0, 1, 2)
@@ -151,9 +152,7 @@ def pin(
     return dataclasses.replace(options, **changes), sorted(changes)
 
 
-def pinned_reasons(pinned: list[str] | tuple[str, ...]) -> dict[str, str]:
+def pinned_reasons(pinned: list[str] | tuple[str, ...]) -> dict[str, Reason]:
     """The reasons of the choices that came from the checkpoint being
     resumed (not "you asked for it"), by plan field."""
-    return {
-        _PINNED_REASON[name]: "as in the checkpoint being resumed" for name in pinned
-    }
+    return {_PINNED_REASON[name]: Reason("resumed") for name in pinned}

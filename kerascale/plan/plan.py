@@ -34,7 +34,10 @@ class Plan:
         data_changes: What kerascale changed in the input pipeline (a
             `DataChanges`; `str()` of it in words).
         hardware: A one-line summary of the hardware.
-        reasons: Field name -> why it has its value.
+        reasons: Field name -> why it has its value: a
+            `kerascale.plan.reasons.Reason`, whose `code` says which rule or
+            measurement decided and whose `str` is its words (a plan read
+            back from JSON has the words only).
         warnings: Things the user should know (e.g. mixed GPU types).
         backend: The Keras backend planned for: "tensorflow" (strategies
             are `tf.distribute`'s) or "jax" (`keras.distribution`'s).

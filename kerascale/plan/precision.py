@@ -6,6 +6,7 @@ Applying a policy (re-creating the model under it) is
 
 from __future__ import annotations
 
+from kerascale.plan.reasons import Reason
 from kerascale.sense import backend as backend_lib
 from kerascale.sense.hardware import Hardware
 
@@ -14,7 +15,7 @@ CHOICES = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 
 def choose(
     hw: Hardware, requested: str, *, model_policy: str = "float32"
-) -> tuple[str, str, tuple[str, ...]]:
+) -> tuple[str, Reason, tuple[str, ...]]:
     """Picks the dtype policy. Pure.
 
     Args:
@@ -27,53 +28,27 @@ def choose(
         (policy name, reason, warnings).
     """
     if requested != "auto":
-        return requested, "you asked for it", _explicit_warnings(hw, requested)
+        return requested, Reason("precision.asked"), _explicit_warnings(hw, requested)
     if model_policy != "float32":
-        return model_policy, f"your model already uses {model_policy}", ()
+        return model_policy, Reason("precision.model", policy=model_policy), ()
     if hw.tpu is not None:
-        return "mixed_bfloat16", "TPU: bfloat16 is native on TPUs", ()
+        return "mixed_bfloat16", Reason("precision.tpu"), ()
     if hw.gpus:
         cc = hw.min_compute_capability
         if cc is None:
-            return "float32", "GPU compute capability unknown: float32 is safe", ()
-        spelled = "{}.{}".format(*cc)
-        lowest = " (lowest across GPUs)" if not hw.gpus_homogeneous else ""
+            return "float32", Reason("precision.gpu_unknown"), ()
+        gpu = {"spelled": "{}.{}".format(*cc), "lowest": not hw.gpus_homogeneous}
         if cc >= (8, 0):
-            return (
-                "mixed_bfloat16",
-                f"GPU compute capability {spelled}{lowest} >= 8.0: bf16 tensor "
-                "cores, and no loss scaling needed",
-                (),
-            )
+            return "mixed_bfloat16", Reason("precision.gpu_bf16", **gpu), ()
         if cc >= (7, 0):
-            return (
-                "mixed_float16",
-                f"GPU compute capability {spelled}{lowest}: float16 tensor cores, "
-                "with dynamic loss scaling",
-                (),
-            )
-        return (
-            "float32",
-            f"GPU compute capability {spelled}{lowest} < 7.0: no tensor cores",
-            (),
-        )
+            return "mixed_float16", Reason("precision.gpu_fp16", **gpu), ()
+        return "float32", Reason("precision.gpu_old", **gpu), ()
     if trial_candidate(hw):
-        return (
-            "float32",
-            "JAX on CPU: XLA's CPU code runs bf16 no faster than float32 (a CNN "
-            "0.96x, an MLP 0.74x on an AVX512_BF16 CPU), unless the trials time "
-            "your model faster in mixed_bfloat16; "
-            "pass precision='mixed_bfloat16' to use it anyway",
-            (),
-        )
+        return "float32", Reason("precision.jax_cpu"), ()
     if hw.cpu.bf16:
-        return (
-            "mixed_bfloat16",
-            f"CPU has native bf16 ({', '.join(hw.cpu.bf16_flags)}): bf16 math "
-            "steps faster than float32",
-            (),
-        )
-    return "float32", "CPU without native bf16: mixed precision would be slower", ()
+        flags = ", ".join(hw.cpu.bf16_flags)
+        return "mixed_bfloat16", Reason("precision.cpu_bf16", flags=flags), ()
+    return "float32", Reason("precision.cpu_no_bf16"), ()
 
 
 def trial_candidate(hw: Hardware) -> str:

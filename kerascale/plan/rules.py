@@ -19,6 +19,7 @@ from kerascale.plan.data_changes import DataChanges
 from kerascale.plan.measured import NOTHING, Measured, SearchAnswer
 from kerascale.plan.options import Options
 from kerascale.plan.plan import Plan
+from kerascale.plan.reasons import Reason
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts, jax_processes
 from kerascale.sense.data_facts import DataFacts
@@ -129,17 +130,15 @@ def _as_fit_reads(
     return options
 
 
-def _recompute(options: Options, reasons: dict[str, str]) -> str:
+def _recompute(options: Options, reasons: dict[str, Reason]) -> str:
     """The plan's recomputation as you asked for it, its reason set in
     `reasons` ("auto" is weighed later, by `measure.recompute`)."""
     if options.recompute == "auto":
         return ""
     if options.recompute == "activations":
-        reasons["recompute"] = (
-            "recompute=True you passed: Keras's remat (activations mode) on every layer"
-        )
+        reasons["recompute"] = Reason("recompute.asked")
         return "activations"
-    reasons["recompute"] = "recompute=False you passed"
+    reasons["recompute"] = Reason("recompute.off")
     return ""
 
 
@@ -153,7 +152,7 @@ class _Placement:
     replicas: int
     policy: str
     rebuild: bool
-    reasons: dict[str, str]
+    reasons: dict[str, Reason]
     warnings: tuple[str, ...]
 
 
@@ -173,22 +172,14 @@ def _placement(hardware: Hardware, options: Options, model: ModelFacts) -> _Plac
         return _on_one_device(
             hardware, choice.name, policy, why_policy, model, warnings
         )
-    in_place = (
-        f"; dtype policy {model.policy} -> {policy} set in place"
-        if policy != model.policy and not model.builder
-        else ""
-    )
     if model.builder:
-        why_rebuild = "built by your function under the plan's policy and scope"
+        why_rebuild = Reason("rebuild.builder")
     elif rebuild:
-        why_rebuild = (
-            f"variables must live in the {choice.name} scope: copied as its own "
-            f"class, weights and compile settings kept{in_place}"
+        why_rebuild = Reason(
+            "rebuild.scope", strategy=choice.name, old=model.policy, new=policy
         )
-    elif in_place:
-        why_rebuild = in_place[2:] + " (put back when fit ends)"
     else:
-        why_rebuild = "already matches the plan: zero overhead"
+        why_rebuild = _as_it_is_reason(model, policy)
     reasons = {
         "strategy": choice.reason,
         "precision": why_policy,
@@ -220,7 +211,7 @@ def _split_or_one_device(
     if small:
         return _by_default(
             hardware, where.policy, where.reasons["precision"], model,
-            list(where.warnings), f"kept one device: {small}",
+            list(where.warnings), Reason("strategy.kept_one_device", why=small),
         )  # fmt: skip
     why = device_split.uneven(hardware, options, data, where, DEFAULT_BATCH_PER_REPLICA)
     if not why:
@@ -237,7 +228,7 @@ def _as_it_is(
     hardware: Hardware,
     choice: StrategyChoice,
     policy: str,
-    why_policy: str,
+    why_policy: Reason,
     model: ModelFacts,
     warnings: list[str],
 ) -> _Placement:
@@ -263,7 +254,7 @@ def _as_it_is(
         "instead of the model, or build it under the strategy's scope; to say "
         "you want it as it is, pass strategy='default'."
     )
-    kept = f"kept the default strategy: {why}"
+    kept = Reason("strategy.kept_default", why=why)
     return _by_default(hardware, policy, why_policy, model, warnings, kept)
 
 
@@ -271,7 +262,7 @@ def _on_one_device(
     hardware: Hardware,
     dropped: str,
     policy: str,
-    why_policy: str,
+    why_policy: Reason,
     model: ModelFacts,
     warnings: list[str],
     *,
@@ -291,17 +282,17 @@ def _on_one_device(
         f"as model.fit does. To get it, {how}; to say you want one device, pass "
         "strategy='default'."
     )
-    kept = f"kept one device: {why}"
+    kept = Reason("strategy.kept_one_device", why=why)
     return _by_default(hardware, policy, why_policy, model, warnings, kept)
 
 
 def _by_default(
     hardware: Hardware,
     policy: str,
-    why_policy: str,
+    why_policy: Reason,
     model: ModelFacts,
     warnings: list[str],
-    kept: str,
+    kept: Reason,
 ) -> _Placement:
     """The default strategy, for the model as it is (`kept`: why)."""
     choice = strategy_rules.choose(hardware, "default")
@@ -321,13 +312,10 @@ def _by_default(
     )
 
 
-def _as_it_is_reason(model: ModelFacts, policy: str) -> str:
+def _as_it_is_reason(model: ModelFacts, policy: str) -> Reason:
     if policy != model.policy and not model.builder:
-        return (
-            f"dtype policy {model.policy} -> {policy} set in place (put back when "
-            "fit ends)"
-        )
-    return "already matches the plan: zero overhead"
+        return Reason("rebuild.policy_in_place", old=model.policy, new=policy)
+    return Reason("rebuild.matches")
 
 
 def searched_batch(options: Options, data: DataFacts) -> bool:
@@ -336,9 +324,11 @@ def searched_batch(options: Options, data: DataFacts) -> bool:
     return options.batch_size == "auto" and not data.batched
 
 
-def _lr_factor(options: Options, data: DataFacts, effective: int) -> tuple[float, str]:
+def _lr_factor(
+    options: Options, data: DataFacts, effective: int
+) -> tuple[float, Reason | None]:
     if options.lr_scaling is None:
-        return 1.0, ""
+        return 1.0, None
     base, where = options.base_batch_size, "base_batch_size"
     if base is None and data.batched and data.batch_size:
         base, where = data.batch_size, "your dataset's batch"
@@ -351,36 +341,35 @@ def _lr_factor(options: Options, data: DataFacts, effective: int) -> tuple[float
         )
     factor = accumulation_rules.lr_factor(options.lr_scaling, effective, base)
     rule = "B/base" if options.lr_scaling == "linear" else "sqrt(B/base)"
-    return factor, (
-        f"lr_scaling={options.lr_scaling!r}: {rule} = {effective}/{base} ({where}) "
-        f"-> x{factor:g}"
+    return factor, Reason(
+        "lr.scaled",
+        scaling=options.lr_scaling,
+        rule=rule,
+        effective=effective,
+        base=base,
+        where=where,
+        factor=factor,
     )
 
 
 def _choose_batch(
     options: Options, data: DataFacts, replicas: int, search: SearchAnswer | None
-) -> tuple[int, str]:
+) -> tuple[int, Reason]:
     if data.kind == "other":
         if options.batch_size != "auto":
-            return options.batch_size, "batch_size you passed, given to Keras as is"
-        return 0, (
-            "your data makes its own batches, of a size kerascale does not read "
-            "(0 stands for unknown)"
-        )
+            return options.batch_size, Reason("batch.passed_as_is")
+        return 0, Reason("batch.unknown")
     if options.batch_size != "auto":
-        batch, why = options.batch_size, "batch_size you passed"
+        batch, why = options.batch_size, Reason("batch.passed")
     elif data.batched and data.batch_size:
-        batch, why = data.batch_size, "the batch size of your batched dataset"
+        batch, why = data.batch_size, Reason("batch.dataset")
     elif search is not None:
         batch = search.per_replica_batch_size * replicas
         how = "cached search" if search.cached else search.reasons.get("search", "")
-        why = f"searched ({how}): {search.reasons['batch_size']}"
+        why = Reason("batch.searched", how=how, answer=search.reasons["batch_size"])
     else:
         batch = DEFAULT_BATCH_PER_REPLICA * replicas
-        why = (
-            f"data not batched and no batch_size given: Keras's default "
-            f"{DEFAULT_BATCH_PER_REPLICA} per replica"
-        )
+        why = Reason("batch.keras_default", default=DEFAULT_BATCH_PER_REPLICA)
     if batch % replicas:
         raise ConfigurationError(
             f"batch_size must be divisible by the number of replicas ({replicas}) "
@@ -392,8 +381,8 @@ def _choose_batch(
 
 
 def _within_data(
-    batch: int, why: str, data: DataFacts, replicas: int, asked: bool
-) -> tuple[int, str, list[str]]:
+    batch: int, why: Reason, data: DataFacts, replicas: int, asked: bool
+) -> tuple[int, Reason, list[str]]:
     """A batch no larger than a finite dataset: as Keras trains arrays with a
     batch_size above their length, one batch of all the samples per epoch
     (rounded down to a multiple of the replicas); said when it was asked."""
@@ -415,7 +404,7 @@ def _within_data(
             "model.fit does. Pass a batch_size of at most the data's size to "
             "choose."
         )
-    return capped, f"{why}, capped at the data's {n} samples", warnings
+    return capped, Reason("batch.capped", why=why, samples=n), warnings
 
 
 def _split(
@@ -441,36 +430,21 @@ def _processes(hardware: Hardware, where: _Placement) -> int:
 
 def _data_changes(
     options: Options, data: DataFacts, global_batch: int, replicas: int, backend: str
-) -> tuple[DataChanges, str]:
+) -> tuple[DataChanges, Reason]:
     changes, why = _pipeline_changes(options, data, global_batch, replicas)
     if backend_lib.traits(backend).reads_in_step_thread and options.optimize_data:
         # kerascale.callbacks.Prefetch, installed by kerascale.fit where a
         # callback of the run makes Keras wait for each step's logs.
         changes = dataclasses.replace(changes, read_ahead=True)
-        why = (
-            "Keras's JAX fit reads each batch in the training thread, and "
-            "dispatches steps ahead, so reading overlaps the step; a callback "
-            "with on_train_batch_end (yours, a FaultTolerantBackup, a "
-            "TimeBudget) makes it wait for each step, and then the reading "
-            "follows it: kerascale then reads 2 batches ahead on a thread (the "
-            "same batches, in the same order). optimize_data="
-            f"{options.optimize_data!r}"
-        )
+        why = Reason("data.read_ahead", optimize_data=options.optimize_data)
     return changes, why
 
 
 def _pipeline_changes(
     options: Options, data: DataFacts, global_batch: int, replicas: int
-) -> tuple[DataChanges, str]:
-    if data.kind == "arrays":
-        return DataChanges(), "arrays are batched and prefetched by Keras itself"
-    if data.kind == "pydataset":
-        return DataChanges(), "a PyDataset makes its own batches; Keras reads it"
-    if data.kind == "other":
-        return (
-            DataChanges(),
-            "your data goes to Keras as it is (kerascale does not read it)",
-        )
+) -> tuple[DataChanges, Reason]:
+    if data.kind in ("arrays", "pydataset", "other"):
+        return DataChanges(), Reason(f"data.{data.kind}")
     batching: dict[str, Any] = {}
     if not data.batched:
         batching = {"batch": global_batch}
@@ -490,5 +464,5 @@ def _pipeline_changes(
         what = "read ahead of training"
     else:
         what = "batched only" if batching else "as given"
-    why = f"{what} (optimize_data={options.optimize_data!r})"
+    why = Reason("data.pipeline", what=what, optimize_data=options.optimize_data)
     return changes, why

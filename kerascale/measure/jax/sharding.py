@@ -19,6 +19,7 @@ from kerascale.measure.jax import compiled
 from kerascale.measure.request import SearchOptions
 from kerascale.plan import sharding
 from kerascale.plan.measured import Measured
+from kerascale.plan.reasons import Reason
 from kerascale.sense.model_facts import gist
 
 if TYPE_CHECKING:
@@ -60,7 +61,8 @@ def plan_sharding(
     hw, data = planner.hardware, planner.data
     plan = planner(options)
     if isinstance(options.strategy, sharding.Sharded):  # decided before: again
-        return options, Measured().decided(sharding=options.strategy.why)
+        chosen = Reason("sharding.chosen", why=options.strategy.why)
+        return options, Measured().decided(sharding=chosen)
     limit, source = _device_limit(hw, search)
     if limit is None or plan.strategy not in REPLACEABLE or not data.measurable:
         return options, Measured()
@@ -85,13 +87,16 @@ def plan_sharding(
     one, request = decided
     if request is not None:
         trial = dataclasses.replace(options, strategy=request)
-        return trial, Measured().decided(sharding=request.why)
+        chosen = Reason("sharding.chosen", why=request.why)
+        return trial, Measured().decided(sharding=chosen)
     if not yours:
         return options, Measured()
-    why = (
-        f"one replica needs {format_bytes(one)} per device (a step of one "
-        f"sample per replica, by XLA's count), within {source} "
-        f"{format_bytes(limit)} less the {margin:.0%} margin: not sharded"
+    why = Reason(
+        "sharding.fits",
+        need=format_bytes(one),
+        source=source,
+        limit=format_bytes(limit),
+        margin=margin,
     )
     return options, Measured().decided(sharding=why)
 

@@ -21,6 +21,7 @@ from kerascale import _validation
 from kerascale.errors import ConfigurationError
 from kerascale.plan import sharding
 from kerascale.plan.choice import StrategyChoice
+from kerascale.plan.reasons import Reason
 from kerascale.sense import jax_processes
 from kerascale.sense.cluster import check_trainable
 from kerascale.sense.hardware import Hardware
@@ -68,21 +69,16 @@ def devices(hw: Hardware) -> tuple[str, ...]:
     return tuple(f"cpu:{i}" for i in range(max(1, hw.cpu.logical_devices)))
 
 
-def _shared_cpu_devices(hw: Hardware, local: tuple[str, ...]) -> str:
-    """Why "auto" keeps one of several CPU devices of this process, or "":
+def _shared_cpu_devices(hw: Hardware, local: tuple[str, ...]) -> Reason | None:
+    """Why "auto" keeps one of several CPU devices of this process, or None:
     they share its cores, so a batch split over them computes no faster than
     on one, and adds an all-reduce (the step at N is N x one device's share,
     `plan.scaling`'s shared compute); XLA's CPU all-reduce over two devices
     on 2 cores also stalled and aborted a 1024-wide MLP's fit, where one
     device trains. Not where they stand in for accelerators (tests)."""
     if len(local) < 2 or hw.gpus or hw.tpu is not None or hw.cpu.devices_stand_in:
-        return ""
-    return (
-        f"{len(local)} CPU devices share {hw.cpu.cores} cores: one trains as fast "
-        "(split over them a batch computes no faster and adds an all-reduce; "
-        "Keras's JAX default, no keras.distribution; strategy='data_parallel' "
-        "splits anyway)"
-    )
+        return None
+    return Reason("strategy.shared_cpu_devices", devices=len(local), cores=hw.cpu.cores)
 
 
 def _tpu_cores(hw: Hardware) -> int:
@@ -123,14 +119,18 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
             "KERASCALE_AUTO_CONNECT=1): it trains on its own devices, as "
             "model.fit would.",
         )
-    shared = _shared_cpu_devices(hw, local) if requested == "auto" else ""
+    shared = _shared_cpu_devices(hw, local) if requested == "auto" else None
     if requested == "default" or (requested == "auto" and len(local) == 1) or shared:
-        why = "you asked for it" if requested == "default" else "one device"
+        why = (
+            "strategy.jax_default_asked"
+            if requested == "default"
+            else ("strategy.jax_one_device")
+        )
         return StrategyChoice(
             "default",
             local[:1],
             1,
-            shared or f"{why}: Keras's JAX default (no keras.distribution)",
+            shared or Reason(why),
             cluster,
             scoped=False,
         )
@@ -142,15 +142,15 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
         )
     kind = local[0].split(":")[0].upper()
     why = (
-        "you asked for it"
+        Reason("strategy.data_parallel_asked")
         if requested == "data_parallel"
-        else (f"{len(local)} {kind} devices")
+        else Reason("strategy.data_parallel", devices=len(local), kind=kind)
     )
     return StrategyChoice(
         "data_parallel",
         local,
         len(local),
-        f"{why}: keras.distribution.DataParallel, the batch split across them",
+        why,
         warnings,
         scoped=False,
     )
@@ -164,10 +164,10 @@ def _yours(requested: Any) -> StrategyChoice:
         if (mesh is not None)
         else ()
     )
-    yours = (
-        "the keras.distribution set before fit (set_distribution)"
+    yours = Reason(
+        "strategy.distribution_set"
         if requested is global_distribution()
-        else "the keras.distribution you passed"
+        else "strategy.distribution_passed"
     )
     return StrategyChoice(
         name=type(requested).__name__,
@@ -188,9 +188,14 @@ def _sharded(hw: Hardware, requested: sharding.Sharded) -> StrategyChoice:
         "model_parallel",
         local,
         batch,
-        f"{batch * model} devices"
-        + (f" of {processes} processes" if processes > 1 else "")
-        + f" as a {batch} x {model} mesh: {requested.why}",
+        Reason(
+            "strategy.sharded",
+            devices=batch * model,
+            processes=processes,
+            batch=batch,
+            model=model,
+            why=requested.why,
+        ),
         scoped=False,
     )
 
@@ -207,10 +212,13 @@ def _across_processes(hw: Hardware, local: tuple[str, ...]) -> StrategyChoice:
         "data_parallel",
         local,
         processes * len(local),
-        f"{processes} JAX processes (jax.distributed) x {len(local)} {kind} "
-        f"device{'s' if len(local) != 1 else ''}, this is process "
-        f"{hw.cluster.task_index}: keras.distribution.DataParallel over all of "
-        "them, each process reading its share of every global batch",
+        Reason(
+            "strategy.processes",
+            processes=processes,
+            devices=len(local),
+            kind=kind,
+            index=hw.cluster.task_index,
+        ),
         scoped=False,
     )
 

@@ -14,6 +14,7 @@ from typing import Any
 from kerascale import _tf, _validation
 from kerascale.errors import ConfigurationError
 from kerascale.plan.choice import StrategyChoice
+from kerascale.plan.reasons import Reason
 from kerascale.sense.cluster import check_trainable
 from kerascale.sense.hardware import Hardware
 
@@ -58,7 +59,7 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
             name=name,
             devices=devices,
             replicas=int(requested.num_replicas_in_sync),
-            reason="the strategy instance you passed",
+            reason=Reason("strategy.instance"),
             instance=requested,
         )
 
@@ -81,13 +82,13 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
                 'COLAB_TPU_ADDR or /dev/accel*). Use "auto" to pick what is '
                 "here. Received: strategy='tpu'"
             )
-        return _tpu_choice(hw, "you asked for it")
+        return _tpu_choice(hw, Reason("strategy.tpu_asked"))
     if requested == "default":
         device = "/gpu:0" if hw.gpus else "/cpu:0"
-        return StrategyChoice("default", (device,), 1, "you asked for it")
+        return StrategyChoice("default", (device,), 1, Reason("strategy.asked"))
     if requested == "one_device":
         device = "/gpu:0" if hw.gpus else "/cpu:0"
-        return StrategyChoice("one_device", (device,), 1, "you asked for it")
+        return StrategyChoice("one_device", (device,), 1, Reason("strategy.asked"))
     # "mirrored"
     devices = _accelerator_devices(hw)
     warnings = []
@@ -98,7 +99,7 @@ def choose(hw: Hardware, requested: Any) -> StrategyChoice:
         )
     warnings += _mixed_gpu_warning(hw)
     return StrategyChoice(
-        "mirrored", devices, len(devices), "you asked for it", tuple(warnings)
+        "mirrored", devices, len(devices), Reason("strategy.asked"), tuple(warnings)
     )
 
 
@@ -117,11 +118,13 @@ def _multi_worker_choice(hw: Hardware, requested: str) -> StrategyChoice:
     check_trainable(cluster)
     local = local_devices(hw)
     where = f"{cluster.task_type} {cluster.task_index}" if cluster.task_type else ""
-    reason = (
-        f"{cluster.source}: {cluster.num_workers} workers x {len(local)} "
-        f"device{'s' if len(local) != 1 else ''}"
-        + (f", this is {where}" if where else "")
-        + ("" if requested == "auto" else "; you asked for it")
+    reason = Reason(
+        "strategy.multi_worker",
+        source=cluster.source,
+        workers=cluster.num_workers,
+        devices=len(local),
+        where=where,
+        asked=requested != "auto",
     )
     return StrategyChoice(
         "multi_worker",
@@ -151,11 +154,11 @@ def local_equivalent(name: str, devices: tuple[str, ...]) -> str:
     return "one_device" if devices and devices[0].startswith("/gpu") else "default"
 
 
-def _tpu_choice(hw: Hardware, reason: str) -> StrategyChoice:
+def _tpu_choice(hw: Hardware, reason: Reason) -> StrategyChoice:
     # The core count is only known once the TPU system is initialised, which
     # takes a network round trip; 8 (a v2-8/v3-8/v5e-8 host) stands in until
     # then, and `fit` re-plans with the real count after `build`.
-    return StrategyChoice("tpu", (hw.tpu.name,), 8, f"{reason}; 8 cores assumed")
+    return StrategyChoice("tpu", (hw.tpu.name,), 8, reason)
 
 
 def _mixed_gpu_warning(hw: Hardware) -> tuple[str, ...]:
@@ -171,12 +174,9 @@ def _mixed_gpu_warning(hw: Hardware) -> tuple[str, ...]:
 
 def _choose_auto(hw: Hardware) -> StrategyChoice:
     if hw.tpu is not None:
-        return _tpu_choice(hw, f"TPU found ({hw.tpu.source})")
+        return _tpu_choice(hw, Reason("strategy.tpu_found", source=hw.tpu.source))
     if len(hw.gpus) > 1:
-        same = hw.gpus_homogeneous
-        reason = f"{len(hw.gpus)} GPUs" + (
-            " of one type" if same else " of mixed types"
-        )
+        reason = Reason("strategy.gpus", n=len(hw.gpus), mixed=not hw.gpus_homogeneous)
         devices = _accelerator_devices(hw)
         return StrategyChoice(
             "mirrored", devices, len(devices), reason, _mixed_gpu_warning(hw)
@@ -184,9 +184,5 @@ def _choose_auto(hw: Hardware) -> StrategyChoice:
     if len(hw.gpus) == 1:
         # One replica needs no strategy scope: TensorFlow places the model on
         # the GPU, and the model trains as it is (no copy of its variables).
-        return StrategyChoice(
-            "default", ("/gpu:0",), 1, "one GPU: TensorFlow's default strategy"
-        )
-    return StrategyChoice(
-        "default", ("/cpu:0",), 1, "CPU only: TensorFlow's default strategy"
-    )
+        return StrategyChoice("default", ("/gpu:0",), 1, Reason("strategy.one_gpu"))
+    return StrategyChoice("default", ("/cpu:0",), 1, Reason("strategy.cpu_only"))

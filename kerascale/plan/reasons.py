@@ -1,0 +1,273 @@
+"""Why each field of a plan has its value: a code with its details, worded
+here, in one place (`WORDS`).
+
+The code is what code and tests read (`plan.reasons["precision"].code`); the
+words may change without breaking either. A `Reason` is also a `str`, its
+words, so it prints, joins and serialises as the plan has always said it.
+A plan read back from JSON (a checkpoint's) has the words only: `code()`
+reads "" there.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+class Reason(str):
+    """A plan's reason: `code` (which rule or measurement decided),
+    `details` (its figures), and, as a `str`, its words.
+
+    Args:
+        code: A key of `WORDS`.
+        **details: The figures its words are made from.
+    """
+
+    code: str
+    details: Mapping[str, Any]
+
+    def __new__(cls, code: str, /, **details: Any) -> Reason:
+        words = WORDS[code]
+        text = words(**details) if callable(words) else words.format(**details)
+        return _made(code, details, text)
+
+    def noted(self, note: str) -> Reason:
+        """The same decision, with `note` after it in parentheses (what a
+        measurement that was skipped would have decided)."""
+        return _made(self.code, {**self.details, "note": note}, f"{self} ({note})")
+
+    def after(self, first: str) -> Reason:
+        """The same decision, `first` said before it."""
+        return _made(self.code, {**self.details, "first": first}, f"{first}; {self}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_made, (self.code, dict(self.details), str(self)))
+
+    def __repr__(self) -> str:
+        return f"Reason({self.code!r}: {str.__repr__(self)})"
+
+
+def _made(code: str, details: Mapping[str, Any], text: str) -> Reason:
+    reason = str.__new__(Reason, text)
+    reason.code = code
+    reason.details = types.MappingProxyType(dict(details))
+    return reason
+
+
+def code(reason: str) -> str:
+    """`reason`'s code, or "" for words alone (a plan read back from JSON)."""
+    return getattr(reason, "code", "")
+
+
+def noted(reason: str, note: str) -> str:
+    """`reason` with `note` after it; `note` alone where there is none."""
+    if not reason:
+        return note
+    if isinstance(reason, Reason):
+        return reason.noted(note)
+    return f"{reason} ({note})"
+
+
+def after(reason: str, first: str) -> str:
+    """`reason` with `first` said before it; `first` alone where there is
+    none."""
+    if not reason:
+        return first
+    if isinstance(reason, Reason):
+        return reason.after(first)
+    return f"{first}; {reason}"
+
+
+def _s(n: int) -> str:
+    return "s" if n != 1 else ""
+
+
+def _gpu_capability(spelled: str, lowest: bool, then: str) -> str:
+    across = " (lowest across GPUs)" if lowest else ""
+    return f"GPU compute capability {spelled}{across}{then}"
+
+
+def _multi_worker(
+    source: str, workers: int, devices: int, where: str, asked: bool
+) -> str:
+    return (
+        f"{source}: {workers} workers x {devices} device{_s(devices)}"
+        + (f", this is {where}" if where else "")
+        + ("; you asked for it" if asked else "")
+    )
+
+
+def _sharded(devices: int, processes: int, batch: int, model: int, why: str) -> str:
+    return (
+        f"{devices} devices"
+        + (f" of {processes} processes" if processes > 1 else "")
+        + f" as a {batch} x {model} mesh: {why}"
+    )
+
+
+def _split_inexact(per_replica: int, bound: int, least: int, k: int, micro: int) -> str:
+    return (
+        f"{per_replica} per replica does not fit (at most {bound}) and has no "
+        f"split into equal micro-batches of at least {least}: {k} x {micro} = "
+        f"{micro * k} per replica instead"
+    )
+
+
+_JAX_DEFAULT = "Keras's JAX default (no keras.distribution)"
+_DATA_PARALLEL = "keras.distribution.DataParallel, the batch split across them"
+_TF_DEFAULT = "TensorFlow's default strategy"
+
+# Code -> its words: a format string of the details, or a function of them.
+WORDS: dict[str, str | Callable[..., str]] = {
+    # strategy
+    "strategy.asked": "you asked for it",
+    "strategy.instance": "the strategy instance you passed",
+    "strategy.tpu_asked": "you asked for it; 8 cores assumed",
+    "strategy.tpu_found": "TPU found ({source}); 8 cores assumed",
+    "strategy.gpus": lambda n, mixed: (
+        f"{n} GPUs of {'mixed types' if mixed else 'one type'}"
+    ),
+    "strategy.one_gpu": f"one GPU: {_TF_DEFAULT}",
+    "strategy.cpu_only": f"CPU only: {_TF_DEFAULT}",
+    "strategy.multi_worker": _multi_worker,
+    "strategy.jax_default_asked": f"you asked for it: {_JAX_DEFAULT}",
+    "strategy.jax_one_device": f"one device: {_JAX_DEFAULT}",
+    "strategy.shared_cpu_devices": (
+        "{devices} CPU devices share {cores} cores: one trains as fast (split over "
+        "them a batch computes no faster and adds an all-reduce; Keras's JAX "
+        "default, no keras.distribution; strategy='data_parallel' splits anyway)"
+    ),
+    "strategy.data_parallel_asked": f"you asked for it: {_DATA_PARALLEL}",
+    "strategy.data_parallel": "{devices} {kind} devices: " + _DATA_PARALLEL,
+    "strategy.processes": lambda processes, devices, kind, index: (
+        f"{processes} JAX processes (jax.distributed) x {devices} {kind} "
+        f"device{_s(devices)}, this is process {index}: "
+        "keras.distribution.DataParallel over all of them, each process reading "
+        "its share of every global batch"
+    ),
+    "strategy.distribution_set": (
+        "the keras.distribution set before fit (set_distribution)"
+    ),
+    "strategy.distribution_passed": "the keras.distribution you passed",
+    "strategy.sharded": _sharded,
+    "strategy.kept_default": "kept the default strategy: {why}",
+    "strategy.kept_one_device": "kept one device: {why}",
+    # precision
+    "precision.asked": "you asked for it",
+    "precision.model": "your model already uses {policy}",
+    "precision.tpu": "TPU: bfloat16 is native on TPUs",
+    "precision.gpu_unknown": "GPU compute capability unknown: float32 is safe",
+    "precision.gpu_bf16": lambda spelled, lowest: _gpu_capability(
+        spelled, lowest, " >= 8.0: bf16 tensor cores, and no loss scaling needed"
+    ),
+    "precision.gpu_fp16": lambda spelled, lowest: _gpu_capability(
+        spelled, lowest, ": float16 tensor cores, with dynamic loss scaling"
+    ),
+    "precision.gpu_old": lambda spelled, lowest: _gpu_capability(
+        spelled, lowest, " < 7.0: no tensor cores"
+    ),
+    "precision.jax_cpu": (
+        "JAX on CPU: XLA's CPU code runs bf16 no faster than float32 (a CNN 0.96x, "
+        "an MLP 0.74x on an AVX512_BF16 CPU), unless the trials time your model "
+        "faster in mixed_bfloat16; pass precision='mixed_bfloat16' to use it anyway"
+    ),
+    "precision.cpu_bf16": (
+        "CPU has native bf16 ({flags}): bf16 math steps faster than float32"
+    ),
+    "precision.cpu_no_bf16": "CPU without native bf16: mixed precision would be slower",
+    # rebuild
+    "rebuild.builder": "built by your function under the plan's policy and scope",
+    "rebuild.scope": lambda strategy, old, new: (
+        f"variables must live in the {strategy} scope: copied as its own class, "
+        "weights and compile settings kept"
+        + (f"; dtype policy {old} -> {new} set in place" if old != new else "")
+    ),
+    "rebuild.policy_in_place": (
+        "dtype policy {old} -> {new} set in place (put back when fit ends)"
+    ),
+    "rebuild.matches": "already matches the plan: zero overhead",
+    # global_batch_size
+    "batch.passed_as_is": "batch_size you passed, given to Keras as is",
+    "batch.unknown": (
+        "your data makes its own batches, of a size kerascale does not read (0 "
+        "stands for unknown)"
+    ),
+    "batch.passed": "batch_size you passed",
+    "batch.dataset": "the batch size of your batched dataset",
+    "batch.searched": "searched ({how}): {answer}",
+    "batch.keras_default": (
+        "data not batched and no batch_size given: Keras's default {default} per "
+        "replica"
+    ),
+    "batch.capped": "{why}, capped at the data's {samples} samples",
+    # accumulation_steps
+    "accumulation.fits": "the batch fits in one forward pass",
+    "accumulation.no_bound": "no memory bound known: one forward pass per update",
+    "accumulation.split": (
+        "{per_replica} per replica does not fit (at most {bound}): {k} "
+        "micro-batches of {micro}, gradients averaged"
+    ),
+    "accumulation.inexact": _split_inexact,
+    "accumulation.passed": lambda k: (
+        f"accumulation_steps={k} you passed" if k > 1 else "accumulation_steps=1"
+    ),
+    "accumulation.not_split": "not split",
+    # lr_factor
+    "lr.scaled": (
+        "lr_scaling={scaling!r}: {rule} = {effective}/{base} ({where}) -> x{factor:g}"
+    ),
+    # data_changes
+    "data.arrays": "arrays are batched and prefetched by Keras itself",
+    "data.pydataset": "a PyDataset makes its own batches; Keras reads it",
+    "data.other": "your data goes to Keras as it is (kerascale does not read it)",
+    "data.pipeline": "{what} (optimize_data={optimize_data!r})",
+    "data.read_ahead": (
+        "Keras's JAX fit reads each batch in the training thread, and dispatches "
+        "steps ahead, so reading overlaps the step; a callback with "
+        "on_train_batch_end (yours, a FaultTolerantBackup, a TimeBudget) makes it "
+        "wait for each step, and then the reading follows it: kerascale then "
+        "reads 2 batches ahead on a thread (the same batches, in the same order). "
+        "optimize_data={optimize_data!r}"
+    ),
+    # recompute
+    "recompute.asked": (
+        "recompute=True you passed: Keras's remat (activations mode) on every layer"
+    ),
+    "recompute.off": "recompute=False you passed",
+    "recompute.not_weighed": (
+        "not weighed: {why}; pass recompute=True to use it anyway"
+    ),
+    "recompute.weigh_failed": (
+        "recomputation was not weighed: its search failed ({error}); pass "
+        "recompute=True to use it anyway, or False to skip the attempt"
+    ),
+    "recompute.used": "{mode}: {figures}, and it trains faster ({measured})",
+    "recompute.not_used": "not used: {figures}{why}",
+    "recompute.chief": ("the chief's ({mode}), so that all workers compute alike"),
+    # precision, measured
+    "precision.timed": "{why}",
+    "precision.bf16_too_short": "{why}",
+    "precision.failed_in_probe": (
+        "{policy}: {tried} failed in the batch search's probe ({error}); pass "
+        "precision='{policy}' to skip the attempt"
+    ),
+    "precision.chief": "the chief's ({policy}), so that all workers compute alike",
+    # data_changes, measured
+    "data.timed": "{why}",
+    # sharding
+    "sharding.chosen": "{why}",
+    "sharding.fits": (
+        "one replica needs {need} per device (a step of one sample per replica, "
+        "by XLA's count), within {source} {limit} less the {margin:.0%} margin: "
+        "not sharded"
+    ),
+    # any field
+    "resumed": "as in the checkpoint being resumed",
+    "first_step_failed": lambda what, failure, skip: (
+        f"{what} failed at the first training step ({failure}): training without "
+        "them. Pass "
+        + " and ".join(f"{k}={v!r}" for k, v in skip.items())
+        + " to skip the attempt."
+    ),
+}
