@@ -104,7 +104,8 @@ def test_cap_reached():
     probe_fn, calls = threshold(10_000)
     r = search(probe_fn, cap=300, limit_bytes=FIXED + PER * 10_000, granularity=1)
     assert r.batch_size == 300 and r.smallest_failing is None
-    assert "the cap 300 fits" in r.reasons["batch_size"]
+    why = r.reasons["batch_size"]
+    assert why.code == "search.largest" and why.details["bound"] == "the cap 300 fits"
     assert max(calls) == 300
 
 
@@ -112,7 +113,9 @@ def test_margin_is_applied_and_recorded():
     probe_fn, _ = threshold(1000)
     r = search(probe_fn, cap=4096, limit_bytes=FIXED + PER * 1000, margin=0.05)
     assert r.largest_fitting == 1000 and r.batch_size == 950
-    assert r.reasons["margin"].startswith("5% of 1000 kept free")
+    kept = r.reasons["margin"]
+    assert kept.code == "search.margin"
+    assert (kept.details["fits"], kept.details["best"]) == (1000, 950)
 
 
 def test_the_boundary_is_resolved_to_a_third_of_the_margin():
@@ -131,7 +134,9 @@ def test_max_trials_is_respected():
     probe_fn, calls = threshold(1000)
     r = search(probe_fn, cap=4096, limit_bytes=None, max_trials=5)
     assert len(calls) == 5 and len(r.probes) == 5
-    assert "stopped after max_trials=5 probes" in r.reasons["batch_size"]
+    assert (
+        "stopped after max_trials=5 probes" in r.reasons["batch_size"].details["bound"]
+    )
     assert r.largest_fitting == max(b for b in calls if b <= 1000)
 
 
@@ -172,7 +177,10 @@ def test_throughput_mode_picks_the_smallest_batch_near_the_best():
     probe_fn, calls = threshold(5000, speed=lambda b: 1000.0 * min(b, 256))
     r = search(probe_fn, cap=8192, limit_bytes=FIXED + PER * 5000, mode="throughput")
     assert r.batch_size == 256
-    assert "the fastest the probes timed (256000 samples/s)" in r.reasons["batch_size"]
+    why = r.reasons["batch_size"]
+    assert why.code == "search.fastest"
+    assert why.details["why"].code == "search.fastest_timed"
+    assert why.details["why"].details["speed"] == 256000
     assert max(calls) < 5000  # stopped on the plateau, not at the memory bound
 
 
@@ -314,7 +322,7 @@ def test_in_process_search_has_no_side_effects(probe_dirs_made):
         precision="mixed_bfloat16",
         verbose=0,
     )
-    assert r.batch_size == 64 and r.reasons["isolate"] == "isolate=False"
+    assert r.batch_size == 64 and r.reasons["isolate"].code == "isolate.asked"
     # What it was measured under, and why, is in the result and its print.
     assert r.precision == "mixed_bfloat16"
     assert r.reasons["precision"] == "you asked for it"

@@ -99,12 +99,13 @@ def test_a_gpu_search_probes_in_this_process_until_its_allocator_refuses(fake_gp
     refused = [p for p in result.probes if p.outcome == "oom"]
     assert refused and all(p.batch > 300 for p in refused)
     assert all("ResourceExhaustedError" in p.message for p in refused)
-    assert result.reasons["isolate"].startswith("in this process")
+    assert result.reasons["isolate"].code == "isolate.gpu"
     assert (
         result.reasons["memory"] == "GPU memory of this process's TensorFlow allocator"
     )
     # Never the total: the device less TensorFlow's reserve for cc 8 (1.5 GiB).
     assert result.limit_bytes == TOTAL - 1536 * MiB
+    assert result.reasons["limit"].code == "limit.gpu_here"
     assert "1.00 GiB" in result.reasons["limit"]  # what this process holds
 
     history = kerascale.fit(
@@ -163,7 +164,8 @@ def test_without_nvml_a_gpu_search_probes_alone(fake_gpu, monkeypatch):
         verbose=0,
     )
     assert 0.9 * 300 <= result.batch_size <= 300
-    assert result.limit_bytes is None and "no NVML" in result.reasons["limit"]
+    assert result.limit_bytes is None
+    assert result.reasons["limit"].code == "limit.gpu_unknown"
 
 
 def test_when_even_one_sample_does_not_fit_the_error_names_the_gpu_memory(fake_gpu):

@@ -167,7 +167,7 @@ def test_a_small_model_throughput_search_starts_no_process(
         cache=False,
         verbose=0,
     )
-    assert found.reasons["isolate"].startswith("in this process: each step far below")
+    assert found.reasons["isolate"].code == "isolate.far_below"
     assert found.reasons["memory"].startswith("resident memory (RSS) of this process")
     assert probe_dirs_made == []
     assert [(s.validate, s.memory_limit) for s in specs] == [(False, None)]
@@ -205,7 +205,7 @@ def test_a_memory_limit_keeps_every_probe_in_children(probe_dirs_made):  # noqa:
         mlp(), x, y, mode="throughput", max_batch_size=32, memory_limit="4GiB",
         precision="float32", cache=False, verbose=0,
     )  # fmt: skip
-    assert found.reasons["isolate"] == "each probe in a child process"
+    assert found.reasons["isolate"].code == "isolate.children"
     assert probe_dirs_made
 
 

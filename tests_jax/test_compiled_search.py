@@ -212,7 +212,7 @@ def test_find_batch_size_on_jax_fits_the_limit_by_xla_count_and_trains():
     assert result.replicas == devices()
     fits = [p for p in result.probes if p.outcome == "ok"]
     assert max(p.batch for p in fits) >= result.per_replica_batch_size
-    assert "XLA" in result.reasons["search"]
+    assert result.reasons["search"].code == "search.xla"
     # planning left the weights and Keras's global state as they were
     for a, b in zip(before, model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -245,7 +245,9 @@ def test_training_reuses_the_search_compile():
     y = np.zeros(4096, "int32")
     model = _mlp()
     plan = kerascale.plan(model, x, y, memory_limit="1GiB", verbose=0)
-    assert "XLA" in plan.reasons["global_batch_size"]
+    why = plan.reasons["global_batch_size"]
+    assert why.code == "batch.searched"
+    assert why.details["how"].code == "search.xla"
     with compile_cache.on() as directory:
         pass
     before = {f for f in os.listdir(directory) if f.startswith("jit_train_step")}

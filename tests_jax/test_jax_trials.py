@@ -106,7 +106,8 @@ def test_trials_time_the_ladder_of_batches_under_the_compiled_bound(bf16_cpu):
     options = Options.validate()  # batch_size="auto"
     decided = decide(model(), x, y, options, epochs=5, hardware=bf16_cpu)
     search = decided.search
-    assert search.mode == "ladder" and "XLA" in search.reasons["search"]
+    assert search.mode == "ladder" and search.reasons["search"].code == "search.xla"
+    assert search.reasons["batch_size"].code == "search.timed"  # the trials chose
     rungs = [p.batch for p in search.probes]
     assert rungs[0] == 32 and all(b <= search.largest_fitting for b in rungs)
     timed = [t for t in decided.trials.trials if t.stage == "batch"]

@@ -100,6 +100,7 @@ def test_a_batch_that_does_not_fit_weighs_recomputation_against_accumulation():
         history.history["loss"], reference.history["loss"], rtol=1e-5
     )
     short = kerascale.plan(gelu_mlp(), x, y, epochs=1, **settings)
+    assert short.reasons["recompute"].code == "recompute.not_weighed"
     assert short.reasons["recompute"].startswith("not weighed: the weighing would take")
 
 
@@ -112,7 +113,7 @@ def test_find_batch_size_reports_the_bound_with_and_without_recomputation():
         gelu_mlp(), x, y, device_memory="20MiB", precision="float32", verbose=0
     )
     assert found.recompute_batch_size > 1.5 * found.batch_size
-    assert "with recomputation (fit's recompute=True)" in found.reasons["recompute"]
+    assert found.reasons["recompute"].code == "search.with_recompute"
     plain = kerascale.find_batch_size(
         gelu_mlp(), x, y, device_memory="20MiB", precision="float32",
         recompute=False, verbose=0,

@@ -51,9 +51,11 @@ def agree(decided: Decided) -> Decided:
     settled = dataclasses.replace(decided.options, **changes)
     if result is not None:
         smallest = min(batches)
-        why = (
-            f"{result.reasons.get('batch_size', 'searched')}; the smallest of the "
-            f"{len(peers)} workers' ({', '.join(str(b) for b in batches)} per replica)"
+        why = Reason(
+            "search.smallest_worker",
+            why=result.reasons.get("batch_size", "searched"),
+            workers=len(peers),
+            batches=", ".join(str(b) for b in batches),
         )
         result = dataclasses.replace(
             result,

@@ -24,6 +24,7 @@ from kerascale.measure.request import SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult, describe_probe
 from kerascale.measure.search import granularity_for, ladder, search
 from kerascale.plan import strategy as strategy_rules
+from kerascale.plan.reasons import Reason
 from kerascale.sense import samples
 from kerascale.sense.model_facts import is_builder
 
@@ -51,19 +52,16 @@ def auto_mode(hw: Hardware) -> str:
     return "throughput" if hw.accelerator == "cpu" else "max"
 
 
-def cap_for(data: Any, plan: Plan, options: SearchOptions) -> tuple[int, str]:
+def cap_for(data: Any, plan: Plan, options: SearchOptions) -> tuple[int, Reason]:
     """The largest per-replica batch to search, and why."""
-    caps = [(HARD_CAP, f"kerascale's ceiling of {HARD_CAP}")]
+    caps = [(HARD_CAP, Reason("cap.ceiling", cap=HARD_CAP))]
     if options.max_batch_size:
-        caps.append((options.max_batch_size // plan.replicas or 1, "max_batch_size"))
+        bound = options.max_batch_size // plan.replicas or 1
+        caps.append((bound, Reason("cap.max_batch_size")))
     if data.num_samples:
         steps = options.min_steps_per_epoch
         per_replica = max(1, data.num_samples // (plan.replicas * steps))
-        why = (
-            "the dataset size"
-            if steps == 1
-            else f"1/{steps} of the dataset, so that an epoch keeps {steps} updates"
-        )
+        why = Reason("cap.dataset") if steps == 1 else Reason("cap.steps", steps=steps)
         caps.append((per_replica, why))
     return min(caps)
 
@@ -148,14 +146,18 @@ def _reported(
         **found.reasons,
         "limit": memory.why,
         **whys,
-        "memory": memory.measured
-        + (f", counting {share.why}" if share.why else "")
-        + (
-            "; glibc's mmap threshold fixed at 128 KiB here and in the probes"
-            if share.threshold_fixed
-            else ""
+        "memory": Reason(
+            "search.memory",
+            measured=memory.measured,
+            share=share.why,
+            threshold_fixed=share.threshold_fixed,
         ),
-        "search": f"{len(found.probes)} probes, {seconds:.0f}s, {memory.measured}",
+        "search": Reason(
+            "search.probes",
+            probes=len(found.probes),
+            seconds=seconds,
+            measured=memory.measured,
+        ),
     }
     return dataclasses.replace(
         found,
@@ -232,9 +234,8 @@ def _found_checked(
             raise
     else:
         if found[0].per_replica_batch_size >= first:
-            why = "it fits in one pass: no split, so no accumulators held"
             result = found[0]
-            reasons = {**result.reasons, "accumulation": why}
+            reasons = {**result.reasons, "accumulation": Reason("search.one_pass")}
             return (dataclasses.replace(result, reasons=reasons), *found[1:])
     args = {**args, "first": None}
     return _found(model, spec, options, instance, args, isolation, memories)
@@ -290,7 +291,7 @@ def _found(
                     'module, or pass isolate="auto" or False to probe in this '
                     "process."
                 ) from e
-            why = f"in this process: the model cannot be shipped ({e})"
+            why = Reason("isolate.cannot_ship", problem=str(e))
     prober = probe_lib.InProcessProber(model, spec, strategy=instance)
     return _probe(prober, options, memory=memories[1], **args), why, False
 
@@ -328,33 +329,29 @@ def _spec(
 
 def _isolation(
     model: Any, hw: Hardware, options: SearchOptions, instance: Any
-) -> tuple[bool, str]:
+) -> tuple[bool, Reason]:
     """Whether probes run in child processes, and why: where the model can
     be shipped there (then tried, and this process used if the child cannot
     load it), else in this process."""
     if options.isolate != "auto":
-        return bool(options.isolate), f"isolate={options.isolate}"
+        return bool(options.isolate), Reason("isolate.asked", isolate=options.isolate)
     if instance is not None:
-        return False, "your strategy instance lives in this process"
+        return False, Reason("isolate.your_instance")
     if hw.accelerator == "tpu":
-        return False, "a TPU serves one process at a time"
+        return False, Reason("isolate.tpu")
     if hw.accelerator == "gpu":
         # TensorFlow sizes a GPU's allocator once per process and keeps it
         # (kerascale.sense.gpu_memory): the memory training will have is this
         # process's, and a child would get only what it left free. Running
         # out of it here is a ResourceExhaustedError, which the process
         # survives (the allocator refuses; nothing is corrupted).
-        return False, (
-            "in this process: on a GPU, this process's allocator holds the "
-            "memory training will use, and running out of it is an error "
-            "the process survives"
-        )
+        return False, Reason("isolate.gpu")
     if is_builder(model):
-        return True, "each probe in a child process"
+        return True, Reason("isolate.children")
     _, problem = shipping.custom_objects(model)
     if problem:
-        return False, f"in this process: the model cannot be shipped ({problem})"
-    return True, "each probe in a child process"
+        return False, Reason("isolate.cannot_ship", problem=problem)
+    return True, Reason("isolate.children")
 
 
 def _probe(

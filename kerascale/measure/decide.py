@@ -430,12 +430,12 @@ def _batch_chosen(
     did not time the rungs, the fastest by the probes' own (synthetic)
     speeds: the smallest within 3% of the best."""
     if measured.measured("batch"):
-        batch, why = measured.batch, measured.why("batch")
+        batch, why = measured.batch, Reason("search.timed", why=measured.why("batch"))
     else:
         batch, why = fastest_small(rungs)
         skipped = measured.skip_reason("batch")
         if skipped:
-            why += f" (trials skipped: {skipped})"
+            why = why.noted(f"trials skipped: {skipped}")
     return dataclasses.replace(
         result,
         per_replica_batch_size=batch,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kerascale.measure.probe import OK, InProcessProber, ProbeResult
+from kerascale.plan.reasons import Reason
 from kerascale.sense import memory
 from kerascale.sense.model_facts import is_builder, output_elements
 
@@ -138,19 +139,14 @@ class HeadroomProber:
             if r.outcome == OK and r.peak_bytes is not None
         ]
 
-    def where(self) -> tuple[str, bool]:
+    def where(self) -> tuple[Reason, bool]:
         """Where the batches ran, in words, and whether in children."""
         if self.child is None:
-            return (
-                "in this process: each step far below the memory limit, where "
-                "a child process would cost a TensorFlow start"
-            ), False
+            return Reason("isolate.far_below"), False
         if not self._seen:
-            return "each probe in a child process", True
-        return (
-            f"in this process up to batch {max(b for b, _ in self._seen)}, in "
-            "child processes beyond (a step nearer the memory limit)"
-        ), True
+            return Reason("isolate.children"), True
+        batch = max(b for b, _ in self._seen)
+        return Reason("isolate.here_then_children", batch=batch), True
 
     def sweep(self, batches: list[int]) -> list[ProbeResult]:
         results = self.here.sweep(batches, admit=self.admits)

@@ -8,6 +8,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from kerascale._units import format_bytes
+from kerascale.plan.reasons import Reason
 from kerascale.sense import gpu_memory
 from kerascale.sense.memory import available_bytes
 
@@ -34,7 +35,7 @@ class Memory:
 
     enforce: int | None
     predict: int | None
-    why: str
+    why: Reason
     measured: str
 
 
@@ -46,16 +47,15 @@ def memories(hw: Hardware, plan: Plan, options: Any) -> tuple[Memory, Memory]:
     kind = "resident memory (RSS)" if hw.accelerator == "cpu" else "TPU memory"
     measured = {True: f"{kind} of child processes", False: f"{kind} of this process"}
     if options.memory_limit:
-        limit, why = options.memory_limit, "memory_limit you passed"
+        limit, why = options.memory_limit, Reason("limit.passed")
     elif hw.accelerator == "tpu":
-        limit, why = None, "TPU memory unknown: found by probing"
+        limit, why = None, Reason("limit.tpu_unknown")
     elif (avail := available_bytes()) is None:
-        limit, why = None, "available memory unknown: found by probing alone"
+        limit, why = None, Reason("limit.unknown")
     else:
         limit = int(avail * CPU_DEFAULT_SHARE)
-        why = (
-            f"{CPU_DEFAULT_SHARE:.0%} of the memory available now "
-            f"({format_bytes(avail)}), so that probing cannot exhaust the machine"
+        why = Reason(
+            "limit.cpu_share", share=CPU_DEFAULT_SHARE, available=format_bytes(avail)
         )
     return (
         Memory(limit, limit, why, measured[True]),
@@ -69,7 +69,7 @@ def _gpu_memories(hw: Hardware, plan: Plan, options: Any) -> tuple[Memory, Memor
     children = "GPU memory of child processes' TensorFlow allocators"
     here = "GPU memory of this process's TensorFlow allocator"
     if options.memory_limit:
-        limit, why = options.memory_limit, "memory_limit you passed (per GPU)"
+        limit, why = options.memory_limit, Reason("limit.passed_per_gpu")
         return Memory(limit, limit, why, children), Memory(limit, limit, why, here)
     indices = [int(d.rsplit(":", 1)[1]) for d in plan.devices if "gpu" in d.lower()]
     by_index = {g.index: g for g in hw.gpus}
@@ -79,26 +79,25 @@ def _gpu_memories(hw: Hardware, plan: Plan, options: Any) -> tuple[Memory, Memor
     ]
     now = gpu_memory.read(indices, ccs) if indices else None
     if not now:
-        why = "GPU memory unknown (no NVML): found by probing alone"
+        why = Reason("limit.gpu_unknown")
         return Memory(None, None, why, children), Memory(None, None, why, here)
     c = min(now, key=lambda g: g.for_new_process)
-    why = (
-        f"about {format_bytes(c.for_new_process)}: GPU:{c.index}'s "
-        f"{format_bytes(c.free)} free now (of {format_bytes(c.total)}) less "
-        "TensorFlow's reserve, what a child process's allocator gets"
+    why = Reason(
+        "limit.gpu_child",
+        size=format_bytes(c.for_new_process),
+        index=c.index,
+        free=format_bytes(c.free),
+        total=format_bytes(c.total),
+        held=c.for_new_process < c.total // 4,
     )
-    if c.for_new_process < c.total // 4:
-        why += (
-            ". Most of the GPU is held, by this process if TensorFlow "
-            'already used it here: isolate="auto" probes in this process'
-        )
     m = min(now, key=lambda g: g.allocator_size)
-    others = f", less {format_bytes(m.others)} other processes hold" if m.others else ""
-    why_here = (
-        f"about {format_bytes(m.allocator_size)}: GPU:{m.index}'s "
-        f"{format_bytes(m.total)}{others}, less TensorFlow's reserve; this "
-        f"process's tensors hold {format_bytes(m.in_use)} of it (a prediction: "
-        "running out of memory in TensorFlow's allocator decides)"
+    why_here = Reason(
+        "limit.gpu_here",
+        size=format_bytes(m.allocator_size),
+        index=m.index,
+        total=format_bytes(m.total),
+        others=format_bytes(m.others) if m.others else "",
+        in_use=format_bytes(m.in_use),
     )
     return (
         Memory(None, c.for_new_process, why, children),

@@ -143,9 +143,11 @@ def reported(result: BatchSearchResult, found: BatchSearchResult) -> BatchSearch
     """`result` (a search without recomputation, for `find_batch_size`)
     with `found`'s bound (the same search with it) reported beside it."""
     ratio = found.per_replica_batch_size / max(1, result.per_replica_batch_size)
-    why = (
-        f"with recomputation (fit's recompute=True) {found.per_replica_batch_size} "
-        f"per replica fit, {ratio:.2f}x the {result.per_replica_batch_size} without"
+    why = Reason(
+        "search.with_recompute",
+        bound=found.per_replica_batch_size,
+        ratio=ratio,
+        without=result.per_replica_batch_size,
     )
     return dataclasses.replace(
         result,

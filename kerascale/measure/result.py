@@ -49,7 +49,8 @@ class BatchSearchResult:
         limit_bytes: The memory limit the search worked against.
         granularity: The step the batch was searched in.
         margin: The safety margin applied.
-        reasons: Field -> why.
+        reasons: Field -> why (a `kerascale.plan.reasons.Reason`; words
+            alone in a result read back from the cache).
         cached: Whether the result came from the cache.
         recompute_batch_size: `batch_size` with recomputation (Keras's
             remat, fit's `recompute=True`), where `find_batch_size` found

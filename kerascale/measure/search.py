@@ -15,6 +15,7 @@ from kerascale.errors import BatchSizeSearchError
 from kerascale.measure.memory_model import MemoryModel
 from kerascale.measure.probe import ERROR, OK, ProbeResult
 from kerascale.measure.result import BatchSearchResult, describe_probe
+from kerascale.plan.reasons import Reason
 
 MODES = ("max", "throughput")
 THROUGHPUT_TOLERANCE = 0.03  # "within 3% of the best"
@@ -326,18 +327,19 @@ class _Search:
         best = lo
         if margin > 0 and hi is not None:
             best = max(1, self.down(lo * (1 - margin)))
-            reasons["margin"] = f"{margin:.0%} of {lo} kept free for safety: {best}"
+            reasons["margin"] = Reason(
+                "search.margin", margin=margin, fits=lo, best=best
+            )
         if mode == "throughput":
             speeds = {b: s for b, s in self._speeds().items() if b <= best}
             if speeds:
                 best, why = fastest_small(speeds)
             else:
-                why = "no throughput measured: the memory bound"
-            reasons["batch_size"] = f"{why}; memory: {bound}"
+                why = Reason("search.untimed")
+            reasons["batch_size"] = Reason("search.fastest", why=why, bound=bound)
         else:
-            reasons["batch_size"] = f"largest that fits: {bound}" + (
-                f", less the {margin:.0%} margin" if best != lo else ""
-            )
+            less = margin if best != lo else 0
+            reasons["batch_size"] = Reason("search.largest", bound=bound, margin=less)
         return BatchSearchResult(
             batch_size=best,
             per_replica_batch_size=best,
@@ -371,20 +373,23 @@ def ladder(cap: int, granularity: int = 1) -> list[int]:
     return rungs
 
 
-def fastest_small(speeds: dict[int, float]) -> tuple[int, str]:
+def fastest_small(speeds: dict[int, float]) -> tuple[int, Reason]:
     """The smallest batch within THROUGHPUT_TOLERANCE of the best of
     `speeds` ({batch: samples/s}, measured by the probes), and why."""
     speeds = {b: s for b, s in speeds.items() if s} or dict.fromkeys(speeds, 0.0)
     top = max(speeds.values())
     if not top:  # rungs that no probe timed (XLA's search runs none)
-        return min(speeds), "the smallest of the batches (none was timed)"
+        return min(speeds), Reason("search.none_timed")
     best = min(b for b, s in speeds.items() if s >= (1 - THROUGHPUT_TOLERANCE) * top)
     fastest = max(speeds, key=speeds.get)
     if best == fastest:
-        return best, f"the fastest the probes timed ({top:.0f} samples/s)"
-    return best, (
-        f"within {THROUGHPUT_TOLERANCE:.0%} of the fastest, {fastest}, and smaller "
-        f"({speeds[best]:.0f} vs {top:.0f} samples/s)"
+        return best, Reason("search.fastest_timed", speed=top)
+    return best, Reason(
+        "search.within_tolerance",
+        tolerance=THROUGHPUT_TOLERANCE,
+        fastest=fastest,
+        speed=speeds[best],
+        top=top,
     )
 
 

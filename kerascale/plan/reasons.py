@@ -262,6 +262,99 @@ WORDS: dict[str, str | Callable[..., str]] = {
         "by XLA's count), within {source} {limit} less the {margin:.0%} margin: "
         "not sharded"
     ),
+    # the batch search's result (`BatchSearchResult.reasons`)
+    "search.largest": lambda bound, margin: (
+        f"largest that fits: {bound}"
+        + (f", less the {margin:.0%} margin" if margin else "")
+    ),
+    "search.fastest": "{why}; memory: {bound}",
+    "search.untimed": "no throughput measured: the memory bound",
+    "search.none_timed": "the smallest of the batches (none was timed)",
+    "search.fastest_timed": "the fastest the probes timed ({speed:.0f} samples/s)",
+    "search.within_tolerance": (
+        "within {tolerance:.0%} of the fastest, {fastest}, and smaller ({speed:.0f} "
+        "vs {top:.0f} samples/s)"
+    ),
+    "search.timed": "{why}",
+    "search.margin": "{margin:.0%} of {fits} kept free for safety: {best}",
+    "search.smallest_worker": (
+        "{why}; the smallest of the {workers} workers' ({batches} per replica)"
+    ),
+    "search.one_pass": "it fits in one pass: no split, so no accumulators held",
+    "search.with_recompute": (
+        "with recomputation (fit's recompute=True) {bound} per replica fit, "
+        "{ratio:.2f}x the {without} without"
+    ),
+    "search.probes": "{probes} probes, {seconds:.0f}s, {measured}",
+    "search.memory": lambda measured, share, threshold_fixed: (
+        measured
+        + (f", counting {share}" if share else "")
+        + (
+            "; glibc's mmap threshold fixed at 128 KiB here and in the probes"
+            if threshold_fixed
+            else ""
+        )
+    ),
+    "search.xla": "XLA's memory analysis, {compiles} compiles",
+    "search.compiled": lambda fits, fails, cap, margin, counted, confirmed: (
+        f"the largest per-replica batch whose compiled train step fits: {fits} fits"
+        + (f"; {fails} does not" if fails is not None else f"; capped at {cap}")
+        + (f", less the {margin:.0%} margin" if margin else "")
+        + f" ({counted}){confirmed}"
+    ),
+    "search.ladder": (
+        "rungs {rungs} per replica, for the trials to time on your data, up to "
+        "{bound} ({cap} or the largest whose compiled train step fits: {counted})"
+    ),
+    # where the probes ran
+    "isolate.asked": "isolate={isolate}",
+    "isolate.your_instance": "your strategy instance lives in this process",
+    "isolate.tpu": "a TPU serves one process at a time",
+    "isolate.gpu": (
+        "in this process: on a GPU, this process's allocator holds the memory "
+        "training will use, and running out of it is an error the process survives"
+    ),
+    "isolate.children": "each probe in a child process",
+    "isolate.cannot_ship": "in this process: the model cannot be shipped ({problem})",
+    "isolate.far_below": (
+        "in this process: each step far below the memory limit, where a child "
+        "process would cost a TensorFlow start"
+    ),
+    "isolate.here_then_children": (
+        "in this process up to batch {batch}, in child processes beyond (a step "
+        "nearer the memory limit)"
+    ),
+    # the largest batch searched
+    "cap.ceiling": "kerascale's ceiling of {cap}",
+    "cap.max_batch_size": "max_batch_size",
+    "cap.dataset": "the dataset size",
+    "cap.steps": "1/{steps} of the dataset, so that an epoch keeps {steps} updates",
+    # the memory the probes had
+    "limit.passed": "memory_limit you passed",
+    "limit.passed_per_gpu": "memory_limit you passed (per GPU)",
+    "limit.tpu_unknown": "TPU memory unknown: found by probing",
+    "limit.unknown": "available memory unknown: found by probing alone",
+    "limit.cpu_share": (
+        "{share:.0%} of the memory available now ({available}), so that probing "
+        "cannot exhaust the machine"
+    ),
+    "limit.gpu_unknown": "GPU memory unknown (no NVML): found by probing alone",
+    "limit.gpu_child": lambda size, index, free, total, held: (
+        f"about {size}: GPU:{index}'s {free} free now (of {total}) less "
+        "TensorFlow's reserve, what a child process's allocator gets"
+        + (
+            ". Most of the GPU is held, by this process if TensorFlow already used "
+            'it here: isolate="auto" probes in this process'
+            if held
+            else ""
+        )
+    ),
+    "limit.gpu_here": lambda size, index, total, others, in_use: (
+        f"about {size}: GPU:{index}'s {total}"
+        + (f", less {others} other processes hold" if others else "")
+        + f", less TensorFlow's reserve; this process's tensors hold {in_use} of "
+        "it (a prediction: running out of memory in TensorFlow's allocator decides)"
+    ),
     # any field
     "resumed": "as in the checkpoint being resumed",
     "first_step_failed": lambda what, failure, skip: (

@@ -30,6 +30,7 @@ from kerascale.measure.probe import OK, OOM, ProbeResult
 from kerascale.measure.request import SearchOptions
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import granularity_for, granule_at, ladder, round_down
+from kerascale.plan.reasons import Reason
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
 
@@ -277,17 +278,19 @@ def _result(
     fails: int | None,
     seen: list[compiled.Compiled],
     free: tuple[int, str],
-    why_cap: str,
+    why_cap: Reason,
     result: tuple[int, int, str],
 ) -> BatchSearchResult:
     free_bytes_, why_free = free
     chosen, granularity, confirmed = result
-    over = f"; {fails} does not" if fails is not None else f"; capped at {why_cap}"
-    why = (
-        f"the largest per-replica batch whose compiled train step fits: {fits} "
-        f"fits{over}"
-        + (f", less the {options.margin:.0%} margin" if chosen < fits else "")
-        + f" ({compiled.describe(seen, free_bytes_)}){confirmed}"
+    why = Reason(
+        "search.compiled",
+        fits=fits,
+        fails=fails,
+        cap=why_cap,
+        margin=options.margin if chosen < fits else 0,
+        counted=compiled.describe(seen, free_bytes_),
+        confirmed=confirmed,
     )
     return BatchSearchResult(
         batch_size=chosen * plan.replicas,
@@ -305,7 +308,7 @@ def _result(
         margin=options.margin,
         reasons={
             "batch_size": why,
-            "search": f"XLA's memory analysis, {len(seen)} compiles",
+            "search": Reason("search.xla", compiles=len(seen)),
             "limit": why_free,
         },
     )
@@ -397,16 +400,18 @@ def _ladder(
     bound: int,
     seen: list[compiled.Compiled],
     free: tuple[int, str],
-    why_cap: str,
+    why_cap: Reason,
 ) -> BatchSearchResult:
     """The rungs for the CPU trials to time: doublings from Keras's default
     batch up to `bound` (the largest whose compiled step fits, less the
     margin, or the cap), then `bound` itself; none of them run yet."""
     rungs = ladder(bound)
-    why = (
-        f"rungs {', '.join(map(str, rungs))} per replica, for the trials to time "
-        f"on your data, up to {bound} ({why_cap} or the largest whose compiled "
-        f"train step fits: {compiled.describe(seen, free[0])})"
+    why = Reason(
+        "search.ladder",
+        rungs=", ".join(map(str, rungs)),
+        bound=bound,
+        cap=why_cap,
+        counted=compiled.describe(seen, free[0]),
     )
     return BatchSearchResult(
         batch_size=bound * plan.replicas,
@@ -424,7 +429,7 @@ def _ladder(
         margin=0.0,
         reasons={
             "batch_size": why,
-            "search": f"XLA's memory analysis, {len(seen)} compiles",
+            "search": Reason("search.xla", compiles=len(seen)),
             "limit": free[1],
         },
     )
