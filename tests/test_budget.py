@@ -228,7 +228,7 @@ def test_trials_leave_the_datasets_shuffle_order_alone(no_budget):
     history = kerascale.fit(
         model, shuffled(), batch_size=32, precision="float32", epochs=2, verbose=0
     )
-    assert history.plan.reasons["data_changes"].code == "data.timed"
+    assert history.plan.reasons["data_changes"].code == "trials.measured"
     for a, b in zip(plain.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
 

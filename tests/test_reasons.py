@@ -168,6 +168,31 @@ def test_an_unknown_code_or_a_missing_detail_is_a_programming_error():
             "precision mixed_bfloat16 failed at the first training step (TypeError: "
             "x): training without them. Pass precision='float32' to skip the attempt.",
         ),
+        (
+            "precision.too_short",
+            {"run": 12.345, "cost": 1.5},
+            "float32: the run (about 12.3s) is too short to repay bf16's start "
+            "(about 1.50s)",
+        ),
+        (
+            "trials.measured",
+            {
+                "field": "data_changes",
+                "cached": True,
+                "rounds": 3,
+                "figures": "as given: 100 ± 1%; optimised: 150 ± 2%",
+                "gain": 0.03,
+                "attempts": 1,
+                "max_attempts": 3,
+                "uncertain": True,
+                "optimized": True,
+            },
+            "optimised: measured on your data (cached trials, 3 interleaved rounds, "
+            "samples/s ± half their range: as given: 100 ± 1%; optimised: 150 ± 2%; "
+            "the alternative to what model.fit does only when it wins in every "
+            "round, by more than 3% and half the range of the per-round gains); "
+            "within noise: measured again on a later run (1 of 3)",
+        ),
     ],
 )
 def test_the_words_of_a_few_codes(code, details, words):

@@ -309,7 +309,7 @@ def test_trials_borrow_a_model_that_cannot_be_copied(monkeypatch, no_budget):
     after = [v.numpy() for v in [*m.variables, *m.optimizer.variables]]
     for a, b in zip(before, after, strict=True):
         np.testing.assert_array_equal(a, b)
-    assert not p.rebuild and p.reasons["precision"].code == "precision.timed"
+    assert not p.rebuild and p.reasons["precision"].code == "trials.measured"
     assert not [w for w in p.warnings if w.startswith("Not applied")]
     history = kerascale.fit(m, mapped(), batch_size=32, epochs=1, verbose=0)
     assert history.plan.global_batch_size == 32

@@ -90,7 +90,7 @@ def test_fit_after_its_trials_trains_as_plain_fit(bf16_cpu, monkeypatch):
     keras.utils.set_random_seed(7)  # the shuffle's
     history = kerascale.fit(ours, x, y, batch_size=64, epochs=2, verbose=0)
     assert history.plan.precision == "float32"
-    assert history.plan.reasons["precision"].code == "precision.timed"
+    assert history.plan.reasons["precision"].code == "trials.measured"
     if history.plan.replicas > 1:
         keras.distribution.set_distribution(keras.distribution.DataParallel())
     theirs = model()
@@ -107,7 +107,7 @@ def test_trials_time_the_ladder_of_batches_under_the_compiled_bound(bf16_cpu):
     decided = decide(model(), x, y, options, epochs=5, hardware=bf16_cpu)
     search = decided.search
     assert search.mode == "ladder" and search.reasons["search"].code == "search.xla"
-    assert search.reasons["batch_size"].code == "search.timed"  # the trials chose
+    assert search.reasons["batch_size"].code == "trials.measured"  # the trials chose
     rungs = [p.batch for p in search.probes]
     assert rungs[0] == 32 and all(b <= search.largest_fitting for b in rungs)
     timed = [t for t in decided.trials.trials if t.stage == "batch"]

@@ -360,7 +360,7 @@ def _tried(
     if len(rungs) > 1:
         result = _batch_chosen(result, measured, rungs, plan.replicas)
     # The rule's bf16, where the trials did not time it, weighed by its start.
-    short = "" if measured.measured("precision") else _too_short_for_bf16(
+    short = None if measured.measured("precision") else _too_short_for_bf16(
         decided, model, budget
     )  # fmt: skip
     settled = dataclasses.replace(
@@ -373,16 +373,11 @@ def _tried(
         else options.optimize_data,
     )
     found = Measured()
-    for field, tried, timed in (
-        ("precision", try_precision, "precision.timed"),
-        ("data_changes", try_pipeline, "data.timed"),
-    ):
+    for field, tried in (("precision", try_precision), ("data_changes", try_pipeline)):
         if measured.measured(field):
-            found = found.decided(**{field: Reason(timed, why=measured.why(field))})
+            found = found.decided(**{field: measured.why(field)})
         elif field == "precision" and short:
-            found = found.decided(
-                precision=Reason("precision.bf16_too_short", why=short)
-            )
+            found = found.decided(precision=short)
         elif tried and measured.skip_reason(field):
             found = found.noted(field, f"trials skipped: {measured.skip_reason(field)}")
     return decided.replanned(
@@ -398,9 +393,9 @@ def _tried(
 
 def _too_short_for_bf16(
     decided: Decided, model: Any, budget: budget_lib.RunBudget | None
-) -> str:
+) -> Reason | None:
     """Why bf16, which the CPU rule picks without a trial, would cost this
-    run more than it saves (`first_trace.why_float32`), or ""."""
+    run more than it saves (`first_trace.why_float32`), or None."""
     plan, options = decided.plan, decided.options
     rule = (
         options.precision == "auto"
@@ -416,7 +411,7 @@ def _too_short_for_bf16(
         # strategy, and a worker that read the figure from a shared cache
         # while another measured it would be a collective short (a SIGSTOP
         # test's survivor hung).
-        return ""
+        return None
     return first_trace.why_float32(model, plan, budget)
 
 
@@ -430,7 +425,7 @@ def _batch_chosen(
     did not time the rungs, the fastest by the probes' own (synthetic)
     speeds: the smallest within 3% of the best."""
     if measured.measured("batch"):
-        batch, why = measured.batch, Reason("search.timed", why=measured.why("batch"))
+        batch, why = measured.batch, measured.why("batch")
     else:
         batch, why = fastest_small(rungs)
         skipped = measured.skip_reason("batch")

@@ -22,6 +22,7 @@ import numpy as np
 
 from kerascale import _keras_compat as keras_compat
 from kerascale._state import preserved_state
+from kerascale.plan.reasons import Reason
 
 if TYPE_CHECKING:
     from kerascale.plan.plan import Plan
@@ -102,27 +103,20 @@ def bf16_repays(model: Any, backend: str, run_seconds: float) -> tuple[bool, flo
     return saving > cost, cost
 
 
-def why_float32(model: Any, plan: Plan, budget: Any) -> str:
+def why_float32(model: Any, plan: Plan, budget: Any) -> Reason | None:
     """Why a run under `plan` (its `budget`: `measure.budget.RunBudget`)
-    stays float32 rather than take the CPU rule's bf16, or "". A run of
+    stays float32 rather than take the CPU rule's bf16, or None. A run of
     unknown length stays float32 (Keras's steps_per_execution test trained
     a dataset of unknown size after one with steps_per_epoch: in bf16 and in
     float32, 0.2% apart); a model that cannot be run before training (no
     first speed) keeps the rule."""
     samples = budget.samples(plan)
     if samples is None:  # as model.fit trains: nothing shows bf16 repays
-        return (
-            "float32: the run's length is unknown (a dataset of unknown size), so "
-            "bf16's start may not be repaid; pass steps_per_epoch= to let "
-            "kerascale weigh it, or precision='mixed_bfloat16'"
-        )
+        return Reason("precision.length_unknown")
     if budget.per_sample is None:
-        return ""
+        return None
     run = samples * budget.per_sample
     repays, cost = bf16_repays(model, plan.backend, run)
     if repays:
-        return ""
-    return (
-        f"float32: the run (about {run:.1f}s) is too short to repay bf16's "
-        f"start (about {cost:.2f}s)"
-    )
+        return None
+    return Reason("precision.too_short", run=run, cost=cost)

@@ -14,6 +14,7 @@ from kerascale.measure.search import fastest_small
 from kerascale.measure.trial_bench import ROUNDS, Bench, Trial
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
+from kerascale.plan.reasons import Reason
 from kerascale.sense import data_facts, data_signature
 
 if TYPE_CHECKING:
@@ -55,37 +56,20 @@ class TrialResult:
     def skip_reason(self, field: str) -> str:
         return dict(self.skipped).get(field, "")
 
-    def why(self, field: str) -> str:
+    def why(self, field: str) -> Reason:
         """The reason for `field` of the plan, with every figure behind it."""
-        source = "cached trials" if self.cached else "trials"
-        figures = "; ".join(t.describe() for t in self.trials if t.stage == field)
-        beyond = (
-            f"in every round, by more than {MIN_GAIN:.0%} and half the range of "
-            "the per-round gains"
+        return Reason(
+            "trials.measured",
+            field=field,
+            cached=self.cached,
+            rounds=ROUNDS,
+            figures="; ".join(t.describe() for t in self.trials if t.stage == field),
+            gain=MIN_GAIN,
+            attempts=self.attempts,
+            max_attempts=MAX_ATTEMPTS,
+            uncertain=field in self.uncertain,
+            optimized=bool(self.optimize_data),
         )
-        if field == "batch":
-            rule = (
-                "the probes' fastest (smallest within 3%) unless another batch "
-                f"beats it {beyond}; a batch that does is timed against the "
-                "next rung the same way, while it wins"
-            )
-        else:
-            rule = f"the alternative to what model.fit does only when it wins {beyond}"
-        doubt = ""
-        if field in self.uncertain:
-            doubt = (
-                f"; within noise: measured again on a later run ({self.attempts} "
-                f"of {MAX_ATTEMPTS})"
-                if self.attempts < MAX_ATTEMPTS
-                else f"; within noise in {MAX_ATTEMPTS} runs: a tie"
-            )
-        body = (
-            f"measured on your data ({source}, {ROUNDS} interleaved rounds, "
-            f"samples/s ± half their range: {figures}; {rule}){doubt}"
-        )
-        if field == "data_changes":
-            return f"{'optimised' if self.optimize_data else 'left as given'}: {body}"
-        return body
 
     def cost(self) -> str:
         if self.run_seconds:

@@ -114,6 +114,47 @@ def _split_inexact(per_replica: int, bound: int, least: int, k: int, micro: int)
     )
 
 
+def _trials(
+    field: str,
+    cached: bool,
+    rounds: int,
+    figures: str,
+    gain: float,
+    attempts: int,
+    max_attempts: int,
+    uncertain: bool,
+    optimized: bool,
+) -> str:
+    beyond = (
+        f"in every round, by more than {gain:.0%} and half the range of the "
+        "per-round gains"
+    )
+    if field == "batch":
+        rule = (
+            "the probes' fastest (smallest within 3%) unless another batch beats "
+            f"it {beyond}; a batch that does is timed against the next rung the "
+            "same way, while it wins"
+        )
+    else:
+        rule = f"the alternative to what model.fit does only when it wins {beyond}"
+    doubt = ""
+    if uncertain:
+        doubt = (
+            f"; within noise: measured again on a later run ({attempts} of "
+            f"{max_attempts})"
+            if attempts < max_attempts
+            else f"; within noise in {max_attempts} runs: a tie"
+        )
+    source = "cached trials" if cached else "trials"
+    body = (
+        f"measured on your data ({source}, {rounds} interleaved rounds, samples/s "
+        f"± half their range: {figures}; {rule}){doubt}"
+    )
+    if field == "data_changes":
+        return f"{'optimised' if optimized else 'left as given'}: {body}"
+    return body
+
+
 _JAX_DEFAULT = "Keras's JAX default (no keras.distribution)"
 _DATA_PARALLEL = "keras.distribution.DataParallel, the batch split across them"
 _TF_DEFAULT = "TensorFlow's default strategy"
@@ -246,15 +287,22 @@ WORDS: dict[str, str | Callable[..., str]] = {
     "recompute.not_used": "not used: {figures}{why}",
     "recompute.chief": ("the chief's ({mode}), so that all workers compute alike"),
     # precision, measured
-    "precision.timed": "{why}",
-    "precision.bf16_too_short": "{why}",
+    "precision.length_unknown": (
+        "float32: the run's length is unknown (a dataset of unknown size), so "
+        "bf16's start may not be repaid; pass steps_per_epoch= to let kerascale "
+        "weigh it, or precision='mixed_bfloat16'"
+    ),
+    "precision.too_short": (
+        "float32: the run (about {run:.1f}s) is too short to repay bf16's start "
+        "(about {cost:.2f}s)"
+    ),
     "precision.failed_in_probe": (
         "{policy}: {tried} failed in the batch search's probe ({error}); pass "
         "precision='{policy}' to skip the attempt"
     ),
     "precision.chief": "the chief's ({policy}), so that all workers compute alike",
-    # data_changes, measured
-    "data.timed": "{why}",
+    # the CPU trials: the batch, the pipeline or the precision, timed
+    "trials.measured": _trials,
     # sharding
     "sharding.chosen": "{why}",
     "sharding.fits": (
@@ -275,7 +323,6 @@ WORDS: dict[str, str | Callable[..., str]] = {
         "within {tolerance:.0%} of the fastest, {fastest}, and smaller ({speed:.0f} "
         "vs {top:.0f} samples/s)"
     ),
-    "search.timed": "{why}",
     "search.margin": "{margin:.0%} of {fits} kept free for safety: {best}",
     "search.smallest_worker": (
         "{why}; the smallest of the {workers} workers' ({batches} per replica)"
