@@ -7,6 +7,7 @@ Its design: docs/design/modules.md, `kerascale.callbacks._backup_state`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Callable
@@ -71,6 +72,18 @@ class RunState:
         """Whether the running epoch is done (`exhausted`: its input ended)."""
         steps = self.epoch_steps
         return exhausted or (steps is not None and self.step >= steps)
+
+    def end_epoch(self, epoch: int, logs: dict[str, Any] | None) -> None:
+        """Records a complete epoch: only whole epochs go into the saved
+        History (a resumed run reports the interrupted epoch itself when it
+        completes it), and a full epoch tells how many batches one has."""
+        self.history["epoch"].append(epoch)
+        for key, value in (logs or {}).items():
+            with contextlib.suppress(TypeError, ValueError):
+                self.history["logs"].setdefault(key, []).append(float(value))
+        self.completed_epochs = epoch + 1
+        if self.epoch_steps is None:
+            self.epoch_steps = self.step
 
     def at(self, *, boundary: bool, exhausted: bool) -> tuple[int, int]:
         """(epoch, step) a save records; `boundary`: at an epoch's end (or

@@ -9,13 +9,10 @@ random state `_backup_meta`; SIGTERM, the other workers and the lease
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from kerascale import _fs
 from kerascale import _keras_compat as keras_compat
 from kerascale import _validation as v
 from kerascale.callbacks import _backup_meta as meta_lib
@@ -37,8 +34,6 @@ from kerascale.sense import backend as backend_lib
 
 if TYPE_CHECKING:
     from kerascale.plan.plan import Plan
-
-logger = logging.getLogger("kerascale")
 
 __all__ = ["PREEMPTED_EXIT_CODE", "FaultTolerantBackup"]
 
@@ -143,7 +138,6 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
 
     def _begin(self) -> None:
         self._s.read_run(self.model, self.params)
-        existing = store.scan(self.directory) if _fs.exists(self.directory) else []
         # Across workers, time-based saves and preemption are agreed on.
         self._coord.start(
             self.model,
@@ -153,15 +147,14 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             lease_timeout=self._lease_timeout,
             in_use=lambda: self._s.active and self.run.alive(),
         )
-        if self._s.chief:
-            for path in store.remove_leftovers(self.directory):
-                logger.info("Removed %s, a save that was interrupted.", path)
-        self._s.next_number = 1 + max((f.number for f in existing), default=0)
+        existing, self._s.next_number = store.opened(
+            self.directory, chief=self._s.chief
+        )
         built = keras_compat.fully_built(self.model)
         if built and not self.model.optimizer.built:
             keras_compat.build_like_first_step(self.model, None)
         if not self.start_over:
-            self._resume([f for f in existing if f.state != "leftover"], now=built)
+            self._resume(existing, now=built)
         self._wrapper = Wrapped.install(self, self.model)
         self._coord.sigterm.install(lambda: self._s.active and self.run.alive())
         self._schedule.start_clock()
@@ -208,15 +201,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         if self._s.epoch_complete(self._position.exhausted):
-            # Only whole epochs go into the saved History: a resumed run
-            # reports the interrupted epoch itself when it completes it.
-            self._s.history["epoch"].append(epoch)
-            for key, value in (logs or {}).items():
-                with contextlib.suppress(TypeError, ValueError):
-                    self._s.history["logs"].setdefault(key, []).append(float(value))
-            self._s.completed_epochs = epoch + 1
-            if self._s.epoch_steps is None:
-                self._s.epoch_steps = self._s.step  # learnt from a full epoch
+            self._s.end_epoch(epoch, logs)
         if self._s.preempt_due or self._coord.preempted_alone():
             self._preempt_exit()
         if self._schedule.by_epoch or self._schedule.at_epoch_end:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 import uuid
@@ -15,6 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kerascale import _fs, _pids
+
+logger = logging.getLogger("kerascale")
 
 FORMAT = "kerascale.backup/1"
 META = "meta.json"
@@ -64,6 +67,17 @@ def scan(directory: str) -> list[Found]:
             state = "damaged"
         found.append(Found(int(match.group(1)), path, state))
     return sorted(found, key=lambda f: f.number, reverse=True)
+
+
+def opened(directory: str, *, chief: bool) -> tuple[list[Found], int]:
+    """The checkpoints under `directory` (leftovers of saves killed before
+    their commit removed, by the chief), and the next save's number."""
+    existing = scan(directory) if _fs.exists(directory) else []
+    if chief:
+        for path in remove_leftovers(directory):
+            logger.info("Removed %s, a save that was interrupted.", path)
+    usable = [f for f in existing if f.state != "leftover"]
+    return usable, 1 + max((f.number for f in existing), default=0)
 
 
 def remove_leftovers(directory: str) -> list[str]:
