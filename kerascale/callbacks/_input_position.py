@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale import _tf_compat as tfc
 from kerascale._tf import tf
@@ -18,6 +18,9 @@ from kerascale.callbacks._backup_meta import (
     restore_random_state,
 )
 from kerascale.errors import first_line, warn
+
+if TYPE_CHECKING:
+    from kerascale.callbacks._input_source import InputSource
 
 
 class _EpochPosition:
@@ -52,7 +55,7 @@ class _EpochPosition:
         self._new_this_epoch = False
         # Python's and NumPy's random state when the iterator started.
         self._start_random: dict[str, Any] | None = None
-        self.source: Any = None  # an InputSource, where kerascale.fit gave one
+        self.source: InputSource | None = None  # where kerascale.fit gave one
 
     def _warn_order(self, reason: str) -> None:
         if not self._order_warned:

@@ -30,6 +30,7 @@ from kerascale.sense.model_facts import is_builder
 
 if TYPE_CHECKING:
     from kerascale.plan.plan import Plan
+    from kerascale.sense.data_facts import DataFacts
     from kerascale.sense.hardware import Hardware
 
 THROUGHPUT_TIMED_SECONDS = 1.0  # per probe; 0.3 s timings varied by 20% on 2 cores
@@ -52,7 +53,7 @@ def auto_mode(hw: Hardware) -> str:
     return "throughput" if hw.accelerator == "cpu" else "max"
 
 
-def cap_for(data: Any, plan: Plan, options: SearchOptions) -> tuple[int, Reason]:
+def cap_for(data: DataFacts, plan: Plan, options: SearchOptions) -> tuple[int, Reason]:
     """The largest per-replica batch to search, and why."""
     caps = [(HARD_CAP, Reason("cap.ceiling", cap=HARD_CAP))]
     if options.max_batch_size:

@@ -26,6 +26,7 @@ from kerascale.sense.model_facts import is_trainer
 
 if TYPE_CHECKING:
     from kerascale.plan.plan import Plan
+    from kerascale.sense.data_facts import DataFacts
 
 # A measurement runs where its expected saving is at least REPAY x its cost
 # (tests set 0: always; inf: never).
@@ -85,7 +86,7 @@ class RunBudget:
 
     def __init__(
         self,
-        data: Any,
+        data: DataFacts,
         epochs: int,
         steps_per_epoch: Any,
         estimate: Callable[[], float | None],
@@ -138,7 +139,9 @@ class RunBudget:
 _ESTIMATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def train_seconds_per_sample(model: Any, x: Any, y: Any, data: Any) -> float | None:
+def train_seconds_per_sample(
+    model: Any, x: Any, y: Any, data: DataFacts
+) -> float | None:
     """Seconds per sample of a training step, estimated as TRAIN_PER_FORWARD
     eager forward passes of `model` on synthetic inputs; None when the model
     cannot be called on them (a builder, a model whose `call` needs what
@@ -162,7 +165,7 @@ def train_seconds_per_sample(model: Any, x: Any, y: Any, data: Any) -> float | N
     return seen[key]
 
 
-def _input_key(model: Any, x: Any, data: Any) -> tuple:
+def _input_key(model: Any, x: Any, data: DataFacts) -> tuple:
     """What the estimate depends on: the model's precision and the shapes
     of a sample (arrays), else the input object itself."""
     policy = getattr(getattr(model, "dtype_policy", None), "name", "")
@@ -178,7 +181,7 @@ def _input_key(model: Any, x: Any, data: Any) -> tuple:
     )
 
 
-def _estimated(model: Any, x: Any, y: Any, data: Any) -> float | None:
+def _estimated(model: Any, x: Any, y: Any, data: DataFacts) -> float | None:
     try:
         inputs = _inputs(x, y, data)
     except Exception:  # no figure: the measurements decide
@@ -212,7 +215,7 @@ def _estimated(model: Any, x: Any, y: Any, data: Any) -> float | None:
     return TRAIN_PER_FORWARD * seconds / batch
 
 
-def _inputs(x: Any, y: Any, data: Any) -> Callable[[int], Any]:
+def _inputs(x: Any, y: Any, data: DataFacts) -> Callable[[int], Any]:
     """`batch -> model inputs`: the arrays' own first rows (repeated where
     there are fewer; no TensorFlow needed), else a synthetic batch shaped
     like the data's elements."""

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale.apply.session import Session
 from kerascale.measure import fit_process, fork_server, probe_data, shipping
@@ -33,6 +33,9 @@ from kerascale.measure.probe import (
 )
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
+
+if TYPE_CHECKING:
+    from kerascale.measure.host_share import HostShare
 
 
 def _child_main(argv: list[str]) -> int:
@@ -149,7 +152,7 @@ def _watch_resident(current: dict[str, int], write: Any) -> None:
     threading.Thread(target=watch, name="kerascale-resident-watch", daemon=True).start()
 
 
-def _child_setup(workdir: str, spec: ProbeSpec, element: Any, share: Any) -> Any:
+def _child_setup(workdir: str, spec: ProbeSpec, element: Any, share: HostShare) -> Any:
     """(the model, its optimizer's bytes to count, `share.child_arrays`
     synthetic arrays of the per-sample `element` or None, the bytes a sample
     puts in the model's largest layer output): arrays are held as the user's

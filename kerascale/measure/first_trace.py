@@ -25,6 +25,7 @@ from kerascale._state import preserved_state
 from kerascale.plan.reasons import Reason
 
 if TYPE_CHECKING:
+    from kerascale.measure.budget import RunBudget
     from kerascale.plan.plan import Plan
 
 REFERENCE_LAYERS = 4
@@ -103,8 +104,8 @@ def bf16_repays(model: Any, backend: str, run_seconds: float) -> tuple[bool, flo
     return saving > cost, cost
 
 
-def why_float32(model: Any, plan: Plan, budget: Any) -> Reason | None:
-    """Why a run under `plan` (its `budget`: `measure.budget.RunBudget`)
+def why_float32(model: Any, plan: Plan, budget: RunBudget) -> Reason | None:
+    """Why a run under `plan` (its `budget`)
     stays float32 rather than take the CPU rule's bf16, or None. A run of
     unknown length stays float32 (Keras's steps_per_execution test trained
     a dataset of unknown size after one with steps_per_epoch: in bf16 and in

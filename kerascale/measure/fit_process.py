@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kerascale.measure.host_share import HostShare
 
 # Kept below memory_limit by the probes where they count the process where
 # fit trains (at least; 1% of the limit where that is more).
@@ -58,7 +61,7 @@ class AsFitProcess:
     does not see (`spread` of its growth, `op_order` bytes a sample)."""
 
     base: int
-    share: Any
+    share: HostShare
     sample: int
     spread: float
     op_order: int

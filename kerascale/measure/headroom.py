@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale.measure.probe import OK, InProcessProber, ProbeResult
 from kerascale.plan.reasons import Reason
 from kerascale.sense import memory
 from kerascale.sense.model_facts import is_builder, output_elements
+
+if TYPE_CHECKING:
+    from kerascale.measure.probe import ProbeSpec
+    from kerascale.measure.request import SearchOptions
 
 # A batch runs here if SAFETY x its predicted growth is under SHARE x limit.
 SAFETY = 2.0
@@ -46,7 +50,9 @@ def prior_for(model: Any) -> tuple[int, int] | None:
     return (PARAM_BYTES * params, OUTPUT_BYTES * elements) if elements else None
 
 
-def applies(spec: Any, mode: str, options: Any, limit: int | None) -> bool:
+def applies(
+    spec: ProbeSpec, mode: str, options: SearchOptions, limit: int | None
+) -> bool:
     """Whether a search may probe here first: a CPU's speed ladder on one
     device, its limit the memory available (not `memory_limit`)."""
     return (
@@ -76,7 +82,7 @@ class Room:
 
 
 def room_for(
-    model: Any, spec: Any, mode: str, options: Any, limit: int | None
+    model: Any, spec: ProbeSpec, mode: str, options: SearchOptions, limit: int | None
 ) -> Room | None:
     """The room a search has here, decided once per search; None where
     every probe runs in a child (`applies` says no, or no prior)."""

@@ -23,6 +23,7 @@ from kerascale.sense import memory
 
 if TYPE_CHECKING:
     from kerascale.plan.plan import Plan
+    from kerascale.sense.data_facts import DataFacts
 
 logger = logging.getLogger("kerascale")
 
@@ -119,7 +120,7 @@ class HostShare:
 def for_search(
     x: Any,
     y: Any,
-    data: Any,
+    data: DataFacts,
     plan: Plan,
     *,
     memory_limit: int | None,
@@ -147,7 +148,7 @@ def for_search(
 def measure(
     x: Any,
     y: Any,
-    data: Any,
+    data: DataFacts,
     plan: Plan,
     *,
     counts_resident: bool,
@@ -264,7 +265,7 @@ def _added(setup: Any, read: Any, batch: int) -> int:
     return max(0, steady - before)
 
 
-def _reader(x: Any, y: Any, data: Any, plan: Plan, shuffle: Any) -> Any:
+def _reader(x: Any, y: Any, data: DataFacts, plan: Plan, shuffle: Any) -> Any:
     """(setup, read) that build the input's pipeline at a batch as Keras's
     `fit` does and read it; None where kerascale cannot read the input
     without consuming it (a generator, a grain loader) or has no arrays."""

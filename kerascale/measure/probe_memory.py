@@ -5,7 +5,7 @@ a TPU, or GPUs (what their allocators get, from NVML)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kerascale._units import format_bytes
 from kerascale.plan.reasons import Reason
@@ -13,6 +13,7 @@ from kerascale.sense import gpu_memory
 from kerascale.sense.memory import available_bytes
 
 if TYPE_CHECKING:
+    from kerascale.measure.request import SearchOptions
     from kerascale.plan.plan import Plan
     from kerascale.sense.hardware import Hardware
 
@@ -39,7 +40,7 @@ class Memory:
     measured: str
 
 
-def memories(hw: Hardware, plan: Plan, options: Any) -> tuple[Memory, Memory]:
+def memories(hw: Hardware, plan: Plan, options: SearchOptions) -> tuple[Memory, Memory]:
     """The memory probes have in child processes, and in this process (one
     reading of the device: the search may fall back from one to the other)."""
     if hw.accelerator == "gpu":
@@ -63,7 +64,9 @@ def memories(hw: Hardware, plan: Plan, options: Any) -> tuple[Memory, Memory]:
     )
 
 
-def _gpu_memories(hw: Hardware, plan: Plan, options: Any) -> tuple[Memory, Memory]:
+def _gpu_memories(
+    hw: Hardware, plan: Plan, options: SearchOptions
+) -> tuple[Memory, Memory]:
     """On GPUs, probes in this process measure the allocator training will
     use (see `_isolation`); a child's allocator gets only what is free."""
     children = "GPU memory of child processes' TensorFlow allocators"

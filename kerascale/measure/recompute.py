@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kerascale.measure.result import BatchSearchResult
 from kerascale.plan.reasons import Reason
 
 if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
+    from kerascale.measure.request import SearchOptions
     from kerascale.plan.plan import Plan
 
 # Recomputation is kept only where it trains at least this much faster per
@@ -88,7 +89,7 @@ class Weighing:
 def weighed(
     decided: Decided,
     search: Searcher,
-    options: Any,
+    options: SearchOptions,
     requested: int | None,
 ) -> Weighing:
     """The weighing of recomputation for `decided`'s batch; its plan is
@@ -164,7 +165,7 @@ def _name(plan: Plan) -> str:
     return "recomputation"
 
 
-def _speed(search: Searcher, plan: Plan, options: Any) -> float | None:
+def _speed(search: Searcher, plan: Plan, options: SearchOptions) -> float | None:
     """Samples per second of one real run at `plan`'s micro-batch and
     accumulation: a search capped at that batch, timed."""
     micro = plan.micro_batch_size
