@@ -325,7 +325,7 @@ def test_in_process_search_has_no_side_effects(probe_dirs_made):
     assert r.batch_size == 64 and r.reasons["isolate"].code == "isolate.asked"
     # What it was measured under, and why, is in the result and its print.
     assert r.precision == "mixed_bfloat16"
-    assert r.reasons["precision"] == "you asked for it"
+    assert r.reasons["precision"].code == "precision.asked"
     assert "  precision: mixed_bfloat16 (you asked for it)" in str(r)
     assert all(p.outcome == "ok" for p in r.probes)
     for a, b in zip(weights, model.get_weights(), strict=True):

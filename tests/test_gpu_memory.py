@@ -100,9 +100,8 @@ def test_a_gpu_search_probes_in_this_process_until_its_allocator_refuses(fake_gp
     assert refused and all(p.batch > 300 for p in refused)
     assert all("ResourceExhaustedError" in p.message for p in refused)
     assert result.reasons["isolate"].code == "isolate.gpu"
-    assert (
-        result.reasons["memory"] == "GPU memory of this process's TensorFlow allocator"
-    )
+    measured = result.reasons["memory"].details["measured"]
+    assert measured == "GPU memory of this process's TensorFlow allocator"
     # Never the total: the device less TensorFlow's reserve for cc 8 (1.5 GiB).
     assert result.limit_bytes == TOTAL - 1536 * MiB
     assert result.reasons["limit"].code == "limit.gpu_here"

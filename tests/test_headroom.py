@@ -168,7 +168,8 @@ def test_a_small_model_throughput_search_starts_no_process(
         verbose=0,
     )
     assert found.reasons["isolate"].code == "isolate.far_below"
-    assert found.reasons["memory"].startswith("resident memory (RSS) of this process")
+    measured = found.reasons["memory"].details["measured"]
+    assert measured.startswith("resident memory (RSS) of this process")
     assert probe_dirs_made == []
     assert [(s.validate, s.memory_limit) for s in specs] == [(False, None)]
     assert {p.outcome for p in found.probes} == {OK}
