@@ -8,7 +8,7 @@ Runs the 2-worker cluster of tests/multiworker_child.py:
 - "long" with one worker killed (SIGKILL) or frozen (SIGSTOP: its sockets stay
   open, as with a lost machine or a cut network) after epoch 1: seconds until
   the other exits, for several `worker_timeout` values, and its exit code.
-- decisions agreed at one step (kerascale.apply.agreement): the median step
+- decisions agreed at one step (kerascale.apply.step_agreement): the median step
   time with no agreement, with one that no flag raises, and with a time-based
   save every second (and each proposal's round trip), alternating the three
   for --rounds rounds; and the time from SIGTERM to one worker until both

@@ -11,7 +11,7 @@ The key-value store of JAX's coordination service (`jax.distributed`): the
 same service and store as TensorFlow's (XLA's `DistributedRuntimeClient`),
 with no public API: `jax/_src/distributed.py`'s `global_state.client` only
 (Orbax's multi-host utilities read it the same way). kerascale's decisions
-that every process takes at the same step (`apply.agreement`) need it, as on
+that every process takes at the same step (`apply.step_agreement`) need it, as on
 TensorFlow. The same three names as `_tf_compat`'s store, so that an
 `Agreement` runs on either.
 """

@@ -86,7 +86,8 @@ def _cluster(args: argparse.Namespace) -> int:
     predicted at 1 to N data-parallel workers (`plan.scaling`)."""
     from kerascale.diagnose import diagnose
     from kerascale.errors import KerascaleError
-    from kerascale.plan import scaling, sharding
+    from kerascale.plan import model_sharding as sharding
+    from kerascale.plan import scaling
 
     if not args.model or not args.input_shape:
         print(

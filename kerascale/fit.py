@@ -25,7 +25,7 @@ from kerascale._fit_docs import documented as _documented
 from kerascale.apply import materialize as materialize_lib
 from kerascale.apply import session as session_lib
 from kerascale.apply.tensorflow import cluster
-from kerascale.callbacks import for_fit
+from kerascale.callbacks import fit_callbacks
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._input_source import InputSource
 from kerascale.callbacks.backup import FaultTolerantBackup
@@ -293,7 +293,7 @@ def _install_callbacks(
         session.undo("following the input across epochs", forget)
     callbacks = [
         *(prepared.fit_kwargs.get("callbacks") or []),
-        *for_fit.for_fit(
+        *fit_callbacks.monitors(
             *monitor,
             samples_per_step=plan.step_batch_size or None,
             gpus=len(prepared.decided.hardware.gpus),
@@ -302,7 +302,7 @@ def _install_callbacks(
     ]
     # The loader first, so that it reads under every other wrapper of the
     # step (a FaultTolerantBackup's finds the input where the step left it).
-    callbacks = [*for_fit.loader(plan, callbacks), *callbacks]
+    callbacks = [*fit_callbacks.loader(plan, callbacks), *callbacks]
     prepared.fit_kwargs["callbacks"] = callbacks
     for callback in callbacks:
         if isinstance(callback, KerascaleCallback):
@@ -342,7 +342,7 @@ class _Request:
         **options: Any,
     ) -> _Request:
         checked, search = validate_options(**options)
-        monitor = for_fit.validate_fit_options(log_dir, profile, time_budget)
+        monitor = fit_callbacks.validate_fit_options(log_dir, profile, time_budget)
         if worker_timeout is not None:
             cluster.validate_timeout(worker_timeout)
         if materialize is not None and (
@@ -372,7 +372,7 @@ class _Deciding:
         *,
         write: bool = True,
     ):
-        x, self.materialized, why_not = materialize_lib.for_fit(
+        x, self.materialized, why_not = materialize_lib.materialized_input(
             x, request.materialize, write=write
         )
         if why_not:
@@ -383,7 +383,7 @@ class _Deciding:
         self.clustered = cluster.join_if_wanted(
             self.hardware, request.options.strategy, request.worker_timeout
         )
-        self.backup = for_fit.backup_for(
+        self.backup = fit_callbacks.backup_for(
             request.checkpoint_dir,
             request.checkpoint_freq,
             fit_kwargs,

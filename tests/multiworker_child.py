@@ -209,7 +209,7 @@ elif mode in ("timesave", "budget"):
     results["saves"] = saves
     results["iterations"] = int(model.optimizer.iterations)
 elif mode.startswith("steptime"):
-    from kerascale.apply import agreement as agreement_lib
+    from kerascale.apply import step_agreement as agreement_lib
 
     variant = mode.split("-")[1]
     if variant == "off":

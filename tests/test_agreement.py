@@ -1,4 +1,4 @@
-"""The agreement between workers (kerascale.apply.agreement) with two
+"""The agreement between workers (kerascale.apply.step_agreement) with two
 workers as threads: a step's all-reduce is a barrier both must reach, and the
 coordination service's key-value store is a dict (the seam). The real thing
 runs in tests/test_multiworker.py."""
@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from kerascale import _tf_compat as tfc
-from kerascale.apply import agreement as agreement_lib
+from kerascale.apply import step_agreement as agreement_lib
 
 
 class FakeStore:

@@ -20,7 +20,7 @@ from conftest import CPU, dense_model, toy_data
 
 import kerascale
 from kerascale.apply.tensorflow import cluster as multiworker
-from kerascale.measure import agree as agree_lib
+from kerascale.measure import cluster_plan as agree_lib
 from kerascale.measure import decide as decide_lib
 from kerascale.measure.result import BatchSearchResult
 from kerascale.plan.options import Options

@@ -16,7 +16,7 @@ import pytest
 from conftest import devices
 
 import kerascale
-from kerascale.plan import sharding
+from kerascale.plan import model_sharding as sharding
 
 several = pytest.mark.skipif(devices() < 2, reason="needs 2 devices or more")
 SMALL_DEVICE = "80MiB"  # the large model's replica needs ~100 MiB, split ~68
@@ -188,12 +188,12 @@ def test_a_check_that_cannot_compile_leaves_the_plan_as_it_is_with_one_warning(
     monkeypatch,
 ):
     from kerascale.errors import BatchSizeSearchError
-    from kerascale.measure.jax import sharding as jax_sharding
+    from kerascale.measure.jax import replica_fit
 
     def fails(*args):
         raise BatchSizeSearchError("Compiling the train step failed: the seam")
 
-    monkeypatch.setattr(jax_sharding, "_per_device", fails)
+    monkeypatch.setattr(replica_fit, "_per_device", fails)
     x, y = data(32)
     plan = kerascale.plan(small_model(), x, y, device_memory=SMALL_DEVICE, verbose=0)
     assert plan.strategy in ("default", "data_parallel") and not plan.sharding
@@ -230,7 +230,7 @@ def test_the_mesh_that_fits_and_trains_fastest_is_chosen():
 @several
 def test_a_second_plan_reads_the_decision_from_the_cache(monkeypatch):
     """A compile per mesh (20 s and more each on a GPU) is made once."""
-    from kerascale.measure.jax import sharding as jax_sharding
+    from kerascale.measure.jax import replica_fit
 
     x, y = data()
     first = kerascale.plan(large_model(), x, y, batch_size=16,
@@ -239,7 +239,7 @@ def test_a_second_plan_reads_the_decision_from_the_cache(monkeypatch):
     def compiles(*args, **kwargs):
         raise AssertionError("compiled again")
 
-    monkeypatch.setattr(jax_sharding, "_measured", compiles)
+    monkeypatch.setattr(replica_fit, "_measured", compiles)
     again = kerascale.plan(large_model(), x, y, batch_size=16,
                            device_memory=SMALL_DEVICE, verbose=0)  # fmt: skip
     assert again.sharding == first.sharding and again.strategy == "model_parallel"

@@ -11,15 +11,15 @@ import pytest
 from conftest import dense_model, devices, toy_data
 
 import kerascale
-from kerascale.apply.jax import shard
+from kerascale.apply.jax import even_batches
 
 two = pytest.mark.skipif(devices() < 2, reason="needs 2 devices")
 
 
 def test_each_process_reads_its_block_of_every_global_batch():
     # 10 samples, global batches of 4 over 2 processes of 1 device each.
-    first = shard.Share(replicas=2, processes=2, index=0)
-    second = shard.Share(replicas=2, processes=2, index=1)
+    first = even_batches.Share(replicas=2, processes=2, index=0)
+    second = even_batches.Share(replicas=2, processes=2, index=1)
     assert first.rows(10, 4).tolist() == [0, 1, 4, 5, 8]
     assert second.rows(10, 4).tolist() == [2, 3, 6, 7, 9]
     assert first.local_batch(4) == 2
@@ -28,7 +28,7 @@ def test_each_process_reads_its_block_of_every_global_batch():
     assert second.rows(11, 4).tolist() == [2, 3, 6, 7, 9]
     assert first.dropped(11, 4) == 1
     # one process: a view of all it keeps
-    assert shard.Share(replicas=2).rows(11, 4) == slice(0, 10)
+    assert even_batches.Share(replicas=2).rows(11, 4) == slice(0, 10)
     batch = (np.arange(5), {"a": np.arange(5) * 10})
     cut = second.of_batch(batch)
     assert cut[0].tolist() == [2, 3] and cut[1]["a"].tolist() == [20, 30]

@@ -17,7 +17,7 @@ from kerascale import _tf_compat as tfc
 from kerascale import _validation
 from kerascale._tf import tf
 from kerascale._units import format_bytes
-from kerascale.apply import shards
+from kerascale.apply import shard_files
 from kerascale.errors import ConfigurationError
 from kerascale.sense import data_facts
 
@@ -128,23 +128,23 @@ def materialized(
     says whether a trusted set is there, and its dataset is `ds`."""
     directory = _checked(ds, directory, then)
     prefix, tail = split(ds, then)
-    key = shards.fingerprint(prefix)
-    path = shards.join(directory, key)
+    key = shard_files.fingerprint(prefix)
+    path = shard_files.join(directory, key)
     if not write:
-        found = shards.trusted(path, key, prefix, discard=False)
+        found = shard_files.trusted(path, key, prefix, discard=False)
         return Materialized(
             dataset=ds, path=path, reused=found is not None,
             elements=int(found["elements"]) if found else 0,
             bytes=sum(found["files"].values()) if found else 0, seconds=0.0,
             deterministic=_steps(prefix), then=_after(tail, then),
         )  # fmt: skip
-    manifest = shards.trusted(path, key, prefix)
+    manifest = shard_files.trusted(path, key, prefix)
     start = time.perf_counter()
     reused = manifest is not None
     if manifest is None:
-        manifest = shards.write(prefix, directory, key)
+        manifest = shard_files.write(prefix, directory, key)
     seconds = 0.0 if reused else time.perf_counter() - start
-    out = shards.read(path, manifest)
+    out = shard_files.read(path, manifest)
     if then is not None:
         out = then(out)
     for node in reversed(tail):
@@ -197,7 +197,7 @@ def decode_share(
     return share, " -> ".join(_steps(prefix))
 
 
-def for_fit(x: Any, directory: Any, *, write: bool) -> tuple[Any, str, str]:
+def materialized_input(x: Any, directory: Any, *, write: bool) -> tuple[Any, str, str]:
     """`fit(materialize=directory)`: (what trains, the plan's note, a
     warning). What cannot be materialized trains as given, with the warning
     saying why and how to get it."""

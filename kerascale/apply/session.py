@@ -24,7 +24,7 @@ from kerascale.apply import model as model_lib
 from kerascale.apply import precision as precision_lib
 from kerascale.apply import strategy as strategy_lib
 from kerascale.apply.jax import cluster as jax_cluster
-from kerascale.apply.jax import shard
+from kerascale.apply.jax import even_batches
 from kerascale.apply.tensorflow import cluster
 from kerascale.errors import ConfigurationError, warn
 from kerascale.sense import backend as backend_lib
@@ -320,7 +320,7 @@ def _prepare_data(
     if backend_lib.traits(plan.backend).even_batches and not as_dataset:
         share = _share(plan)
         if share is not None and share.changes_anything:
-            x, y, kwargs = shard.for_fit(
+            x, y, kwargs = even_batches.split_inputs(
                 x, y, decided.data, share, plan.step_batch_size, kwargs
             )
     if "validation_data" in kwargs:
@@ -349,15 +349,15 @@ def _prepare_data(
 OWN_DISTRIBUTIONS = ("data_parallel", "model_parallel")
 
 
-def _share(plan: Plan) -> shard.Share | None:
+def _share(plan: Plan) -> even_batches.Share | None:
     """How each global batch is split on JAX: over the plan's devices, and
     the processes of kerascale's own `DataParallel`. A distribution of
     yours over several processes gets your data as it is (Keras's own
     rules: a `tf.data.Dataset` it shards, or your `auto_shard_dataset`)."""
     processes, index = jax_cluster.processes()
     if plan.strategy in OWN_DISTRIBUTIONS:
-        return shard.Share(plan.replicas, processes, index)
-    return shard.Share(plan.replicas) if processes == 1 else None
+        return even_batches.Share(plan.replicas, processes, index)
+    return even_batches.Share(plan.replicas) if processes == 1 else None
 
 
 class FirstStepFailed(Exception):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from kerascale.apply import agreement as agreement_lib
+from kerascale.apply import step_agreement as agreement_lib
 from kerascale.callbacks import _lease as lease_lib
 from kerascale.callbacks._preemption import SigtermWatch
 from kerascale.errors import CheckpointError, warn

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kerascale import _validation as v
-from kerascale.apply import agreement as agreement_lib
+from kerascale.apply import step_agreement as agreement_lib
 from kerascale.apply.model import accumulation_steps, core_optimizer
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.errors import warn

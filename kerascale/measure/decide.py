@@ -18,7 +18,6 @@ from kerascale.measure import budget as budget_lib
 from kerascale.measure import engines, first_trace
 from kerascale.measure import recompute as recompute_lib
 from kerascale.measure import trials as trials_lib
-from kerascale.measure.agree import agree
 from kerascale.measure.batch_plan import (
     AUTO_MIN_STEPS,
     ProbeFailed,
@@ -26,6 +25,7 @@ from kerascale.measure.batch_plan import (
     check_options,
     searched,
 )
+from kerascale.measure.cluster_plan import agree
 from kerascale.measure.decided import Decided
 from kerascale.measure.request import SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult

@@ -36,9 +36,9 @@ def sharding(backend: str) -> Callable[..., Any]:
     """The check that one replica fits a device, and the mesh to shard over
     where not (JAX's `ModelParallel`); elsewhere the plan as it is."""
     if backend == "jax":
-        from kerascale.measure.jax import sharding as jax_sharding
+        from kerascale.measure.jax import replica_fit
 
-        return jax_sharding.plan_sharding
+        return replica_fit.plan_sharding
 
     def as_it_is(model, x, y, options, planner, search):
         return options, Measured()

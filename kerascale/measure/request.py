@@ -28,7 +28,7 @@ class SearchOptions:
     isolate: Any = "auto"
     memory_limit: int | None = None
     # Per device: what a GPU reports, given for CPU devices (or a device
-    # you plan for); decides sharding on JAX (`measure.jax.sharding`).
+    # you plan for); decides sharding on JAX (`measure.jax.replica_fit`).
     device_memory: int | None = None
     max_batch_size: int | None = None
     steps_per_trial: int = 3

@@ -1,5 +1,5 @@
 """How each global batch is split where the devices must divide it evenly
-(JAX: `sense.backend.Traits.even_batches`). Pure: `apply.jax.shard` carries
+(JAX: `sense.backend.Traits.even_batches`). Pure: `apply.jax.even_batches` carries
 it out.
 
 Arrays: the last batch of an epoch keeps the part the devices divide (at

@@ -10,9 +10,9 @@ from kerascale import _validation
 from kerascale.errors import ConfigurationError
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
+from kerascale.plan.model_sharding import Sharded
 from kerascale.plan.plan import Plan
 from kerascale.plan.reasons import Reason
-from kerascale.plan.sharding import Sharded
 
 VERBOSE_CHOICES = ("auto", 0, 1, 2)
 
@@ -113,7 +113,7 @@ def recompute_request(value: Any) -> str:
 
 def user_instance(options: Options) -> Any:
     """The strategy or distribution object you passed, or None (a name, or
-    planning's own request to shard, `plan.sharding.Sharded`)."""
+    planning's own request to shard, `plan.model_sharding.Sharded`)."""
     strategy = options.strategy
     return None if isinstance(strategy, str | Sharded) else strategy
 

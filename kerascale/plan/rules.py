@@ -11,7 +11,8 @@ from typing import Any
 
 from kerascale.errors import ConfigurationError, ModelError
 from kerascale.plan import accumulation as accumulation_rules
-from kerascale.plan import batch_split, device_split, sharding
+from kerascale.plan import batch_split, device_split
+from kerascale.plan import model_sharding as sharding
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.choice import StrategyChoice

@@ -52,7 +52,7 @@ def build(plan: Plan, instance: Any = None) -> Any:
             )
         return keras.distribution.DataParallel(
             devices=devices[: plan.replicas],
-            # kerascale gives each process its share (apply.jax.shard); Keras
+            # kerascale gives each process its share (apply.jax.even_batches); Keras
             # shards a tf.data.Dataset itself (session sets it back for one).
             auto_shard_dataset=not several,
         )
@@ -72,7 +72,7 @@ def _model_parallel(plan: Plan) -> Any:
 
     import jax
 
-    from kerascale.plan import sharding
+    from kerascale.plan import model_sharding as sharding
 
     batch, model = plan.sharding["mesh"]
     devices = jax.devices()

@@ -19,7 +19,7 @@ import keras
 
 from kerascale import _validation
 from kerascale.errors import ConfigurationError
-from kerascale.plan import sharding
+from kerascale.plan import model_sharding as sharding
 from kerascale.plan.choice import StrategyChoice
 from kerascale.plan.reasons import Reason
 from kerascale.sense import jax_processes
@@ -180,7 +180,7 @@ def _yours(requested: Any) -> StrategyChoice:
 
 
 def _sharded(hw: Hardware, requested: sharding.Sharded) -> StrategyChoice:
-    """ModelParallel over the mesh that planning chose (`measure.jax.sharding`)."""
+    """ModelParallel over the mesh that planning chose (`measure.jax.replica_fit`)."""
     batch, model = requested.mesh
     processes = hw.cluster.num_workers if _joined(hw) else 1
     local = devices(hw)

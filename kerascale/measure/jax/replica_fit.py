@@ -1,7 +1,7 @@
 """Whether one replica fits a device, and if not, the mesh to shard over, by
 the compiler's count (JAX).
 
-Its design: docs/design/modules.md, `kerascale.measure.jax.sharding`.
+Its design: docs/design/modules.md, `kerascale.measure.jax.replica_fit`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from kerascale.errors import BatchSizeSearchError, ConfigurationError
 from kerascale.measure import cache
 from kerascale.measure.jax import compiled
 from kerascale.measure.request import SearchOptions
-from kerascale.plan import sharding
+from kerascale.plan import model_sharding as sharding
 from kerascale.plan.measured import Measured
 from kerascale.plan.reasons import Reason
 from kerascale.sense.model_facts import gist

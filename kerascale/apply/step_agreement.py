@@ -1,6 +1,6 @@
 """Decisions that every worker of a cluster takes at the same step.
 
-Its design: docs/design/modules.md, `kerascale.apply.agreement`.
+Its design: docs/design/modules.md, `kerascale.apply.step_agreement`.
 """
 
 from __future__ import annotations

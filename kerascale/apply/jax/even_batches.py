@@ -1,6 +1,6 @@
 """Each batch split evenly over the devices, and each process given its share.
 
-Its design: docs/design/modules.md, `kerascale.apply.jax.shard`.
+Its design: docs/design/modules.md, `kerascale.apply.jax.even_batches`.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class SharedPyDataset(keras.utils.PyDataset):
         self.inner.on_epoch_end()
 
 
-def for_fit(
+def split_inputs(
     x: Any, y: Any, facts: Any, share: Share, batch: int, kwargs: dict[str, Any]
 ) -> tuple[Any, Any, dict[str, Any]]:
     """(x, y, fit's kwargs) with each global batch of `batch` split as

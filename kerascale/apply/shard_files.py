@@ -1,7 +1,7 @@
 """A materialized shard set on disk (`kerascale.apply.materialize`): its
 fingerprint, writing, checking and reading.
 
-Its design: docs/design/modules.md, `kerascale.apply.shards`.
+Its design: docs/design/modules.md, `kerascale.apply.shard_files`.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def validate_fit_options(
     return log_dir, window, budget
 
 
-def for_fit(
+def monitors(
     log_dir: str | None,
     window: tuple[int, int] | None,
     budget: float | None,

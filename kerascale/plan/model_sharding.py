@@ -1,9 +1,9 @@
 """Which variables to split, over which mesh, when one replica does not fit a
 device (JAX's SPMD: `keras.distribution.ModelParallel`). Pure: the compiles
 that decide whether to shard, and over which mesh, are
-`measure.jax.sharding`'s; carrying it out is `apply.jax.distribution`'s.
+`measure.jax.replica_fit`'s; carrying it out is `apply.jax.distribution`'s.
 
-Its design: docs/design/modules.md, `kerascale.plan.sharding`.
+Its design: docs/design/modules.md, `kerascale.plan.model_sharding`.
 """
 
 from __future__ import annotations
