@@ -273,7 +273,7 @@ def plan(
 def _install_callbacks(
     session: session_lib.Session,
     prepared: session_lib.Prepared,
-    monitor: tuple[str | None, tuple[int, int] | None, float | None],
+    monitor: fit_callbacks.Monitoring,
     backup: FaultTolerantBackup | None,
     x: Any,
 ) -> None:
@@ -294,7 +294,7 @@ def _install_callbacks(
     callbacks = [
         *(prepared.fit_kwargs.get("callbacks") or []),
         *fit_callbacks.monitors(
-            *monitor,
+            monitor,
             samples_per_step=plan.step_batch_size or None,
             gpus=len(prepared.decided.hardware.gpus),
             backup=backup,
@@ -316,7 +316,7 @@ class _Request:
 
     options: Options
     search: SearchOptions
-    monitor: tuple[str | None, tuple[int, int] | None, float | None]
+    monitor: fit_callbacks.Monitoring
     checkpoint_dir: str | os.PathLike | None
     checkpoint_freq: str | int
     worker_timeout: float | str | None

@@ -4,6 +4,7 @@ the watchers (`log_dir`, `profile`, `time_budget`), checked at the door."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -104,9 +105,22 @@ DEFAULT_LOG_DIR = "kerascale_logs"
 DEFAULT_PROFILE_WINDOW = (10, 14)  # after tracing and tf.data's warm-up
 
 
-def validate_fit_options(
-    log_dir: Any, profile: Any, time_budget: Any
-) -> tuple[str | None, tuple[int, int] | None, float | None]:
+@dataclasses.dataclass(frozen=True)
+class Monitoring:
+    """`kerascale.fit`'s monitoring arguments, checked.
+
+    Attributes:
+        log_dir: Where TensorBoard's event files go (None: none written).
+        window: The profiled steps (start, stop), or None.
+        budget: The run's time budget in seconds, or None.
+    """
+
+    log_dir: str | None = None
+    window: tuple[int, int] | None = None
+    budget: float | None = None
+
+
+def validate_fit_options(log_dir: Any, profile: Any, time_budget: Any) -> Monitoring:
     """`kerascale.fit`'s monitoring arguments, checked at the door."""
     log_dir = optional_dir("log_dir", log_dir)
     window = None
@@ -124,13 +138,11 @@ def validate_fit_options(
     else:
         raise v.fail("profile", profile, accepted)
     budget = None if time_budget is None else v.duration("time_budget", time_budget)
-    return log_dir, window, budget
+    return Monitoring(log_dir, window, budget)
 
 
 def monitors(
-    log_dir: str | None,
-    window: tuple[int, int] | None,
-    budget: float | None,
+    monitoring: Monitoring,
     *,
     samples_per_step: int,
     gpus: int,
@@ -140,6 +152,7 @@ def monitors(
     Without TensorFlow, which writes TensorBoard's event files, the monitors'
     figures go to `History` only, with one warning. On JAX the profile window
     is traced by `jax.profiler`, which needs no TensorFlow."""
+    log_dir, window, budget = monitoring.log_dir, monitoring.window, monitoring.budget
     out: list[keras.callbacks.Callback] = []
     writes = _tf.available()
     if log_dir is not None:

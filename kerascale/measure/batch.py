@@ -81,7 +81,8 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
     instance, verbose, first = request.instance, request.verbose, request.first
     accumulation_steps, budget = request.accumulation_steps, request.budget
     timed = request.timed
-    isolate, why_isolate = _isolation(model, hw, options, instance)
+    isolation = _isolation(model, hw, options, instance)
+    isolate = isolation.in_children
     # Where probes run decides their memory (GPUs); see `_found`'s fallback.
     in_children, here = probe_memory.memories(hw, plan, options)
     memory = in_children if isolate else here
@@ -120,13 +121,13 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
             flush=True,
         )
     args = dict(mode=mode, cap=cap, hw=hw, first=first, verbose=verbose)
-    found, why_isolate, isolated = _found_checked(
-        model, spec, options, instance, args, (isolate, why_isolate, room),
-        (in_children, here),
+    found, ran = _found_checked(
+        model, spec, options, instance, args,
+        dataclasses.replace(isolation, room=room), (in_children, here),
     )  # fmt: skip
-    memory = memory if isolated else here
+    memory = memory if ran.in_children else here
     result = _reported(
-        found, plan, spec, memory, {"cap": why_cap, "isolate": why_isolate}, share
+        found, plan, spec, memory, {"cap": why_cap, "isolate": ran.why}, share
     )
     if options.cache:
         cache.cache_write("batch_search", key, result.to_dict())
@@ -215,9 +216,9 @@ def _found_checked(
     options: SearchOptions,
     instance: Any,
     args: dict,
-    isolation: tuple[bool, str, headroom.Room | None],
+    isolation: Isolation,
     memories: tuple[probe_memory.Memory, probe_memory.Memory],
-) -> tuple[BatchSearchResult, str, bool]:
+) -> tuple[BatchSearchResult, Isolation]:
     """`_found`; for the check of a requested batch (probed `first`, capped
     there, with accumulators for the split it may need), the batch probed
     alone first, once: a batch that fits in one pass needs no split, so no
@@ -234,10 +235,10 @@ def _found_checked(
         if not e.out_of_memory:
             raise
     else:
-        if found[0].per_replica_batch_size >= first:
-            result = found[0]
+        result, ran = found
+        if result.per_replica_batch_size >= first:
             reasons = {**result.reasons, "accumulation": Reason("search.one_pass")}
-            return (dataclasses.replace(result, reasons=reasons), *found[1:])
+            return dataclasses.replace(result, reasons=reasons), ran
     args = {**args, "first": None}
     return _found(model, spec, options, instance, args, isolation, memories)
 
@@ -248,16 +249,15 @@ def _found(
     options: SearchOptions,
     instance: Any,
     args: dict,
-    isolation: tuple[bool, str, headroom.Room | None],
+    isolation: Isolation,
     memories: tuple[probe_memory.Memory, probe_memory.Memory],
-) -> tuple[BatchSearchResult, str, bool]:
+) -> tuple[BatchSearchResult, Isolation]:
     """The search, with probes in child processes when isolation says so
     (in this process first while its `headroom.Room` admits them), in this
-    process otherwise or when a child cannot load the model; where they ran,
-    in words, and whether in children. `memories`: the limits for children
-    and for this process."""
-    isolate, why, room = isolation
-    if isolate:
+    process otherwise or when a child cannot load the model; and where they
+    ran. `memories`: the limits for children and for this process."""
+    room = isolation.room
+    if isolation.in_children:
         # A child needs a model instance to save; a builder is called once.
         shipped = model() if is_builder(model) else model
 
@@ -282,8 +282,9 @@ def _found(
         try:
             found = _probe(prober, options, memory=memories[0], **args)
             if room:
-                return found, *prober.where()
-            return found, why, True
+                why, in_children = prober.where()
+                return found, Isolation(in_children, why)
+            return found, isolation
         except child.CannotShip as e:
             if options.isolate is True:
                 raise BatchSizeSearchError(
@@ -292,9 +293,10 @@ def _found(
                     'module, or pass isolate="auto" or False to probe in this '
                     "process."
                 ) from e
-            why = Reason("isolate.cannot_ship", problem=str(e))
+            isolation = Isolation(False, Reason("isolate.cannot_ship", problem=str(e)))
     prober = probe_lib.InProcessProber(model, spec, strategy=instance)
-    return _probe(prober, options, memory=memories[1], **args), why, False
+    here = dataclasses.replace(isolation, in_children=False, room=None)
+    return _probe(prober, options, memory=memories[1], **args), here
 
 
 def _spec(
@@ -328,31 +330,48 @@ def _spec(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Isolation:
+    """Where probes run: in child processes or in this one, and why.
+
+    Attributes:
+        in_children: Whether in child processes.
+        why: Why there.
+        room: Where probes may run in this process first (below the memory
+            limit), or None.
+    """
+
+    in_children: bool
+    why: Reason
+    room: headroom.Room | None = None
+
+
 def _isolation(
     model: Any, hw: Hardware, options: SearchOptions, instance: Any
-) -> tuple[bool, Reason]:
+) -> Isolation:
     """Whether probes run in child processes, and why: where the model can
     be shipped there (then tried, and this process used if the child cannot
     load it), else in this process."""
     if options.isolate != "auto":
-        return bool(options.isolate), Reason("isolate.asked", isolate=options.isolate)
+        asked = Reason("isolate.asked", isolate=options.isolate)
+        return Isolation(bool(options.isolate), asked)
     if instance is not None:
-        return False, Reason("isolate.your_instance")
+        return Isolation(False, Reason("isolate.your_instance"))
     if hw.accelerator == "tpu":
-        return False, Reason("isolate.tpu")
+        return Isolation(False, Reason("isolate.tpu"))
     if hw.accelerator == "gpu":
         # TensorFlow sizes a GPU's allocator once per process and keeps it
         # (kerascale.sense.gpu_memory): the memory training will have is this
         # process's, and a child would get only what it left free. Running
         # out of it here is a ResourceExhaustedError, which the process
         # survives (the allocator refuses; nothing is corrupted).
-        return False, Reason("isolate.gpu")
+        return Isolation(False, Reason("isolate.gpu"))
     if is_builder(model):
-        return True, Reason("isolate.children")
+        return Isolation(True, Reason("isolate.children"))
     _, problem = shipping.custom_objects(model)
     if problem:
-        return False, Reason("isolate.cannot_ship", problem=problem)
-    return True, Reason("isolate.children")
+        return Isolation(False, Reason("isolate.cannot_ship", problem=problem))
+    return Isolation(True, Reason("isolate.children"))
 
 
 def _probe(
