@@ -43,7 +43,8 @@ def test_finds_at_least_nine_tenths_of_the_truth_in_five_compiles(name):
     free = 3e9
     truth = max(b for b in range(1, 70000) if curve(b) <= free)
     need, calls = _need(curve)
-    fits, fails, _ = compiled.search(need, free, start=32, cap=65536)
+    found = compiled.search(need, free, start=32, cap=65536)
+    fits, fails = found.fits, found.fails
     assert len(calls) <= compiled.MAX_COMPILES
     assert curve(fits) <= free, "what it calls fitting must fit"
     assert fits >= 0.9 * truth, (fits, truth, calls)
@@ -52,21 +53,21 @@ def test_finds_at_least_nine_tenths_of_the_truth_in_five_compiles(name):
 
 def test_stops_at_the_cap_when_everything_fits():
     need, calls = _need(lambda b: 1e6 * b)
-    fits, fails, _ = compiled.search(need, 1e12, start=32, cap=100)
-    assert (fits, fails) == (100, None)
+    found = compiled.search(need, 1e12, start=32, cap=100)
+    assert (found.fits, found.fails) == (100, None)
     assert len(calls) <= 3
 
 
 def test_goes_down_when_the_start_does_not_fit():
     need, calls = _need(lambda b: 1e6 + 1e6 * b)
-    fits, _, _ = compiled.search(need, 10.5e6, start=32, cap=1000)
+    fits = compiled.search(need, 10.5e6, start=32, cap=1000).fits
     assert fits >= 8 and fits <= 9 and len(calls) <= 5
 
 
 def test_nothing_fits():
     need, _ = _need(lambda b: 1e9)
-    fits, fails, seen = compiled.search(need, 1e6, start=32, cap=1000)
-    assert fits == 0 and fails == min(c.batch for c in seen)
+    found = compiled.search(need, 1e6, start=32, cap=1000)
+    assert found.fits == 0 and found.fails == min(c.batch for c in found.seen)
 
 
 def _confirming(monkeypatch, takes):

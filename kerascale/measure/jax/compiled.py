@@ -185,6 +185,21 @@ class StepMemory:
         return keras.tree.map_structure(spec, self.element)
 
 
+@dataclasses.dataclass(frozen=True)
+class Compiles:
+    """What a search's compiles found.
+
+    Attributes:
+        fits: The largest per-replica batch whose step fits (0: none).
+        fails: The smallest that does not, or None where none failed.
+        seen: Every compile, in order.
+    """
+
+    fits: int
+    fails: int | None
+    seen: list[Compiled]
+
+
 def search(
     need: Callable[[int], Compiled],
     free_bytes: int,
@@ -193,7 +208,7 @@ def search(
     cap: int,
     max_compiles: int = MAX_COMPILES,
     measured: tuple[Compiled, ...] = (),
-) -> tuple[int, int | None, list[Compiled]]:
+) -> Compiles:
     """(the largest per-replica batch found to fit `free_bytes`, the
     smallest found not to or None, every compile) in at most `max_compiles`
     compiles of `need`, between 1 and `cap`.
@@ -238,7 +253,7 @@ def search(
         if guess in {c.batch for c in seen} or not low < guess < high:
             break
         measure(guess)
-    return (fit.batch if fit else 0), (fail.batch if fail else None), seen
+    return Compiles(fit.batch if fit else 0, fail.batch if fail else None, seen)
 
 
 def _tolerance(batch: int) -> int:

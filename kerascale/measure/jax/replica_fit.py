@@ -34,6 +34,21 @@ REPLACEABLE = ("default", "data_parallel")
 KIND = "jax-sharding-1"  # the cache's folder for these decisions
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceRoom:
+    """What one device may hold for the model's step.
+
+    Attributes:
+        usable: Bytes, the margin taken off.
+        source: Where the figure comes from, in words.
+        search: The search's options (None: none asked for).
+    """
+
+    usable: int
+    source: str
+    search: SearchOptions | None
+
+
 def plan_sharding(
     model: Any,
     x: Any,
@@ -74,8 +89,8 @@ def plan_sharding(
     decided = _cached(key, search)
     if decided is None:
         try:
-            figures = (usable, source, search)
-            decided = _decide(model, (options, plan), planner, element, figures)
+            room = DeviceRoom(usable, source, search)
+            decided = _decide(model, (options, plan), planner, element, room)
         except BatchSizeSearchError as e:  # the model's own failure: fit raises it
             return options, Measured().warned(f"no sharding check: {e}")
         except ConfigurationError as e:
@@ -106,20 +121,15 @@ def _decide(
     planned: tuple[Options, Plan],
     planner: Planner,
     element: Any,
-    figures: tuple[int, str, Any],
+    room: DeviceRoom,
 ) -> tuple[int, sharding.Sharded | None]:
     """(one replica's bytes per device, the sharded request or None where
-    one replica fits), by compiling (and timing) the step. `figures`: the
-    bytes a device may hold, where that figure comes from, the search's
-    options."""
+    one replica fits `room`), by compiling (and timing) the step."""
     options, plan = planned
-    usable, source, search = figures
     one = _per_device(model, element, plan, 1)
-    if one <= usable:
+    if one <= room.usable:
         return one, None
-    return one, _sharded(
-        model, options, planner, element, (one, usable, source, search)
-    )
+    return one, _sharded(model, options, planner, element, one, room)
 
 
 def _key(model: Any, element: Any, plan: Plan, hw: Hardware, limit: tuple) -> str:
@@ -186,12 +196,14 @@ def _sharded(
     options: Options,
     planner: Planner,
     element: Any,
-    figures: tuple[int, int, str, Any],
+    one: int,
+    room: DeviceRoom,
 ) -> sharding.Sharded:
-    """The request for the mesh that fits and trains fastest."""
+    """The request for the mesh that fits `room` and trains fastest (`one`:
+    one replica's bytes per device)."""
     import jax
 
-    one, usable, source, search = figures
+    usable, source, search = room.usable, room.source, room.search
     variables = [
         sharding.VariableShape(v.path, tuple(v.shape), sharding.variable_bytes(v))
         for v in model.weights

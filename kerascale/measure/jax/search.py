@@ -118,6 +118,16 @@ def _release_compiles() -> None:
     memory.release_freed()
 
 
+@dataclasses.dataclass(frozen=True)
+class Chosen:
+    """The search's answer: the batch, the step a caller may move it by,
+    and what the confirming real steps said ("" where none ran)."""
+
+    batch: int
+    granularity: int
+    confirmed: str = ""
+
+
 def _compiled(
     request: SearchRequest,
     element: Any,
@@ -127,9 +137,9 @@ def _compiled(
     cap: int,
     held: int,
     share: host_share.HostShare,
-) -> tuple[tuple[int, int | None, list[compiled.Compiled]], tuple[int, str]]:
+) -> tuple[compiled.Compiles, tuple[int, str]]:
     """The compiles of `run_search`, in a session that puts everything back:
-    ((fits, fails, the compiles), (the bytes free, why)). `host`: whether the
+    (what they found, (the bytes free, why)). `host`: whether the
     host's memory is the budget; `start`, `cap`: the first and the largest
     batch; `held`: the batches read ahead."""
     model, plan, hw = request.model, request.plan, request.hardware
@@ -157,12 +167,13 @@ def _compiled(
         )
         if first_compile.batch >= cap and first_compile.need_bytes <= alone[0]:
             free, why_free = alone  # it fits in one pass: no accumulators
-        fits, fails, seen = compiled.search(
+        found = compiled.search(
             need, free, start=start, cap=cap, measured=(first_compile,)
         )
         if timed and options.mode != "ladder":
-            seen = _timed(step, trained, fits, seen, (hw, options, host))
-    return (fits, fails, seen), (free, why_free)
+            seen = _timed(step, trained, found.fits, found.seen, (hw, options, host))
+            found = dataclasses.replace(found, seen=seen)
+    return found, (free, why_free)
 
 
 def _answer(
@@ -171,7 +182,7 @@ def _answer(
     plan: Plan,
     options: SearchOptions,
     host: bool,
-    searched: tuple[int, int | None, list[compiled.Compiled]],
+    searched: compiled.Compiles,
     limit: tuple[int, str],
     capped: tuple[int, str],
     *,
@@ -180,7 +191,7 @@ def _answer(
     """The search's answer from its compiles: the ladder for the trials, or
     the batch (on a CPU confirmed by a real step in a child). `capped`: the
     largest batch the search may answer, and why."""
-    fits, fails, seen = searched
+    fits, fails, seen = searched.fits, searched.fails, searched.seen
     free, why_free = limit
     cap, why_cap = capped
     if fits == 0:
@@ -206,8 +217,8 @@ def _answer(
         )  # fmt: skip
         granularity = granule_at(chosen, ROUND_TO)
         chosen = round_down(chosen, ROUND_TO)
-    result = (chosen, granularity, confirmed)
-    return _result(plan, options, fits, fails, seen, limit, why_cap, result)
+    answer = Chosen(chosen, granularity, confirmed)
+    return _result(plan, options, searched, limit, why_cap, answer)
 
 
 def _key(
@@ -274,15 +285,14 @@ def _confirmable(plan: Plan) -> bool:
 def _result(
     plan: Plan,
     options: SearchOptions,
-    fits: int,
-    fails: int | None,
-    seen: list[compiled.Compiled],
+    searched: compiled.Compiles,
     free: tuple[int, str],
     why_cap: Reason,
-    result: tuple[int, int, str],
+    answer: Chosen,
 ) -> BatchSearchResult:
     free_bytes_, why_free = free
-    chosen, granularity, confirmed = result
+    fits, fails, seen = searched.fits, searched.fails, searched.seen
+    chosen, granularity, confirmed = answer.batch, answer.granularity, answer.confirmed
     why = Reason(
         "search.compiled",
         fits=fits,
