@@ -211,18 +211,20 @@ def test_the_mesh_that_fits_and_trains_fastest_is_chosen():
     pick = sharding.choose
     fast, slow, over = mesh(4, 50, 0.01), mesh(2, 90, 0.02), mesh(2, 120, 0.001)
     assert pick([slow, fast], usable)[0] is fast
-    assert "1,600 samples/s" in pick([slow, fast], usable)[1]
+    why = pick([slow, fast], usable)[1]
+    assert why.code == "mesh.fastest" and why.details["rate"] == 1600
     assert pick([over, fast], usable)[0] is fast  # a fast mesh over the limit
     tie = mesh(4, 50, 0.0204)  # 2% slower: the smaller model axis is kept
     chosen, why = pick([slow := mesh(2, 90, 0.02), tie], usable)
-    assert chosen is slow and "samples/s" in why
+    assert chosen is slow and why.code == "mesh.fastest" and not why.details["tie"]
     chosen, why = pick([tie, slow], usable)  # the order tried decides a tie
-    assert chosen is tie and "within 5%" in why
+    assert chosen is tie and why.details["tie"] == 0.05
     untimed = [mesh(2, 90, untimed="not timed: 1 MiB free here"), mesh(4, 50)]
     chosen, why = pick(untimed, usable)
-    assert chosen is untimed[0] and "1 MiB free here" in why
-    assert pick([over], usable) == (None, "")
-    assert "only mesh" in pick([over, fast], usable)[1]
+    assert chosen is untimed[0] and why.code == "mesh.untimed"
+    assert why.details["why"] == "not timed: 1 MiB free here"
+    assert pick([over], usable) == (None, None)
+    assert pick([over, fast], usable)[1].code == "mesh.only_fit"
     text = sharding.describe([over, fast], usable)
     assert "2 x 2: 120 B (over)" in text and "1 x 4: 50 B, 10.0 ms" in text
 

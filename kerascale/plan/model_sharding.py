@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kerascale._units import dtype_bytes, format_bytes
+from kerascale.plan.reasons import Reason
 
 BATCH_AXIS = "batch"
 MODEL_AXIS = "model"
@@ -91,26 +92,26 @@ class Candidate:
         return f"{self.mesh[0]} x {self.mesh[1]}"
 
 
-def choose(tried: list[Candidate], usable: int) -> tuple[Candidate | None, str]:
-    """(the mesh to train on, why in words): of those whose per-device
+def choose(
+    tried: list[Candidate], usable: int
+) -> tuple[Candidate | None, Reason | None]:
+    """(the mesh to train on, why): of those whose per-device
     bytes fit `usable`, the one of the highest measured samples per second,
     a tie (`TIE`) going to the smaller model axis; where none was timed, the
     smallest model axis that fits. None where none fits."""
     fitting = [c for c in tried if c.need <= usable]
     if not fitting:
-        return None, ""
+        return None, None
     if len(fitting) == 1:
-        return fitting[0], f"the only mesh that fits: {fitting[0].name}"
+        return fitting[0], Reason("mesh.only_fit", mesh=fitting[0].name)
     rates = [(c, c.batch / c.seconds) for c in fitting if c.seconds]
     if not rates:
         why = fitting[0].untimed or "not timed"
-        return fitting[0], f"the smallest model axis that fits ({why})"
+        return fitting[0], Reason("mesh.untimed", why=why)
     best = max(rate for _, rate in rates)
     chosen, rate = next((c, r) for c, r in rates if r >= best * (1 - TIE))
-    why = f"{chosen.name} trains fastest of the meshes that fit"
-    if rate < best:
-        why += f" (within {TIE:.0%} of the fastest: the smaller model axis)"
-    return chosen, f"{why}, by a real step: {rate:,.0f} samples/s"
+    tie = TIE if rate < best else 0
+    return chosen, Reason("mesh.fastest", mesh=chosen.name, tie=tie, rate=rate)
 
 
 def describe(tried: list[Candidate], usable: int) -> str:

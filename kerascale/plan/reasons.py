@@ -305,6 +305,19 @@ WORDS: dict[str, str | Callable[..., str]] = {
     "trials.measured": _trials,
     # sharding
     "sharding.chosen": "{why}",
+    "sharding.split": (
+        "one replica needs {one} per device (XLA's count at one sample per "
+        "replica), over {source} less the margin ({usable}): {variables} "
+        "variables split over a model axis of {axis} ({whose}), {need} per "
+        "device; {mesh} (tried {tried})"
+    ),
+    "mesh.only_fit": "the only mesh that fits: {mesh}",
+    "mesh.untimed": "the smallest model axis that fits ({why})",
+    "mesh.fastest": lambda mesh, tie, rate: (
+        f"{mesh} trains fastest of the meshes that fit"
+        + (f" (within {tie:.0%} of the fastest: the smaller model axis)" if tie else "")
+        + f", by a real step: {rate:,.0f} samples/s"
+    ),
     "sharding.fits": (
         "one replica needs {need} per device (a step of one sample per replica, "
         "by XLA's count), within {source} {limit} less the {margin:.0%} margin: "

@@ -251,13 +251,17 @@ def _sharded(
             f"{sharding.describe(tried, usable) or 'no variable splits'}. "
             "Give more device_memory (or devices), or a smaller batch_size."
         )
-    why = (
-        f"one replica needs {format_bytes(one)} per device (XLA's count at "
-        f"one sample per replica), over {source} less the margin "
-        f"({format_bytes(usable)}): {len(chosen.split)} variables split over a "
-        f"model axis of {chosen.mesh[1]} ({chosen.whose}), "
-        f"{format_bytes(chosen.need)} per device; {why_mesh} "
-        f"(tried {sharding.describe(tried, usable)})"
+    why = Reason(
+        "sharding.split",
+        one=format_bytes(one),
+        source=source,
+        usable=format_bytes(usable),
+        variables=len(chosen.split),
+        axis=chosen.mesh[1],
+        whose=chosen.whose,
+        need=format_bytes(chosen.need),
+        mesh=why_mesh,
+        tried=sharding.describe(tried, usable),
     )
     return sharding.Sharded(
         chosen.mesh, chosen.split, why, one, chosen.need, sharding.timings(tried)
