@@ -111,6 +111,45 @@ def test_a_fit_that_raised_leaves_its_lease_to_the_next_fit_in_the_process(
     assert not (tmp_path / lease_lib.NAME).exists()
 
 
+def test_a_lease_given_back_late_leaves_the_next_runs_alone(tmp_path, monkeypatch):
+    """The watch gives an ended run's lease back on its own thread, while the
+    next run in this process may already take the directory over (a
+    notebook's rerun after an interrupted fit). The late give-back read the
+    file as its own, then removed it: the next run's. It failed so once in a
+    full suite (`test_checkpoints_at_epoch_ends_resume_exactly`: "This run no
+    longer holds the lease ... (it was removed)"). Here the give-back is held
+    between its read and its removal while the next run takes over."""
+    first = lease_lib.Lease(str(tmp_path), in_use=lambda: False).acquire()
+    real_read, read_once, go_on = lease_lib.read, threading.Event(), threading.Event()
+
+    def held_read(path):
+        holder = real_read(path)
+        if threading.current_thread().name == "give-back":
+            read_once.set()
+            go_on.wait(5)
+        return holder
+
+    monkeypatch.setattr(lease_lib, "read", held_read)
+    giving = threading.Thread(target=first.release, name="give-back")
+    giving.start()
+    assert read_once.wait(5)
+    taken = []
+    with pytest.warns(kerascale.KerascaleWarning, match="Taking over"):
+        taking = threading.Thread(
+            target=lambda: taken.append(lease_lib.Lease(str(tmp_path)).acquire())
+        )
+        taking.start()
+        time.sleep(0.3)  # the next run reads the old lease and takes over
+        go_on.set()
+        giving.join(5)
+        taking.join(5)
+    (second,) = taken
+    second.check()  # still its own: not removed by the late give-back
+    assert real_read(second.path)["token"] == second.record["token"]
+    second.release()
+    assert not (tmp_path / lease_lib.NAME).exists()
+
+
 def test_a_run_gives_its_lease_back_and_the_next_run_takes_it(tmp_path):
     small_fit(tmp_path)
     assert not (tmp_path / lease_lib.NAME).exists()

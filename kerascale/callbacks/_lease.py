@@ -24,6 +24,10 @@ DEFAULT_TIMEOUT = 120.0
 SETTLE_SECONDS = 2.0
 
 _HELD: dict[str, Lease] = {}  # this process's leases, by token
+# This process's reads-then-writes of a lease file, one at a time: a run's
+# lease given back by its watcher (`fit` raised) while the next run in this
+# process takes the directory over must not remove the new lease.
+_FILE_LOCK = threading.Lock()
 
 
 class Lease:
@@ -81,10 +85,13 @@ class Lease:
                 earlier = _HELD.get(holder.get("token"))
                 if earlier is not None:  # this process's, its run over
                     earlier.release()
-                if read(self.path) == holder:  # not another taker's new lease
-                    _remove(self.path)
-            if self._create():
-                _HELD[self.record["token"]] = self
+            with _FILE_LOCK:
+                if holder is not None and read(self.path) == holder:
+                    _remove(self.path)  # not another taker's new lease
+                created = self._create()
+                if created:
+                    _HELD[self.record["token"]] = self
+            if created:
                 self._start_renewing()
                 return self
         raise CheckpointError(
@@ -110,9 +117,10 @@ class Lease:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
         self._thread = None
-        holder = read(self.path)
-        if holder is not None and holder.get("token") == self.record["token"]:
-            _remove(self.path)
+        with _FILE_LOCK:
+            holder = read(self.path)
+            if holder is not None and holder.get("token") == self.record["token"]:
+                _remove(self.path)
 
     # --- internals -----------------------------------------------------------
 
@@ -155,13 +163,16 @@ class Lease:
     def _renew(self) -> None:
         while not self._stop.wait(self.timeout / 4):
             try:
-                self.lost = self._not_ours()
-                if self.lost is not None:
-                    return
-                self.record["renewed"] = time.time()
-                temp = f"{self.path}.renew-{self.record['token']}"
-                store.write_bytes(temp, json.dumps(self.record).encode())
-                _fs.rename(temp, self.path)
+                with _FILE_LOCK:
+                    if self._stop.is_set():
+                        return  # given back meanwhile: write nothing
+                    self.lost = self._not_ours()
+                    if self.lost is not None:
+                        return
+                    self.record["renewed"] = time.time()
+                    temp = f"{self.path}.renew-{self.record['token']}"
+                    store.write_bytes(temp, json.dumps(self.record).encode())
+                    _fs.rename(temp, self.path)
             except OSError:
                 continue  # storage hiccup: the next renewal tries again
 
