@@ -169,6 +169,11 @@ def test_an_unknown_code_or_a_missing_detail_is_a_programming_error():
             "x): training without them. Pass precision='float32' to skip the attempt.",
         ),
         (
+            "limit.device_free",
+            {"passed": False, "limit": "79.0 GiB", "used": "1.2 GiB"},
+            "XLA's allocator limit 79.0 GiB less 1.2 GiB in use",
+        ),
+        (
             "precision.too_short",
             {"run": 12.345, "cost": 1.5},
             "float32: the run (about 12.3s) is too short to repay bf16's start "

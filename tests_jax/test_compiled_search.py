@@ -214,6 +214,7 @@ def test_find_batch_size_on_jax_fits_the_limit_by_xla_count_and_trains():
     fits = [p for p in result.probes if p.outcome == "ok"]
     assert max(p.batch for p in fits) >= result.per_replica_batch_size
     assert result.reasons["search"].code == "search.xla"
+    assert result.reasons["limit"].code == "limit.passed_less_resident"
     # planning left the weights and Keras's global state as they were
     for a, b in zip(before, model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)

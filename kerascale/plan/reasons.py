@@ -415,6 +415,19 @@ WORDS: dict[str, str | Callable[..., str]] = {
         + f", less TensorFlow's reserve; this process's tensors hold {in_use} of "
         "it (a prediction: running out of memory in TensorFlow's allocator decides)"
     ),
+    # the memory a JAX step may take on one device
+    "limit.device_memory": (
+        "device_memory you passed ({memory} per device) less the {state} of state on it"
+    ),
+    "limit.device_free": lambda passed, limit, used: (
+        ("memory_limit you passed (per device)" if passed else "XLA's allocator limit")
+        + f" {limit} less {used} in use"
+    ),
+    "limit.cpu_available": "{share:.0%} of the memory available ({limit})",
+    "limit.passed_less_resident": (
+        "memory_limit you passed ({limit}) less this process's {resident} resident"
+    ),
+    "limit.less_accumulators": "{why}, less {held} for gradient accumulators",
     # any field
     "resumed": "as in the checkpoint being resumed",
     "first_step_failed": lambda what, failure, skip: (

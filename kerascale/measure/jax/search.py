@@ -137,7 +137,7 @@ def _compiled(
     cap: int,
     held: int,
     share: host_share.HostShare,
-) -> tuple[compiled.Compiles, tuple[int, str]]:
+) -> tuple[compiled.Compiles, tuple[int, Reason]]:
     """The compiles of `run_search`, in a session that puts everything back:
     (what they found, (the bytes free, why)). `host`: whether the
     host's memory is the budget; `start`, `cap`: the first and the largest
@@ -183,8 +183,8 @@ def _answer(
     options: SearchOptions,
     host: bool,
     searched: compiled.Compiles,
-    limit: tuple[int, str],
-    capped: tuple[int, str],
+    limit: tuple[int, Reason],
+    capped: tuple[int, Reason],
     *,
     share: host_share.HostShare,
 ) -> BatchSearchResult:
@@ -286,7 +286,7 @@ def _result(
     plan: Plan,
     options: SearchOptions,
     searched: compiled.Compiles,
-    free: tuple[int, str],
+    free: tuple[int, Reason],
     why_cap: Reason,
     answer: Chosen,
 ) -> BatchSearchResult:
@@ -324,19 +324,20 @@ def _result(
     )
 
 
-def _free(hw: Hardware, options: SearchOptions, step: Any) -> tuple[int, str]:
+def _free(hw: Hardware, options: SearchOptions, step: Any) -> tuple[int, Reason]:
     """`free_bytes`, or with `device_memory` what a device has beyond the
     state laid out on it."""
     if not options.device_memory:
         return free_bytes(hw, options)
-    return (
-        options.device_memory - step.state_bytes,
-        f"device_memory you passed ({format_bytes(options.device_memory)} per "
-        f"device) less the {format_bytes(step.state_bytes)} of state on it",
+    why = Reason(
+        "limit.device_memory",
+        memory=format_bytes(options.device_memory),
+        state=format_bytes(step.state_bytes),
     )
+    return options.device_memory - step.state_bytes, why
 
 
-def free_bytes(hw: Hardware, options: SearchOptions) -> tuple[int, str]:
+def free_bytes(hw: Hardware, options: SearchOptions) -> tuple[int, Reason]:
     """The bytes one step may take on one device (on a CPU, in this
     process), beyond what is held there now, and where the figure comes from.
 
@@ -355,30 +356,32 @@ def free_bytes(hw: Hardware, options: SearchOptions) -> tuple[int, str]:
             raise batch_lib.SearchUnavailable(
                 "the device reports no memory figures (memory_stats) to search under"
             )
-        limit, why = int(stats["bytes_limit"]), "XLA's allocator limit"
+        limit, passed = int(stats["bytes_limit"]), False
         if options.memory_limit and options.memory_limit < limit:
-            limit, why = options.memory_limit, "memory_limit you passed (per device)"
+            limit, passed = options.memory_limit, True
         used = int(stats.get("bytes_in_use", 0))
-        return (
-            limit - used,
-            f"{why} {format_bytes(limit)} less {format_bytes(used)} in use",
+        why = Reason(
+            "limit.device_free",
+            passed=passed,
+            limit=format_bytes(limit),
+            used=format_bytes(used),
         )
-    if options.memory_limit:
-        limit, why = options.memory_limit, "memory_limit you passed"
-    else:
+        return limit - used, why
+    if not options.memory_limit:
         available = memory.available_bytes()
         if available is None:
             raise batch_lib.SearchUnavailable("the memory available here is unknown")
         limit = int(available * compiled.CPU_DEFAULT_SHARE)
-        why = f"{compiled.CPU_DEFAULT_SHARE:.0%} of the memory available"
         # The memory available is what this process leaves: nothing to take.
-        return limit, f"{why} ({format_bytes(limit)})"
-    resident = memory.resident_bytes() or 0
-    return (
-        limit - resident,
-        f"{why} ({format_bytes(limit)}) less this process's "
-        f"{format_bytes(resident)} resident",
+        share, spelled = compiled.CPU_DEFAULT_SHARE, format_bytes(limit)
+        return limit, Reason("limit.cpu_available", share=share, limit=spelled)
+    limit, resident = options.memory_limit, memory.resident_bytes() or 0
+    why = Reason(
+        "limit.passed_less_resident",
+        limit=format_bytes(limit),
+        resident=format_bytes(resident),
     )
+    return limit - resident, why
 
 
 def _answerable(hw: Hardware, options: SearchOptions) -> None:
@@ -409,7 +412,7 @@ def _ladder(
     plan: Plan,
     bound: int,
     seen: list[compiled.Compiled],
-    free: tuple[int, str],
+    free: tuple[int, Reason],
     why_cap: Reason,
 ) -> BatchSearchResult:
     """The rungs for the CPU trials to time: doublings from Keras's default
@@ -446,15 +449,16 @@ def _ladder(
 
 
 def _less_accumulators(
-    free: int, why: str, step: Any, model: Any, steps: int | None, host: bool
-) -> tuple[int, str]:
+    free: int, why: Reason, step: Any, model: Any, steps: int | None, host: bool
+) -> tuple[int, Reason]:
     """`free` less the gradient accumulators that `steps` of accumulation
     add (none where the optimizer already holds them)."""
     optimizer = model_lib.core_optimizer(model.optimizer)
     if not steps or steps < 2 or getattr(optimizer, "gradient_accumulation_steps", 0):
         return free, why
     held = step.accumulator_bytes * (step.replicas if host else 1)
-    return free - held, f"{why}, less {format_bytes(held)} for gradient accumulators"
+    less = Reason("limit.less_accumulators", why=why, held=format_bytes(held))
+    return free - held, less
 
 
 def _with_margin(fits: int, fails: int | None, margin: float) -> tuple[int, int]:
