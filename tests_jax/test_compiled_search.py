@@ -14,7 +14,7 @@ import pytest
 from conftest import devices
 
 import kerascale
-from kerascale.measure.jax import compiled
+from kerascale.measure.jax import compiled, device_free
 
 
 def _need(curve):
@@ -150,7 +150,6 @@ def _mlp():
 
 
 def test_the_step_counts_batches_read_ahead_and_gradient_accumulators():
-    from kerascale.measure.jax import search
 
     element = compiled.element_of(np.zeros((8, 256), "float32"), np.zeros(8, "int32"))
     plain = compiled.StepMemory(_mlp(), element, None, 1)
@@ -164,11 +163,12 @@ def test_the_step_counts_batches_read_ahead_and_gradient_accumulators():
     step = compiled.StepMemory(model, element, None, 1)
     weights = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
     assert step.accumulator_bytes == weights
-    free, why = search._less_accumulators(10**9, "limit", step, model, 4, False)
+    less = device_free.less_accumulators
+    free, why = less(10**9, "limit", step, model, 4, False)
     assert free == 10**9 - weights and "gradient accumulators" in why
-    assert search._less_accumulators(10**9, "", step, model, None, False)[0] == 10**9
+    assert less(10**9, "", step, model, None, False)[0] == 10**9
     model.optimizer.gradient_accumulation_steps = 4  # already held: nothing more
-    assert search._less_accumulators(10**9, "", step, model, 4, False)[0] == 10**9
+    assert less(10**9, "", step, model, 4, False)[0] == 10**9
 
 
 @pytest.mark.once  # its figures are one device's

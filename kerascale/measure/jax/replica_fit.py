@@ -320,6 +320,7 @@ def _measured(
     import jax
 
     from kerascale.measure import batch as batch_lib
+    from kerascale.measure.jax import device_free
     from kerascale.measure.jax import search as jax_search
 
     with Session() as session:
@@ -331,7 +332,7 @@ def _measured(
         if usable is None or hw is None or need > usable:
             return need, None, "not timed"
         try:
-            free, _ = jax_search.free_bytes(hw, search or SearchOptions())
+            free, _ = device_free.free_bytes(hw, search or SearchOptions())
         except batch_lib.SearchUnavailable as e:
             return need, None, f"not timed: {e}"
         on_host = hw.accelerator not in ("gpu", "tpu")

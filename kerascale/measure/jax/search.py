@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING, Any
 import keras
 
 from kerascale._units import format_bytes
-from kerascale.apply import model as model_lib
 from kerascale.apply.jax import reader
 from kerascale.apply.session import Session
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import batch as batch_lib
 from kerascale.measure import cache, host_share
-from kerascale.measure.jax import compiled, confirm
+from kerascale.measure.jax import compiled, confirm, device_free
 from kerascale.measure.probe import OK, OOM, ProbeResult
 from kerascale.measure.request import SearchOptions
 from kerascale.measure.result import BatchSearchResult
@@ -161,8 +160,8 @@ def _compiled(
         first_compile = need(max(1, min(start, cap)))
         if host:
             _release_compiles()
-        alone = _free(hw, options, step)
-        free, why_free = _less_accumulators(
+        alone = device_free.for_step(hw, options, step)
+        free, why_free = device_free.less_accumulators(
             *alone, step, trained, accumulation_steps, host
         )
         if first_compile.batch >= cap and first_compile.need_bytes <= alone[0]:
@@ -324,66 +323,6 @@ def _result(
     )
 
 
-def _free(hw: Hardware, options: SearchOptions, step: Any) -> tuple[int, Reason]:
-    """`free_bytes`, or with `device_memory` what a device has beyond the
-    state laid out on it."""
-    if not options.device_memory:
-        return free_bytes(hw, options)
-    why = Reason(
-        "limit.device_memory",
-        memory=format_bytes(options.device_memory),
-        state=format_bytes(step.state_bytes),
-    )
-    return options.device_memory - step.state_bytes, why
-
-
-def free_bytes(hw: Hardware, options: SearchOptions) -> tuple[int, Reason]:
-    """The bytes one step may take on one device (on a CPU, in this
-    process), beyond what is held there now, and where the figure comes from.
-
-    Raises:
-        SearchUnavailable: When the device reports no memory figures.
-    """
-    import jax
-
-    if hw.accelerator in ("gpu", "tpu"):
-        stats = None
-        try:
-            stats = jax.local_devices()[0].memory_stats()
-        except Exception:
-            stats = None
-        if not stats or not stats.get("bytes_limit"):
-            raise batch_lib.SearchUnavailable(
-                "the device reports no memory figures (memory_stats) to search under"
-            )
-        limit, passed = int(stats["bytes_limit"]), False
-        if options.memory_limit and options.memory_limit < limit:
-            limit, passed = options.memory_limit, True
-        used = int(stats.get("bytes_in_use", 0))
-        why = Reason(
-            "limit.device_free",
-            passed=passed,
-            limit=format_bytes(limit),
-            used=format_bytes(used),
-        )
-        return limit - used, why
-    if not options.memory_limit:
-        available = memory.available_bytes()
-        if available is None:
-            raise batch_lib.SearchUnavailable("the memory available here is unknown")
-        limit = int(available * compiled.CPU_DEFAULT_SHARE)
-        # The memory available is what this process leaves: nothing to take.
-        share, spelled = compiled.CPU_DEFAULT_SHARE, format_bytes(limit)
-        return limit, Reason("limit.cpu_available", share=share, limit=spelled)
-    limit, resident = options.memory_limit, memory.resident_bytes() or 0
-    why = Reason(
-        "limit.passed_less_resident",
-        limit=format_bytes(limit),
-        resident=format_bytes(resident),
-    )
-    return limit - resident, why
-
-
 def _answerable(hw: Hardware, options: SearchOptions) -> None:
     """Raises `SearchUnavailable` on a CPU asked for the fastest batch
     without a ladder for the trials to time (`mode="ladder"`)."""
@@ -448,19 +387,6 @@ def _ladder(
     )
 
 
-def _less_accumulators(
-    free: int, why: Reason, step: Any, model: Any, steps: int | None, host: bool
-) -> tuple[int, Reason]:
-    """`free` less the gradient accumulators that `steps` of accumulation
-    add (none where the optimizer already holds them)."""
-    optimizer = model_lib.core_optimizer(model.optimizer)
-    if not steps or steps < 2 or getattr(optimizer, "gradient_accumulation_steps", 0):
-        return free, why
-    held = step.accumulator_bytes * (step.replicas if host else 1)
-    less = Reason("limit.less_accumulators", why=why, held=format_bytes(held))
-    return free - held, less
-
-
 def _with_margin(fits: int, fails: int | None, margin: float) -> tuple[int, int]:
     """The batch to train at (the margin kept below the largest that fits,
     where a larger one was found not to), rounded down to a multiple of
@@ -474,13 +400,14 @@ def _timed(
     step: Any, trained: Any, fits: int, seen: list[compiled.Compiled], where: tuple
 ) -> list[compiled.Compiled]:
     """`seen` with the compile at `fits` timed by a few real steps, where
-    they fit the memory free now (`free_bytes`: the device's, or on CPU
+    they fit the memory free now (`device_free.free_bytes`: the device's, or on CPU
     devices this process's): the step's buffers and a copy of the state,
     which the steps consume; as it was otherwise. `where`: (the hardware,
     the search options, whether the devices are the host's)."""
     hw, options, host = where
     try:
-        free, _ = free_bytes(hw, dataclasses.replace(options, device_memory=None))
+        unset = dataclasses.replace(options, device_memory=None)
+        free, _ = device_free.free_bytes(hw, unset)
     except batch_lib.SearchUnavailable:
         return seen
     out = []
