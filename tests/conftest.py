@@ -1,3 +1,4 @@
+import gc
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -63,6 +64,7 @@ def bf16_cpu(monkeypatch):
 def _fresh_keras():
     """A clean Keras session, a fixed seed and the float32 policy per test."""
     keras.backend.clear_session()
+    gc.freeze()  # what outlived the last test: the root conftest says why
     keras.config.set_dtype_policy("float32")
     keras.utils.set_random_seed(1234)
     yield

@@ -3,6 +3,7 @@ and no TensorFlow (README, "Development"), on 1 and on 2 forced host devices
 (`XLA_FLAGS=--xla_force_host_platform_device_count=2`).
 """
 
+import gc
 import os
 
 os.environ["KERAS_BACKEND"] = "jax"
@@ -28,6 +29,7 @@ def _private_cache(tmp_path, monkeypatch):
 def _fresh_keras():
     """A clean Keras session, a fixed seed, float32 and no distribution."""
     keras.backend.clear_session()
+    gc.freeze()  # what outlived the last test: the root conftest says why
     keras.config.set_dtype_policy("float32")
     keras.distribution.set_distribution(None)
     keras.utils.set_random_seed(1234)
