@@ -54,6 +54,30 @@ def kv_get(key: str, timeout: float | None) -> str:
     return context.context().get_config_key_value(key, timeout_in_ms=ms)
 
 
+def lost_peer() -> BaseException | None:
+    """The error of the first task that TensorFlow's coordination service
+    reports unhealthy (silent for its heartbeat timeout: worker_timeout), or
+    None; None too where no coordination service runs. A wait for a key
+    (`kv_get`) does not end when the worker that was to write it dies: TF
+    2.21 waits out its whole timeout, and aborts only the collectives. The
+    tasks' states are asked of the service (`get_task_states`, the eager
+    context's, as TensorFlow's own ClusterCoordinator asks them) for the
+    jobs it coordinates (its config, as `configure_coordination` or the
+    strategy set it)."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    config = ctx.coordination_service
+    if not config or not config.coordinated_job_list:
+        return None
+    jobs = [(job.name, job.num_tasks) for job in config.coordinated_job_list]
+    try:
+        states = ctx.get_task_states(jobs)
+    except tf.errors.OpError as e:  # the service itself is gone
+        return e
+    return next((state for state in states if state), None)
+
+
 def worker_position(strategy: Any) -> tuple[int, int]:
     """(this worker's index, the number of workers) of a
     `MultiWorkerMirroredStrategy`: the public `cluster_resolver` gives the

@@ -41,6 +41,9 @@ faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test asks where it 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 mode, index, ports, out = sys.argv[1:5]
 worker_timeout = float(sys.argv[5]) if len(sys.argv) > 5 else 60
+# "long" only: worker 1 kills itself (SIGKILL) at this epoch's end, before the
+# checkpoint's exchange at that end (kerascale's callbacks run after the user's).
+die_at = int(sys.argv[6]) if len(sys.argv) > 6 else None
 if index != "single":
     os.environ["TF_CONFIG"] = json.dumps(
         {
@@ -143,6 +146,8 @@ elif mode == "long":
     class Say(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             print(f"epoch {epoch} {time.time():.3f}", flush=True)
+            if epoch == die_at and index == "1":
+                os.kill(os.getpid(), signal.SIGKILL)
 
         def on_train_batch_end(self, batch, logs=None):
             time.sleep(0.02)  # long enough for the test to kill mid-epoch

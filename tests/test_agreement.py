@@ -4,8 +4,10 @@ coordination service's key-value store is a dict (the seam). The real thing
 runs in tests/test_multiworker.py."""
 
 import threading
+import time
 
 import pytest
+import tensorflow as tf
 
 from kerascale import _tf_compat as tfc
 from kerascale.apply import step_agreement as agreement_lib
@@ -16,6 +18,7 @@ class FakeStore:
 
     def __init__(self):
         self.values, self.changed = {}, threading.Condition()
+        self.lost = None  # what the service says of a worker it lost
 
     def set(self, key, value):
         with self.changed:
@@ -36,6 +39,7 @@ def store(monkeypatch):
     fake = FakeStore()
     monkeypatch.setattr(tfc, "kv_set", fake.set)
     monkeypatch.setattr(tfc, "kv_get", fake.get)
+    monkeypatch.setattr(tfc, "lost_peer", lambda: fake.lost)
     monkeypatch.setattr(agreement_lib, "_POLL_SECONDS", 0.05)
     return fake
 
@@ -116,3 +120,29 @@ def test_unknown_kinds_are_refused(store):
     finally:
         agreement.close()
     assert not agreement._thread.is_alive()
+
+
+def test_a_wait_for_a_lost_workers_key_ends_when_the_service_reports_it(store):
+    """Worker 1 died before its share of an exchange (a checkpoint's random
+    states at an epoch's end): worker 0's wait for that key ends with the
+    error the coordination service reports for it, not after the run's
+    exchange timeout (30 min by default). The real thing:
+    test_multiworker.py's killed worker."""
+    agreement = agreement_lib.Agreement("x", 0, 2, timeout=600)
+    lost = tf.errors.UnavailableError(None, None, "task:1 heartbeat timeout")
+    threading.Timer(0.3, lambda: setattr(store, "lost", lost)).start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(tf.errors.UnavailableError, match="heartbeat timeout"):
+            agreement.gather("random", [1, 2])
+    finally:
+        agreement.close()
+    assert time.monotonic() - began < 5
+    # Alive, a worker that writes late is waited for, within the timeout.
+    agreement = agreement_lib.Agreement("y", 0, 2, timeout=600)
+    store.lost = None
+    threading.Timer(0.3, store.set, ("y/gather/random/1", "[3]")).start()
+    try:
+        assert agreement.gather("random", [1, 2]) == [[1, 2], [3]]
+    finally:
+        agreement.close()

@@ -137,6 +137,16 @@ def test_the_tensorflow_internals_kerascale_uses_still_exist():
     params = inspect.signature(ctx.configure_coordination_service).parameters
     for name in ("heartbeat_timeout_in_ms", "cluster_register_timeout_in_ms"):
         assert name in params
+    # A lost worker: the coordination service's task states, for the jobs its
+    # config names (no service runs here). tests/test_multiworker.py's killed
+    # worker is the real thing.
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2 as pb
+
+    assert callable(ctx.get_task_states)
+    assert isinstance(type(ctx).coordination_service, property)
+    fields = pb.CoordinationServiceConfig.DESCRIPTOR.fields_by_name
+    assert "coordinated_job_list" in fields
+    assert tfc.lost_peer() is None
     # The key-value store without a cluster: a clear TensorFlow error, one of
     # the kinds the agreement handles.
     try:

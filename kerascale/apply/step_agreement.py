@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -18,7 +19,9 @@ from kerascale.sense import backend as backend_lib
 logger = logging.getLogger("kerascale")
 
 KINDS = ("save", "stop", "preempt")
-# The watcher waits this long per request, then looks whether the run is over.
+# The watcher waits this long per request, then looks whether the run is over;
+# the training thread waits as long for another worker's key, then asks
+# whether a worker was lost (`_get`).
 _POLL_SECONDS = 1.0
 
 
@@ -40,7 +43,7 @@ class Agreement:
     ):
         # store: the coordination service's key-value store, as `_tf_compat`
         # (TensorFlow) or `_jax_compat` (JAX) reads it: kv_set, kv_get,
-        # KV_TAKEN, KV_TIMEOUT, KV_ERRORS.
+        # lost_peer, KV_TAKEN, KV_TIMEOUT, KV_ERRORS.
         self.store = store
         self.prefix = prefix
         self.worker_id = worker_id
@@ -108,11 +111,7 @@ class Agreement:
                 f"{self.prefix}/final{self.worker_id}", json.dumps(sorted(left))
             )
             for i in range(self.num_workers):
-                left.update(
-                    json.loads(
-                        self.store.kv_get(f"{self.prefix}/final{i}", self.timeout)
-                    )
-                )
+                left.update(json.loads(self._get(f"{self.prefix}/final{i}")))
         finally:
             self.close()
         self._finished = left
@@ -125,7 +124,7 @@ class Agreement:
         if self.worker_id == 0:
             self.store.kv_set(key, json.dumps(value))
             return value
-        return json.loads(self.store.kv_get(key, self.timeout))
+        return json.loads(self._get(key))
 
     def gather(self, name: str, value: Any) -> list[Any] | None:
         """Every worker's `value` (JSON-able) for `name`, in worker order, on
@@ -135,10 +134,23 @@ class Agreement:
         self.store.kv_set(f"{key}/{self.worker_id}", json.dumps(value))
         if self.worker_id != 0:
             return None
-        return [
-            json.loads(self.store.kv_get(f"{key}/{i}", self.timeout))
-            for i in range(self.num_workers)
-        ]
+        return [json.loads(self._get(f"{key}/{i}")) for i in range(self.num_workers)]
+
+    def _get(self, key: str) -> str:
+        """Another worker's `key`, waited for at most the run's exchange
+        timeout; a worker lost meanwhile ends the wait with the store's
+        error for it (a dead worker's key would be waited for to the end)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self.store.kv_get(key, max(min(_POLL_SECONDS, left), 0.001))
+            except self.store.KV_TIMEOUT:
+                if left <= _POLL_SECONDS:
+                    raise
+            lost = self.store.lost_peer()
+            if lost is not None:
+                raise lost
 
     def close(self) -> None:
         """Stops the watcher thread (idempotent; within `_POLL_SECONDS`)."""
@@ -161,14 +173,14 @@ class Agreement:
         except self.store.KV_TAKEN:
             # Another worker proposed in this round first: every worker acts
             # on its decision, then this one proposes again if still wanted.
-            self._record(n, json.loads(self.store.kv_get(self._key(n), self.timeout)))
+            self._record(n, json.loads(self._get(self._key(n))))
             self._next_decision()
             return
         logger.info("Worker %d proposed %r at step %d.", *decision.values())
         self._record(n, decision)
         self._next_decision()
         for i in range(self.num_workers):  # every worker knows before step + 1
-            self.store.kv_get(f"{self._key(n)}/ack{i}", self.timeout)
+            self._get(f"{self._key(n)}/ack{i}")
 
     def _next_decision(self) -> dict[str, Any] | None:
         """The oldest decision received and not yet acted on, or None."""
