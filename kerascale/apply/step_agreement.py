@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 from kerascale import _tf
 from kerascale import _tf_compat as tfc
@@ -247,7 +247,13 @@ def _position(model: Any) -> tuple[int, int, Any]:
     return (*tfc.worker_position(strategy), tfc)
 
 
-def for_run(model: Any, run: Any) -> Agreement | None:
+class Run(Protocol):
+    """The `fit` call an agreement serves (`callbacks._base.FitRun`)."""
+
+    def alive(self) -> bool: ...
+
+
+def for_run(model: Any, run: Run) -> Agreement | None:
     """The agreement of the `fit` call `run` serves, made at its first
     request; None unless `model` trains under a `MultiWorkerMirroredStrategy`
     of two or more workers (joined by kerascale or not), or in two or more

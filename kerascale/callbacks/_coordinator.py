@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 
 from kerascale.apply import step_agreement as agreement_lib
 from kerascale.callbacks import _lease as lease_lib
+from kerascale.callbacks._base import FitRun
 from kerascale.callbacks._preemption import SigtermWatch
 from kerascale.errors import CheckpointError, warn
 
@@ -26,7 +27,7 @@ class Coordinator:
     def start(
         self,
         model: Any,
-        run: Any,
+        run: FitRun,
         directory: str,
         *,
         chief: bool,

@@ -14,7 +14,12 @@ import logging
 import os
 import signal
 import threading
-from typing import Any
+from collections.abc import Callable
+from types import FrameType
+
+# What `signal.getsignal` returns: a handler, SIG_DFL or SIG_IGN, or None
+# (one not installed from Python).
+Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
 logger = logging.getLogger("kerascale")
 
@@ -30,12 +35,12 @@ class SigtermWatch:
 
     def __init__(self) -> None:
         self.requested = False
-        self.frame: Any = None
-        self.previous: Any = None
+        self.frame: FrameType | None = None
+        self.previous: Handler = None
         self._installed = False
-        self._active: Any = None
+        self._active: Callable[[], bool] | None = None
 
-    def install(self, active: Any) -> None:
+    def install(self, active: Callable[[], bool]) -> None:
         """Installs the handler; `active()` says whether the run is still
         running (and the signal therefore the run's to handle)."""
         self.requested, self.frame, self._active = False, None, active
@@ -67,7 +72,7 @@ class SigtermWatch:
         if callable(self.previous):
             self.previous(signal.SIGTERM, self.frame)
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if self._active is not None and self._active():
             self.requested, self.frame = True, frame
             return
@@ -80,7 +85,7 @@ def on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def deliver(handler: Any, signum: int, frame: Any) -> None:
+def deliver(handler: Handler, signum: int, frame: FrameType | None) -> None:
     """Passes a signal on to `handler` as if it had been installed alone."""
     if callable(handler):
         handler(signum, frame)

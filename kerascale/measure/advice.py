@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
-    from kerascale.measure.recompute import Weighing
     from kerascale.measure.trials import TrialResult
+    from kerascale.measure.weighing import Weighing
     from kerascale.plan.plan import Plan
 
 
@@ -201,7 +201,7 @@ def memory_advice(
     plan: Plan, recomputed: Weighing | None = None
 ) -> list[Recommendation]:
     """What to do on a memory-bound run; `recomputed`: the plan's weighing
-    of recomputation (`measure.recompute.Weighing`), where it ran."""
+    of recomputation (`measure.weighing.Weighing`), where it ran."""
     recs = [_recompute_advice(plan, recomputed)]
     if plan.precision == "float32":
         recs.append(

@@ -17,6 +17,7 @@ from kerascale.sense.model_facts import ModelFacts
 
 if TYPE_CHECKING:
     from kerascale.measure.trials import TrialResult
+    from kerascale.measure.weighing import Weighing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Decided:
         optimize_data: The pipeline decision, "auto" resolved.
         trials: The trials' result (`trials.TrialResult`), where they ran.
         recomputed: Recomputation weighed against accumulation
-            (`recompute.Weighing`), where memory bound the batch.
+            (`measure.weighing.Weighing`), where memory bound the batch.
         search_skipped: Why a batch search that was wanted did not run
             ("" where it ran, or none was wanted).
         measured: What planning found beyond the rules, in the plan's
@@ -51,7 +52,7 @@ class Decided:
     search: BatchSearchResult | None = None
     optimize_data: bool = True
     trials: TrialResult | None = None
-    recomputed: Any = None
+    recomputed: Weighing | None = None
     search_skipped: str = ""
     measured: Measured = NOTHING
 

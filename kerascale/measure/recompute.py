@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kerascale.measure.result import BatchSearchResult
+from kerascale.measure.weighing import Candidate, Weighing
 from kerascale.plan.reasons import Reason
 
 if TYPE_CHECKING:
@@ -26,27 +27,6 @@ MODE = "activations"
 Searcher = Callable[..., BatchSearchResult]
 
 
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """One way to train the batch: its plan and its measured speed."""
-
-    name: str
-    plan: Plan
-    samples_per_s: float | None
-
-    def describe(self) -> str:
-        p = self.plan
-        speed = (
-            f"{self.samples_per_s:,.0f} samples/s"
-            if self.samples_per_s
-            else "not timed"
-        )
-        return (
-            f"{self.name}: {p.micro_batch_size} x {p.replicas} x "
-            f"{p.accumulation_steps} at {speed}"
-        )
-
-
 def binding(decided: Decided, requested: int | None) -> bool:
     """Whether memory binds the batch `decided` trains: a requested batch
     (`requested` per replica) split for memory, or a largest-that-fits
@@ -57,33 +37,6 @@ def binding(decided: Decided, requested: int | None) -> bool:
     if requested is not None:
         return result.per_replica_batch_size < requested
     return result.mode == "max" and result.smallest_failing is not None
-
-
-@dataclasses.dataclass(frozen=True)
-class Weighing:
-    """What weighing recomputation found.
-
-    Attributes:
-        plan: The plan to train (with recomputation where it won).
-        bound: The largest per-replica batch that fits in one pass with
-            recomputation.
-        bound_without: The same without (the decision's own search).
-        candidates: The timed candidates (empty where none ran).
-        why: The plan's "recompute" reason.
-        search: The batch search with recomputation.
-    """
-
-    plan: Plan
-    bound: int
-    bound_without: int
-    candidates: tuple[Candidate, ...]
-    why: Reason
-    search: BatchSearchResult | None = None
-
-    @property
-    def ratio(self) -> float:
-        """The largest batch with recomputation over without."""
-        return self.bound / max(1, self.bound_without)
 
 
 def weighed(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kerascale import _validation
 from kerascale._units import parse_bytes
@@ -18,6 +18,22 @@ if TYPE_CHECKING:
     from kerascale.sense.hardware import Hardware
 
 DEFAULT_MARGIN = 0.03
+
+
+class SearchBudget(Protocol):
+    """What a search asks of the run's budget: `budget.RunBudget`, which
+    imports the engines that take this request (so a Protocol, not an
+    import)."""
+
+    def refuse_search(
+        self,
+        plan: Plan,
+        rungs: list[int],
+        steps: int,
+        what: str = "search",
+        *,
+        in_children: bool = True,
+    ) -> str | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,5 +129,5 @@ class SearchRequest:
     verbose: Any = "auto"
     first: int | None = None
     accumulation_steps: int | None = None
-    budget: Any = None  # a `budget.RunBudget` (not imported: a cycle)
+    budget: SearchBudget | None = None
     timed: bool = False

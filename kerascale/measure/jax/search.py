@@ -26,7 +26,7 @@ from kerascale.measure import batch as batch_lib
 from kerascale.measure import cache, host_share
 from kerascale.measure.jax import compiled, confirm, device_free
 from kerascale.measure.probe import OK, OOM, ProbeResult
-from kerascale.measure.request import SearchOptions
+from kerascale.measure.request import SearchBudget, SearchOptions
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import granularity_for, granule_at, ladder, round_down
 from kerascale.plan.reasons import Reason
@@ -336,7 +336,13 @@ def _answerable(hw: Hardware, options: SearchOptions) -> None:
         )
 
 
-def _affordable(plan: Plan, hw: Hardware, options: Any, cap: int, budget: Any) -> None:
+def _affordable(
+    plan: Plan,
+    hw: Hardware,
+    options: SearchOptions,
+    cap: int,
+    budget: SearchBudget | None,
+) -> None:
     """Raises `SearchSkipped` where a ladder for the trials costs more than
     the run repays (`budget`; None: no budget)."""
     if budget is None or options.mode != "ladder":
