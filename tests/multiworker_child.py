@@ -44,6 +44,7 @@ worker_timeout = float(sys.argv[5]) if len(sys.argv) > 5 else 60
 # "long" only: worker 1 kills itself (SIGKILL) at this epoch's end, before the
 # checkpoint's exchange at that end (kerascale's callbacks run after the user's).
 die_at = int(sys.argv[6]) if len(sys.argv) > 6 else None
+LONG_EPOCHS = 6  # "long": test_multiworker.py resumes it to this end
 if index != "single":
     os.environ["TF_CONFIG"] = json.dumps(
         {
@@ -157,7 +158,7 @@ elif mode == "long":
             model,
             ds,
             batch_size=16,
-            epochs=12,
+            epochs=LONG_EPOCHS,
             precision="float32",
             optimize_data=True,
             checkpoint_dir=os.path.join(
