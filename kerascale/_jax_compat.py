@@ -76,14 +76,6 @@ def kv_get(key: str, timeout: float | None) -> str:
         raise
 
 
-def lost_peer() -> BaseException | None:
-    """None: where a process of the cluster dies, JAX's client ends the
-    others itself once the service notices (after its heartbeat timeout:
-    tests_jax/test_jax_processes.py's killed process), so a wait for a key
-    never outlives a lost peer. `_tf_compat.lost_peer`'s counterpart."""
-    return None
-
-
 def backends_started() -> bool:
     """Whether JAX has started its backends in this process (any computation,
     `jax.devices()`...): then `jax.distributed.initialize` cannot join."""

@@ -6,6 +6,8 @@ test in tests/test_compat.py that fails when TensorFlow changes it.
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 from kerascale._tf import tf
@@ -44,22 +46,39 @@ def kv_set(key: str, value: str) -> None:
     context.context().set_config_key_value(key, value)
 
 
+# A wait for a key is cut into slices this long; between them the service is
+# asked whether it lost a worker (`lost_peer`).
+LOST_POLL_SECONDS = 1.0
+
+
 def kv_get(key: str, timeout: float | None) -> str:
     """Waits for `key` (at most `timeout` seconds, or for ever when None);
-    `KV_TIMEOUT` when it does not come in time."""
+    `KV_TIMEOUT` when it does not come in time, and the service's error for
+    a worker it lost meanwhile (`lost_peer`): TensorFlow's own wait would
+    outlive the worker that was to write the key."""
     from tensorflow.python.eager import context
 
-    # TensorFlow reads a timeout of 0 as "wait for ever".
-    ms = 0 if timeout is None else max(1, int(timeout * 1000))
-    return context.context().get_config_key_value(key, timeout_in_ms=ms)
+    ctx = context.context()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = math.inf if deadline is None else deadline - time.monotonic()
+        wait = max(min(LOST_POLL_SECONDS, left), 0.001)
+        try:
+            return ctx.get_config_key_value(key, timeout_in_ms=int(wait * 1000) or 1)
+        except tf.errors.DeadlineExceededError:
+            if left <= LOST_POLL_SECONDS:
+                raise
+        lost = lost_peer()
+        if lost is not None:
+            raise lost
 
 
 def lost_peer() -> BaseException | None:
     """The error of the first task that TensorFlow's coordination service
     reports unhealthy (silent for its heartbeat timeout: worker_timeout), or
-    None; None too where no coordination service runs. A wait for a key
-    (`kv_get`) does not end when the worker that was to write it dies: TF
-    2.21 waits out its whole timeout, and aborts only the collectives. The
+    None; None too where no coordination service runs. TensorFlow's wait for
+    a key does not end when the worker that was to write it dies: TF 2.21
+    waits out its whole timeout, and aborts only the collectives. The
     tasks' states are asked of the service (`get_task_states`, the eager
     context's, as TensorFlow's own ClusterCoordinator asks them) for the
     jobs it coordinates (its config, as `configure_coordination` or the

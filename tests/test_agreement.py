@@ -5,6 +5,7 @@ runs in tests/test_multiworker.py."""
 
 import threading
 import time
+import types
 
 import pytest
 import tensorflow as tf
@@ -18,7 +19,6 @@ class FakeStore:
 
     def __init__(self):
         self.values, self.changed = {}, threading.Condition()
-        self.lost = None  # what the service says of a worker it lost
 
     def set(self, key, value):
         with self.changed:
@@ -39,7 +39,6 @@ def store(monkeypatch):
     fake = FakeStore()
     monkeypatch.setattr(tfc, "kv_set", fake.set)
     monkeypatch.setattr(tfc, "kv_get", fake.get)
-    monkeypatch.setattr(tfc, "lost_peer", lambda: fake.lost)
     monkeypatch.setattr(agreement_lib, "_POLL_SECONDS", 0.05)
     return fake
 
@@ -122,15 +121,44 @@ def test_unknown_kinds_are_refused(store):
     assert not agreement._thread.is_alive()
 
 
-def test_a_wait_for_a_lost_workers_key_ends_when_the_service_reports_it(store):
+class FakeService:
+    """The seam under `_tf_compat.kv_get`: TensorFlow's eager context, whose
+    wait for a key outlives a dead writer, and whose coordination service
+    reports the tasks it lost (`get_task_states`)."""
+
+    coordination_service = types.SimpleNamespace(
+        coordinated_job_list=[types.SimpleNamespace(name="worker", num_tasks=2)]
+    )
+
+    def __init__(self):
+        self.store, self.lost = FakeStore(), None
+
+    def set_config_key_value(self, key, value):
+        self.store.set(key, value)
+
+    def get_config_key_value(self, key, timeout_in_ms):
+        return self.store.get(key, timeout_in_ms / 1000)
+
+    def get_task_states(self, jobs):
+        assert jobs == [("worker", 2)]
+        return [None, self.lost]
+
+
+def test_a_wait_for_a_lost_workers_key_ends_when_the_service_reports_it(monkeypatch):
     """Worker 1 died before its share of an exchange (a checkpoint's random
     states at an epoch's end): worker 0's wait for that key ends with the
     error the coordination service reports for it, not after the run's
     exchange timeout (30 min by default). The real thing:
     test_multiworker.py's killed worker."""
+    from tensorflow.python.eager import context
+
+    service = FakeService()
+    monkeypatch.setattr(context, "context", lambda: service)
+    monkeypatch.setattr(tfc, "LOST_POLL_SECONDS", 0.05)
+    monkeypatch.setattr(agreement_lib, "_POLL_SECONDS", 0.05)
     agreement = agreement_lib.Agreement("x", 0, 2, timeout=600)
     lost = tf.errors.UnavailableError(None, None, "task:1 heartbeat timeout")
-    threading.Timer(0.3, lambda: setattr(store, "lost", lost)).start()
+    threading.Timer(0.3, lambda: setattr(service, "lost", lost)).start()
     began = time.monotonic()
     try:
         with pytest.raises(tf.errors.UnavailableError, match="heartbeat timeout"):
@@ -140,8 +168,8 @@ def test_a_wait_for_a_lost_workers_key_ends_when_the_service_reports_it(store):
     assert time.monotonic() - began < 5
     # Alive, a worker that writes late is waited for, within the timeout.
     agreement = agreement_lib.Agreement("y", 0, 2, timeout=600)
-    store.lost = None
-    threading.Timer(0.3, store.set, ("y/gather/random/1", "[3]")).start()
+    service.lost = None
+    threading.Timer(0.3, service.store.set, ("y/gather/random/1", "[3]")).start()
     try:
         assert agreement.gather("random", [1, 2]) == [[1, 2], [3]]
     finally:

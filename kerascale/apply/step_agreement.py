@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import weakref
 from typing import Any, Protocol
 
@@ -19,9 +18,7 @@ from kerascale.sense import backend as backend_lib
 logger = logging.getLogger("kerascale")
 
 KINDS = ("save", "stop", "preempt")
-# The watcher waits this long per request, then looks whether the run is over;
-# the training thread waits as long for another worker's key, then asks
-# whether a worker was lost (`_get`).
+# The watcher waits this long per request, then looks whether the run is over.
 _POLL_SECONDS = 1.0
 
 
@@ -43,7 +40,9 @@ class Agreement:
     ):
         # store: the coordination service's key-value store, as `_tf_compat`
         # (TensorFlow) or `_jax_compat` (JAX) reads it: kv_set, kv_get,
-        # lost_peer, KV_TAKEN, KV_TIMEOUT, KV_ERRORS.
+        # KV_TAKEN, KV_TIMEOUT, KV_ERRORS. A wait for a key ends when the
+        # service loses the worker that was to write it (`_tf_compat.kv_get`;
+        # JAX's client ends the process itself).
         self.store = store
         self.prefix = prefix
         self.worker_id = worker_id
@@ -138,19 +137,8 @@ class Agreement:
 
     def _get(self, key: str) -> str:
         """Another worker's `key`, waited for at most the run's exchange
-        timeout; a worker lost meanwhile ends the wait with the store's
-        error for it (a dead worker's key would be waited for to the end)."""
-        deadline = time.monotonic() + self.timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                return self.store.kv_get(key, max(min(_POLL_SECONDS, left), 0.001))
-            except self.store.KV_TIMEOUT:
-                if left <= _POLL_SECONDS:
-                    raise
-            lost = self.store.lost_peer()
-            if lost is not None:
-                raise lost
+        timeout."""
+        return self.store.kv_get(key, self.timeout)
 
     def close(self) -> None:
         """Stops the watcher thread (idempotent; within `_POLL_SECONDS`)."""

@@ -21,18 +21,12 @@ DEFAULT_MARGIN = 0.03
 
 
 class SearchBudget(Protocol):
-    """What a search asks of the run's budget: `budget.RunBudget`, which
-    imports the engines that take this request (so a Protocol, not an
-    import)."""
+    """What a search asks of the run's budget, as the searches call it:
+    `budget.RunBudget.refuse_search` (a Protocol, not an import: RunBudget
+    imports the engines that take this request)."""
 
     def refuse_search(
-        self,
-        plan: Plan,
-        rungs: list[int],
-        steps: int,
-        what: str = "search",
-        *,
-        in_children: bool = True,
+        self, plan: Plan, rungs: list[int], steps: int, *, in_children: bool = ...
     ) -> str | None: ...
 
 

@@ -42,7 +42,6 @@ def free_bytes(hw: Hardware, options: SearchOptions) -> tuple[int, Reason]:
     import jax
 
     if hw.accelerator in ("gpu", "tpu"):
-        stats = None
         try:
             stats = jax.local_devices()[0].memory_stats()
         except Exception:
