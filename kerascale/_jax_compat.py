@@ -31,6 +31,7 @@ class KeyTimeout(Exception):
 
 KV_TAKEN = (KeyTaken,)
 KV_TIMEOUT = (KeyTimeout,)
+KV_ERRORS: tuple[type[BaseException], ...]  # for type checkers: `__getattr__`
 
 
 def __getattr__(name: str) -> Any:

@@ -21,6 +21,10 @@ _KV = {
     "KV_TIMEOUT": ("DeadlineExceededError",),
     "KV_ERRORS": ("OpError",),  # the above, and a cluster that is gone
 }
+# Declared for type checkers only: `__getattr__` gives them.
+KV_TAKEN: tuple[type[BaseException], ...]
+KV_TIMEOUT: tuple[type[BaseException], ...]
+KV_ERRORS: tuple[type[BaseException], ...]
 
 
 def __getattr__(name: str) -> Any:

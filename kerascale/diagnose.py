@@ -21,12 +21,13 @@ from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session, prepare
 from kerascale.errors import UnsupportedError
 from kerascale.measure import advice, engines
-from kerascale.measure.advice import Recommendation
+from kerascale.measure.advice import Decode, Recommendation
 from kerascale.measure.decide import decide, validate_options
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
 
 if TYPE_CHECKING:
+    from kerascale.apply.session import Prepared
     from kerascale.measure.decided import Decided
     from kerascale.plan.plan import Plan
 
@@ -205,7 +206,7 @@ def diagnose(
     read = steps + timing.WARMUP_STEPS if _endless(x) else None
     _readable(timing, x, y, read)
 
-    def decided(not_rebuildable: Any = "") -> Any:
+    def decided(not_rebuildable: str | BaseException = "") -> Decided:
         return decide(
             model, x, y, options, search=search, not_rebuildable=not_rebuildable,
             steps_per_epoch=read,
@@ -228,7 +229,7 @@ def diagnose(
     )  # fmt: skip
 
 
-def _decode(x: Any, prepared: Any, batches_per_s: float) -> Any:
+def _decode(x: Any, prepared: Prepared, batches_per_s: float) -> Decode | None:
     """For a `tf.data` input: measures, when called (an input-bound verdict
     only), the share of the input's time its deterministic part takes."""
     if not data_facts.is_dataset(x):
@@ -287,7 +288,7 @@ def _verdict(
     peak: int | None,
     limit: int | None,
     loader_rate: float | None = None,
-    decode: Any = None,
+    decode: Decode | None = None,
 ) -> Diagnosis:
     plan = decided.plan
     headroom = (1 - peak / limit) if peak and limit else None

@@ -12,7 +12,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import keras
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from kerascale.sense.hardware import Hardware
 
 logger = logging.getLogger("kerascale")
+T = TypeVar("T")
 
 
 class Decision(Protocol):
@@ -104,7 +105,7 @@ class Session:
 
         self._stack.push(run)
 
-    def enter(self, context: Any) -> Any:
+    def enter(self, context: contextlib.AbstractContextManager[T]) -> T:
         """Enters `context` (a context manager) for the session's lifetime."""
         return self._stack.enter_context(context)
 

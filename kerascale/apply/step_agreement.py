@@ -22,6 +22,21 @@ KINDS = ("save", "stop", "preempt")
 _POLL_SECONDS = 1.0
 
 
+class KeyValueStore(Protocol):
+    """The coordination service's key-value store, as `_tf_compat`
+    (TensorFlow) or `_jax_compat` (JAX) reads it. A wait for a key ends when
+    the service loses the worker that was to write it (`_tf_compat.kv_get`;
+    JAX's client ends the process itself)."""
+
+    KV_TAKEN: tuple[type[BaseException], ...]  # the key was written before
+    KV_TIMEOUT: tuple[type[BaseException], ...]  # a wait ran out
+    KV_ERRORS: tuple[type[BaseException], ...]  # the service failed
+
+    def kv_set(self, key: str, value: str) -> None: ...
+
+    def kv_get(self, key: str, timeout: float | None) -> str: ...
+
+
 class Agreement:
     """The rounds of decisions of one `fit` call on one worker.
 
@@ -36,13 +51,8 @@ class Agreement:
         worker_id: int,
         num_workers: int,
         timeout: float,
-        store: Any = tfc,
+        store: KeyValueStore = tfc,
     ):
-        # store: the coordination service's key-value store, as `_tf_compat`
-        # (TensorFlow) or `_jax_compat` (JAX) reads it: kv_set, kv_get,
-        # KV_TAKEN, KV_TIMEOUT, KV_ERRORS. A wait for a key ends when the
-        # service loses the worker that was to write it (`_tf_compat.kv_get`;
-        # JAX's client ends the process itself).
         self.store = store
         self.prefix = prefix
         self.worker_id = worker_id

@@ -26,6 +26,7 @@ from kerascale.sense import data_facts
 from kerascale.sense.model_facts import architecture
 
 if TYPE_CHECKING:
+    from kerascale.apply.step_agreement import Agreement
     from kerascale.plan.plan import Plan
 
 
@@ -168,7 +169,10 @@ def restore_random_state(saved: dict[str, Any]) -> None:
 
 
 def gather_random(
-    agreement: Any, name: str, meta: dict[str, Any], data: dict[str, Any]
+    agreement: Agreement | None,
+    name: str,
+    meta: dict[str, Any],
+    data: dict[str, Any],
 ) -> None:
     """With several workers, puts every worker's random state (now, and at
     its epoch's start where the data record has one) into the chief's

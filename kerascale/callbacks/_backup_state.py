@@ -54,7 +54,8 @@ class RunState:
     # What a resume restored, and what it still has to do.
     skip_calls: int = 0  # train-function calls whose batches were applied
     last_call_skipped: bool = False
-    pending_data: Any = None  # the input's position, restored at its iterator
+    # The input's position, restored at its iterator.
+    pending_data: dict[str, Any] | None = None
     restored_metrics: bool = False  # the partial epoch's metrics to read back
     restore_pending: bool = False  # the state waits for the model to be built
     restored_finished_run: bool = False

@@ -53,7 +53,9 @@ class FitRun:
         self._open = False
         self._frame = None
 
-    def watch(self, on_end: Callable[[], None], interval: float = 0.2) -> Any:
+    def watch(
+        self, on_end: Callable[[], None], interval: float = 0.2
+    ) -> threading.Event:
         """Calls `on_end()` from a daemon thread once the `fit` call has
         ended without `end()` (raised); returns the thread's stop event."""
         stop = threading.Event()

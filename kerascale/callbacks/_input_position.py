@@ -345,27 +345,44 @@ class Wrapped:
     """`model.train_function` while a FaultTolerantBackup is active. Keras
     looks the function up at every step, so this is how a callback takes part
     in a step without changing Keras. Left behind by a `fit` that raised, it
-    hands over to the real function and takes itself out at its next call."""
+    hands over to the real function and takes itself out at its next call.
 
-    def __init__(self, owner: Any, real):
-        self.owner = owner
+    Args:
+        real: Keras's train function.
+        owns: Whether a step on this iterator belongs to the backup's `fit`.
+        step: The backup's step, called instead of `real` while it owns them.
+        release: Ends the backup's part, at the first step it does not own.
+    """
+
+    def __init__(
+        self,
+        real: Callable[..., Any],
+        owns: Callable[[Any], bool],
+        step: Callable[..., Any],
+        release: Callable[[], None],
+    ):
         self.real = real
+        self._owns, self._step, self._release = owns, step, release
 
     def __call__(self, *args):
         # TensorFlow calls it with the iterator; JAX with (state, iterator).
-        owner, iterator = self.owner, args[-1]
-        if owner._s.active and (
-            iterator is owner._position.keras_iterator or owner.run.alive()
-        ):
-            return owner._step_fn(*args)
-        owner.release()  # its fit is over: a later fit is not its business
+        if self._owns(args[-1]):
+            return self._step(*args)
+        self._release()  # its fit is over: a later fit is not its business
         return self.real(*args)
 
     @classmethod
-    def install(cls, owner: Any, model: Any) -> Wrapped:
+    def install(
+        cls,
+        model: Any,
+        owns: Callable[[Any], bool],
+        step: Callable[..., Any],
+        release: Callable[[], None],
+    ) -> Wrapped:
         """Wraps `model.train_function` (the real one, if already wrapped)."""
         real = model.train_function
-        wrapper = cls(owner, real.real if isinstance(real, Wrapped) else real)
+        real = real.real if isinstance(real, Wrapped) else real
+        wrapper = cls(real, owns, step, release)
         model.train_function = wrapper
         return wrapper
 

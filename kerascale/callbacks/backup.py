@@ -107,9 +107,8 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         if verbose not in (0, 1) or isinstance(verbose, bool):
             raise v.fail("verbose", verbose, "0 or 1")
         self.verbose = verbose
-        self.plan: Plan | None = (
-            None  # set by kerascale.fit: its fingerprint is checked
-        )
+        # Set by kerascale.fit: its fingerprint is checked.
+        self.plan: Plan | None = None
         # Set by kerascale.fit: whether fit has steps_per_epoch (None: unknown).
         self.steps_per_epoch_given: bool | None = None
         # Set by kerascale.fit, which owns it: what the input carries across
@@ -145,7 +144,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             self.directory,
             chief=self._s.chief,
             lease_timeout=self._lease_timeout,
-            in_use=lambda: self._s.active and self.run.alive(),
+            in_use=self._in_use,
         )
         existing, self._s.next_number = store.opened(
             self.directory, chief=self._s.chief
@@ -155,8 +154,10 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
             keras_compat.build_like_first_step(self.model, None)
         if not self.start_over:
             self._resume(existing, now=built)
-        self._wrapper = Wrapped.install(self, self.model)
-        self._coord.sigterm.install(lambda: self._s.active and self.run.alive())
+        self._wrapper = Wrapped.install(
+            self.model, self._owns, self._step_fn, self.release
+        )
+        self._coord.sigterm.install(self._in_use)
         self._schedule.start_clock()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -224,6 +225,15 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
                 self._preempt_exit(save=False)
         finally:
             self.release()
+
+    def _in_use(self) -> bool:
+        return self._s.active and self.run.alive()
+
+    def _owns(self, iterator: Any) -> bool:
+        """Whether a step on `iterator` belongs to the `fit` it backs up."""
+        return self._in_use() or (
+            self._s.active and iterator is self._position.keras_iterator
+        )
 
     def release(self) -> None:
         """Takes out the SIGTERM handler (where the main thread can) and the

@@ -65,7 +65,7 @@ class ProfileWindow(KerascaleCallback, keras.callbacks.TensorBoard):
         self.start_step, self.stop_step = start_step, stop_step
         self.traced: tuple[int, int] | None = None  # the steps traced, once done
         self._lock = threading.Lock()
-        self._watch: Any = None
+        self._watch: threading.Event | None = None
         self._step, self._first = 0, None
 
     def on_train_begin(self, logs=None):

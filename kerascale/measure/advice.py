@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
     from kerascale.measure.trials import TrialResult
     from kerascale.measure.weighing import Weighing
     from kerascale.plan.plan import Plan
+
+# Measures, when called, (the share of a pipeline's time its deterministic
+# part takes, that part's steps), or None where it cannot be split.
+Decode = Callable[[], "tuple[float, str] | None"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +89,7 @@ def input_advice(
     input_rate: float,
     step_rate: float,
     training_rate: float,
-    decode: Any = None,
+    decode: Decode | None = None,
 ) -> list[Recommendation]:
     """On TensorFlow; `decode`: a function giving (the share of the
     pipeline's time its deterministic part takes, that part's steps), or

@@ -172,7 +172,7 @@ def _reported(
     )
 
 
-def _cached(key: str, options: SearchOptions, verbose: Any) -> Any:
+def _cached(key: str, options: SearchOptions, verbose: Any) -> BatchSearchResult | None:
     """The cached result for `key`, said, unless the options refuse it."""
     if not options.cache or options.force:
         return None

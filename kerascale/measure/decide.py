@@ -280,7 +280,9 @@ def _recomputed(
         search = check_options(search, asked * decided.plan.replicas)
     run = dict(instance=decided.instance, verbose=decided.options.verbose)
 
-    def searcher(plan: Plan, options: SearchOptions, **kwargs: Any) -> Any:
+    def searcher(
+        plan: Plan, options: SearchOptions, **kwargs: Any
+    ) -> BatchSearchResult:
         return searched(
             _request(decided, data, plan, options, **{**run, **kwargs}), True
         )

@@ -23,6 +23,7 @@ from kerascale.sense import memory
 from kerascale.sense.model_facts import is_builder, output_elements
 
 if TYPE_CHECKING:
+    from kerascale.measure.child import IsolatedProber
     from kerascale.measure.probe import ProbeSpec
     from kerascale.measure.request import SearchOptions
 
@@ -102,12 +103,12 @@ class HeadroomProber:
         here: InProcessProber,
         limit: int,
         prior: tuple[int, int],
-        isolated: Callable[[], Any],
+        isolated: Callable[[], IsolatedProber],
     ):
         self.here = here
         self.limit, self.prior = limit, prior
         self._isolated = isolated
-        self.child: Any = None
+        self.child: IsolatedProber | None = None
         self._base = 0
         self._seen: list[tuple[int, int]] = []  # (batch, growth) probed here
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kerascale._units import format_bytes
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
     from kerascale.sense.data_facts import DataFacts
 
 logger = logging.getLogger("kerascale")
+
+# Builds the input's pipeline at a batch; reads (and holds) some of it.
+Setup = Callable[[int], Any]
+Read = Callable[[Any, int], Any]
 
 # How much more a process may hold than the one a cached answer was searched
 # in and still take it: 2% of memory_limit (a second search in one process
@@ -69,7 +74,7 @@ class HostShare:
     child_arrays: int = 0
 
     @classmethod
-    def from_list(cls, saved: Any) -> HostShare:
+    def from_list(cls, saved: Sequence[Any]) -> HostShare:
         resident, fixed, per_sample, why, *rest = saved
         arrays = int(rest[0]) if rest else 0
         return cls(int(resident), int(fixed), float(per_sample), str(why), arrays)
@@ -96,7 +101,9 @@ class HostShare:
             return 0
         return self.resident + self.input_bytes(global_batch) - child_base
 
-    def covered_by(self, saved: Any, global_batch: int, slack: int) -> bool:
+    def covered_by(
+        self, saved: Sequence[Any] | None, global_batch: int, slack: int
+    ) -> bool:
         """Whether an answer searched with `saved` (a `to_list()`) holding
         beside its step holds here: this process holds no more than `slack`
         bytes beyond it at `global_batch`."""
@@ -247,7 +254,7 @@ def _tensorflow_copy(x: Any, y: Any, resident: int) -> HostShare:
     return HostShare(resident, size, per_sample, why)
 
 
-def _added(setup: Any, read: Any, batch: int) -> int:
+def _added(setup: Setup, read: Read, batch: int) -> int:
     """The resident memory the input's pipeline holds while `BATCHES_READ`
     batches of it at `batch` are read and held, beyond what `setup` (not
     counted: what the process holds already) built. What it holds steadily,
@@ -265,7 +272,9 @@ def _added(setup: Any, read: Any, batch: int) -> int:
     return max(0, steady - before)
 
 
-def _reader(x: Any, y: Any, data: DataFacts, plan: Plan, shuffle: Any) -> Any:
+def _reader(
+    x: Any, y: Any, data: DataFacts, plan: Plan, shuffle: Any
+) -> tuple[Setup, Read] | None:
     """(setup, read) that build the input's pipeline at a batch as Keras's
     `fit` does and read it; None where kerascale cannot read the input
     without consuming it (a generator, a grain loader) or has no arrays."""

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
@@ -23,6 +23,9 @@ from kerascale.plan.plan import Plan
 from kerascale.sense import memory
 from kerascale.sense.data_facts import as_structure
 from kerascale.sense.model_facts import is_builder
+
+if TYPE_CHECKING:
+    from kerascale.measure.host_share import HostShare
 
 logger = logging.getLogger("kerascale")
 
@@ -137,7 +140,7 @@ class ProbeSpec:
     host_share: tuple[Any, ...] = ()
     optimizer_built: bool = True
 
-    def share(self) -> Any:
+    def share(self) -> HostShare:
         from kerascale.measure.host_share import HostShare
 
         return HostShare.from_list(self.host_share) if self.host_share else HostShare()

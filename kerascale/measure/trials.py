@@ -18,8 +18,11 @@ from kerascale.plan.reasons import Reason
 from kerascale.sense import data_facts, data_signature
 
 if TYPE_CHECKING:
+    from kerascale.plan.options import Options
     from kerascale.plan.plan import Plan
+    from kerascale.sense.data_facts import DataFacts
     from kerascale.sense.hardware import Hardware
+    from kerascale.sense.model_facts import ModelFacts
 
 MIN_GAIN = 0.03  # below this a difference is a tie, however quiet the machine
 MAX_ATTEMPTS = 3  # runs that re-measure a decision taken within noise
@@ -96,7 +99,7 @@ class TrialResult:
         return cls(**d, cached=True)
 
 
-def possible(options: Any, hw: Hardware, model: Any) -> bool:
+def possible(options: Options, hw: Hardware, model: ModelFacts) -> bool:
     """Trials run on a CPU host, for a model kerascale can copy (or train
     and put back), under a strategy it builds itself; not on a cluster, whose
     workers would time them differently and could choose differently."""
@@ -109,7 +112,7 @@ def possible(options: Any, hw: Hardware, model: Any) -> bool:
 
 
 def wanted(
-    options: Any, plan: Plan, data: Any, x: Any, hw: Hardware
+    options: Options, plan: Plan, data: DataFacts, x: Any, hw: Hardware
 ) -> tuple[bool, str]:
     """(try the pipeline, the precision to time against float32 or ""): the
     choices left to kerascale where the alternatives differ. The precision

@@ -8,13 +8,16 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
 
 from kerascale.errors import warn
 from kerascale.sense.arrays import lists_as_arrays
+
+if TYPE_CHECKING:
+    from kerascale.sense.data_facts import DataFacts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +146,12 @@ class SharedPyDataset(keras.utils.PyDataset):
     """A `PyDataset` whose every batch is cut to this process's share; the
     rest (its length, epochs, workers) is the wrapped one's."""
 
-    def __init__(self, inner: keras.utils.PyDataset, share: Share, said: Any = None):
+    def __init__(
+        self,
+        inner: keras.utils.PyDataset,
+        share: Share,
+        said: _SaidOnce | None = None,
+    ):
         super().__init__(
             workers=inner.workers,
             use_multiprocessing=inner.use_multiprocessing,
@@ -170,7 +178,12 @@ class SharedPyDataset(keras.utils.PyDataset):
 
 
 def split_inputs(
-    x: Any, y: Any, facts: Any, share: Share, batch: int, kwargs: dict[str, Any]
+    x: Any,
+    y: Any,
+    facts: DataFacts,
+    share: Share,
+    batch: int,
+    kwargs: dict[str, Any],
 ) -> tuple[Any, Any, dict[str, Any]]:
     """(x, y, fit's kwargs) with each global batch of `batch` split as
     `share` says: arrays cut up front (with their `sample_weight`), a

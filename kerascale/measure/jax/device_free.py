@@ -19,7 +19,9 @@ if TYPE_CHECKING:
     from kerascale.sense.hardware import Hardware
 
 
-def for_step(hw: Hardware, options: SearchOptions, step: Any) -> tuple[int, Reason]:
+def for_step(
+    hw: Hardware, options: SearchOptions, step: compiled.StepMemory
+) -> tuple[int, Reason]:
     """`free_bytes`, or with `device_memory` what a device has beyond the
     state laid out on it."""
     if not options.device_memory:
@@ -79,7 +81,12 @@ def free_bytes(hw: Hardware, options: SearchOptions) -> tuple[int, Reason]:
 
 
 def less_accumulators(
-    free: int, why: Reason, step: Any, model: Any, steps: int | None, host: bool
+    free: int,
+    why: Reason,
+    step: compiled.StepMemory,
+    model: Any,
+    steps: int | None,
+    host: bool,
 ) -> tuple[int, Reason]:
     """`free` less the gradient accumulators that `steps` of accumulation
     add (none where the optimizer already holds them)."""

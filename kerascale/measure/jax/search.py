@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -170,7 +171,9 @@ def _compiled(
             need, free, start=start, cap=cap, measured=(first_compile,)
         )
         if timed and options.mode != "ladder":
-            seen = _timed(step, trained, found.fits, found.seen, (hw, options, host))
+            seen = _timed(
+                step, trained, found.fits, found.seen, hw=hw, options=options, host=host
+            )
             found = dataclasses.replace(found, seen=seen)
     return found, (free, why_free)
 
@@ -221,7 +224,12 @@ def _answer(
 
 
 def _key(
-    model: Any, element: Any, plan: Plan, hw: Hardware, options: Any, **parts: Any
+    model: Any,
+    element: Any,
+    plan: Plan,
+    hw: Hardware,
+    options: SearchOptions,
+    **parts: Any,
 ):
     """The cache key: the model, the data's shapes, the hardware, the plan's
     precision and distribution, and the limit as asked for (a default limit
@@ -249,13 +257,15 @@ def _key(
     )
 
 
-def _cached(key: str, options: Any) -> BatchSearchResult | None:
+def _cached(key: str, options: SearchOptions) -> BatchSearchResult | None:
     if not options.cache or options.force:
         return None
     return batch_lib.cache_load(key)
 
 
-def reported(step: Any, what: str = "Compiling the train step") -> Any:
+def reported(
+    step: Callable[..., Any], what: str = "Compiling the train step"
+) -> Callable[..., Any]:
     """`step`, its failures (the model's own, found while building or tracing
     its step) raised as `BatchSizeSearchError`, as a TensorFlow probe's are:
     the plan then goes on without a search."""
@@ -403,14 +413,20 @@ def _with_margin(fits: int, fails: int | None, margin: float) -> tuple[int, int]
 
 
 def _timed(
-    step: Any, trained: Any, fits: int, seen: list[compiled.Compiled], where: tuple
+    step: compiled.StepMemory,
+    trained: Any,
+    fits: int,
+    seen: list[compiled.Compiled],
+    *,
+    hw: Hardware,
+    options: SearchOptions,
+    host: bool,
 ) -> list[compiled.Compiled]:
     """`seen` with the compile at `fits` timed by a few real steps, where
     they fit the memory free now (`device_free.free_bytes`: the device's, or on CPU
     devices this process's): the step's buffers and a copy of the state,
-    which the steps consume; as it was otherwise. `where`: (the hardware,
-    the search options, whether the devices are the host's)."""
-    hw, options, host = where
+    which the steps consume; as it was otherwise. `host`: whether the
+    devices are the host's."""
     try:
         unset = dataclasses.replace(options, device_memory=None)
         free, _ = device_free.free_bytes(hw, unset)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
@@ -16,6 +16,9 @@ import numpy as np
 from kerascale.apply.jax.reader import DEPTH, ReadAhead
 from kerascale.measure.result import Rates
 from kerascale.sense.data_facts import indexable_grain
+
+if TYPE_CHECKING:
+    from kerascale.apply.session import Prepared
 
 WARMUP_STEPS = 3
 # Prepared as Keras's JAX fit takes it (arrays, a PyDataset, a tf.data
@@ -62,7 +65,7 @@ class _ReadingAhead(keras.callbacks.Callback):
                 self.model.train_function = ahead.function
 
 
-def rates(prepared: Any, steps: int) -> Rates:
+def rates(prepared: Prepared, steps: int) -> Rates:
     """The four rates of `prepared` (`apply.session.Prepared`: the model it
     trains, the data as Keras's fit takes it, the plan's batch)."""
     batch = prepared.plan.step_batch_size
