@@ -119,7 +119,7 @@ import contextlib
 import hashlib
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -271,7 +271,7 @@ class _EpochOfRun(int):
     a `fit` that raised before reading it cannot make a later `fit` skip
     epochs."""
 
-    def __new__(cls, value: int, alive: Any) -> _EpochOfRun:
+    def __new__(cls, value: int, alive: Callable[[], bool]) -> _EpochOfRun:
         obj = super().__new__(cls, value)
         obj.alive = alive
         return obj
@@ -280,7 +280,7 @@ class _EpochOfRun(int):
         return int(self) != 0 and bool(self.alive())
 
 
-def set_initial_epoch(model: Any, epoch: int, alive: Any) -> None:
+def set_initial_epoch(model: Any, epoch: int, alive: Callable[[], bool]) -> None:
     """Makes the running `fit` start at `epoch`; `alive()` says whether that
     `fit` call still runs (afterwards the setting is ignored)."""
     model._initial_epoch = _EpochOfRun(epoch, alive)

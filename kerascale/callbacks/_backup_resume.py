@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerascale import _keras_compat as keras_compat
 from kerascale import _tf
@@ -21,6 +21,9 @@ from kerascale.callbacks import _backup_meta as meta_lib
 from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import CheckpointError, first_line, warn
+
+if TYPE_CHECKING:
+    from kerascale.plan.plan import Plan
 
 logger = logging.getLogger("kerascale")
 
@@ -34,7 +37,7 @@ def restore_errors() -> tuple[type[BaseException], ...]:
 class Resume:
     """The resume half of `FaultTolerantBackup`."""
 
-    def saved_plan(self) -> Any:
+    def saved_plan(self) -> Plan | None:
         """The `Plan` the newest usable checkpoint was written under, or None
         (none, `start_over`, or written by a plain `model.fit`)."""
         from kerascale.plan.plan import Plan

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kerascale.apply.session import Session
@@ -124,7 +125,9 @@ def _over(peak: int, limit: int) -> str:
     )
 
 
-def _watch_resident(current: dict[str, int], write: Any) -> None:
+def _watch_resident(
+    current: dict[str, int], write: Callable[[int, dict[str, Any]], None]
+) -> None:
     """Stops the child the moment its resident memory passes
     `current["limit"]` (the limit less what the process where fit trains
     holds beyond this child), as a container's limit would (the exact peak

@@ -9,13 +9,17 @@ from typing import Any
 
 from kerascale import _tf_compat as tfc
 from kerascale.errors import ClusterConfigError
-from kerascale.sense.cluster import cluster_spec_to_tf_config, validate_tf_config
+from kerascale.sense.cluster import (
+    ClusterInfo,
+    cluster_spec_to_tf_config,
+    validate_tf_config,
+)
 
 # A SLURM job step's first port on each node (TensorFlow's own default).
 SLURM_PORT_BASE = 8888
 
 
-def cluster_resolver(info: Any, environ: Mapping[str, str]) -> Any:
+def cluster_resolver(info: ClusterInfo, environ: Mapping[str, str]) -> Any:
     """TensorFlow's cluster resolver for the described cluster."""
     import tensorflow as tf
 
