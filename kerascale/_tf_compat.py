@@ -66,9 +66,9 @@ def kv_get(key: str, timeout: float | None) -> str:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         left = math.inf if deadline is None else deadline - time.monotonic()
-        wait = max(min(LOST_POLL_SECONDS, left), 0.001)
+        wait_ms = max(1, int(min(LOST_POLL_SECONDS, left) * 1000))
         try:
-            return ctx.get_config_key_value(key, timeout_in_ms=int(wait * 1000) or 1)
+            return ctx.get_config_key_value(key, timeout_in_ms=wait_ms)
         except tf.errors.DeadlineExceededError:
             if left <= LOST_POLL_SECONDS:
                 raise
@@ -80,13 +80,17 @@ def kv_get(key: str, timeout: float | None) -> str:
 def lost_peer() -> BaseException | None:
     """The error of the first task that TensorFlow's coordination service
     reports unhealthy (silent for its heartbeat timeout: worker_timeout), or
-    None; None too where no coordination service runs. TensorFlow's wait for
-    a key does not end when the worker that was to write it dies: TF 2.21
-    waits out its whole timeout, and aborts only the collectives. The
-    tasks' states are asked of the service (`get_task_states`, the eager
-    context's, as TensorFlow's own ClusterCoordinator asks them) for the
-    jobs it coordinates (its config, as `configure_coordination` or the
-    strategy set it)."""
+    None. TensorFlow's wait for a key does not end when the worker that was
+    to write it dies: TF 2.21 waits out its whole timeout, and aborts only
+    the collectives. The tasks' states are asked of the service
+    (`get_task_states`, the eager context's, as TensorFlow's own
+    ClusterCoordinator asks them) for the jobs it coordinates (its config,
+    as `configure_coordination` or the strategy set it).
+
+    None too where no coordination service runs, or where it cannot be asked
+    now: that is no evidence of a lost worker (a service that is gone fails
+    the wait for the key itself), and the wait then lasts as long as
+    TensorFlow's own would."""
     from tensorflow.python.eager import context
 
     ctx = context.context()
@@ -96,8 +100,8 @@ def lost_peer() -> BaseException | None:
     jobs = [(job.name, job.num_tasks) for job in config.coordinated_job_list]
     try:
         states = ctx.get_task_states(jobs)
-    except tf.errors.OpError as e:  # the service itself is gone
-        return e
+    except tf.errors.OpError:
+        return None
     return next((state for state in states if state), None)
 
 

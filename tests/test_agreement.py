@@ -131,7 +131,7 @@ class FakeService:
     )
 
     def __init__(self):
-        self.store, self.lost = FakeStore(), None
+        self.store, self.lost, self.unreachable = FakeStore(), None, False
 
     def set_config_key_value(self, key, value):
         self.store.set(key, value)
@@ -141,6 +141,8 @@ class FakeService:
 
     def get_task_states(self, jobs):
         assert jobs == [("worker", 2)]
+        if self.unreachable:
+            raise tf.errors.UnavailableError(None, None, "connection reset")
         return [None, self.lost]
 
 
@@ -172,5 +174,14 @@ def test_a_wait_for_a_lost_workers_key_ends_when_the_service_reports_it(monkeypa
     threading.Timer(0.3, service.store.set, ("y/gather/random/1", "[3]")).start()
     try:
         assert agreement.gather("random", [1, 2]) == [[1, 2], [3]]
+    finally:
+        agreement.close()
+    # A service that cannot be asked for a moment is no lost worker: the wait
+    # goes on, as TensorFlow's own would.
+    agreement = agreement_lib.Agreement("z", 0, 2, timeout=600)
+    service.unreachable = True
+    threading.Timer(0.3, service.store.set, ("z/gather/random/1", "[4]")).start()
+    try:
+        assert agreement.gather("random", [1, 2]) == [[1, 2], [4]]
     finally:
         agreement.close()

@@ -230,8 +230,10 @@ def lose_a_worker(out, sig, worker_timeout, wait=120):
     kills itself (SIGKILL) at that epoch's end. Waits for worker 0: (seconds
     it took to exit once worker 1 was lost, its exit code, its stderr)."""
     ports = free_ports()
-    extra = (str(worker_timeout),) if sig else (str(worker_timeout), "1")
-    workers = [start("long", i, ports, out, *extra) for i in range(2)]
+    die_at = () if sig else ("1",)  # worker 1 kills itself at epoch 1's end
+    workers = [
+        start("long", i, ports, out, str(worker_timeout), *die_at) for i in range(2)
+    ]
     try:
         said = [Lines(w) for w in workers]
         if sig:

@@ -230,7 +230,7 @@ def _key(
     hw: Hardware,
     options: SearchOptions,
     **parts: Any,
-):
+) -> str:
     """The cache key: the model, the data's shapes, the hardware, the plan's
     precision and distribution, and the limit as asked for (a default limit
     follows the memory free now, which must not make each search a miss)."""
