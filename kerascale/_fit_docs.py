@@ -69,6 +69,9 @@ _ARGUMENTS = """\
             checkpoints. A `FaultTolerantBackup` in `callbacks` is used as is.
         checkpoint_freq: The backup's `save_freq`: "epoch", every N batches,
             or a duration like "10min". Defaults to "epoch".
+        start_over: Train from scratch even where `checkpoint_dir` holds
+            checkpoints (a finished run, another configuration's); the new
+            run's checkpoints replace them. Defaults to False.
         log_dir: Where `callbacks.Throughput` (samples/s, step times, ETA)
             and, on GPUs, `callbacks.GPUMonitor` write TensorBoard scalars;
             their figures also go into `History`. Defaults to `None`: neither.

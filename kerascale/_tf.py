@@ -14,9 +14,12 @@ already imported TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 INSTALL_HINT = 'pip install "kerascale[tensorflow]"'
@@ -67,3 +70,33 @@ def is_instance(value: Any, *path: str) -> bool:
     for part in path:
         cls = getattr(cls, part)
     return isinstance(value, cls)
+
+
+class _Retracing(logging.Filter):
+    """Drops tf.function's "N out of the last N calls ... triggered
+    tf.function retracing" from TensorFlow's Python logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "triggered tf.function retracing" not in record.getMessage()
+
+
+_RETRACING = _Retracing()
+
+
+@contextlib.contextmanager
+def quiet_retracing() -> Iterator[None]:
+    """Silences tf.function's retracing warning for kerascale's own
+    measurements (its probes, trials and reference steps trace each model's
+    train step anew, on purpose: a newcomer read TensorFlow's warning about
+    it as a bug of their own). Only that message, and only inside: the
+    user's own training says it as TensorFlow would. Nests; nothing is
+    imported (TensorFlow's logger is the `logging` one named "tensorflow")."""
+    logger = logging.getLogger("tensorflow")
+    if _RETRACING in logger.filters:
+        yield
+        return
+    logger.addFilter(_RETRACING)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_RETRACING)

@@ -6,12 +6,13 @@ import dataclasses
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from kerascale import _validation
+from kerascale import _validation, errors
 from kerascale.errors import BatchSizeSearchError, ConfigurationError, UnsupportedError
 from kerascale.measure.decide import decide
 from kerascale.measure.request import DEFAULT_MARGIN, SearchOptions
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import MODES
+from kerascale.plan import reasons as reasons_lib
 from kerascale.plan.options import Options
 from kerascale.sense import backend as backend_lib
 
@@ -115,6 +116,9 @@ def _with_precision(decided: Decided, mode: str) -> BatchSearchResult:
             f"The batch size cannot be searched here: {why}. Instead, "
             f"{fix}choose batch_size yourself."
         )
+    dropped = found.reasons.get("recompute", "")
+    if reasons_lib.code(dropped) == "recompute.weigh_failed":
+        errors.warn(f"The batch search's bound with recomputation: {dropped}.")
     why = decided.plan.reasons.get("precision", "")
     return dataclasses.replace(found, reasons={**found.reasons, "precision": why})
 

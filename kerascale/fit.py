@@ -65,6 +65,7 @@ def fit(
     optimize_data: bool | str = "auto",
     checkpoint_dir: str | os.PathLike | None = None,
     checkpoint_freq: int | str = "epoch",
+    start_over: bool = False,
     log_dir: str | os.PathLike | None = None,
     profile: bool | tuple[int, int] = False,
     time_budget: float | str | None = None,
@@ -226,6 +227,7 @@ def plan(
     optimize_data: bool | str = "auto",
     checkpoint_dir: str | os.PathLike | None = None,
     checkpoint_freq: int | str = "epoch",
+    start_over: bool = False,
     log_dir: str | os.PathLike | None = None,
     profile: bool | tuple[int, int] = False,
     time_budget: float | str | None = None,
@@ -321,6 +323,7 @@ class _Request:
     checkpoint_freq: str | int
     worker_timeout: float | str | None
     materialize: str | os.PathLike | None = None
+    start_over: bool = False
 
     @classmethod
     def from_arguments(cls, arguments: dict[str, Any]) -> _Request:
@@ -337,12 +340,14 @@ class _Request:
         time_budget: Any,
         checkpoint_dir: Any,
         checkpoint_freq: Any,
+        start_over: Any,
         worker_timeout: Any,
         materialize: Any,
         **options: Any,
     ) -> _Request:
         checked, search = validate_options(**options)
         monitor = fit_callbacks.validate_fit_options(log_dir, profile, time_budget)
+        fit_callbacks.validate_checkpointing(checkpoint_freq, start_over)
         if worker_timeout is not None:
             cluster.validate_timeout(worker_timeout)
         if materialize is not None and (
@@ -351,7 +356,7 @@ class _Request:
             raise _validation.fail("materialize", materialize, "None or a folder path")
         return cls(
             checked, search, monitor, checkpoint_dir, checkpoint_freq,
-            worker_timeout, materialize,
+            worker_timeout, materialize, start_over,
         )  # fmt: skip
 
 
@@ -388,6 +393,7 @@ class _Deciding:
             request.checkpoint_freq,
             fit_kwargs,
             request.options.verbose,
+            start_over=request.start_over,
         )
         self.options, self.pinned = request.options, []
         if self.backup is not None:

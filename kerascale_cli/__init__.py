@@ -37,4 +37,9 @@ def _cli():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # The command's own process: TensorFlow's C++ start-up lines (its CPU
+    # instructions banner, a missing CUDA driver) are not what `doctor` or
+    # `find-batch` reports, and a newcomer read them as errors. Its warnings
+    # and errors still show; a level the user set is kept.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     return _cli().main(argv)

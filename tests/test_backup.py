@@ -542,3 +542,47 @@ def test_an_epoch_end_copy_that_fails_leaves_training_as_it_is(
     assert ("could not be copied" if fails == "copy" else "put back") in said[0]
     assert len(history.history["loss"]) == 3 and len(backup.save_seconds) == 3
     assert store.verify(store.scan(str(tmp_path))[0])["finished"]
+
+
+def test_the_finished_run_hint_names_what_fit_takes_and_following_it_trains(
+    tmp_path, caplog
+):
+    """After a finished run, `kerascale.fit`'s hint names its own argument,
+    and that argument trains from scratch (issue 55: the hint said
+    start_over=True, which only FaultTolerantBackup took, and fit passed it
+    to Keras, which raised)."""
+    opts = dict(batch_size=8, precision="float32", epochs=2, verbose=0)
+    kerascale.fit(small_model(), small_data(), checkpoint_dir=tmp_path, **opts)
+    model = small_model()
+    with caplog.at_level("INFO", logger="kerascale"):
+        kerascale.fit(model, small_data(), checkpoint_dir=tmp_path, **opts)
+    said = [
+        r.getMessage() for r in caplog.records if "already finished" in r.getMessage()
+    ]
+    assert said and "kerascale.fit(..., start_over=True)" in said[0], said
+    assert int(model.optimizer.iterations.numpy()) == 16  # restored, not trained
+    again = small_model()
+    history = kerascale.fit(
+        again, small_data(), checkpoint_dir=tmp_path, start_over=True, **opts
+    )
+    assert history.epoch == [0, 1] and len(history.history["loss"]) == 2
+    assert int(again.optimizer.iterations.numpy()) == 16  # trained anew
+    assert store.verify(store.scan(str(tmp_path))[0])["finished"]
+
+
+@pytest.mark.parametrize(
+    "kwargs,named",
+    [
+        ({"checkpoint_freq": "soon"}, "checkpoint_freq='soon'"),
+        ({"checkpoint_freq": 0}, "checkpoint_freq=0"),
+        ({"start_over": "yes"}, "start_over='yes'"),
+        ({"start_over": True, "checkpoint_dir": None}, "start_over needs"),
+    ],
+)
+def test_fits_checkpoint_arguments_are_named_as_fit_names_them(tmp_path, kwargs, named):
+    """An error names the argument the user passed to `kerascale.fit`, not the
+    backup's own (`save_freq`), and comes before anything is planned."""
+    kwargs = {"checkpoint_dir": tmp_path, **kwargs}
+    with pytest.raises(ConfigurationError) as raised:
+        kerascale.fit(small_model(), small_data(), epochs=1, verbose=0, **kwargs)
+    assert named in str(raised.value) and "save_freq" not in str(raised.value)

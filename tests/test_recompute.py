@@ -170,3 +170,35 @@ def test_the_plan_round_trips_and_a_resumed_run_keeps_its_recomputation():
     assert said.reasons["recompute"].code == "resumed"
     without = make_plan(HW, Options.validate(), MODEL, DATA)
     assert pin(Options.validate(), without, data_batched=False)[0].recompute == "off"
+
+
+def test_find_batch_size_keeps_its_bound_when_the_search_with_recomputation_fails(
+    monkeypatch,
+):
+    """The bound with recomputation is an optional figure beside the answer:
+    where its search fails, `find_batch_size` returns the bound it found,
+    with the failure in its reasons and one warning (issue 55: it raised)."""
+    from kerascale.errors import BatchSizeSearchError
+    from kerascale.measure import decide
+    from kerascale.sense import hardware as hardware_lib
+
+    found = result(640)
+    monkeypatch.setattr(hardware_lib, "detect_hardware", lambda: HW)
+    monkeypatch.setattr(decide, "batch_for_plan", lambda *a, **k: (found, False, ""))
+
+    def searched(request, _wanted):
+        assert request.plan.recompute  # only the search with it is left
+        assert request.host_share == found.host_share  # counted as the first
+        raise BatchSizeSearchError("Even a batch of 1 runs out of memory")
+
+    monkeypatch.setattr(decide, "searched", searched)
+    model = gelu_mlp()
+    x = np.random.default_rng(0).normal(size=(2000, 16)).astype("float32")
+    y = np.zeros(2000, "int32")
+    with pytest.warns(kerascale.KerascaleWarning, match="recomputation") as said:
+        answer = kerascale.find_batch_size(model, x, y, verbose=0, cache=False)
+    assert len(said) == 1
+    assert answer.batch_size == 640 and answer.recompute_batch_size is None
+    why = answer.reasons["recompute"]
+    assert why.code == "recompute.weigh_failed"
+    assert "Even a batch of 1" in why.details["error"]

@@ -381,3 +381,24 @@ def test_gpu_monitor_stops_sampling_when_its_plain_fit_raises(monkeypatch):
     sampled = nvml.calls["n"]
     time.sleep(0.3)
     assert nvml.calls["n"] == sampled  # nothing samples any more
+
+
+def test_after_a_plain_fit_that_raised_release_takes_every_change_out_at_once(
+    tmp_path, sigterm_seen
+):
+    """docs/tour.md's hint, followed (issue 55): after a plain `model.fit`
+    that raised, the SIGTERM handler is still kerascale's (inert: it passes a
+    signal on), and `release()` puts back the one that was there, with no
+    signal needed."""
+    m = model()
+    before = process_state()
+    backup = FaultTolerantBackup(tmp_path / "ckpt", save_freq=2, verbose=0)
+    with pytest.raises(RuntimeError):
+        m.fit(
+            data(seed=1), epochs=1, verbose=0,
+            callbacks=[backup, Raise("on_train_batch_end", 2, RuntimeError)],
+        )  # fmt: skip
+    assert signal.getsignal(signal.SIGTERM) != before["sigterm"]
+    backup.release()
+    assert_same_state(before, process_state())
+    assert not sigterm_seen

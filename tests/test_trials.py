@@ -1,5 +1,6 @@
 """Trials: the CPU decisions a rule can get wrong, measured before committing."""
 
+import dataclasses
 import functools
 
 import keras
@@ -444,3 +445,38 @@ def test_a_run_of_unknown_length_stays_float32_and_says_so(monkeypatch):
     plan = kerascale.plan(dense_model(), ds, epochs=1, verbose=0)
     assert plan.precision == "float32"
     assert plan.reasons["precision"].code == "precision.length_unknown"
+
+
+def test_float32_is_not_timed_where_its_activations_would_pass_the_limit():
+    """The trials train in the process where fit trains: float32 is timed
+    against bf16 at bf16's searched batch only where the search's memory
+    model, with activations twice as wide, keeps it under the limit (issue
+    55: a CNN's float32 trial took that process over a 1 GiB limit)."""
+    import types
+
+    from kerascale.measure.decide import _float32_over
+    from kerascale.measure.memory_model import MemoryModel
+    from kerascale.measure.result import BatchSearchResult
+
+    found = BatchSearchResult(
+        batch_size=2000, per_replica_batch_size=2000, replicas=1,
+        precision="mixed_bfloat16", strategy="default", largest_fitting=2060,
+        smallest_failing=2080, mode="max", probes=(),
+        memory_model=MemoryModel(800 << 20, 100 << 10), limit_bytes=1 << 30,
+        granularity=8, margin=0.03, reasons={},
+    )  # fmt: skip
+
+    def plan(batch, precision="mixed_bfloat16"):
+        return types.SimpleNamespace(micro_batch_size=batch, precision=precision)
+
+    over = _float32_over(found, plan(2000))
+    assert over.code == "trials.float32_over"
+    assert over.details["need"] == (800 << 20) + 2 * (100 << 10) * 2000
+    assert _float32_over(found, plan(1000)) is None  # 995 MiB: under
+    assert _float32_over(found, plan(2000, "float32")) is None
+    unbound = dataclasses.replace(found, limit_bytes=None)
+    assert _float32_over(unbound, plan(2000)) is None
+    # XLA's count fits no line: half the batch that ran out is the bound.
+    counted = dataclasses.replace(found, memory_model=None)
+    assert _float32_over(counted, plan(1100)).details["need"] is None
+    assert _float32_over(counted, plan(1000)) is None

@@ -531,21 +531,57 @@ def test_the_trainer_pattern_trains_and_a_tensorflow_style_step_fails_as_plain()
 
 
 @pytest.mark.once
-def test_the_jax_guide_s_quickstart_runs_on_two_devices():
+def test_the_jax_guide_s_quickstart_runs_on_two_devices(tmp_path):
     """docs/jax.md's command: examples/quickstart_jax.py on 2 CPU devices,
-    without TensorFlow (about 11 s)."""
+    without TensorFlow (about 11 s), on a fresh machine (an empty cache):
+    nothing on stderr (issue 55)."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
+    import start_up
+
     example = Path(__file__).resolve().parent.parent / "examples" / "quickstart_jax.py"
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env["KERASCALE_CACHE_DIR"] = str(tmp_path / "cache")
     done = subprocess.run(
         [sys.executable, str(example)], capture_output=True, text=True,
         timeout=300, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    assert start_up.said(done.stderr) == [], done.stderr[-3000:]
     assert "data_parallel (2 replicas)" in done.stdout, done.stdout[-2000:]
     accuracy = float(done.stdout.rsplit("test accuracy", 1)[1].split()[0])
     assert accuracy > 0.9, done.stdout[-2000:]
+
+
+@pytest.mark.once
+def test_doctor_without_a_backend_set_names_the_fix_and_the_fix_works(tmp_path):
+    """Without TensorFlow and without KERAS_BACKEND, Keras starts on the
+    backend its keras.json names, TensorFlow: `kerascale doctor` says so and
+    names the fix, and the fix works (issue 55: a raw traceback)."""
+    import json
+    import os
+    import shutil
+    import subprocess
+
+    home = tmp_path / "keras_home"
+    home.mkdir()
+    (home / "keras.json").write_text(json.dumps({"backend": "tensorflow"}))
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    env["KERAS_HOME"] = str(home)
+    command = shutil.which("kerascale", path=os.path.dirname(sys.executable))
+    done = subprocess.run(
+        [command, "doctor"], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert "set KERAS_BACKEND=jax" in done.stderr, done.stderr
+    assert str(home / "keras.json") in done.stderr
+    fixed = subprocess.run(
+        [command, "doctor"], capture_output=True, text=True, timeout=300,
+        env={**env, "KERAS_BACKEND": "jax"},
+    )  # fmt: skip
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert "jax" in fixed.stdout

@@ -122,3 +122,29 @@ def test_find_batch_size_reports_the_bound_with_and_without_recomputation():
     )  # fmt: skip
     assert plain.recompute_batch_size is None
     assert plain.batch_size == found.batch_size
+
+
+@pytest.mark.once  # one device's memory
+def test_the_guide_sample_returns_its_bound_under_a_real_limit():
+    """docs/batch-search.md's first sample on a 2-conv CNN under a real 1 GiB
+    limit, in a process of its own (issue 55): the bound XLA's count found
+    comes back, with recomputation's beside it, and `fit` at it stays under
+    the limit in the same process."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import guide_sample
+
+    done = subprocess.run(
+        [sys.executable, str(Path(guide_sample.__file__)), "1GiB"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["fails"] is not None  # memory bound the search
+    assert found["batch"] <= 0.97 * found["fits"]
+    assert found["recompute_batch"] is not None and found["recompute_batch"] > 1
+    assert found["reasons"]["recompute"].startswith("with recomputation")
+    assert found["peak"] <= 1 << 30, found

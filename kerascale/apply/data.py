@@ -65,11 +65,22 @@ def parallel_maps(ds: tf.data.Dataset) -> tf.data.Dataset:
         return ds
 
 
-def prepare(ds: tf.data.Dataset, facts: DataFacts, plan: Plan, *, optimize: bool):
+def prepare(
+    ds: tf.data.Dataset,
+    facts: DataFacts,
+    plan: Plan,
+    *,
+    optimize: bool,
+    whole_epochs: bool = True,
+):
     """Batches a dataset to the plan's per-step batch and optimises it.
 
     The per-step batch is `plan.step_batch_size` (micro-batch x replicas): the
-    strategy splits it across replicas.
+    strategy splits it across replicas. `whole_epochs=False`: it is read for
+    a few batches only (the host share's reading), so it is not cached:
+    TensorFlow throws away a cache() read in part, with a warning the user
+    would read as theirs. (The trials keep the cache: they read several
+    epochs, where it pays.)
     """
     batch = plan.step_batch_size
     if optimize:
@@ -79,7 +90,8 @@ def prepare(ds: tf.data.Dataset, facts: DataFacts, plan: Plan, *, optimize: bool
     elif facts.batch_size != batch:
         ds = rebatch(ds, batch)
     if optimize:
-        ds, _ = _finish(ds, cache=facts.cacheable, deterministic=None)
+        cache = facts.cacheable and whole_epochs
+        ds, _ = _finish(ds, cache=cache, deterministic=None)
         if plan.replicas > 1:
             options = tf.data.Options()
             policy = tf.data.experimental.AutoShardPolicy

@@ -126,9 +126,15 @@ def nondeterminism(dataset: Any) -> str | None:
     return "; ".join(reasons) or None
 
 
-def check_fingerprint(saved: dict[str, Any], now: dict[str, Any], path: str) -> None:
+def check_fingerprint(
+    saved: dict[str, Any],
+    now: dict[str, Any],
+    path: str,
+    start_over: str = "FaultTolerantBackup(..., start_over=True)",
+) -> None:
     """Raises `CheckpointError` naming what changed between the configuration
-    a checkpoint was written under (`saved`) and this run's (`now`)."""
+    a checkpoint was written under (`saved`) and this run's (`now`), and
+    `start_over`: how the door that made the backup trains from scratch."""
     changed = []
     for key in sorted(set(saved) & set(now)):
         if saved[key] == now[key]:
@@ -149,8 +155,7 @@ def check_fingerprint(saved: dict[str, Any], now: dict[str, Any], path: str) -> 
             "configuration; what changed: "
             + "; ".join(dict.fromkeys(changed))
             + ". Resume with the settings it was written with, or pass "
-            "FaultTolerantBackup(..., start_over=True) (or use a new "
-            "directory) to train from scratch."
+            f"{start_over} (or use a new directory) to train from scratch."
         )
 
 

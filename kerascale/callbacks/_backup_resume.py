@@ -88,7 +88,7 @@ class Resume:
                 f"{self.directory} holds checkpoints, but none of them can be "
                 f"restored:\n  {listed}\nkerascale does not start from scratch "
                 "while a checkpoint exists. Move the directory aside, or pass "
-                "FaultTolerantBackup(..., start_over=True) to train from scratch."
+                f"{self.start_over_words} to train from scratch."
             )
 
     def _restore_state(self, found: store.Found, meta: dict[str, Any]) -> None:
@@ -126,8 +126,8 @@ class Resume:
         if self._s.restored_finished_run:
             message = (
                 f"Training already finished in {found.path} ({meta['epochs']} "
-                "epochs): weights restored, nothing left to train. Pass "
-                "start_over=True to train again."
+                f"epochs): weights restored, nothing left to train. Pass "
+                f"{self.start_over_words} to train again."
             )
         else:
             done = meta["global_step"]
@@ -138,7 +138,9 @@ class Resume:
 
     def _check_fingerprint(self, meta: dict[str, Any], found: store.Found) -> None:
         now = meta_lib.fingerprint(self.model, self.plan)
-        meta_lib.check_fingerprint(meta["fingerprint"], now, found.path)
+        meta_lib.check_fingerprint(
+            meta["fingerprint"], now, found.path, self.start_over_words
+        )
 
     # --- the steps of a run: skipped, counted, restored at the first -------
 
@@ -182,7 +184,7 @@ class Resume:
                 raise CheckpointError(
                     f"Checkpoint {found.path} passed its checks but cannot be "
                     f"restored: {first_line(e)}. Move it aside to resume "
-                    "from the previous one, or pass start_over=True."
+                    f"from the previous one, or pass {self.start_over_words}."
                 ) from e
         if first and self._s.pending_data is not None:
             record, self._s.pending_data = self._s.pending_data, None

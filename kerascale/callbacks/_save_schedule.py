@@ -17,17 +17,20 @@ _ACCEPTED = (
 )
 
 
-def parse_save_freq(save_freq: Any) -> tuple[int | None, float | None]:
+def parse_save_freq(
+    save_freq: Any, *, name: str = "save_freq"
+) -> tuple[int | None, float | None]:
     """`save_freq` as (every N batches, every S seconds); (None, None) at
-    epoch ends. Raises `ConfigurationError` naming a value it cannot read."""
+    epoch ends. Raises `ConfigurationError` naming a value it cannot read,
+    as the argument `name` (`kerascale.fit`'s is `checkpoint_freq`)."""
     if isinstance(save_freq, str):
         if save_freq == "epoch":
             return None, None
         seconds = v.parse_duration(save_freq)
         if seconds is None or seconds <= 0:
-            raise v.fail("save_freq", save_freq, _ACCEPTED)
+            raise v.fail(name, save_freq, _ACCEPTED)
         return None, seconds
-    return v.positive_int("save_freq", save_freq, accepted=_ACCEPTED), None
+    return v.positive_int(name, save_freq, accepted=_ACCEPTED), None
 
 
 @dataclasses.dataclass

@@ -104,6 +104,8 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         self._every_steps, self._every_seconds = parse_save_freq(save_freq)
         self.keep = v.positive_int("keep", keep)
         self.start_over = v.boolean("start_over", start_over)
+        # How the hints name it: kerascale.fit's start_over where fit made it.
+        self.start_over_words = "FaultTolerantBackup(..., start_over=True)"
         if verbose not in (0, 1) or isinstance(verbose, bool):
             raise v.fail("verbose", verbose, "0 or 1")
         self.verbose = verbose

@@ -13,6 +13,7 @@ import keras
 
 from kerascale import _tf
 from kerascale import _validation as v
+from kerascale.callbacks._save_schedule import parse_save_freq
 from kerascale.callbacks._scalars import optional_dir
 from kerascale.callbacks.backup import FaultTolerantBackup
 from kerascale.callbacks.gpu_monitor import GPUMonitor
@@ -29,14 +30,25 @@ if TYPE_CHECKING:
 logger = logging.getLogger("kerascale")
 
 
+def validate_checkpointing(checkpoint_freq: Any, start_over: Any) -> None:
+    """`fit`'s `checkpoint_freq` and `start_over`, checked at the door under
+    their own names (they become the backup's `save_freq` and
+    `start_over`)."""
+    parse_save_freq(checkpoint_freq, name="checkpoint_freq")
+    v.boolean("start_over", start_over)
+
+
 def backup_for(
     checkpoint_dir: str | os.PathLike | None,
     checkpoint_freq: str | int,
     fit_kwargs: dict[str, Any],
     verbose: int | str,
+    *,
+    start_over: bool = False,
 ) -> FaultTolerantBackup | None:
     """The run's FaultTolerantBackup: the user's own in `callbacks`, or one
-    made from `checkpoint_dir` (added to `callbacks`), or None."""
+    made from `checkpoint_dir` (added to `callbacks`, training from scratch
+    where `start_over`), or None."""
     callbacks = list(fit_kwargs.get("callbacks") or [])
     given = [c for c in callbacks if isinstance(c, FaultTolerantBackup)]
     if checkpoint_dir is None:
@@ -58,18 +70,31 @@ def backup_for(
                 "FaultTolerantBackup you passed. Received: "
                 f"checkpoint_freq={checkpoint_freq!r}"
             )
+        if start_over:
+            raise ConfigurationError(
+                "start_over applies to checkpoint_dir; set start_over=True on "
+                "the FaultTolerantBackup you passed. Received: start_over=True"
+            )
         given[0].steps_per_epoch_given = fit_kwargs.get("steps_per_epoch") is not None
         return given[0]
     if checkpoint_dir is None:
-        if checkpoint_freq != "epoch":
-            raise ConfigurationError(
-                "checkpoint_freq needs checkpoint_dir. Received: "
-                f"checkpoint_freq={checkpoint_freq!r}, checkpoint_dir=None"
-            )
+        for name, value, default in (
+            ("checkpoint_freq", checkpoint_freq, "epoch"),
+            ("start_over", start_over, False),
+        ):
+            if value != default:
+                raise ConfigurationError(
+                    f"{name} needs checkpoint_dir. Received: "
+                    f"{name}={value!r}, checkpoint_dir=None"
+                )
         return None
     backup = FaultTolerantBackup(
-        checkpoint_dir, save_freq=checkpoint_freq, verbose=0 if verbose == 0 else 1
+        checkpoint_dir,
+        save_freq=checkpoint_freq,
+        start_over=start_over,
+        verbose=0 if verbose == 0 else 1,
     )
+    backup.start_over_words = "kerascale.fit(..., start_over=True)"
     backup.steps_per_epoch_given = fit_kwargs.get("steps_per_epoch") is not None
     fit_kwargs["callbacks"] = [*callbacks, backup]
     return backup

@@ -107,6 +107,7 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
     share = host_share.for_search(
         x, y, data, plan, memory_limit=options.memory_limit,
         on_host=hw.accelerator == "cpu", start=first or 32, cap=cap,
+        measured=request.host_share,
     )  # fmt: skip
     spec = dataclasses.replace(spec, host_share=tuple(share.to_list()))
     slack = host_share.slack(options.memory_limit)

@@ -65,7 +65,11 @@ def _child_main(argv: list[str]) -> int:
 
     # Until the baseline is known, the limit as it is (the setup is the
     # same in the process where fit trains, and there its data besides).
-    current = {"batch": batches[0], "limit": limit, "offset": 0}
+    current: dict[str, Any] = {
+        "batch": batches[0],
+        "limit": limit,
+        "as_fit": lambda now: (now, limit),
+    }
     if limit:
         _watch_resident(current, write)
     share = spec.share()
@@ -95,7 +99,13 @@ def _child_main(argv: list[str]) -> int:
         current["batch"] = batch
         if limit:
             current["limit"] = counts.watched(limit, global_batch)
-            current["offset"] = counts.offset(global_batch)
+            # What the watch reports is what a probe that ends reports: the
+            # peak as the process where fit trains reaches it, against the
+            # limit itself (not the child's share of it).
+            current["as_fit"] = lambda now, b=global_batch: (
+                counts.peak(now, b),
+                limit,
+            )
         try:
             result = train_probe(model, spec, batch, in_child=True, arrays=arrays)
         except BaseException as e:
@@ -119,34 +129,38 @@ def _child_main(argv: list[str]) -> int:
 
 
 def _over(peak: int, limit: int) -> str:
+    """Why a probe is out of memory; `peak` and `limit` both count the
+    process where fit trains (the limit less what is kept below it)."""
     return (
-        f"resident memory reached {peak / 2**20:.0f} MiB, above memory_limit "
-        f"{limit / 2**20:.0f} MiB"
+        f"resident {peak / 2**20:.0f} MiB, over the {limit / 2**20:.0f} MiB "
+        "allowed, as the process where fit trains counts both"
     )
 
 
 def _watch_resident(
-    current: dict[str, int], write: Callable[[int, dict[str, Any]], None]
+    current: dict[str, Any], write: Callable[[int, dict[str, Any]], None]
 ) -> None:
     """Stops the child the moment its resident memory passes
     `current["limit"]` (the limit less what the process where fit trains
     holds beyond this child), as a container's limit would (the exact peak
     is also checked after each probe: a spike shorter than the watch's
-    millisecond is not lost)."""
+    millisecond is not lost). `current["as_fit"]` turns the child's
+    resident memory into (the peak, the limit) as the process where fit
+    trains counts them, for the report."""
     import threading
 
     def watch() -> None:
         while True:
             now, limit = memory.resident_bytes(), current["limit"]
             if now is not None and now > limit:
-                offset = current["offset"]
+                peak, counted = current["as_fit"](now)
                 write(
                     current["batch"],
                     {
                         "outcome": OOM,
-                        "peak_bytes": now + offset,
-                        "message": _over(now + offset, limit + offset)
-                        + " (stopped by kerascale's watch)",
+                        "peak_bytes": peak,
+                        "message": _over(peak, counted)
+                        + "; stopped by kerascale's watch",
                     },
                 )
                 os._exit(0)

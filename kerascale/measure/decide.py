@@ -11,6 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from kerascale import _tf
 from kerascale.apply import strategy as strategy_lib
 from kerascale.apply.model import CannotRecreate
 from kerascale.measure import batch as batch_lib
@@ -73,11 +74,13 @@ def _in_planning_region(decide_fn: Callable[..., Decided]) -> Callable[..., Deci
     planning made); its compiles, probes and trials leave garbage and freed
     heap in this process, which training's memory was planned without, so
     they are handed back at its end. Where nothing was measured that is not
-    done: a full collection costs 0.17 s in a TensorFlow process."""
+    done: a full collection costs 0.17 s in a TensorFlow process. Its
+    measurements trace train steps anew on purpose: TensorFlow's retracing
+    warning is not said for them (`_tf.quiet_retracing`)."""
 
     @functools.wraps(decide_fn)
     def planned(*args: Any, **kwargs: Any) -> Decided:
-        with memory.planning():
+        with memory.planning(), _tf.quiet_retracing():
             decided = decide_fn(*args, **kwargs)
             if decided.measured_here:
                 memory.release_freed()
@@ -258,11 +261,27 @@ def _recomputed(
     result = decided.search
     if decided.plan.recompute or result is None:
         return decided
+    # Each of its searches counts the process where fit trains as the
+    # decision's first search did (`SearchRequest.host_share`).
+    run = dict(
+        instance=decided.instance,
+        verbose=decided.options.verbose,
+        host_share=result.host_share,
+    )
     if force:  # find_batch_size: the bound with it beside the bound without
         if decided.options.recompute == "off" or result.smallest_failing is None:
             return decided
         plan = dataclasses.replace(decided.plan, recompute=recompute_lib.MODE)
-        found = searched(_request(decided, data, plan, search), True)
+        try:
+            found = searched(_request(decided, data, plan, search, **run), True)
+        except Exception as e:  # an optional figure: the bound found stands
+            why = Reason(
+                "recompute.weigh_failed", error=f"{type(e).__name__}: {gist(e)}"
+            )
+            reasons = {**result.reasons, "recompute": why}
+            return dataclasses.replace(
+                decided, search=dataclasses.replace(result, reasons=reasons)
+            )
         return dataclasses.replace(
             decided, search=recompute_lib.reported(result, found)
         )
@@ -278,7 +297,6 @@ def _recomputed(
         search = search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
     else:
         search = check_options(search, asked * decided.plan.replicas)
-    run = dict(instance=decided.instance, verbose=decided.options.verbose)
 
     def searcher(
         plan: Plan, options: SearchOptions, **kwargs: Any
@@ -333,6 +351,9 @@ def _tried(
     options, plan, result = decided.options, decided.plan, decided.search
     hw, data = decided.hardware, decided.data
     try_pipeline, try_precision = trials_lib.wanted(options, plan, data, x, hw)
+    over = _float32_over(result, plan) if try_precision else None
+    if over is not None:  # the trials train in this process: never above it
+        try_precision = ""
     rungs: dict[int, float] = {}
     if ladder and result.mode == "ladder":  # not XLA's search: no rungs
         rungs = {
@@ -341,7 +362,11 @@ def _tried(
             if p.outcome == "ok" and p.batch <= result.per_replica_batch_size
         }
     if not (try_pipeline or try_precision or len(rungs) > 1):
-        return decided
+        if over is None:
+            return decided
+        return decided.replanned(
+            Measured().noted("precision", f"trials skipped: {over}")
+        )
     measured = trials_lib.run(
         model,
         x,
@@ -375,6 +400,8 @@ def _tried(
         else options.optimize_data,
     )
     found = Measured()
+    if over is not None:
+        found = found.noted("precision", f"trials skipped: {over}")
     for field, tried in (("precision", try_precision), ("data_changes", try_pipeline)):
         if measured.measured(field):
             found = found.decided(**{field: measured.why(field)})
@@ -390,6 +417,33 @@ def _tried(
         if measured.measured("data_changes")
         else decided.optimize_data,
         trials=measured,
+    )
+
+
+def _float32_over(result: BatchSearchResult | None, plan: Plan) -> Reason | None:
+    """Why float32 cannot be timed against the plan's narrower precision at
+    the plan's batch, or None: the batch was searched under that precision
+    with a memory limit, and float32's activations, twice as wide, are
+    predicted over it by the search's memory model (the trials train in the
+    process where fit trains: a CNN's float32 trial at the batch searched
+    under bf16 took that process from 771 to 1170 MiB under a 1 GiB limit)."""
+    if plan.precision == "float32" or result is None or not result.limit_bytes:
+        return None
+    model, batch = result.memory_model, plan.micro_batch_size
+    if model is None:  # no fit of the probes (XLA's count): what they found
+        if result.smallest_failing is None or 2 * batch < result.smallest_failing:
+            return None
+        need = None
+    else:
+        need = model.fixed_bytes + 2 * model.per_sample_bytes * batch
+        if need <= result.limit_bytes:
+            return None
+    return Reason(
+        "trials.float32_over",
+        batch=batch,
+        policy=plan.precision,
+        need=need,
+        limit=result.limit_bytes,
     )
 
 

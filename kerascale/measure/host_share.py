@@ -134,12 +134,17 @@ def for_search(
     on_host: bool,
     start: int,
     cap: int,
+    measured: Sequence[Any] = (),
 ) -> HostShare:
     """The share a batch search (either engine) counts: `measure` at a
     start batch per replica and 4x it (at most `cap`), where the host's
-    memory is the budget (`on_host`: a CPU); none elsewhere."""
+    memory is the budget (`on_host`: a CPU); none elsewhere. `measured`: the
+    share an earlier search of the same decision measured (a `to_list()`),
+    taken as it is (`SearchRequest.host_share` says why)."""
     if not on_host:
         return HostShare()
+    if measured:
+        return HostShare.from_list(measured)
     small = max(1, min(cap, start))
     large = max(1, min(cap, 4 * small))
     return measure(
@@ -301,7 +306,9 @@ def _reader(
                 plan, micro_batch_size=max(1, batch // max(1, plan.replicas))
             )
             optimize = plan.data_changes.optimized
-            return data_lib.prepare(peekable(x), data, planned, optimize=optimize)
+            return data_lib.prepare(
+                peekable(x), data, planned, optimize=optimize, whole_epochs=False
+            )
 
         def read_dataset(ds: Any, _: int) -> Any:
             # Its buffers fill as they do in training; the step holds one

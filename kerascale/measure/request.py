@@ -110,6 +110,14 @@ class SearchRequest:
         budget: The run a "ladder" must repay (`budget.RunBudget`), or None.
         timed: The largest batch that fits also runs real steps (where its
             speed decides).
+        host_share: On a CPU, what the process where `fit` trains holds
+            beside a step, as an earlier search of the same decision
+            measured it (`measure.host_share.HostShare.to_list`), or () to
+            measure it now. A later search (recomputation's) takes it: the
+            trials have trained in this process since, and what TensorFlow
+            keeps of their steps is reused by training's, not held beside
+            it (a CNN's process held 1170 MiB after its trials, 771 before,
+            and every probe of the search after them counted the 400 MiB).
     """
 
     model: Any
@@ -125,3 +133,4 @@ class SearchRequest:
     accumulation_steps: int | None = None
     budget: SearchBudget | None = None
     timed: bool = False
+    host_share: tuple = ()

@@ -14,6 +14,8 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kerascale._units import format_bytes
+
 
 class Reason(str):
     """A plan's reason: `code` (which rule or measurement decided),
@@ -303,6 +305,16 @@ WORDS: dict[str, str | Callable[..., str]] = {
     "precision.chief": "the chief's ({policy}), so that all workers compute alike",
     # the CPU trials: the batch, the pipeline or the precision, timed
     "trials.measured": _trials,
+    "trials.float32_over": lambda batch, policy, need, limit: (
+        f"float32 was not timed against {policy}: at batch {batch}, searched "
+        f"under {policy}, float32's activations (twice as wide) "
+        + (
+            f"need about {format_bytes(need)}, over the limit of {format_bytes(limit)}"
+            if need is not None
+            else f"would be over the limit of {format_bytes(limit)}"
+        )
+        + "; pass precision='float32' (and a batch it fits) to train it"
+    ),
     # sharding
     "sharding.chosen": "{why}",
     "sharding.split": (

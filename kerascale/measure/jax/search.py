@@ -76,7 +76,7 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
     held = reader.HELD if plan.data_changes.read_ahead else 0
     share = host_share.for_search(
         x, y, data, plan, memory_limit=options.memory_limit, on_host=host,
-        start=start, cap=cap,
+        start=start, cap=cap, measured=request.host_share,
     )  # fmt: skip
     key = _key(
         model, element, plan, hw, options, cap=cap, first=first,
