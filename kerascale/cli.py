@@ -333,7 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_doctor(sub)
     clear = sub.add_parser(
         "clear-cache",
-        help="forget kerascale's cached measurements (batch searches, trials)",
+        help=(
+            "forget every measurement kerascale cached (batch searches, trials, "
+            "the bf16 reference step, JAX's sharding decisions)"
+        ),
     )
     clear.set_defaults(func=_clear_cache)
     _add_find_batch(sub)

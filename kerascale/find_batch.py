@@ -101,9 +101,16 @@ def find_batch_size(
     return _with_precision(decided, search.mode)
 
 
+# An answer that leaves this few updates an epoch is said: the largest
+# batch that fits may be the whole of a small dataset.
+FEW_UPDATES = 2
+
+
 def _with_precision(decided: Decided, mode: str) -> BatchSearchResult:
-    """The search's result with the precision it was measured under, and
-    why (a CPU's trials of both, with their figures), among its reasons."""
+    """The search's result with the precision to train it under, and why
+    (a CPU's trials of both, with their figures), among its reasons: the
+    one the probes trained under, unless the trials timed the other faster
+    at its batch (`result.precision` is what `fit` should be passed)."""
     found = decided.search
     if found is None:  # it cannot answer here (no memory figure, a CPU...)
         why = decided.search_skipped or " ".join(decided.plan.warnings)
@@ -116,10 +123,29 @@ def _with_precision(decided: Decided, mode: str) -> BatchSearchResult:
             f"The batch size cannot be searched here: {why}. Instead, "
             f"{fix}choose batch_size yourself."
         )
+    n = decided.data.num_samples
+    updates = -(-n // found.batch_size) if n and found.batch_size else None
+    if updates is not None and updates <= FEW_UPDATES:
+        errors.warn(
+            f"batch_size {found.batch_size} leaves {updates} optimizer update(s) "
+            f"an epoch of the {n} samples. Pass max_batch_size= for more "
+            "updates an epoch, or "
+            "mode='throughput' for the fastest batch."
+        )
     dropped = found.reasons.get("recompute", "")
     if reasons_lib.code(dropped) == "recompute.weigh_failed":
         errors.warn(f"The batch search's bound with recomputation: {dropped}.")
     why = decided.plan.reasons.get("precision", "")
+    timed = decided.trials is not None and decided.trials.measured("precision")
+    if timed and decided.plan.precision != found.precision:
+        # The trials timed the other precision faster at this batch (only
+        # where it fits it): that is the one to pass to fit, and said so.
+        why = reasons_lib.noted(
+            why,
+            f"the batch was searched under {found.precision}; "
+            f"{decided.plan.precision} was timed at it and fits it",
+        )
+        found = dataclasses.replace(found, precision=decided.plan.precision)
     return dataclasses.replace(found, reasons={**found.reasons, "precision": why})
 
 

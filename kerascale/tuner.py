@@ -22,6 +22,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
 
 from kerascale import _validation
 from kerascale.errors import BatchSizeSearchError, ConfigurationError, first_line, warn
+from kerascale.plan import options as options_lib
 
 logger = logging.getLogger("kerascale")
 
@@ -151,7 +152,10 @@ class ScaledHyperModel(keras_tuner.HyperModel):
         options = dict(self.fit_options)
         if self.precisions:
             options["precision"] = hp.Choice("precision", self.precisions)
-        bound = self._bound(model, x, y, options.get("precision", "auto"))
+        trained_x, trained_y = _training_part(x, y, kwargs.get("validation_split"))
+        bound = self._bound(
+            model, trained_x, trained_y, options.get("precision", "auto")
+        )
         if self._declared_max is None:
             self._declared_max = self._range_max(bound)
         lo, _ = self.batch_range
@@ -195,7 +199,8 @@ class ScaledHyperModel(keras_tuner.HyperModel):
         # hypermodel's defaults.
         options.update(kwargs)
         try:
-            return kerascale.fit(model, x, y, batch_size=batch, **options)
+            with options_lib.batch_chosen_by(f"this trial's hyperparameter ({batch})"):
+                return kerascale.fit(model, x, y, batch_size=batch, **options)
         except Exception as e:
             if not _out_of_memory(e):
                 raise
@@ -358,6 +363,28 @@ def _split_data(args: tuple, kwargs: dict[str, Any]) -> tuple[Any, Any, dict]:
     return x, y, kwargs
 
 
+def _training_part(x: Any, y: Any, validation_split: Any) -> tuple[Any, Any]:
+    """The arrays `fit` trains on under `validation_split`: Keras holds back
+    the last fraction (`floor(n * (1 - split))` train, as its
+    `train_validation_split`), so the bound is searched for the samples that
+    train, as fit holds them (it counted all of them). Data of another kind
+    (a dataset refuses `validation_split`) is returned as it is."""
+    from kerascale.sense.data_facts import is_dataset
+
+    if not validation_split or is_dataset(x) or x is None:
+        return x, y
+    leaves = [a for a in keras.tree.flatten((x, y)) if hasattr(a, "shape")]
+    if not leaves or not leaves[0].shape:
+        return x, y
+    keep = int(math.floor(int(leaves[0].shape[0]) * (1.0 - float(validation_split))))
+
+    def head(a: Any) -> Any:
+        return a[:keep] if hasattr(a, "shape") and a.shape else a
+
+    trained = keras.tree.map_structure(head, (x, y))
+    return trained[0], trained[1]
+
+
 def _tuner_callback(callbacks: Any) -> Any:
     for callback in callbacks or ():
         if hasattr(callback, "tuner") and hasattr(callback, "trial"):
@@ -399,7 +426,7 @@ def _worst(objective: Any, tuner: Any, model: Any, x: Any, y: Any, kwargs) -> fl
 
 def _untrained_value(objective: Any, model: Any, x: Any, y: Any, kwargs) -> float:
     """The objective for `model` as it is, on a few small batches."""
-    from kerascale import data as data_lib
+    from kerascale.sense import data_facts
 
     name, data = objective.name, (x, y)
     if name.startswith("val_"):
@@ -410,9 +437,9 @@ def _untrained_value(objective: Any, model: Any, x: Any, y: Any, kwargs) -> floa
         elif validation is not None:
             data = (validation, None)
     try:
-        if data_lib.is_dataset(data[0]):
+        if data_facts.is_dataset(data[0]):
             ds = data[0]
-            if not data_lib.inspect(ds, None).batched:
+            if not data_facts.inspect(ds, None).batched:
                 ds = ds.batch(8)
             values = model.evaluate(ds.take(4), verbose=0, return_dict=True)
         else:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tempfile
 import types
+import warnings
 from pathlib import Path
 
 import guide_sample
@@ -739,7 +740,9 @@ def test_the_guide_sample_returns_its_bound_under_a_real_limit():
     if found["precision"] == "mixed_bfloat16":
         assert "float32 was not timed" in found["reasons"]["precision"]
     assert found["peak"] <= 1 << 30, found
-    assert not found["warnings"], found["warnings"]
+    # What it says is what its answer leaves a small dataset, nothing else.
+    for said in found["warnings"]:
+        assert "optimizer update(s) an epoch of the 4000 samples" in said, said
     # One limit for every row, and each row's peak counted alike: what fits
     # peaks under it, what ran out over it (an oom row read 958 MiB beside
     # an ok row's 1011 before, each against a limit of its own).
@@ -747,3 +750,70 @@ def test_the_guide_sample_returns_its_bound_under_a_real_limit():
     for batch, outcome, peak in found["probes"]:
         assert peak is not None, (batch, outcome)
         assert (peak <= allowed) == (outcome == "ok"), found["probes"]
+
+
+@pytest.mark.parametrize("bound,said", [(2000, True), (1000, True), (500, False)])
+def test_an_answer_that_leaves_few_updates_an_epoch_says_so(monkeypatch, bound, said):
+    """ "max" on a small dataset can answer the whole of it: one update an
+    epoch. The answer stands (it is what fits), and a warning says what it
+    leaves and how to choose otherwise (issue 55)."""
+    from test_recompute import HW, result
+
+    from kerascale.measure import decide
+    from kerascale.sense import hardware as hardware_lib
+
+    monkeypatch.setattr(hardware_lib, "detect_hardware", lambda: HW)
+    found = dataclasses.replace(result(bound), smallest_failing=None)
+    monkeypatch.setattr(decide, "batch_for_plan", lambda *a, **k: (found, False, ""))
+    x, y = np.zeros((2000, 4), "float32"), np.zeros((2000, 1), "float32")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        answer = kerascale.find_batch_size(dense_model(), x, y, verbose=0)
+    assert answer.batch_size == bound
+    shown = [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, kerascale.KerascaleWarning)
+    ]
+    assert bool(shown) == said, shown
+    if said:
+        updates = -(-2000 // bound)
+        assert f"leaves {updates} optimizer update(s) an epoch" in shown[0]
+        assert "max_batch_size=" in shown[0]
+
+
+def test_the_precision_the_trials_timed_faster_is_the_answer_s(monkeypatch):
+    """Where a CPU's trials time float32 faster than bf16 at the batch found
+    (only where float32 fits it), `result.precision` is float32, the one to
+    pass to `fit`, and its reason says so (issue 55: the trials printed
+    float32 85758 ± 3%, bf16 77356 ± 19%, and the result said bf16)."""
+    from conftest import CPU_BF16
+    from test_recompute import result
+
+    from kerascale.measure import decide
+    from kerascale.measure import trials as trials_lib
+    from kerascale.measure.trial_bench import Trial
+    from kerascale.sense import hardware as hardware_lib
+    from kerascale.sense.hardware import Hardware
+
+    monkeypatch.setattr(hardware_lib, "detect_hardware", lambda: Hardware(cpu=CPU_BF16))
+    found = dataclasses.replace(
+        result(256), precision="mixed_bfloat16", smallest_failing=None
+    )
+    monkeypatch.setattr(decide, "batch_for_plan", lambda *a, **k: (found, False, ""))
+    timed = (
+        Trial(256, "float32", False, 85758.0, 0.06, stage="precision"),
+        Trial(256, "mixed_bfloat16", False, 77356.0, 0.38, stage="precision"),
+    )
+
+    def run(*args, **kwargs):
+        assert kwargs["try_precision"] == "mixed_bfloat16"
+        return trials_lib.TrialResult(256, "float32", False, timed)
+
+    monkeypatch.setattr(trials_lib, "run", run)
+    x, y = np.zeros((4096, 4), "float32"), np.zeros((4096, 1), "float32")
+    answer = kerascale.find_batch_size(dense_model(), x, y, verbose=0)
+    assert answer.precision == "float32"
+    why = answer.reasons["precision"]
+    assert why.code == "trials.measured" and "85758" in why
+    assert "searched under mixed_bfloat16; float32 was timed at it" in why

@@ -199,3 +199,19 @@ def test_every_flag_says_what_it_does():
         if not a.help and not isinstance(a, argparse._SubParsersAction)
     ]
     assert not silent, silent
+
+
+def test_clear_cache_forgets_every_kind_it_cached(tmp_path, capsys, monkeypatch):
+    """`kerascale clear-cache` says it forgets every measurement: it does, of
+    every kind (issue 55: the bf16 reference step's `first_trace/` and JAX's
+    sharding decisions stayed)."""
+    from kerascale.measure import cache
+
+    monkeypatch.setenv("KERASCALE_CACHE_DIR", str(tmp_path))
+    kinds = ("batch_search", "trials", "first_trace", "jax-sharding-1")
+    for kind in kinds:
+        cache.cache_write(kind, "k", {"seconds": 1.0})
+        assert cache.cache_read(kind, "k") is not None
+    assert cli.main(["clear-cache"]) == 0
+    assert "removed 4 cached measurement(s)" in capsys.readouterr().out
+    assert all(cache.cache_read(kind, "k") is None for kind in kinds)

@@ -265,3 +265,20 @@ def test_a_sweep_here_trains_its_batches_on_one_clone(monkeypatch):
     assert [r.outcome for r in results] == [OK, "error"]  # stops at the first
     assert "InvalidArgument" in results[-1].message
     assert len(built) == 3  # the sweep's clone, and 32's alone
+
+
+def test_a_batch_here_reports_what_it_adds_where_children_do(monkeypatch):
+    """Where the limit is a share of the memory free now (no memory_limit),
+    a child reports what its batch adds: so does a batch in this process,
+    so that one table reads alike (issue 55: 745-780 MiB here beside 99-282
+    MiB from children); where this process's memory counts, as it is."""
+    base = 700 * MiB
+    for as_growth, first in ((True, 5 * MiB), (False, base + 5 * MiB)):
+        here = Here(base=base, per_sample=MiB)
+        monkeypatch.setattr(headroom.memory, "resident_bytes", lambda: base)
+        prober = headroom.HeadroomProber(
+            here, 10 << 30, (0, MiB), Children, as_growth=as_growth
+        )
+        with prober:
+            (r,) = prober.sweep([5])
+        assert r.peak_bytes == first

@@ -1,11 +1,13 @@
 """Throughput, GPUMonitor, TimeBudget and ProfileWindow: real training runs,
 files read back, a fake NVML at the hardware seam, and a fake clock."""
 
+import copy
 import glob
 import logging
 import sys
 import time
 import types
+import warnings
 
 import keras
 import numpy as np
@@ -63,6 +65,14 @@ def test_throughput_keeps_its_figures_out_of_history_and_writes_tensorboard(
     table = throughput.summary().splitlines()
     assert table[0].split()[:2] == ["epoch", "samples/s"] and len(table) == 4
     assert f"{seen[0]['samples_per_second']:,.0f}" in table[1]
+    # Numbered as Keras prints them ("Epoch 1/3"), not from 0 (issue 55),
+    # and a run that starts later (a resume) from where it starts.
+    assert [row.split()[0] for row in table[1:]] == ["1", "2", "3"]
+    small_model().fit(
+        small_data(), epochs=5, initial_epoch=3, verbose=0, callbacks=[throughput]
+    )
+    assert throughput.epoch_numbers == [4, 5]
+    assert throughput.summary().splitlines()[1].split()[0] == "4"
 
 
 def test_throughput_in_logs_keeps_the_old_behaviour(tmp_path):
@@ -151,15 +161,29 @@ def test_gpu_monitor_samples_nvml_through_the_seam(tmp_path, monkeypatch):
 def test_gpu_monitor_without_nvml_says_so_once_and_does_nothing(
     tmp_path, monkeypatch, caplog, nvml
 ):
+    from kerascale.callbacks import gpu_monitor
+
     module = None if nvml is None else fake_pynvml(fail_init=True)
     monkeypatch.setitem(sys.modules, "pynvml", module)
+    monkeypatch.setattr(gpu_monitor, "_SAID", set())
     monitor = GPUMonitor(log_dir=tmp_path)
-    with caplog.at_level(logging.INFO, logger="kerascale"):
+    with (
+        caplog.at_level(logging.INFO, logger="kerascale"),
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always")
         history = small_model().fit(
             small_data(), epochs=2, verbose=0, callbacks=[monitor]
         )
+        # A copy (a tuner's next trial) says nothing more.
+        small_model().fit(
+            small_data(), epochs=1, verbose=0, callbacks=[copy.deepcopy(monitor)]
+        )
     said = [r for r in caplog.records if "GPUMonitor" in r.getMessage()]
-    assert len(said) == 1 and "not monitoring" in said[0].getMessage()
+    assert len(said) == 2 and "not monitoring" in said[0].getMessage()
+    # Shown, as a warning, once (issue 55: at INFO only, nothing was shown).
+    shown = [w for w in caught if issubclass(w.category, kerascale.KerascaleWarning)]
+    assert len(shown) == 1 and "nvidia-ml-py" in str(shown[0].message)
     assert not monitor.active and "NVML" in monitor.reason
     assert not any(k.startswith("gpu") for k in history.history)
     assert scalars(tmp_path) == {}

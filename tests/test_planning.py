@@ -357,7 +357,7 @@ def test_plan_prints_as_a_table_with_reasons():
     text = str(plan)
     assert "strategy   mirrored (2 replicas)" in text
     assert "batch      32 x 2 x 1 = 64" in text
-    assert "lowest across GPUs" in plan.explain()
+    assert "lowest across GPUs" in " ".join(plan.explain().split())  # wrapped
     assert "warning: GPUs of different types" in text
 
 
@@ -411,7 +411,19 @@ def test_the_plan_reads_at_a_glance_and_explains_in_full():
     shown = _reasons_shown(p.describe())
     assert shown and all(len(why) <= 60 for why in shown), shown
     assert "Keras's default 32 per replica" in shown
-    assert long_batch in p.explain() and long_batch not in str(p)
+    assert long_batch not in str(p)
+    # In full, every word, wrapped at 100 columns under its own column
+    # (issue 55: reasons ran to 450 columns on one line).
+    full = p.explain().splitlines()
+    assert all(len(line) <= 120 for line in full), full
+    at = next(i for i, line in enumerate(full) if line.lstrip().startswith("batch"))
+    column = full[at].index("data not batched")
+    wrapped = [full[at][column:]]
+    for line in full[at + 1 :]:
+        if line[:column].strip():
+            break
+        wrapped.append(line[column:])
+    assert len(wrapped) > 1 and " ".join(wrapped) == long_batch
 
 
 def test_brief_keeps_the_statement_and_drops_the_asides():
@@ -429,3 +441,47 @@ def test_brief_keeps_the_statement_and_drops_the_asides():
     words = " ".join(["word"] * 30)
     assert brief(words) == " ".join(["word"] * 11) + "\u2026"
     assert len(brief(words)) <= 60
+
+
+class _Answer:
+    """A batch search's answer, as a plan reads it."""
+
+    def __init__(self, per_replica):
+        self.per_replica_batch_size, self.cached = per_replica, True
+        self.reasons = {"batch_size": f"the fastest the probes timed: {per_replica}"}
+
+
+def test_a_batch_kerascale_chose_says_what_it_does_to_the_updates():
+    """A batch other than model.fit's 32, chosen for arrays, has a row of its
+    own: the updates an epoch, before and after, and the two ways to choose
+    otherwise, each of which works (issue 55: 85 updates became 9, silently,
+    and the loss ended 3x higher)."""
+    data = DataFacts("arrays", num_samples=2720)
+    plan = make_plan(CPU_ONLY, Options.validate(), FLOAT32, data, search=_Answer(337))
+    why = plan.reasons["updates_per_epoch"]
+    assert why.code == "batch.updates"
+    assert (why.details["before"], why.details["after"]) == (85, 9)
+    row = next(ln for ln in str(plan).splitlines() if ln.lstrip().startswith("updates"))
+    assert row.split()[1:6] == ["85", "->", "9", "updates", "an"], row
+    assert row.split("updates an epoch")[1].split() == [
+        "batch_size=32",
+        "keeps",
+        "Keras's",
+    ]
+    assert "batch_size=32" in why and "lr_scaling='linear'" in why
+    assert "base_batch_size=32" in why
+    # Following the first: Keras's batch, no such row.
+    kept = make_plan(CPU_ONLY, Options.validate(batch_size=32), FLOAT32, data)
+    assert kept.global_batch_size == 32 and "updates_per_epoch" not in kept.reasons
+    # Following the second: the rate scaled to the batch chosen, and said.
+    scaled = make_plan(
+        CPU_ONLY, Options.validate(lr_scaling="linear", base_batch_size=32),
+        FLOAT32, data, search=_Answer(337),
+    )  # fmt: skip
+    assert scaled.lr_factor == pytest.approx(337 / 32)
+    assert "scaled to it, as you asked" in scaled.reasons["updates_per_epoch"]
+    # Nothing to say where the updates are the same, or steps_per_epoch sets them.
+    assert "updates_per_epoch" not in plan_for(CPU_ONLY).reasons
+    steps = dataclasses.replace(data, steps_given=True)
+    fixed = make_plan(CPU_ONLY, Options.validate(), FLOAT32, steps, search=_Answer(337))
+    assert "updates_per_epoch" not in fixed.reasons

@@ -11,6 +11,7 @@ from probe_helpers import small_convnet
 
 import kerascale
 from kerascale import tuner as kt_lib
+from kerascale.measure.cache import model_fingerprint
 from kerascale.tuner import INFEASIBLE, ScaledHyperModel
 
 X = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
@@ -271,3 +272,56 @@ def test_declared_range_stops_at_the_bound():
 
 def test_tuner_is_reachable_from_the_package():
     assert kerascale.tuner is kt_lib
+
+
+def test_a_trial_s_plan_names_the_trial_as_the_batch_s_chooser(tmp_path):
+    """A trial's plan says the trial's hyperparameter chose its batch, not
+    "batch_size you passed" (issue 55); outside a trial, the user's words."""
+    x, y = np.zeros((64, 32, 32, 3), "float32"), np.zeros(64, "int64")
+    hm = ScaledHyperModel(build_convnet, batch_size=(8, 8), precision=("float32",))
+    hm.bounds[(model_fingerprint(small_convnet())[:12], "float32")] = 64
+    history = hm.fit(
+        keras_tuner.HyperParameters(), small_convnet(), x, y, epochs=1, verbose=0
+    )
+    why = history.plan.reasons["global_batch_size"]
+    assert why.code == "batch.chosen_by" and "this trial's hyperparameter (8)" in why
+    plain = kerascale.plan(small_convnet(), x, y, batch_size=8, verbose=0)
+    assert plain.reasons["global_batch_size"].code == "batch.passed"
+
+
+def test_the_bound_is_searched_for_the_samples_validation_split_trains(monkeypatch):
+    """With `validation_split=0.2`, fit trains on the first 80% of the arrays:
+    the bound is searched for those, as fit holds them (issue 55: the whole
+    data was counted)."""
+    seen = []
+
+    def find_batch_size(model, x, y, **kwargs):
+        seen.append((len(x), len(y)))
+        raise RuntimeError("measured")
+
+    monkeypatch.setattr(kerascale, "find_batch_size", find_batch_size)
+    x, y = np.zeros((101, 32, 32, 3), "float32"), np.zeros(101, "int64")
+    hm = ScaledHyperModel(build_convnet, batch_size=(8, 64))
+    with pytest.raises(RuntimeError, match="measured"):
+        hm.fit(
+            keras_tuner.HyperParameters(), small_convnet(), x, y,
+            epochs=1, validation_split=0.2, verbose=0,
+        )  # fmt: skip
+    assert seen == [(80, 80)]  # floor(101 * 0.8), as Keras splits
+
+
+def test_an_infeasible_first_trial_is_scored_by_the_untrained_model(recwarn):
+    """With no feasible trial yet, an infeasible one scores the untrained
+    model's own loss on a few batches, arrays or a dataset (it fell back to
+    1e6 with a warning: the helper it called did not exist)."""
+    import tensorflow as tf
+
+    model = small_convnet()
+    x, y = np.random.default_rng(0).random((64, 32, 32, 3), "float32"), np.ones(64)
+    objective = keras_tuner.Objective("loss", "min")
+    loss = model.evaluate(x[:256], y[:256], batch_size=8, verbose=0)
+    on_arrays = kt_lib._untrained_value(objective, model, x, y, {})
+    assert on_arrays == pytest.approx(loss, rel=1e-4)
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    assert np.isfinite(kt_lib._untrained_value(objective, model, ds, None, {}))
+    assert not [w for w in recwarn if "untrained model failed" in str(w.message)]

@@ -12,9 +12,14 @@ import time
 from kerascale import _validation as v
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._scalars import Scalars, optional_dir
+from kerascale.errors import warn
 from kerascale.sense.nvml import visible_nvml_handles
 
 logger = logging.getLogger("kerascale")
+
+# Why a GPUMonitor did not monitor, each said once in a process: a tuner
+# copies the callback for every trial.
+_SAID: set[str] = set()
 
 
 class GPUMonitor(KerascaleCallback):
@@ -41,6 +46,12 @@ class GPUMonitor(KerascaleCallback):
         self.active = False
         self.reason: str | None = None  # why it is not active
         self.samples: list[tuple[float, int, float, float, float]] = []
+
+    def __deepcopy__(self, memo: dict) -> GPUMonitor:
+        # keras-tuner copies callbacks per trial; a monitor that has run
+        # holds a lock, an event and NVML's handles, which do not copy, and
+        # a copy starts with none of them.
+        return GPUMonitor(self._scalars.log_dir, self.interval)
 
     def on_train_begin(self, logs=None):
         self.start_run()
@@ -77,6 +88,13 @@ class GPUMonitor(KerascaleCallback):
         self.active = False
         self.reason = reason
         logger.info("GPUMonitor: %s; not monitoring.", reason)
+        if reason not in _SAID:
+            _SAID.add(reason)
+            warn(
+                f"GPUMonitor is not monitoring: {reason}. It reads GPUs through "
+                "NVML (`pip install nvidia-ml-py` and an NVIDIA driver); training "
+                "goes on without it."
+            )
 
     def _run(self) -> None:
         run = self.run

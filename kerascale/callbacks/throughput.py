@@ -58,10 +58,14 @@ class Throughput(KerascaleCallback):
         self.in_logs = in_logs
         self._clock: Callable[[], float] = time.perf_counter
         self.epochs_seen: list[dict[str, float]] = []
+        # Each seen epoch's number as Keras prints it ("Epoch 3/10"): from 1,
+        # and from where a resumed run starts.
+        self.epoch_numbers: list[int] = []
 
     def on_train_begin(self, logs=None):
         self.start_run()
         self.epochs_seen = []
+        self.epoch_numbers = []
         self._epoch_seconds: list[float] = []
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -100,6 +104,7 @@ class Throughput(KerascaleCallback):
         recent = self._epoch_seconds[1:] or self._epoch_seconds
         figures["eta_seconds"] = left * statistics.mean(recent)
         self.epochs_seen.append(figures)
+        self.epoch_numbers.append(epoch + 1)
         if logs is not None and self.in_logs:
             logs.update(figures)
         self._scalars.write({f"throughput/{k}": x for k, x in figures.items()}, epoch)
@@ -108,11 +113,13 @@ class Throughput(KerascaleCallback):
         self.release()
 
     def summary(self) -> str:
-        """The figures of each epoch seen, as a table."""
+        """The figures of each epoch seen, as a table, each epoch numbered
+        as Keras's progress line numbers it (from 1; a resumed run's from
+        where it resumed)."""
         if not self.epochs_seen:
             return "Throughput: no epoch measured yet."
         rows = ["epoch  samples/s   steps/s  step median  step p90    ETA"]
-        for epoch, f in enumerate(self.epochs_seen):
+        for epoch, f in zip(self.epoch_numbers, self.epochs_seen, strict=True):
             samples = f.get("samples_per_second")
             shown = "-" if samples is None else f"{samples:,.0f}"
             median, p90 = f["step_time_median"] * 1e3, f["step_time_p90"] * 1e3

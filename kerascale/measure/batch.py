@@ -276,6 +276,7 @@ def _found(
                 room.limit,
                 room.prior,
                 isolated,
+                as_growth=not spec.share().resident,
             )
             if room
             else isolated()

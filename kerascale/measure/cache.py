@@ -97,11 +97,13 @@ def model_fingerprint(model: Any) -> str:
 
 
 def clear() -> int:
-    """Removes every measurement kerascale cached (batch searches, trials);
-    returns how many. The next `fit` measures again."""
+    """Removes every measurement kerascale cached, of every kind (batch
+    searches, trials, the reference step bf16 is weighed by, JAX's sharding
+    decisions: each kind is a folder of `cache_write`'s); returns how many.
+    The next `fit` measures again."""
     removed = 0
-    for kind in ("batch_search", "trials"):
-        folder = cache_dir() / kind
+    root = cache_dir()
+    for folder in root.iterdir() if root.is_dir() else ():
         for entry in folder.glob("*.json") if folder.is_dir() else ():
             entry.unlink(missing_ok=True)
             removed += 1

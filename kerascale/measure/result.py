@@ -37,7 +37,10 @@ class BatchSearchResult:
         per_replica_batch_size: The batch each replica holds,
             `batch_size / replicas`.
         replicas: Replicas the search was done for.
-        precision: The dtype policy the probes trained under.
+        precision: The dtype policy to train it under: the one the probes
+            trained under, unless a CPU's trials timed the other faster at
+            this batch (where it fits it); `reasons["precision"]` says which,
+            with the figures.
         strategy: The distribution strategy the probes trained under.
         largest_fitting: The largest per-replica batch confirmed to fit (before
             the safety margin).

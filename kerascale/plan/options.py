@@ -3,7 +3,10 @@ choices pinned to a resumed checkpoint's plan (`pin`)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 from kerascale import _validation
@@ -15,6 +18,25 @@ from kerascale.plan.plan import Plan
 from kerascale.plan.reasons import Reason
 
 VERBOSE_CHOICES = ("auto", 0, 1, 2)
+
+
+# Who chose an int batch_size, where it is not the user (a tuner's trial):
+# the batch's reason names it. Set with `batch_chosen_by`.
+_BATCH_CHOSEN_BY: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "kerascale_batch_chosen_by", default=""
+)
+
+
+@contextlib.contextmanager
+def batch_chosen_by(who: str) -> Iterator[None]:
+    """Inside, an int `batch_size` given to a door is `who`'s choice, and
+    the plan's batch reason says so (`kerascale.tuner`'s trials: "batch_size
+    you passed" read as the user's own)."""
+    token = _BATCH_CHOSEN_BY.set(who)
+    try:
+        yield
+    finally:
+        _BATCH_CHOSEN_BY.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +56,8 @@ class Options:
     # "auto" (weighed where the batch wanted does not fit), "activations"
     # (Keras's remat mode, always), or "off".
     recompute: str = "auto"
+    # Who chose an int batch_size, where not the user (`batch_chosen_by`).
+    batch_chosen_by: str = ""
 
     @classmethod
     def validate(
@@ -92,6 +116,7 @@ class Options:
             max_batch_size=max_batch_size,
             remeasure=remeasure,
             recompute=recompute,
+            batch_chosen_by=_BATCH_CHOSEN_BY.get() if batch_size != "auto" else "",
         )
 
 

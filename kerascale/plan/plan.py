@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import textwrap
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -165,6 +166,10 @@ class Plan:
                 ),
             ),
         ]
+        updates = self.reasons.get("updates_per_epoch")
+        if updates:  # its figures lead its words (read back from JSON too)
+            value, _, why = updates.partition(": ")
+            rows.append(("updates", value, why))
         if self.sharding:
             batch, model = self.sharding["mesh"]
             rows.append(
@@ -209,11 +214,16 @@ class Plan:
 
 
 BRIEF = 60  # characters of a reason in the plan's default view
+# The full view (`explain()`): a row longer than LONG wraps its reason at
+# WIDTH columns (a row a little over WIDTH would leave a word on a line).
+WIDTH, LONG = 100, 120
 
 
 def _table(rows: list[tuple[str, str, str]], *, full: bool) -> list[str]:
     """The rows (name, value, reason) as aligned lines; each value and
-    reason in brief unless `full`."""
+    reason in brief unless `full`, where a row longer than `LONG` wraps its
+    reason at `WIDTH`, its lines aligned under its first (reasons ran to 450
+    columns)."""
     if not full:
         rows = [(name, brief(value), brief(why)) for name, value, why in rows]
     w0 = max(len(r[0]) for r in rows)
@@ -221,7 +231,22 @@ def _table(rows: list[tuple[str, str, str]], *, full: bool) -> list[str]:
     lines = []
     for name, value, why in rows:
         line = f"  {name:<{w0}}  {value:<{w1}}"
-        lines.append(f"{line}  {why}".rstrip() if why else line.rstrip())
+        if not why:
+            lines.append(line.rstrip())
+            continue
+        indent = len(line) + 2
+        parts = (
+            textwrap.wrap(
+                why,
+                width=max(40, WIDTH - indent),
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            if full and indent + len(why) > LONG
+            else [why]
+        )
+        lines.append(f"{line}  {parts[0]}")
+        lines += [" " * indent + part for part in parts[1:]]
     return lines
 
 

@@ -237,8 +237,19 @@ WORDS: dict[str, str | Callable[..., str]] = {
         "stands for unknown)"
     ),
     "batch.passed": "batch_size you passed",
+    "batch.chosen_by": "batch_size {who} chose",
     "batch.dataset": "the batch size of your batched dataset",
     "batch.searched": "searched ({how}): {answer}",
+    "batch.updates": lambda before, after, keras, scaled: (
+        f"{before} -> {after} updates an epoch: batch_size={keras} keeps Keras's; "
+        + (
+            "the learning rate is scaled to it, as you asked (lr_scaling)"
+            if scaled
+            else "the learning rate is unchanged: lr_scaling='linear' (or 'sqrt') "
+            f"with base_batch_size={keras} scales it"
+        )
+        + f" (model.fit's batch of {keras} makes {before} an epoch, this one {after})"
+    ),
     "batch.keras_default": (
         "data not batched and no batch_size given: Keras's default {default} per "
         "replica"

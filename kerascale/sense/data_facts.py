@@ -64,6 +64,8 @@ class DataFacts:
         sequential_map: Whether a dataset maps a function one element at a
             time (a `map` without `num_parallel_calls`), which tf.data's
             map parallelization then runs in parallel.
+        steps_given: Whether `fit` has `steps_per_epoch` for arrays: an
+            epoch's updates are then that many whatever the batch.
     """
 
     kind: str
@@ -77,6 +79,7 @@ class DataFacts:
     unsplittable: str = ""
     held_out: int = 0
     sequential_map: bool = False
+    steps_given: bool = False
 
     @property
     def measurable(self) -> bool:
@@ -186,7 +189,11 @@ def inspect(
         listed = arrays.scalar_lists(x) or (y is not None and arrays.scalar_lists(y))
         x, y = arrays.lists_as_arrays(x), arrays.lists_as_arrays(y)
         facts = _held_out(_inspect_arrays(x, y, name=name), validation_split)
-        facts = dataclasses.replace(facts, unsplittable=arrays.unsplittable(x, y))
+        facts = dataclasses.replace(
+            facts,
+            unsplittable=arrays.unsplittable(x, y),
+            steps_given=steps_per_epoch is not None,
+        )
         why = arrays.unsynthesisable(x, y) or (
             "it holds Python lists of values (pass NumPy arrays)" if listed else ""
         )
