@@ -376,7 +376,7 @@ def _training_part(x: Any, y: Any, validation_split: Any) -> tuple[Any, Any]:
     leaves = [a for a in keras.tree.flatten((x, y)) if hasattr(a, "shape")]
     if not leaves or not leaves[0].shape:
         return x, y
-    keep = int(math.floor(int(leaves[0].shape[0]) * (1.0 - float(validation_split))))
+    keep = math.floor(int(leaves[0].shape[0]) * (1.0 - float(validation_split)))
 
     def head(a: Any) -> Any:
         return a[:keep] if hasattr(a, "shape") and a.shape else a
