@@ -216,7 +216,7 @@ def diagnose(
         session.enter(model_lib.preserved_state())
         prepared = prepare(
             session, model, x, y, decided(), copy=True,
-            as_dataset=timing.AS_DATASET, replan=decided,
+            as_dataset=timing.AS_DATASET, replan=decided, read_in_part=True,
         )  # fmt: skip
         rates = timing.rates(prepared, steps)
     loader_rate = None if math.isnan(rates.loaded) else rates.loaded

@@ -215,3 +215,22 @@ def test_clear_cache_forgets_every_kind_it_cached(tmp_path, capsys, monkeypatch)
     assert cli.main(["clear-cache"]) == 0
     assert "removed 4 cached measurement(s)" in capsys.readouterr().out
     assert all(cache.cache_read(kind, "k") is None for kind in kinds)
+
+
+def test_doctor_starts_without_tensorflow_s_cpu_banner():
+    """`kerascale doctor` is the command's own process: TensorFlow's C++
+    start-up banner ("This TensorFlow binary is optimized to use available
+    CPU instructions") is not part of its report (issue 55), unless the user
+    set TensorFlow's log level themselves."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env.pop("TF_CONFIG", None)
+    entry = "import sys, kerascale_cli; sys.exit(kerascale_cli.main())"
+    for level, shown in ((None, False), ("0", True)):
+        run_env = env if level is None else {**env, "TF_CPP_MIN_LOG_LEVEL": level}
+        proc = subprocess.run(
+            [sys.executable, "-c", entry, "doctor"],
+            capture_output=True, text=True, timeout=120, env=run_env,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        banner = "optimized to use available CPU instructions" in proc.stderr
+        assert banner == shown, (level, proc.stderr[-2000:])

@@ -238,3 +238,35 @@ def test_a_grain_map_dataset_is_diagnosed_and_an_iter_dataset_refused():
     assert found.bound in ("input", "compute", "memory"), str(found)
     with pytest.raises(ConfigurationError, match="grain IterDataset is used up"):
         kerascale.diagnose(model, ds.to_iter_dataset())
+
+
+def test_diagnose_of_a_cacheable_pipeline_prints_nothing_of_tensorflow_s(tmp_path):
+    """`diagnose` reads a few steps of the first epoch: the pipeline it times
+    is not cached, so TensorFlow does not print, three times, that a partly
+    read cache() was thrown away (issue 55), and its figures are the same
+    first-epoch figures. In a process of its own, with TensorFlow's C++ log
+    on (CI turns its warnings off)."""
+    import start_up
+
+    code = (
+        "import numpy as np, keras, tensorflow as tf, kerascale\n"
+        "m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),"
+        " keras.layers.Dense(1)])\n"
+        "m.compile('adam', 'mse')\n"
+        "x = np.random.rand(4096, 8).astype('float32')\n"
+        "ds = tf.data.Dataset.from_tensor_slices((x, x[:, :1]))"
+        ".map(lambda a, b: (tf.sin(a), b)).batch(32)\n"
+        "d = kerascale.diagnose(m, ds, precision='float32', optimize_data=True)\n"
+        "print(d.plan.data_changes.cache, d.bound)\n"
+    )
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}
+    env["KERASCALE_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        timeout=300, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    cached, _ = done.stdout.split()[-2:]
+    assert cached == "True", done.stdout  # fit would cache it
+    said = [ln for ln in start_up.said(done.stderr) if not ln.startswith("kerascale:")]
+    assert said == [], said

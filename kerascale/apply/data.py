@@ -77,10 +77,11 @@ def prepare(
 
     The per-step batch is `plan.step_batch_size` (micro-batch x replicas): the
     strategy splits it across replicas. `whole_epochs=False`: it is read for
-    a few batches only (the host share's reading), so it is not cached:
-    TensorFlow throws away a cache() read in part, with a warning the user
-    would read as theirs. (The trials keep the cache: they read several
-    epochs, where it pays.)
+    some steps of its first epoch only (the host share's reading,
+    `diagnose`'s rates), so it is not cached: TensorFlow throws away a
+    cache() read in part, with a warning the user would read as theirs, and
+    such a reading never reaches the epochs where it pays. (The trials keep
+    the cache: they read whole epochs.)
     """
     batch = plan.step_batch_size
     if optimize:

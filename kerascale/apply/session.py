@@ -243,6 +243,7 @@ def prepare(
     as_dataset: bool = False,
     fit_kwargs: dict[str, Any] | None = None,
     replan: Callable[[BaseException], Decision] | None = None,
+    read_in_part: bool = False,
 ) -> Prepared:
     """Sets up what trains under `decided.plan`, inside `session`.
 
@@ -259,6 +260,9 @@ def prepare(
         replan: `replan(e)` is the decision without what failed (`e`, a
             `CannotRecreate`: re-creating the model, or laying it out over
             the devices). Without it, that failure raises.
+        read_in_part: The data is read for some steps of its first epoch
+            only (`diagnose`'s rates): a dataset is then not cached, since
+            TensorFlow throws a cache() read in part away, with a warning.
 
     Returns:
         `Prepared`.
@@ -282,7 +286,9 @@ def prepare(
         session.undo("the cluster's shared seed", tf.random.set_seed, cluster.tf_seed())
     plan = cluster.start_alike(train_model, dist, decided.plan, decided.data, x)
     session.accumulate(train_model, plan, final=not copy)
-    x, y, kwargs, quiet = _prepare_data(x, y, decided, plan, fit_kwargs, as_dataset)
+    x, y, kwargs, quiet = _prepare_data(
+        x, y, decided, plan, fit_kwargs, as_dataset, whole_epochs=not read_in_part
+    )
     if backend_lib.traits(plan.backend).engine == "tf.distribute":
         # Keras skips a racy number of a generator's first batches under a
         # strategy of several replicas: read so that none is skipped.
@@ -299,6 +305,8 @@ def _prepare_data(
     plan: Plan,
     fit_kwargs: dict[str, Any] | None,
     as_dataset: bool,
+    *,
+    whole_epochs: bool,
 ) -> tuple[Any, Any, dict[str, Any], bool]:
     kwargs = dict(fit_kwargs or {})
     kind, quiet = decided.data.kind, False
@@ -306,8 +314,9 @@ def _prepare_data(
         # Keras ignores shuffle for a dataset and warns when it is left True.
         kwargs.setdefault("shuffle", False)
         prepared = data_lib.prepare(
-            x, decided.data, plan, optimize=decided.optimize_data
-        )
+            x, decided.data, plan, optimize=decided.optimize_data,
+            whole_epochs=whole_epochs,
+        )  # fmt: skip
         quiet = "steps_per_epoch" not in kwargs and data_lib.lost_cardinality(
             x, prepared
         )
