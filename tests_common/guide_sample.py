@@ -2,9 +2,10 @@
 runs it: a small CNN on 4,000 28x28x1 images held as arrays, searched under a
 real `memory_limit`, then trained with what it found in the same process.
 
-`python guide_sample.py LIMIT`: prints one JSON line with the answer, the
-bound with recomputation, the warnings said, and the peak resident memory
-(VmHWM, reset before `fit`) of the `fit` that follows, in this process.
+`python guide_sample.py LIMIT [search]`: prints one JSON line with the
+answer, the bound with recomputation, the warnings said, and the peak
+resident memory (VmHWM, reset before `fit`) of the `fit` that follows, in
+this process (`search`: the search only, no `fit`; "peak" is then null).
 On either backend (KERAS_BACKEND); issue 55, point 1.
 """
 
@@ -19,7 +20,7 @@ import kerascale
 from kerascale.sense import memory
 
 
-def main(limit: str) -> None:
+def main(limit: str, fit: bool = True) -> None:
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [
@@ -40,10 +41,11 @@ def main(limit: str) -> None:
             model, x, y, memory_limit=limit, cache=False, verbose=0
         )
         memory.reset_resident_peak()
-        kerascale.fit(
-            model, x, y, batch_size=result.batch_size,
-            precision=result.precision, memory_limit=limit, epochs=1, verbose=0,
-        )  # fmt: skip
+        if fit:
+            kerascale.fit(
+                model, x, y, batch_size=result.batch_size,
+                precision=result.precision, memory_limit=limit, epochs=1, verbose=0,
+            )  # fmt: skip
     print(
         json.dumps(
             {
@@ -59,11 +61,11 @@ def main(limit: str) -> None:
                     if issubclass(w.category, kerascale.KerascaleWarning)
                 ],
                 "probes": [[p.batch, p.outcome, p.peak_bytes] for p in result.probes],
-                "peak": memory.resident_peak_bytes(),
+                "peak": memory.resident_peak_bytes() if fit else None,
             }
         )
     )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], fit=sys.argv[2:] != ["search"])
