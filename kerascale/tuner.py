@@ -159,6 +159,7 @@ class ScaledHyperModel(keras_tuner.HyperModel):
         if self._declared_max is None:
             self._declared_max = self._range_max(bound)
         lo, _ = self.batch_range
+        unseen = "batch_size" not in hp.values
         batch = hp.Int(
             "batch_size",
             min_value=lo,
@@ -166,6 +167,18 @@ class ScaledHyperModel(keras_tuner.HyperModel):
             step=self.batch_step,
             sampling="log" if self._declared_max > lo else "linear",
         )
+        if unseen and kwargs.get("verbose", 1) != 0:
+            # keras-tuner prints a trial's hyperparameters before the trial
+            # starts, and the batch's range is known only once the bound is
+            # measured on the data (here): the first trial's table has no
+            # batch_size, so it is said here.
+            trial_id = getattr(getattr(tuner_callback, "trial", None), "trial_id", "?")
+            bounded = f", below the {bound} that fits" if bound else ""
+            print(
+                f"kerascale: trial {trial_id}: batch_size {batch} (of "
+                f"{lo}..{self._declared_max}{bounded})",
+                flush=True,
+            )
         if self.lr_rules:
             rule = hp.Choice("lr_scaling", self.lr_rules)
             options["lr_scaling"] = None if rule == "none" else rule

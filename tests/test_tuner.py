@@ -325,3 +325,28 @@ def test_an_infeasible_first_trial_is_scored_by_the_untrained_model(recwarn):
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     assert np.isfinite(kt_lib._untrained_value(objective, model, ds, None, {}))
     assert not [w for w in recwarn if "untrained model failed" in str(w.message)]
+
+
+def test_the_first_trial_says_its_batch_which_keras_tuner_s_table_lacks(
+    tmp_path, monkeypatch, capsys
+):
+    """keras-tuner prints a trial's hyperparameters before it starts, and
+    batch_size's range is known only once the first trial has measured the
+    bound on the data: that trial's table has no batch_size (issue 55), so
+    kerascale says it; later tables have it, and nothing more is said."""
+    monkeypatch.setattr(ScaledHyperModel, "_bound", lambda self, *a: 48)
+    hypermodel = ScaledHyperModel(build_convnet, batch_size=(8, 64), verbose=0)
+    tuner = keras_tuner.RandomSearch(
+        hypermodel, objective="loss", max_trials=2, directory=str(tmp_path),
+        project_name="table", seed=2,
+    )  # fmt: skip
+    x, y = np.zeros((64, 32, 32, 3), "float32"), np.zeros(64, "int64")
+    tuner.search(x, y, epochs=1, verbose=1)
+    out = capsys.readouterr().out
+    said = [ln for ln in out.splitlines() if ln.startswith("kerascale: trial")]
+    first = trials_of(tuner)[0]
+    batch = first.hyperparameters.values["batch_size"]
+    assert said == [
+        f"kerascale: trial {first.trial_id}: batch_size {batch} (of 8..32, "
+        "below the 48 that fits)"
+    ], said
