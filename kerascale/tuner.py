@@ -168,17 +168,7 @@ class ScaledHyperModel(keras_tuner.HyperModel):
             sampling="log" if self._declared_max > lo else "linear",
         )
         if unseen and kwargs.get("verbose", 1) != 0:
-            # keras-tuner prints a trial's hyperparameters before the trial
-            # starts, and the batch's range is known only once the bound is
-            # measured on the data (here): the first trial's table has no
-            # batch_size, so it is said here.
-            trial_id = getattr(getattr(tuner_callback, "trial", None), "trial_id", "?")
-            bounded = f", below the {bound} that fits" if bound else ""
-            print(
-                f"kerascale: trial {trial_id}: batch_size {batch} (of "
-                f"{lo}..{self._declared_max}{bounded})",
-                flush=True,
-            )
+            self._say_batch(tuner_callback, batch, bound)
         if self.lr_rules:
             rule = hp.Choice("lr_scaling", self.lr_rules)
             options["lr_scaling"] = None if rule == "none" else rule
@@ -226,6 +216,20 @@ class ScaledHyperModel(keras_tuner.HyperModel):
                 f"batch {batch} ran out of memory: {type(e).__name__}: "
                 f"{first_line(e)[:200]}",
             )
+
+    def _say_batch(self, tuner_callback: Any, batch: int, bound: int | None) -> None:
+        """Prints the trial's batch where its table did not show it:
+        keras-tuner prints a trial's hyperparameters before the trial
+        starts, and the batch's range is known only once the bound is
+        measured on the data, in the first trial's `fit`."""
+        trial_id = getattr(getattr(tuner_callback, "trial", None), "trial_id", "?")
+        lo, _ = self.batch_range
+        bounded = f", below the {bound} that fits" if bound else ""
+        print(
+            f"kerascale: trial {trial_id}: batch_size {batch} (of "
+            f"{lo}..{self._declared_max}{bounded})",
+            flush=True,
+        )
 
     # --- the bound -------------------------------------------------------------
 

@@ -36,10 +36,59 @@ def _cli():
     return _load("cli")
 
 
+# Keras's backends, by the module each imports (`KERAS_BACKEND`'s values).
+_BACKEND_MODULES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # The command's own process: TensorFlow's C++ start-up lines (its CPU
     # instructions banner, a missing CUDA driver) are not what `doctor` or
     # `find-batch` reports, and a newcomer read them as errors. Its warnings
     # and errors still show; a level the user set is kept.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    return _cli().main(argv)
+    try:
+        return _cli().main(argv)
+    except ModuleNotFoundError as e:
+        why = _backend_missing(e)
+        if why is None:
+            raise
+        print(f"kerascale: {why}", file=sys.stderr)
+        return 2
+
+
+def _backend_missing(e: ModuleNotFoundError) -> str | None:
+    """What to do where importing Keras failed on its backend's module (Keras
+    picks TensorFlow unless told otherwise, and a JAX install has none), or
+    None for another missing module."""
+    import json
+
+    missing = (e.name or "").split(".")[0]
+    if missing not in _BACKEND_MODULES.values():
+        return None
+    home = os.environ.get("KERAS_HOME") or os.path.join(
+        os.path.expanduser("~"), ".keras"
+    )
+    config = os.path.join(home, "keras.json")
+    if os.environ.get("KERAS_BACKEND"):
+        chosen, source = os.environ["KERAS_BACKEND"], "KERAS_BACKEND"
+    else:
+        chosen, source = "tensorflow", "Keras's default"
+        try:
+            with open(config, encoding="utf-8") as f:
+                chosen, source = json.load(f).get("backend", chosen), config
+        except (OSError, ValueError, AttributeError):
+            pass
+    here = [
+        name
+        for name, module in _BACKEND_MODULES.items()
+        if name != missing and importlib.util.find_spec(module) is not None
+    ]
+    fix = (
+        f"set KERAS_BACKEND={here[0]} (installed here)"
+        if here
+        else 'install one: pip install "kerascale[jax]" or "kerascale[tensorflow]"'
+    )
+    return (
+        f"Keras's backend is {chosen!r} ({source}), and {missing} is not "
+        f"installed here, so Keras cannot start: {fix}, or install {missing}."
+    )

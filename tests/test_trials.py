@@ -53,11 +53,11 @@ def test_trials_run_only_on_a_cpu_for_choices_left_open():
 
     ds, data = mapped(), DataFacts(kind="dataset")
     bf16 = FakePlan.precision
-    assert trials.wanted(auto, FakePlan, data, ds, BF16_HOST) == (True, bf16)
+    assert trials.wanted(auto, FakePlan, data, ds, BF16_HOST) == (True, bf16, None)
     pinned = Options.validate(precision="mixed_bfloat16", optimize_data=True)
-    assert trials.wanted(pinned, FakePlan, data, ds, BF16_HOST) == (False, "")
+    assert trials.wanted(pinned, FakePlan, data, ds, BF16_HOST) == (False, "", None)
     plain = tf.data.Dataset.from_tensor_slices(toy_data(8))  # no map to parallelise
-    assert trials.wanted(auto, FakePlan, data, plain, BF16_HOST) == (False, bf16)
+    assert trials.wanted(auto, FakePlan, data, plain, BF16_HOST) == (False, bf16, None)
 
 
 class Machine:
@@ -454,9 +454,9 @@ def test_float32_is_not_timed_where_its_activations_would_pass_the_limit():
     55: a CNN's float32 trial took that process over a 1 GiB limit)."""
     import types
 
-    from kerascale.measure.decide import _float32_over
     from kerascale.measure.memory_model import MemoryModel
     from kerascale.measure.result import BatchSearchResult
+    from kerascale.measure.trials import float32_over
 
     found = BatchSearchResult(
         batch_size=2000, per_replica_batch_size=2000, replicas=1,
@@ -469,14 +469,14 @@ def test_float32_is_not_timed_where_its_activations_would_pass_the_limit():
     def plan(batch, precision="mixed_bfloat16"):
         return types.SimpleNamespace(micro_batch_size=batch, precision=precision)
 
-    over = _float32_over(found, plan(2000))
+    over = float32_over(found, plan(2000))
     assert over.code == "trials.float32_over"
     assert over.details["need"] == (800 << 20) + 2 * (100 << 10) * 2000
-    assert _float32_over(found, plan(1000)) is None  # 995 MiB: under
-    assert _float32_over(found, plan(2000, "float32")) is None
+    assert float32_over(found, plan(1000)) is None  # 995 MiB: under
+    assert float32_over(found, plan(2000, "float32")) is None
     unbound = dataclasses.replace(found, limit_bytes=None)
-    assert _float32_over(unbound, plan(2000)) is None
+    assert float32_over(unbound, plan(2000)) is None
     # XLA's count fits no line: half the batch that ran out is the bound.
     counted = dataclasses.replace(found, memory_model=None)
-    assert _float32_over(counted, plan(1100)).details["need"] is None
-    assert _float32_over(counted, plan(1000)) is None
+    assert float32_over(counted, plan(1100)).details["need"] is None
+    assert float32_over(counted, plan(1000)) is None

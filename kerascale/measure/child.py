@@ -65,11 +65,7 @@ def _child_main(argv: list[str]) -> int:
 
     # Until the baseline is known, the limit as it is (the setup is the
     # same in the process where fit trains, and there its data besides).
-    current: dict[str, Any] = {
-        "batch": batches[0],
-        "limit": limit,
-        "as_fit": lambda now: (now, limit),
-    }
+    current: dict[str, Any] = {"batch": batches[0], "limit": limit, "allowed": limit}
     if limit:
         _watch_resident(current, write)
     share = spec.share()
@@ -98,13 +94,10 @@ def _child_main(argv: list[str]) -> int:
         global_batch = spec.global_batch(batch)
         current["batch"] = batch
         if limit:
-            current["limit"] = counts.watched(limit, global_batch)
-            # What the watch reports is what a probe that ends reports: the
-            # peak as the process where fit trains reaches it, against the
-            # limit itself (not the child's share of it).
-            current["as_fit"] = lambda now, b=global_batch: (
-                counts.peak(now, b),
-                limit,
+            current.update(
+                limit=counts.watched(limit, global_batch),
+                counts=counts,
+                global_batch=global_batch,
             )
         try:
             result = train_probe(model, spec, batch, in_child=True, arrays=arrays)
@@ -115,14 +108,8 @@ def _child_main(argv: list[str]) -> int:
         if result["tensor_peak_bytes"] is not None:
             result["tensor_peak_bytes"] += share.input_bytes(global_batch)
         if limit and result["peak_bytes"] > limit:  # both as fit's process
-            write(
-                batch,
-                {
-                    "outcome": OOM,
-                    **result,
-                    "message": _over(result["peak_bytes"], limit),
-                },
-            )
+            over = _over(result["peak_bytes"], limit)
+            write(batch, {"outcome": OOM, **result, "message": over})
             return 0
         write(batch, {"outcome": OK, **result})
     return 0
@@ -144,16 +131,18 @@ def _watch_resident(
     `current["limit"]` (the limit less what the process where fit trains
     holds beyond this child), as a container's limit would (the exact peak
     is also checked after each probe: a spike shorter than the watch's
-    millisecond is not lost). `current["as_fit"]` turns the child's
-    resident memory into (the peak, the limit) as the process where fit
-    trains counts them, for the report."""
+    millisecond is not lost). It reports what a probe that ends reports:
+    the peak as the process where fit trains reaches it (`current["counts"]`,
+    an `AsFitProcess`, at its global batch), against the limit allowed, not
+    the child's share of it."""
     import threading
 
     def watch() -> None:
         while True:
             now, limit = memory.resident_bytes(), current["limit"]
             if now is not None and now > limit:
-                peak, counted = current["as_fit"](now)
+                counts, counted = current.get("counts"), current["allowed"]
+                peak = counts.peak(now, current["global_batch"]) if counts else now
                 write(
                     current["batch"],
                     {

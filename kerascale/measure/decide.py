@@ -350,10 +350,12 @@ def _tried(
     budget)."""
     options, plan, result = decided.options, decided.plan, decided.search
     hw, data = decided.hardware, decided.data
-    try_pipeline, try_precision = trials_lib.wanted(options, plan, data, x, hw)
-    over = _float32_over(result, plan) if try_precision else None
-    if over is not None:  # the trials train in this process: never above it
-        try_precision = ""
+    try_pipeline, try_precision, over = trials_lib.wanted(
+        options, plan, data, x, hw, result
+    )
+    found = Measured()  # the trials' reasons, and why a stage was not run
+    if over is not None:
+        found = found.noted("precision", f"trials skipped: {over}")
     rungs: dict[int, float] = {}
     if ladder and result.mode == "ladder":  # not XLA's search: no rungs
         rungs = {
@@ -362,11 +364,7 @@ def _tried(
             if p.outcome == "ok" and p.batch <= result.per_replica_batch_size
         }
     if not (try_pipeline or try_precision or len(rungs) > 1):
-        if over is None:
-            return decided
-        return decided.replanned(
-            Measured().noted("precision", f"trials skipped: {over}")
-        )
+        return decided if over is None else decided.replanned(found)
     measured = trials_lib.run(
         model,
         x,
@@ -399,9 +397,6 @@ def _tried(
         if measured.measured("data_changes")
         else options.optimize_data,
     )
-    found = Measured()
-    if over is not None:
-        found = found.noted("precision", f"trials skipped: {over}")
     for field, tried in (("precision", try_precision), ("data_changes", try_pipeline)):
         if measured.measured(field):
             found = found.decided(**{field: measured.why(field)})
@@ -417,33 +412,6 @@ def _tried(
         if measured.measured("data_changes")
         else decided.optimize_data,
         trials=measured,
-    )
-
-
-def _float32_over(result: BatchSearchResult | None, plan: Plan) -> Reason | None:
-    """Why float32 cannot be timed against the plan's narrower precision at
-    the plan's batch, or None: the batch was searched under that precision
-    with a memory limit, and float32's activations, twice as wide, are
-    predicted over it by the search's memory model (the trials train in the
-    process where fit trains: a CNN's float32 trial at the batch searched
-    under bf16 took that process from 771 to 1170 MiB under a 1 GiB limit)."""
-    if plan.precision == "float32" or result is None or not result.limit_bytes:
-        return None
-    model, batch = result.memory_model, plan.micro_batch_size
-    if model is None:  # no fit of the probes (XLA's count): what they found
-        if result.smallest_failing is None or 2 * batch < result.smallest_failing:
-            return None
-        need = None
-    else:
-        need = model.fixed_bytes + 2 * model.per_sample_bytes * batch
-        if need <= result.limit_bytes:
-            return None
-    return Reason(
-        "trials.float32_over",
-        batch=batch,
-        policy=plan.precision,
-        need=need,
-        limit=result.limit_bytes,
     )
 
 

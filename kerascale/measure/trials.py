@@ -18,6 +18,7 @@ from kerascale.plan.reasons import Reason
 from kerascale.sense import data_facts, data_signature
 
 if TYPE_CHECKING:
+    from kerascale.measure.result import BatchSearchResult
     from kerascale.plan.options import Options
     from kerascale.plan.plan import Plan
     from kerascale.sense.data_facts import DataFacts
@@ -112,12 +113,19 @@ def possible(options: Options, hw: Hardware, model: ModelFacts) -> bool:
 
 
 def wanted(
-    options: Options, plan: Plan, data: DataFacts, x: Any, hw: Hardware
-) -> tuple[bool, str]:
-    """(try the pipeline, the precision to time against float32 or ""): the
-    choices left to kerascale where the alternatives differ. The precision
-    is the plan's, or where the plan keeps float32 on a CPU with bf16 math
-    that its backend's compiler may not use well (JAX), mixed_bfloat16."""
+    options: Options,
+    plan: Plan,
+    data: DataFacts,
+    x: Any,
+    hw: Hardware,
+    search: BatchSearchResult | None = None,
+) -> tuple[bool, str, Reason | None]:
+    """(try the pipeline, the precision to time against float32 or "", why
+    the precision is not timed where it would be, or None): the choices left
+    to kerascale where the alternatives differ. The precision is the plan's,
+    or where the plan keeps float32 on a CPU with bf16 math that its
+    backend's compiler may not use well (JAX), mixed_bfloat16; not where
+    float32 would not fit the batch `search` found (`float32_over`)."""
     pipeline = (
         options.optimize_data == "auto"
         and data.kind == "dataset"
@@ -132,7 +140,35 @@ def wanted(
         and data.kind != "pydataset"
         and data.measurable
     )
-    return pipeline, candidate if precision else ""
+    over = float32_over(search, plan) if precision else None
+    return pipeline, candidate if precision and over is None else "", over
+
+
+def float32_over(result: BatchSearchResult | None, plan: Plan) -> Reason | None:
+    """Why float32 cannot be timed against the plan's narrower precision at
+    the plan's batch, or None: the batch was searched under that precision
+    with a memory limit, and float32's activations, twice as wide, are
+    predicted over it by the search's memory model (the trials train in the
+    process where fit trains: a CNN's float32 trial at the batch searched
+    under bf16 took that process from 771 to 1170 MiB under a 1 GiB limit)."""
+    if plan.precision == "float32" or result is None or not result.limit_bytes:
+        return None
+    model, batch = result.memory_model, plan.micro_batch_size
+    if model is None:  # no fit of the probes (XLA's count): what they found
+        if result.smallest_failing is None or 2 * batch < result.smallest_failing:
+            return None
+        need = None
+    else:
+        need = model.fixed_bytes + 2 * model.per_sample_bytes * batch
+        if need <= result.limit_bytes:
+            return None
+    return Reason(
+        "trials.float32_over",
+        batch=batch,
+        policy=plan.precision,
+        need=need,
+        limit=result.limit_bytes,
+    )
 
 
 def run(

@@ -29,8 +29,6 @@ from kerascale.sense.model_facts import ModelFacts
 
 # Keras's own default when `fit` gets arrays and no batch size.
 DEFAULT_BATCH_PER_REPLICA = 32
-# model.fit's batch_size for arrays when none is given (all replicas).
-KERAS_FIT_BATCH = 32
 
 
 def make_plan(
@@ -80,9 +78,8 @@ def make_plan(
     global_batch = sp.micro * replicas * sp.steps
     reasons["global_batch_size"] = why_batch
     reasons["accumulation_steps"] = sp.why
-    factor, why_lr = _lr_factor(options, data, global_batch)
-    if why_lr:
-        reasons["lr_factor"] = why_lr
+    factor, about_the_rate = _rate(options, data, global_batch)
+    reasons |= about_the_rate
     data_changes, why_data = _data_changes(
         options, data, sp.micro * replicas, replicas, hardware.backend
     )
@@ -94,9 +91,6 @@ def make_plan(
     if measured.materialized:
         data_changes = dataclasses.replace(data_changes, materialized=True)
     reasons, stated = measured.stated(reasons, tuple(warnings))
-    updates = _updates_changed(options, data, global_batch)
-    if updates is not None:
-        reasons["updates_per_epoch"] = updates
     return Plan(
         strategy=where.strategy,
         devices=tuple(where.devices),
@@ -330,6 +324,18 @@ def searched_batch(options: Options, data: DataFacts) -> bool:
     return options.batch_size == "auto" and not data.batched
 
 
+def _rate(
+    options: Options, data: DataFacts, effective: int
+) -> tuple[float, dict[str, Reason]]:
+    """What the batch does to the optimisation: the learning rate's factor,
+    and the reasons for it and for the updates an epoch, where they say
+    anything."""
+    factor, why_lr = _lr_factor(options, data, effective)
+    updates = accumulation_rules.updates_changed(options, data, effective)
+    reasons = {"lr_factor": why_lr, "updates_per_epoch": updates}
+    return factor, {k: why for k, why in reasons.items() if why is not None}
+
+
 def _lr_factor(
     options: Options, data: DataFacts, effective: int
 ) -> tuple[float, Reason | None]:
@@ -355,36 +361,6 @@ def _lr_factor(
         base=base,
         where=where,
         factor=factor,
-    )
-
-
-def _updates_changed(
-    options: Options, data: DataFacts, global_batch: int
-) -> Reason | None:
-    """What a batch kerascale chose for arrays does to the optimisation,
-    where it is not `model.fit`'s 32: the updates an epoch, before and
-    after, and how to choose otherwise; None where they are the same (or
-    `steps_per_epoch` fixes them). A batch of 337 for 2,720 samples trains
-    9 updates an epoch where Keras's trains 85, with the learning rate
-    unchanged: a user read the loss of 0.144 against 0.048 as kerascale's."""
-    n = data.num_samples
-    if (
-        data.kind != "arrays"
-        or options.batch_size != "auto"
-        or data.steps_given
-        or not n
-        or not global_batch
-    ):
-        return None
-    before, after = -(-n // KERAS_FIT_BATCH), -(-n // global_batch)
-    if before == after:
-        return None
-    return Reason(
-        "batch.updates",
-        before=before,
-        after=after,
-        keras=KERAS_FIT_BATCH,
-        scaled=options.lr_scaling is not None,
     )
 
 

@@ -64,8 +64,7 @@ class DataFacts:
         sequential_map: Whether a dataset maps a function one element at a
             time (a `map` without `num_parallel_calls`), which tf.data's
             map parallelization then runs in parallel.
-        steps_given: Whether `fit` has `steps_per_epoch` for arrays: an
-            epoch's updates are then that many whatever the batch.
+        steps_given: Whether `fit` has `steps_per_epoch` (arrays).
     """
 
     kind: str
@@ -189,11 +188,8 @@ def inspect(
         listed = arrays.scalar_lists(x) or (y is not None and arrays.scalar_lists(y))
         x, y = arrays.lists_as_arrays(x), arrays.lists_as_arrays(y)
         facts = _held_out(_inspect_arrays(x, y, name=name), validation_split)
-        facts = dataclasses.replace(
-            facts,
-            unsplittable=arrays.unsplittable(x, y),
-            steps_given=steps_per_epoch is not None,
-        )
+        unsplittable, given = arrays.unsplittable(x, y), steps_per_epoch is not None
+        facts = dataclasses.replace(facts, unsplittable=unsplittable, steps_given=given)
         why = arrays.unsynthesisable(x, y) or (
             "it holds Python lists of values (pass NumPy arrays)" if listed else ""
         )
