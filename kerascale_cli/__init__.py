@@ -36,8 +36,8 @@ def _cli():
     return _load("cli")
 
 
-# Keras's backends, by the module each imports (`KERAS_BACKEND`'s values).
-_BACKEND_MODULES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
+# Keras's backends (`KERAS_BACKEND`'s values), each the module it imports.
+_BACKENDS = ("tensorflow", "jax", "torch")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,7 +63,7 @@ def _backend_missing(e: ModuleNotFoundError) -> str | None:
     import json
 
     missing = (e.name or "").split(".")[0]
-    if missing not in _BACKEND_MODULES.values():
+    if missing not in _BACKENDS:
         return None
     home = os.environ.get("KERAS_HOME") or os.path.join(
         os.path.expanduser("~"), ".keras"
@@ -80,8 +80,8 @@ def _backend_missing(e: ModuleNotFoundError) -> str | None:
             pass
     here = [
         name
-        for name, module in _BACKEND_MODULES.items()
-        if name != missing and importlib.util.find_spec(module) is not None
+        for name in _BACKENDS
+        if name != missing and importlib.util.find_spec(name) is not None
     ]
     fix = (
         f"set KERAS_BACKEND={here[0]} (installed here)"

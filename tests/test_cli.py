@@ -215,6 +215,13 @@ def test_clear_cache_forgets_every_kind_it_cached(tmp_path, capsys, monkeypatch)
     assert cli.main(["clear-cache"]) == 0
     assert "removed 4 cached measurement(s)" in capsys.readouterr().out
     assert all(cache.cache_read(kind, "k") is None for kind in kinds)
+    # Nothing but its own kinds: the directory may be one the user shares.
+    other = tmp_path / "someone_else" / "settings.json"
+    other.parent.mkdir()
+    other.write_text("{}")
+    assert cli.main(["clear-cache"]) == 0 and other.exists()
+    with pytest.raises(ValueError, match="no kind"):
+        cache.cache_write("unlisted", "k", {})
 
 
 def test_doctor_starts_without_tensorflow_s_cpu_banner():

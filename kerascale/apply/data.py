@@ -71,12 +71,12 @@ def prepare(
     plan: Plan,
     *,
     optimize: bool,
-    whole_epochs: bool = True,
+    read_in_part: bool = False,
 ):
     """Batches a dataset to the plan's per-step batch and optimises it.
 
     The per-step batch is `plan.step_batch_size` (micro-batch x replicas): the
-    strategy splits it across replicas. `whole_epochs=False`: it is read for
+    strategy splits it across replicas. `read_in_part`: it is read for
     some steps of its first epoch only (the host share's reading,
     `diagnose`'s rates), so it is not cached: TensorFlow throws away a
     cache() read in part, with a warning the user would read as theirs, and
@@ -91,7 +91,7 @@ def prepare(
     elif facts.batch_size != batch:
         ds = rebatch(ds, batch)
     if optimize:
-        cache = facts.cacheable and whole_epochs
+        cache = facts.cacheable and not read_in_part
         ds, _ = _finish(ds, cache=cache, deterministic=None)
         if plan.replicas > 1:
             options = tf.data.Options()

@@ -287,7 +287,7 @@ def prepare(
     plan = cluster.start_alike(train_model, dist, decided.plan, decided.data, x)
     session.accumulate(train_model, plan, final=not copy)
     x, y, kwargs, quiet = _prepare_data(
-        x, y, decided, plan, fit_kwargs, as_dataset, whole_epochs=not read_in_part
+        x, y, decided, plan, fit_kwargs, as_dataset, read_in_part=read_in_part
     )
     if backend_lib.traits(plan.backend).engine == "tf.distribute":
         # Keras skips a racy number of a generator's first batches under a
@@ -306,7 +306,7 @@ def _prepare_data(
     fit_kwargs: dict[str, Any] | None,
     as_dataset: bool,
     *,
-    whole_epochs: bool,
+    read_in_part: bool,
 ) -> tuple[Any, Any, dict[str, Any], bool]:
     kwargs = dict(fit_kwargs or {})
     kind, quiet = decided.data.kind, False
@@ -315,7 +315,7 @@ def _prepare_data(
         kwargs.setdefault("shuffle", False)
         prepared = data_lib.prepare(
             x, decided.data, plan, optimize=decided.optimize_data,
-            whole_epochs=whole_epochs,
+            read_in_part=read_in_part,
         )  # fmt: skip
         quiet = "steps_per_epoch" not in kwargs and data_lib.lost_cardinality(
             x, prepared

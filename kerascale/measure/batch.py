@@ -114,7 +114,8 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
     if cached is not None and share.covered_by(
         cached.host_share, cached.batch_size, slack
     ):
-        return cached
+        # With this process's share: the decision's later searches count it.
+        return dataclasses.replace(cached, host_share=tuple(share.to_list()))
     if verbose != 0:
         print(
             f"kerascale: searching the batch size ({mode}, up to {cap} per replica, "

@@ -61,9 +61,17 @@ def cache_read(kind: str, key: str) -> dict[str, Any] | None:
         return None
 
 
+# Every kind of measurement kerascale caches, each a folder of the cache
+# directory: `clear` removes these and nothing else (the directory may be one
+# the user shares, $KERASCALE_CACHE_DIR). A kind not listed is refused.
+KINDS = ("batch_search", "trials", "first_trace", "jax-sharding-1")
+
+
 def cache_write(kind: str, key: str, payload: dict[str, Any]) -> None:
     """Stores `payload` as `kind/key`, atomically; a cache that cannot be
     written is logged, never fatal (a read-only home must not stop training)."""
+    if kind not in KINDS:
+        raise ValueError(f"kerascale's cache has no kind {kind!r}; add it to KINDS")
     folder = cache_dir() / kind
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -97,13 +105,13 @@ def model_fingerprint(model: Any) -> str:
 
 
 def clear() -> int:
-    """Removes every measurement kerascale cached, of every kind (batch
-    searches, trials, the reference step bf16 is weighed by, JAX's sharding
-    decisions: each kind is a folder of `cache_write`'s); returns how many.
-    The next `fit` measures again."""
+    """Removes every measurement kerascale cached, of every kind (`KINDS`:
+    batch searches, trials, the reference step bf16 is weighed by, JAX's
+    sharding decisions), and nothing else; returns how many. The next `fit`
+    measures again."""
     removed = 0
-    root = cache_dir()
-    for folder in root.iterdir() if root.is_dir() else ():
+    for kind in KINDS:
+        folder = cache_dir() / kind
         for entry in folder.glob("*.json") if folder.is_dir() else ():
             entry.unlink(missing_ok=True)
             removed += 1

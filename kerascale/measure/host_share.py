@@ -307,7 +307,7 @@ def _reader(
             )
             optimize = plan.data_changes.optimized
             return data_lib.prepare(
-                peekable(x), data, planned, optimize=optimize, whole_epochs=False
+                peekable(x), data, planned, optimize=optimize, read_in_part=True
             )
 
         def read_dataset(ds: Any, _: int) -> Any:

@@ -61,7 +61,10 @@ class BatchSearchResult:
         host_share: On a CPU, what the process where `fit` trains held
             beside the step when it was searched
             (`measure.host_share.HostShare.to_list`): a cached answer holds
-            only for a process that holds no more.
+            only for a process that holds no more. An answer a search took
+            from the cache carries the share it measured in this process
+            (no more than the cached one's, within its slack), which the
+            decision's later searches count (`SearchRequest.host_share`).
     """
 
     batch_size: int

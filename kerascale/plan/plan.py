@@ -167,9 +167,10 @@ class Plan:
             ),
         ]
         updates = self.reasons.get("updates_per_epoch")
-        if updates:  # its figures lead its words (read back from JSON too)
-            value, _, why = updates.partition(": ")
-            rows.append(("updates", value, why))
+        if updates:  # its figures from its details (words alone from JSON)
+            d = getattr(updates, "details", {})
+            value = f"{d['before']} -> {d['after']} updates an epoch" if d else ""
+            rows.append(("updates", value, updates))
         if self.sharding:
             batch, model = self.sharding["mesh"]
             rows.append(

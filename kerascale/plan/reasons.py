@@ -241,7 +241,7 @@ WORDS: dict[str, str | Callable[..., str]] = {
     "batch.dataset": "the batch size of your batched dataset",
     "batch.searched": "searched ({how}): {answer}",
     "batch.updates": lambda before, after, keras, scaled: (
-        f"{before} -> {after} updates an epoch: batch_size={keras} keeps Keras's; "
+        f"batch_size={keras} keeps Keras's; "
         + (
             "the learning rate is scaled to it, as you asked (lr_scaling)"
             if scaled
