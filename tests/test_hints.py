@@ -11,6 +11,7 @@ import ast
 import inspect
 import pathlib
 import re
+from unittest import mock
 
 import keras
 
@@ -70,3 +71,87 @@ def test_every_argument_a_hint_says_to_pass_is_one_a_door_takes():
     assert {"batch_size", "max_batch_size", "isolate"} <= set(named)  # read
     unknown = {n: str(p) for n, p in named.items() if n not in doors | KERAS_FIT}
     assert set(unknown) <= THEIRS, unknown
+
+
+# `name=value` with a literal value a user can copy: quoted words, numbers,
+# True/False/None.
+PAIR = re.compile(
+    r"(?<![\w.])([a-z][a-z_]*)=('[^'{}]*'|\"[^\"{}]*\"|-?[0-9.]+\b|True|False|None)"
+)
+
+
+def _pairs():
+    """Every literal `name=value` that a hint tells the user to pass, and
+    every one the plan's reasons show, with the module that says it."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        for text in texts(path):
+            # The reasons show whole settings; elsewhere, what follows "pass".
+            if path.name == "reasons.py":
+                chunks = [text]
+            else:
+                chunks = [after[:80] for after in PASS.split(text)[1:]]
+            for chunk in chunks:
+                for name, value in PAIR.findall(chunk):
+                    found.setdefault((name, ast.literal_eval(value)), path.name)
+    return found
+
+
+def _accepted_by_a_door(name, value):
+    """Whether a door that takes `name` accepts `value`, by the door's own
+    validation (what runs first in `fit`, `plan` and `find_batch_size`)."""
+    from kerascale import find_batch
+    from kerascale.errors import ConfigurationError
+    from kerascale.fit import _Request
+    from kerascale.plan import strategy as strategy_rules
+    from kerascale.plan.strategy import jax as jax_rules
+    from kerascale.plan.strategy import tensorflow as tf_rules
+
+    fit_defaults = {
+        k: p.default
+        for k, p in inspect.signature(kerascale.fit).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    find_defaults = {
+        k: p.default
+        for k, p in inspect.signature(kerascale.find_batch_size).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    doors = []
+    if name in fit_defaults:
+        doors.append(lambda: _Request.validate(**{**fit_defaults, name: value}))
+    if name in find_defaults:
+        doors.append(lambda: find_batch._validated({**find_defaults, name: value}))
+    errors = []
+    # A strategy's names are its backend's: each backend's rules in turn.
+    for rules in (jax_rules, tf_rules):
+        for door in doors:
+            with mock.patch.object(
+                strategy_rules, "validate_request", rules.validate_request
+            ):
+                try:
+                    door()
+                    return True, ""
+                except ConfigurationError as e:
+                    errors.append(str(e))
+    return False, " | ".join(errors) or "no door takes it"
+
+
+def test_every_value_a_hint_shows_is_accepted_by_the_door_that_takes_it():
+    pairs = _pairs()
+    ours = {
+        (n, v): p for (n, v), p in pairs.items() if n not in KERAS_FIT - {"batch_size"}
+    }
+    read = {
+        ("recompute", True), ("recompute", False), ("strategy", "default"),
+        ("mode", "throughput"), ("precision", "float32"), ("lr_scaling", "linear"),
+    }  # fmt: skip
+    assert read <= set(ours), sorted(read - set(ours))
+    refused = {}
+    for (name, value), where in ours.items():
+        if name in THEIRS:
+            continue
+        ok, why = _accepted_by_a_door(name, value)
+        if not ok:
+            refused[f"{name}={value!r} ({where})"] = why
+    assert not refused, refused
