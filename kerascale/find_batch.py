@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from kerascale import _validation, errors
 from kerascale.errors import BatchSizeSearchError, ConfigurationError, UnsupportedError
+from kerascale.measure import answered
 from kerascale.measure.decide import decide
 from kerascale.measure.request import DEFAULT_MARGIN, SearchOptions
 from kerascale.measure.result import BatchSearchResult
@@ -98,7 +99,10 @@ def find_batch_size(
     options, search = _validated(locals())
     _supported_backend()
     decided = decide(model, x, y, options, search=search, force_search=True)
-    return _with_precision(decided, search.mode)
+    result = _with_precision(decided, search.mode)
+    # fit's check of this answer in this process reads it (`answered`).
+    answered.remember(model, x, y, decided.plan, search, result)
+    return result
 
 
 # An answer that leaves this few updates an epoch is said: the largest

@@ -3,7 +3,8 @@ runs it: a small CNN on 4,000 28x28x1 images held as arrays, searched under a
 real `memory_limit`, then trained with what it found in the same process.
 
 `python guide_sample.py LIMIT [search]`: prints one JSON line with the
-answer, the bound with recomputation, the warnings said, and the peak
+answer, the bound with recomputation, the warnings said, `plan`'s check of
+the answer (its accumulation steps and `explain()`), and the peak
 resident memory (VmHWM, reset before `fit`) of the `fit` that follows, in
 this process (`search`: the search only, no `fit`; "peak" is then null).
 On either backend (KERAS_BACKEND); issue 55, point 1.
@@ -40,6 +41,11 @@ def main(limit: str, fit: bool = True) -> None:
         result = kerascale.find_batch_size(
             model, x, y, memory_limit=limit, cache=False, verbose=0
         )
+        # The guide's next line, as a dry run: fit's check of the answer.
+        checked = kerascale.plan(
+            model, x, y, batch_size=result.batch_size,
+            precision=result.precision, memory_limit=limit, verbose=0,
+        )  # fmt: skip
         memory.reset_resident_peak()
         if fit:
             kerascale.fit(
@@ -60,6 +66,8 @@ def main(limit: str, fit: bool = True) -> None:
                     for w in said
                     if issubclass(w.category, kerascale.KerascaleWarning)
                 ],
+                "plan_steps": checked.accumulation_steps,
+                "plan_explained": checked.explain(),
                 "probes": [[p.batch, p.outcome, p.peak_bytes] for p in result.probes],
                 "peak": memory.resident_peak_bytes() if fit else None,
             }

@@ -156,3 +156,7 @@ def test_the_guide_sample_returns_its_bound_under_a_real_limit():
     assert found["batch"] <= 0.97 * found["fits"]
     assert found["recompute_batch"] is not None and found["recompute_batch"] > 1
     assert found["reasons"]["recompute"].startswith("with recomputation")
+    # fit's check of the answer, the guide's next line, keeps it whole (it
+    # split it in 2 on JAX in about half the runs, its real steps' figures
+    # varying by more than the margin): it reads the answer.
+    assert found["plan_steps"] == 1, found["plan_explained"]

@@ -9,8 +9,8 @@ import dataclasses
 from typing import Any
 
 from kerascale.errors import BatchSizeSearchError
+from kerascale.measure import answered, engines
 from kerascale.measure import budget as budget_lib
-from kerascale.measure import engines
 from kerascale.measure.request import SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult
 from kerascale.plan.options import Options, user_instance
@@ -93,6 +93,9 @@ def batch_for_plan(
         # Does the requested batch fit in one forward pass? One probe if it
         # does; otherwise the largest micro-batch, for the accumulation split.
         # Probes carry accumulators (k=2): the split will need them.
+        recalled = answered.recall(model, x, y, plan, search)
+        if recalled is not None:
+            return recalled, False, ""
         checked = check_options(search, plan.micro_batch_size * plan.replicas)
         request = SearchRequest(
             model,

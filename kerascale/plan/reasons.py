@@ -379,6 +379,11 @@ WORDS: dict[str, str | Callable[..., str]] = {
         )
     ),
     "search.xla": "XLA's memory analysis, {compiles} compiles",
+    "search.answered_here": (
+        "{batch} per replica fits: find_batch_size answered {answer} in this "
+        "process, for this model and data, precision and limit, and the "
+        "process has not grown since (not measured again; it found: {searched})"
+    ),
     "search.compiled": lambda fits, fails, cap, margin, counted, confirmed: (
         f"the largest per-replica batch whose compiled train step fits: {fits} fits"
         + (f"; {fails} does not" if fails is not None else f"; capped at {cap}")
