@@ -321,7 +321,10 @@ def test_metrics_from_an_earlier_compile_and_a_monitor_callback_work():
 
 
 def test_a_layer_with_keras_trainer_mixed_in_trains_through_kerascale():
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    # Keras's own test's class (TensorFlowTrainer; Trainer from Keras 3.16).
+    from kerascale._keras_compat import tf_trainer_class
+
+    TensorFlowTrainer = tf_trainer_class()
 
     class ExampleModel(TensorFlowTrainer, keras.layers.Dense):
         def __init__(self, units):

@@ -79,8 +79,10 @@ def test_the_same_batches_in_the_same_order_as_plain_fit(kind):
     # SGD on shuffled batches: the weights are the order's fingerprint.
     for a, b in zip(weights(plain), weights(loaded), strict=True):
         np.testing.assert_array_equal(a, b)
-    other = train(data or (endless(x, y),), seed=4, **kwargs)
     if kind != "generator":  # another order trains other weights
+        # (unshuffled: from Keras 3.16 the global seed orders nothing,
+        # keras-team/keras#23046)
+        other = train(data, **{**kwargs, "shuffle": False})
         assert any(
             not np.array_equal(a, b)
             for a, b in zip(weights(plain), weights(other), strict=True)
@@ -125,9 +127,10 @@ def test_an_error_in_the_data_reaches_the_user_as_in_plain_fit_and_nothing_stays
         model.fit(Batches(x, y, fail_at=4), epochs=1, verbose=0, callbacks=[Prefetch()])
     time.sleep(0.5)  # the fit-watch thread releases within 0.2 s
     assert no_reader_threads()
-    assert model.train_function is before or "iterator_step" in repr(
-        model.train_function
-    )
+    # Keras's own train function, whatever this Keras names it
+    # (iterator_step up to 3.15, a lambda of _make_function from 3.16).
+    function = model.train_function
+    assert function is before or function.__module__.startswith("keras.src.")
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)  # trains on as plain
 
 

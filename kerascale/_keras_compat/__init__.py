@@ -139,11 +139,29 @@ PATCHED = {
 _applied = False
 
 
+def tf_trainer_class() -> type:
+    """Keras's TensorFlow trainer class: `TensorFlowTrainer` up to Keras 3.15,
+    `Trainer` in the same module from Keras 3.16 (keras-nightly
+    3.16.0.dev2026102704); `tests/test_compat.py` fails when neither is
+    there."""
+    from keras.src.backend.tensorflow import trainer
+
+    found = getattr(trainer, "TensorFlowTrainer", None) or getattr(
+        trainer, "Trainer", None
+    )
+    if not isinstance(found, type):
+        raise ImportError(
+            "Keras's TensorFlow trainer class is neither TensorFlowTrainer nor "
+            "Trainer in keras.src.backend.tensorflow.trainer"
+        )
+    return found
+
+
 def upstream_changed() -> list[str]:
     """The patched functions whose upstream source is not one we know."""
     from keras.src.backend.tensorflow import trainer
 
-    trainer_class = trainer.TensorFlowTrainer
+    trainer_class = tf_trainer_class()
     current = {
         "TensorFlowTrainer._maybe_symbolic_build": trainer_class._maybe_symbolic_build,
         "reduce_per_replica": trainer.reduce_per_replica,
@@ -167,7 +185,8 @@ def apply() -> bool:
         return False
     from keras.src.backend.tensorflow import trainer
 
-    original_build = trainer.TensorFlowTrainer._maybe_symbolic_build
+    trainer_class = tf_trainer_class()
+    original_build = trainer_class._maybe_symbolic_build
     original_reduce = trainer.reduce_per_replica
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
@@ -191,7 +210,7 @@ def apply() -> bool:
             return _mean_across_replicas(values, strategy)
         return original_reduce(values, strategy, reduction)
 
-    trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    trainer_class._maybe_symbolic_build = _maybe_symbolic_build
     trainer.reduce_per_replica = reduce_per_replica
     _applied = True
     return True

@@ -5,12 +5,15 @@ Its design: docs/design/modules.md, `kerascale.callbacks._input_position`.
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import os
 import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kerascale import _tf_compat as tfc
+from kerascale._keras_compat import epoch_order
 from kerascale._tf import tf
 from kerascale.callbacks._backup_meta import (
     nondeterminism,
@@ -56,6 +59,11 @@ class _EpochPosition:
         # Python's and NumPy's random state when the iterator started.
         self._start_random: dict[str, Any] | None = None
         self.source: InputSource | None = None  # where kerascale.fit gave one
+        # Keras's data adapter, whose epoch counter seeds the shuffle from
+        # Keras 3.16 (`_keras_compat.epoch_order`); None where not found.
+        self.adapter: Any = None
+        self._start_counter: int | None = None  # when the iterator started
+        self.order_differs = False  # a resume's check found another order
 
     def _warn_order(self, reason: str) -> None:
         if not self._order_warned:
@@ -94,6 +102,7 @@ class _EpochPosition:
         self.exhausted = False
         self._new_this_epoch = True
         self._start_random = random_state()
+        self._start_counter = epoch_order.counter(self.adapter)
         if self.source is not None:
             self.source.new_iterator()
         return first
@@ -114,12 +123,18 @@ class _EpochPosition:
         """Re-read what this iterator gave, from its start's random state; or
         (`used_up`) nothing: the next iterator starts from now's."""
         if used_up:
-            return {"mode": "replay", "consumed": 0, "random": random_state()}
-        return {
-            "mode": "replay",
-            "consumed": self.consumed,
-            "random": self._start_random,
-        }
+            record = {"mode": "replay", "consumed": 0, "random": random_state()}
+            counter = epoch_order.counter(self.adapter)
+        else:
+            record = {
+                "mode": "replay",
+                "consumed": self.consumed,
+                "random": self._start_random,
+            }
+            counter = self._start_counter
+        if counter is not None:
+            record["adapter_epoch"] = counter
+        return record
 
     def restore(
         self, iterator: Any, record: dict[str, Any], prefix: str, epochs_left: bool
@@ -142,10 +157,55 @@ class _EpochPosition:
         if record.get("random") is not None:
             restore_random_state(record["random"])
             self._start_random = record["random"]
+        self._restore_counter(record)
         consumed = int(record["consumed"])  # read again and drop what was used
+        last = None
         for _ in range(consumed):
-            next(iterator)
+            last = next(iterator)
         self.consumed = consumed
+        self._check_order(record, last)
+
+    def _restore_counter(self, record: dict[str, Any]) -> None:
+        """Puts back Keras's epoch counter (Keras 3.16's shuffle seed) before
+        the iterator reads it; says so where the checkpoint's Keras and this
+        one order an epoch differently."""
+        saved = record.get("adapter_epoch")
+        here = epoch_order.counter(self.adapter)
+        if saved is not None and here is not None:
+            epoch_order.set_counter(self.adapter, saved)
+            self._start_counter = int(saved)
+        elif saved is not None and self.adapter is not None:
+            self._warn_order(
+                "the checkpoint was written by a Keras that seeds the shuffle "
+                "from its epoch counter, and this Keras does not"
+            )
+
+    def _check_order(self, record: dict[str, Any], last: Any) -> None:
+        """Compares the last batch read again with the last batch the
+        interrupted run trained before the save (`batch_digest`): where they
+        differ, the resumed run trains on another order, and says so."""
+        saved = record.get("last_batch")
+        if saved is None or last is None:
+            return
+        if batch_digest(last) == saved:
+            return
+        import keras
+
+        written = record.get("keras")
+        cause = (
+            f"the checkpoint was written with Keras {written} and this is "
+            f"Keras {keras.__version__}, which orders an epoch differently"
+            if written and written != keras.__version__
+            else "the input changed between the runs, or its order depends on "
+            "something the checkpoint does not hold"
+        )
+        self.order_differs = True
+        warn(
+            "The data order after this resume differs from the interrupted "
+            f"run's ({cause}): the last batch read again is not the one it "
+            "trained before its save. Training goes on; the weights will not "
+            "match an uninterrupted run."
+        )
 
     def _restore_iterator(
         self, iterator: Any, record: dict[str, Any], prefix: str
@@ -331,14 +391,90 @@ class HostInputPosition(_EpochPosition):
     iterator Keras keeps across epochs is.
     """
 
+    _peek: _Peek | None = None
+
     def new_iterator(self, iterator: Any) -> bool:
+        self._peek = _Peek(iterator)
         return self._started(iterator)
+
+    @property
+    def live(self) -> Any:
+        """Keras's iterator, through `_Peek`: the last batch a step read is
+        what a save records the order by."""
+        return self._peek if self._peek is not None else self.keras_iterator
+
+    def _record(self, used_up: bool) -> dict[str, Any]:
+        record = super()._record(used_up)
+        last = self._peek.digest(self.consumed) if self._peek is not None else None
+        if not used_up and self.consumed and last is not None:
+            import keras
+
+            record["last_batch"] = last
+            record["keras"] = keras.__version__
+        return record
 
     def trackable(self, record: dict[str, Any]) -> Any:
         return None  # nothing but meta.json: the record says it all
 
     def close(self) -> None:
         """Nothing held between epochs."""
+
+
+class _Peek:
+    """Keras's iterator as the step reads it, with the digest of each of the
+    last batches read (`batch_digest`), by their number: a reader ahead of
+    the step (`Prefetch`) reads more than the step has trained."""
+
+    KEPT = 16
+
+    def __init__(self, iterator: Any):
+        self.iterator = iterator
+        self.reads = 0
+        self._digests: collections.deque[tuple[int, str]] = collections.deque(
+            maxlen=self.KEPT
+        )
+
+    def __iter__(self) -> _Peek:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self.iterator)
+        self.reads += 1
+        self._digests.append((self.reads, batch_digest(batch)))
+        return batch
+
+    def digest(self, number: int) -> str | None:
+        """The digest of the `number`-th batch read, while kept."""
+        return next((d for n, d in self._digests if n == number), None)
+
+
+def batch_digest(batch: Any) -> str:
+    """A digest of a batch's first and last sample, with every array's dtype
+    and shape: what tells one data order from another, at the cost of two
+    samples (not the batch) per step."""
+    import keras
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for leaf in keras.tree.flatten(batch):
+        shape = getattr(leaf, "shape", None)
+        if leaf is None or not shape:
+            digest.update(repr(leaf).encode()[:64])
+            continue
+        digest.update(f"{getattr(leaf, 'dtype', '')}{tuple(shape)}".encode())
+        local = _local_part(leaf)
+        for sample in (local[0], local[-1]):
+            digest.update(np.ascontiguousarray(np.asarray(sample)).tobytes())
+    return digest.hexdigest()[:32]
+
+
+def _local_part(leaf: Any) -> Any:
+    """This process's part of a batch: a global JAX array that spans several
+    processes is sliced only in its first local shard (slicing the whole is
+    a computation every process must join, which the others are not in)."""
+    if getattr(leaf, "is_fully_addressable", True):
+        return leaf
+    return leaf.addressable_shards[0].data
 
 
 class Wrapped:

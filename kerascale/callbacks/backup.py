@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kerascale import _keras_compat as keras_compat
 from kerascale import _validation as v
+from kerascale._keras_compat import epoch_order
 from kerascale.callbacks import _backup_meta as meta_lib
 from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import _lease as lease_lib
@@ -139,6 +140,11 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
 
     def _begin(self) -> None:
         self._s.read_run(self.model, self.params)
+        # Keras's data adapter (its epoch counter orders the shuffle from
+        # Keras 3.16): found in the Keras fit that calls this hook.
+        self._position.adapter = epoch_order.adapter_of(
+            epoch_order.fit_epoch_iterator()
+        )
         # Across workers, time-based saves and preemption are agreed on.
         self._coord.start(
             self.model,

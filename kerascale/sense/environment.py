@@ -12,16 +12,23 @@ from kerascale._units import format_bytes
 from kerascale.sense import memory
 
 PACKAGES = ("keras", "tensorflow", "jax", "jaxlib", "numpy", "keras-tuner", "grain")
+# Where a package's builds before a release are another distribution of the
+# same import: Keras's nightly is `keras-nightly`, installed as `keras`.
+NIGHTLIES = {"keras": "keras-nightly", "tensorflow": "tf-nightly"}
 
 
 def versions() -> dict[str, str | None]:
     """Python's version and each of PACKAGES' (None: not installed)."""
     found: dict[str, str | None] = {"python": platform.python_version()}
     for name in PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
+        found[name] = None
+        for distribution in (name, NIGHTLIES.get(name)):
+            try:
+                found[name] = metadata.version(distribution) if distribution else None
+            except metadata.PackageNotFoundError:
+                continue
+            if found[name]:
+                break
     return found
 
 
