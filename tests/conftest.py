@@ -137,3 +137,23 @@ def pytest_collection_modifyitems(config, items):
             SERIAL[name] is None or item.originalname in SERIAL[name]
         ):
             item.add_marker(pytest.mark.serial)
+
+
+def keras_hub_or_skip():
+    """keras-hub, or the test skipped with why: a keras-hub release that
+    cannot import on this Keras (keras-hub 0.32.0 on Keras 3.16 imports
+    `keras.src.backend.get_keras_mask`, which 3.16 moved) is keras-hub's
+    break, not kerascale's."""
+    from importlib import metadata
+
+    try:
+        import keras_hub
+    except ModuleNotFoundError:
+        pytest.skip("keras-hub is not installed", allow_module_level=True)
+    except ImportError as e:
+        pytest.skip(
+            f"keras-hub {metadata.version('keras-hub')} cannot import on Keras "
+            f"{keras.__version__}: {e}",
+            allow_module_level=True,
+        )
+    return keras_hub

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import keras_hub_or_skip
 
 pytest.importorskip("jax")
 
@@ -64,6 +65,7 @@ def test_a_cache_kerascale_adds_sees_no_stray_read_on_two_devices():
 
 
 def test_a_keras_hub_backbone_is_sharded_with_its_own_layout_map(tmp_path):
+    keras_hub_or_skip()  # the child imports it
     env = {**os.environ, "KERAS_BACKEND": "jax", "KERASCALE_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("jax_hub_sharding_child.py"))],

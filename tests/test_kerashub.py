@@ -10,11 +10,11 @@ import warnings
 
 import keras
 import numpy as np
-import pytest
+from conftest import keras_hub_or_skip
 
 import kerascale
 
-keras_hub = pytest.importorskip("keras_hub")
+keras_hub = keras_hub_or_skip()
 
 TEXTS = ["the movie was great", "a bad film", "great fun", "awful and bad"] * 8
 LABELS = [1, 0, 1, 0] * 8

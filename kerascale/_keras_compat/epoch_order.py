@@ -68,16 +68,8 @@ def keras_fit_holds_the_epoch_iterator() -> bool:
     when upstream renames it."""
     import keras
 
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        from kerascale._keras_compat import tf_trainer_class
-
-        fit = tf_trainer_class().fit
-    elif backend == "jax":
-        from keras.src.backend.jax.trainer import JAXTrainer
-
-        fit = JAXTrainer.fit
-    else:
-        return False
+    # keras.Model's fit is the backend trainer's (JAXTrainer or
+    # TensorFlowTrainer up to 3.15, each backend's Trainer from 3.16).
+    fit = keras.Model.fit
     code = getattr(fit, "__wrapped__", fit).__code__
-    return LOCAL in code.co_varnames
+    return LOCAL in code.co_varnames and "keras" in code.co_filename

@@ -29,15 +29,19 @@ from kerascale.sense.hardware import Hardware
 CHOICES = ("auto", "default", "data_parallel")
 
 
+def distribution_base() -> type:
+    """Keras's `Distribution` base class, which Keras does not export: the
+    common base of the two subclasses it does (DataParallel, ModelParallel).
+    A class, not a method list: Keras 3.16 removed `distribute_dataset` from
+    the base class (keras-team/keras#23046), which a duck-typed check read."""
+    data, model = keras.distribution.DataParallel, keras.distribution.ModelParallel
+    return next(c for c in data.__mro__[1:] if c in model.__mro__ and c is not object)
+
+
 def is_distribution(value: Any) -> bool:
-    """Whether `value` is a `keras.distribution` Distribution (Keras exports
-    its subclasses, not the base class: a subclass of the base is known by
-    the methods Keras calls on one)."""
-    public = (keras.distribution.DataParallel, keras.distribution.ModelParallel)
-    return isinstance(value, public) or all(
-        callable(getattr(value, name, None))
-        for name in ("get_data_layout", "get_variable_layout", "distribute_dataset")
-    )
+    """Whether `value` is a `keras.distribution` Distribution, a user's own
+    subclass of the base included."""
+    return isinstance(value, distribution_base())
 
 
 def global_distribution() -> Any:
