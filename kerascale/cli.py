@@ -47,10 +47,12 @@ def _doctor(args: argparse.Namespace) -> int:
     from kerascale.sense.environment import environment
 
     env = {**environment(), "kerascale": __version__, "cache_dir": str(cache_dir())}
+    keras_checked = _keras_checked()
     if args.json:
         report = {
             "version": __version__,
             "environment": env,
+            "keras": keras_checked,
             "hardware": hw.to_dict(),
             "default_plan": plan.to_dict() if plan else None,
             "error": error,
@@ -64,6 +66,20 @@ def _doctor(args: argparse.Namespace) -> int:
     print(f"cache:    {env['cache_dir']} (kerascale clear-cache empties it)")
     print(f"hardware: {hw.summary()}")
     print(f"backend:  {hw.backend} (Keras's, from KERAS_BACKEND or keras.json)")
+    print(
+        f"keras:    {keras_checked['version']}; the suite last passed on "
+        f"{', '.join(keras_checked['tested'])}"
+        + ("; this one is newer (see below)" if keras_checked["newer"] else "")
+    )
+    for fix in keras_checked["fixes"]:
+        print(
+            f"  fix:    {fix['fix']} ({fix['upstream']}): {fix['status']}, {fix['why']}"
+        )
+    if keras_checked["newer"]:
+        print(
+            "  note:   a Keras newer than any the suite passed on: kerascale "
+            "changes nothing for it, and a resume checks its own data order"
+        )
     if hw.cluster is not None:
         c = hw.cluster
         state = f"error: {c.error}" if c.error else f"{c.num_workers} worker(s)"
@@ -79,6 +95,25 @@ def _doctor(args: argparse.Namespace) -> int:
     print()
     print("For a bug report, paste this output (or `kerascale doctor --json`).")
     return 0
+
+
+def _keras_checked() -> dict:
+    """This Keras, the ones the suite passed on, and each Keras fix's status
+    (`_keras_compat.status`)."""
+    import keras
+
+    from kerascale._keras_compat import status
+
+    try:
+        fixes = status.fixes()
+    except Exception as e:  # doctor reports; it never fails on a new Keras
+        fixes = [{"fix": "all", "upstream": "", "status": "unknown", "why": str(e)}]
+    return {
+        "version": keras.__version__,
+        "tested": list(status.TESTED),
+        "newer": status.newer_than_tested(keras.__version__),
+        "fixes": fixes,
+    }
 
 
 def _cluster(args: argparse.Namespace) -> int:

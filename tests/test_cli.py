@@ -241,3 +241,45 @@ def test_doctor_starts_without_tensorflow_s_cpu_banner():
         assert proc.returncode == 0, proc.stderr[-2000:]
         banner = "optimized to use available CPU instructions" in proc.stderr
         assert banner == shown, (level, proc.stderr[-2000:])
+
+
+def test_doctor_says_which_keras_and_each_fix_s_status(capsys, monkeypatch):
+    """Issue 56: the Keras here, the ones the suite passed on, and whether
+    each Keras fix is active, not needed or unknown (text and JSON)."""
+    import keras
+
+    from kerascale._keras_compat import epoch_order, status
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert cli.main(["doctor", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["keras"]
+    assert report["version"] == keras.__version__
+    assert report["tested"] == list(status.TESTED) and not report["newer"]
+    by_name = {f["fix"]: f for f in report["fixes"]}
+    assert set(by_name) == {
+        "resume in the saved data order", "multi-worker fit",
+        "accumulation under tf.distribute",
+    }  # fmt: skip
+    order = by_name["resume in the saved data order"]
+    # Keras 3.16 seeds its shuffle from the adapter's counter; 3.15 does not.
+    counted = status._adapter_counter() is not None
+    assert order["status"] == ("active" if counted else "not needed"), order
+    assert {f["status"] for f in report["fixes"]} <= {"active", "not needed"}
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert f"keras:    {keras.__version__}; the suite last passed on" in out
+    assert f"resume in the saved data order ({epoch_order.UPSTREAM}): " in out
+    # Upstream changed in a way not seen: said, not hidden.
+    monkeypatch.setattr(
+        epoch_order, "keras_fit_holds_the_epoch_iterator", lambda: False
+    )
+    assert status.fixes()[0]["status"] == "unknown"
+
+
+def test_a_keras_newer_than_any_tested_is_told_apart():
+    from kerascale._keras_compat import status
+
+    assert status.newer_than_tested("3.17.0")
+    assert status.newer_than_tested("3.16.0")  # the release after its dev build
+    assert not status.newer_than_tested("3.16.0.dev2026102704")
+    assert not status.newer_than_tested("3.15.1")

@@ -14,10 +14,44 @@ def fix_distributed_accumulation(opt: Any) -> None:
     path works and is kept."""
     import types
 
-    if _built_under_a_strategy(opt):
+    if _built_under_a_strategy(opt) and upstream_known(warn_if_not=True):
         opt._backend_apply_gradients = types.MethodType(
             _distributed_apply_gradients, opt
         )
+
+
+# Keras's `BaseOptimizer._backend_apply_gradients` as this fix was written
+# against (sha256 of its source, 16 hex digits): its accumulate-or-update
+# `cond` reaches `merge_call` in both (3.16 moved its EMA step into a method
+# of its own). Another digest is code not seen: the fix steps aside, said
+# once (an upstream fix, keras-team/keras#23592, would be one).
+KNOWN = {"48d6e24d58039241": "3.15.1", "4de6fa4f3a26833f": "3.16.0.dev2026102704"}
+_said = False
+
+
+def upstream_known(*, warn_if_not: bool = False) -> bool:
+    """Whether this Keras's `_backend_apply_gradients` is code the fix was
+    written for."""
+    global _said
+    import hashlib
+    import inspect
+
+    from keras.src.optimizers import base_optimizer
+
+    source = inspect.getsource(base_optimizer.BaseOptimizer._backend_apply_gradients)
+    known = hashlib.sha256(source.encode()).hexdigest()[:16] in KNOWN
+    if not known and warn_if_not and not _said:
+        from kerascale.errors import warn
+
+        _said = True
+        warn(
+            "kerascale's fix for gradient accumulation under tf.distribute "
+            "(keras-team/keras#20582) was written for other versions of Keras's "
+            "BaseOptimizer._backend_apply_gradients; not applied (Keras may have "
+            "fixed it). If accumulation under a strategy fails, report it with "
+            "your Keras version."
+        )
+    return known
 
 
 def unfix_distributed_accumulation(opt: Any) -> None:
