@@ -15,6 +15,10 @@ Run it on every change to the door or the model path (about 10 minutes on
     .venv/bin/pip install -e ".[test,upstream]"
     .venv/bin/python benchmarks/upstream_fit.py
     .venv/bin/python benchmarks/upstream_fit.py --options '{"precision": "float32"}'
+
+On a Keras whose wheel ships no tests (keras-nightly), run a release's test
+files on it: `--tests-from .venv/lib/python3.11/site-packages/keras/src`
+with keras-nightly first on PYTHONPATH (README's keras-nightly lane).
 """
 
 from __future__ import annotations
@@ -131,6 +135,21 @@ def _run_file(
         return results
 
 
+def _copied_out(files: list[pathlib.Path]) -> list[pathlib.Path]:
+    """Another wheel's test files, each in a folder of its own with no
+    package above it: pytest then imports it as a top-level module, and its
+    `import keras` finds the Keras under test, not the wheel's beside it."""
+    import shutil
+
+    out = pathlib.Path(tempfile.mkdtemp(prefix="kerascale-upstream-"))
+    copied = []
+    for i, path in enumerate(files):
+        folder = out / str(i)
+        folder.mkdir()
+        copied.append(pathlib.Path(shutil.copy(path, folder / path.name)))
+    return copied
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--options", default="{}", help="kerascale options, JSON")
@@ -149,10 +168,17 @@ def main() -> None:
         "kerascale trains data-parallel where plain fit uses one device",
     )
     parser.add_argument("--only", action="append", help="a file under keras/src")
+    parser.add_argument(
+        "--tests-from",
+        help="keras/src of another Keras wheel whose test files to run (a "
+        "nightly ships none: run a release's on it, issue 56)",
+    )
     args = parser.parse_args()
-    src = _keras_src()
+    src = pathlib.Path(args.tests_from) if args.tests_from else _keras_src()
     names = args.only or [*FILES, *BACKEND_FILES[args.backend]]
     files = [src / f for f in names if (src / f).exists()]
+    if args.tests_from:
+        files = _copied_out(files)
     env = {"KERAS_BACKEND": args.backend}
     if args.backend == "jax":
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"

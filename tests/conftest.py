@@ -157,3 +157,9 @@ def keras_hub_or_skip():
             allow_module_level=True,
         )
     return keras_hub
+
+
+def pytest_sessionstart(session):
+    import keras_lane
+
+    keras_lane.check()

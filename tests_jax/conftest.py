@@ -71,3 +71,9 @@ def toy_data(n=64, inputs=4, classes=2, seed=0):
     x = rng.normal(size=(n, inputs)).astype("float32")
     y = (x.sum(axis=1) > 0).astype("int32") % classes
     return x, y
+
+
+def pytest_sessionstart(session):
+    import keras_lane
+
+    keras_lane.check()

@@ -5,6 +5,7 @@ metadata: nothing is imported for it) and the memory available."""
 from __future__ import annotations
 
 import platform
+import sys
 from importlib import metadata
 from typing import Any
 
@@ -18,18 +19,22 @@ NIGHTLIES = {"keras": "keras-nightly", "tensorflow": "tf-nightly"}
 
 
 def versions() -> dict[str, str | None]:
-    """Python's version and each of PACKAGES' (None: not installed)."""
+    """Python's version and each of PACKAGES' (None: not installed): the
+    distribution first on `sys.path` where its nightly is another (what
+    `import` finds, as a nightly put on PYTHONPATH before a release)."""
     found: dict[str, str | None] = {"python": platform.python_version()}
     for name in PACKAGES:
-        found[name] = None
-        for distribution in (name, NIGHTLIES.get(name)):
-            try:
-                found[name] = metadata.version(distribution) if distribution else None
-            except metadata.PackageNotFoundError:
-                continue
-            if found[name]:
-                break
+        names = [n for n in (name, NIGHTLIES.get(name)) if n]
+        found[name] = _first_on_path(names)
     return found
+
+
+def _first_on_path(names: list[str]) -> str | None:
+    for entry in sys.path:
+        for name in names:
+            for dist in metadata.distributions(name=name, path=[entry]):
+                return dist.version
+    return None
 
 
 def environment() -> dict[str, Any]:
