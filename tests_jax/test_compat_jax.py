@@ -199,3 +199,36 @@ def test_jax_cannot_join_processes_once_its_backends_started():
     with pytest.raises(ClusterConfigError, match="already computed"):
         cluster.connect(environ=env)
     assert not jax.distributed.is_initialized()
+
+
+def test_a_user_s_own_distribution_is_known_by_its_class():
+    """Keras 3.16 removed `distribute_dataset` from the Distribution base
+    class (keras-team/keras#23046), which the check duck-typed on: a user's
+    subclass of the base is a distribution, an object with its methods is
+    not."""
+    from kerascale.plan.strategy import jax as jax_rules
+
+    base = jax_rules.distribution_base()
+    assert base.__name__ == "Distribution"
+    assert issubclass(keras.distribution.ModelParallel, base)
+
+    class Mine(base):
+        def get_data_layout(self, data_shape):
+            return None
+
+        def get_variable_layout(self, variable):
+            return None
+
+        def get_tensor_layout(self, path):
+            return None
+
+    mesh = keras.distribution.DeviceMesh((1,), ["batch"], jax.local_devices()[:1])
+    assert jax_rules.is_distribution(Mine(mesh))
+    jax_rules.validate_request(Mine(mesh))  # accepted at the door
+
+    class Lookalike:
+        def get_data_layout(self, data_shape): ...
+        def get_variable_layout(self, variable): ...
+        def distribute_dataset(self, dataset): ...
+
+    assert not jax_rules.is_distribution(Lookalike())
