@@ -47,7 +47,9 @@ def _doctor(args: argparse.Namespace) -> int:
     from kerascale.sense.environment import environment
 
     env = {**environment(), "kerascale": __version__, "cache_dir": str(cache_dir())}
-    keras_checked = _keras_checked()
+    from kerascale._keras_compat import status
+
+    keras_checked = status.report()
     if args.json:
         report = {
             "version": __version__,
@@ -95,25 +97,6 @@ def _doctor(args: argparse.Namespace) -> int:
     print()
     print("For a bug report, paste this output (or `kerascale doctor --json`).")
     return 0
-
-
-def _keras_checked() -> dict:
-    """This Keras, the ones the suite passed on, and each Keras fix's status
-    (`_keras_compat.status`)."""
-    import keras
-
-    from kerascale._keras_compat import status
-
-    try:
-        fixes = status.fixes()
-    except Exception as e:  # doctor reports; it never fails on a new Keras
-        fixes = [{"fix": "all", "upstream": "", "status": "unknown", "why": str(e)}]
-    return {
-        "version": keras.__version__,
-        "tested": list(status.TESTED),
-        "newer": status.newer_than_tested(keras.__version__),
-        "fixes": fixes,
-    }
 
 
 def _cluster(args: argparse.Namespace) -> int:

@@ -124,6 +124,7 @@ from typing import Any
 
 import keras
 
+from kerascale._keras_compat.trainers import tf_trainer_class
 from kerascale.errors import warn
 
 logger = logging.getLogger("kerascale")
@@ -137,24 +138,6 @@ PATCHED = {
 }
 
 _applied = False
-
-
-def tf_trainer_class() -> type:
-    """Keras's TensorFlow trainer class: `TensorFlowTrainer` up to Keras 3.15,
-    `Trainer` in the same module from Keras 3.16 (keras-nightly
-    3.16.0.dev2026102704); `tests/test_compat.py` fails when neither is
-    there."""
-    from keras.src.backend.tensorflow import trainer
-
-    found = getattr(trainer, "TensorFlowTrainer", None) or getattr(
-        trainer, "Trainer", None
-    )
-    if not isinstance(found, type):
-        raise ImportError(
-            "Keras's TensorFlow trainer class is neither TensorFlowTrainer nor "
-            "Trainer in keras.src.backend.tensorflow.trainer"
-        )
-    return found
 
 
 def upstream_changed() -> list[str]:

@@ -16,6 +16,23 @@ from typing import Any
 TESTED = ("3.15.1", "3.16.0.dev2026102704")
 
 
+def report() -> dict[str, Any]:
+    """This Keras, the ones the suite passed on, and each fix's status, as
+    `kerascale doctor` shows them (never raising on a new Keras)."""
+    import keras
+
+    try:
+        found = fixes()
+    except Exception as e:  # doctor reports; it never fails on a new Keras
+        found = [_row("all", "", "unknown", f"{type(e).__name__}: {e}")]
+    return {
+        "version": keras.__version__,
+        "tested": list(TESTED),
+        "newer": newer_than_tested(keras.__version__),
+        "fixes": found,
+    }
+
+
 def fixes() -> list[dict[str, str]]:
     """Each fix: its name, the upstream issue, its status and why."""
     import keras

@@ -5,8 +5,6 @@ Its design: docs/design/modules.md, `kerascale.callbacks._input_position`.
 
 from __future__ import annotations
 
-import collections
-import hashlib
 import os
 import tempfile
 from collections.abc import Callable
@@ -15,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from kerascale import _tf_compat as tfc
 from kerascale._keras_compat import epoch_order
 from kerascale._tf import tf
+from kerascale.callbacks import _input_order as order
 from kerascale.callbacks._backup_meta import (
     nondeterminism,
     random_state,
@@ -157,55 +156,16 @@ class _EpochPosition:
         if record.get("random") is not None:
             restore_random_state(record["random"])
             self._start_random = record["random"]
-        self._restore_counter(record)
+        restored = order.restore_counter(self.adapter, record, self._warn_order)
+        if restored is not None:
+            self._start_counter = restored
         consumed = int(record["consumed"])  # read again and drop what was used
         last = None
         for _ in range(consumed):
             last = next(iterator)
         self.consumed = consumed
-        self._check_order(record, last)
-
-    def _restore_counter(self, record: dict[str, Any]) -> None:
-        """Puts back Keras's epoch counter (Keras 3.16's shuffle seed) before
-        the iterator reads it; says so where the checkpoint's Keras and this
-        one order an epoch differently."""
-        saved = record.get("adapter_epoch")
-        here = epoch_order.counter(self.adapter)
-        if saved is not None and here is not None:
-            epoch_order.set_counter(self.adapter, saved)
-            self._start_counter = int(saved)
-        elif saved is not None and self.adapter is not None:
-            self._warn_order(
-                "the checkpoint was written by a Keras that seeds the shuffle "
-                "from its epoch counter, and this Keras does not"
-            )
-
-    def _check_order(self, record: dict[str, Any], last: Any) -> None:
-        """Compares the last batch read again with the last batch the
-        interrupted run trained before the save (`batch_digest`): where they
-        differ, the resumed run trains on another order, and says so."""
-        saved = record.get("last_batch")
-        if saved is None or last is None:
-            return
-        if batch_digest(last) == saved:
-            return
-        import keras
-
-        written = record.get("keras")
-        cause = (
-            f"the checkpoint was written with Keras {written} and this is "
-            f"Keras {keras.__version__}, which orders an epoch differently"
-            if written and written != keras.__version__
-            else "the input changed between the runs, or its order depends on "
-            "something the checkpoint does not hold"
-        )
-        self.order_differs = True
-        warn(
-            "The data order after this resume differs from the interrupted "
-            f"run's ({cause}): the last batch read again is not the one it "
-            "trained before its save. Training goes on; the weights will not "
-            "match an uninterrupted run."
-        )
+        if order.differs(record, last):
+            self.order_differs = True
 
     def _restore_iterator(
         self, iterator: Any, record: dict[str, Any], prefix: str
@@ -391,10 +351,10 @@ class HostInputPosition(_EpochPosition):
     iterator Keras keeps across epochs is.
     """
 
-    _peek: _Peek | None = None
+    _peek: order.Peek | None = None
 
     def new_iterator(self, iterator: Any) -> bool:
-        self._peek = _Peek(iterator)
+        self._peek = order.Peek(iterator)
         return self._started(iterator)
 
     @property
@@ -418,63 +378,6 @@ class HostInputPosition(_EpochPosition):
 
     def close(self) -> None:
         """Nothing held between epochs."""
-
-
-class _Peek:
-    """Keras's iterator as the step reads it, with the digest of each of the
-    last batches read (`batch_digest`), by their number: a reader ahead of
-    the step (`Prefetch`) reads more than the step has trained."""
-
-    KEPT = 16
-
-    def __init__(self, iterator: Any):
-        self.iterator = iterator
-        self.reads = 0
-        self._digests: collections.deque[tuple[int, str]] = collections.deque(
-            maxlen=self.KEPT
-        )
-
-    def __iter__(self) -> _Peek:
-        return self
-
-    def __next__(self) -> Any:
-        batch = next(self.iterator)
-        self.reads += 1
-        self._digests.append((self.reads, batch_digest(batch)))
-        return batch
-
-    def digest(self, number: int) -> str | None:
-        """The digest of the `number`-th batch read, while kept."""
-        return next((d for n, d in self._digests if n == number), None)
-
-
-def batch_digest(batch: Any) -> str:
-    """A digest of a batch's first and last sample, with every array's dtype
-    and shape: what tells one data order from another, at the cost of two
-    samples (not the batch) per step."""
-    import keras
-    import numpy as np
-
-    digest = hashlib.sha256()
-    for leaf in keras.tree.flatten(batch):
-        shape = getattr(leaf, "shape", None)
-        if leaf is None or not shape:
-            digest.update(repr(leaf).encode()[:64])
-            continue
-        digest.update(f"{getattr(leaf, 'dtype', '')}{tuple(shape)}".encode())
-        local = _local_part(leaf)
-        for sample in (local[0], local[-1]):
-            digest.update(np.ascontiguousarray(np.asarray(sample)).tobytes())
-    return digest.hexdigest()[:32]
-
-
-def _local_part(leaf: Any) -> Any:
-    """This process's part of a batch: a global JAX array that spans several
-    processes is sliced only in its first local shard (slicing the whole is
-    a computation every process must join, which the others are not in)."""
-    if getattr(leaf, "is_fully_addressable", True):
-        return leaf
-    return leaf.addressable_shards[0].data
 
 
 class Wrapped:

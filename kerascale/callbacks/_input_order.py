@@ -1,0 +1,121 @@
+"""A resume's data order: put back where Keras keeps it, and checked rather
+than trusted (issue 56).
+
+From Keras 3.16 the shuffle is seeded from the data adapter's epoch counter
+(`_keras_compat.epoch_order`), which `restore_counter` puts back. Whatever
+else a Keras may change, `differs` tells: a save records the digest of the
+last batch trained (`Peek`, `batch_digest`), and the resume compares the
+last batch it reads again with it, and warns once, naming the cause.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from kerascale._keras_compat import epoch_order
+from kerascale.errors import warn
+
+
+def restore_counter(
+    adapter: Any, record: dict[str, Any], warn_order: Callable[[str], None]
+) -> int | None:
+    """Puts back Keras's epoch counter (Keras 3.16's shuffle seed) on
+    `adapter`, before the iterator reads it; returns it, or None where there
+    is none to put back. Says so (`warn_order`) where the checkpoint's Keras
+    and this one order an epoch differently."""
+    saved = record.get("adapter_epoch")
+    if saved is not None and epoch_order.counter(adapter) is not None:
+        epoch_order.set_counter(adapter, saved)
+        return int(saved)
+    if saved is not None and adapter is not None:
+        warn_order(
+            "the checkpoint was written by a Keras that seeds the shuffle "
+            "from its epoch counter, and this Keras does not"
+        )
+    return None
+
+
+def differs(record: dict[str, Any], last: Any) -> bool:
+    """Whether the last batch read again (`last`) is not the last batch the
+    interrupted run trained before its save: then the resumed run trains on
+    another order, and says so, with the likely cause."""
+    saved = record.get("last_batch")
+    if saved is None or last is None or batch_digest(last) == saved:
+        return False
+    import keras
+
+    written = record.get("keras")
+    cause = (
+        f"the checkpoint was written with Keras {written} and this is "
+        f"Keras {keras.__version__}, which orders an epoch differently"
+        if written and written != keras.__version__
+        else "the input changed between the runs, or its order depends on "
+        "something the checkpoint does not hold"
+    )
+    warn(
+        "The data order after this resume differs from the interrupted "
+        f"run's ({cause}): the last batch read again is not the one it "
+        "trained before its save. Training goes on; the weights will not "
+        "match an uninterrupted run."
+    )
+    return True
+
+
+class Peek:
+    """Keras's iterator as the step reads it, with the digest of each of the
+    last batches read (`batch_digest`), by their number: a reader ahead of
+    the step (`Prefetch`) reads more than the step has trained."""
+
+    KEPT = 16
+
+    def __init__(self, iterator: Any):
+        self.iterator = iterator
+        self.reads = 0
+        self._digests: collections.deque[tuple[int, str]] = collections.deque(
+            maxlen=self.KEPT
+        )
+
+    def __iter__(self) -> Peek:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self.iterator)
+        self.reads += 1
+        self._digests.append((self.reads, batch_digest(batch)))
+        return batch
+
+    def digest(self, number: int) -> str | None:
+        """The digest of the `number`-th batch read, while kept."""
+        return next((d for n, d in self._digests if n == number), None)
+
+
+def batch_digest(batch: Any) -> str:
+    """A digest of a batch's first and last sample, with every array's dtype
+    and shape: what tells one data order from another, at the cost of two
+    samples (not the batch) per step."""
+    import keras
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for leaf in keras.tree.flatten(batch):
+        shape = getattr(leaf, "shape", None)
+        if leaf is None or not shape:
+            digest.update(repr(leaf).encode()[:64])
+            continue
+        digest.update(f"{getattr(leaf, 'dtype', '')}{tuple(shape)}".encode())
+        local = _local_part(leaf)
+        for sample in (local[0], local[-1]):
+            digest.update(np.ascontiguousarray(np.asarray(sample)).tobytes())
+    return digest.hexdigest()[:32]
+
+
+def _local_part(leaf: Any) -> Any:
+    """This process's part of a batch: a global JAX array that spans several
+    processes is sliced only in its first local shard (slicing the whole is
+    a computation every process must join, which the others are not in)."""
+    if getattr(leaf, "is_fully_addressable", True):
+        return leaf
+    return leaf.addressable_shards[0].data
