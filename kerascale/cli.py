@@ -49,7 +49,8 @@ def _doctor(args: argparse.Namespace) -> int:
     env = {**environment(), "kerascale": __version__, "cache_dir": str(cache_dir())}
     from kerascale._keras_compat import status
 
-    keras_checked = status.report()
+    engine = backend_lib.traits(hw.backend).engine
+    keras_checked = status.report(tf_distribute=engine == "tf.distribute")
     if args.json:
         report = {
             "version": __version__,

@@ -20,6 +20,9 @@ SHARED |= {
         ".generator_feed",
         ".jax_variables",
         ".serialization",
+        ".epoch_order",
+        ".trainers",
+        ".status",
     )
 }
 SHARED |= {"kerascale._pids"}  # whether a process is alive

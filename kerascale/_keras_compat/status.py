@@ -16,13 +16,15 @@ from typing import Any
 TESTED = ("3.15.1", "3.16.0.dev2026102704")
 
 
-def report() -> dict[str, Any]:
+def report(*, tf_distribute: bool) -> dict[str, Any]:
     """This Keras, the ones the suite passed on, and each fix's status, as
-    `kerascale doctor` shows them (never raising on a new Keras)."""
+    `kerascale doctor` shows them (never raising on a new Keras).
+    `tf_distribute`: whether this backend trains with tf.distribute (the
+    multi-worker and accumulation fixes are its)."""
     import keras
 
     try:
-        found = fixes()
+        found = fixes(tf_distribute=tf_distribute)
     except Exception as e:  # doctor reports; it never fails on a new Keras
         found = [_row("all", "", "unknown", f"{type(e).__name__}: {e}")]
     return {
@@ -33,12 +35,10 @@ def report() -> dict[str, Any]:
     }
 
 
-def fixes() -> list[dict[str, str]]:
+def fixes(*, tf_distribute: bool) -> list[dict[str, str]]:
     """Each fix: its name, the upstream issue, its status and why."""
-    import keras
-
     rows = [_epoch_order()]
-    if keras.backend.backend() == "tensorflow":
+    if tf_distribute:
         rows += [_multi_worker(), _accumulation()]
     return rows
 
