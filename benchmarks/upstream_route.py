@@ -27,9 +27,11 @@ _current = {"test": ""}
 
 
 def _trainer_classes() -> list[type]:
-    from keras.src.trainers.trainer import Trainer
+    from keras.src.trainers import trainer
 
-    found, todo = [], [Trainer]
+    # The base class: Trainer up to Keras 3.15, BaseTrainer from 3.16.
+    base = getattr(trainer, "BaseTrainer", None) or trainer.Trainer
+    found, todo = [], [base]
     while todo:
         cls = todo.pop()
         if "fit" in vars(cls):

@@ -158,8 +158,13 @@ def test_sigterm_saves_exits_143_chains_the_handler_and_resumes(reference, tmp_p
 
 def test_kerascale_fit_resumes_with_the_checkpoints_plan(tmp_path):
     # The first kerascale.fit of a model on a CPU times its choices on the data
-    # (then cached), which draws on the dataset's shuffle seeds: warm up first.
-    backup_child.train(tmp_path / "warm", via_fit=True, epochs=1)
+    # (then cached), which draws on the dataset's shuffle seeds: warm up first,
+    # as often as a verdict within noise is measured again (on a loaded
+    # machine the ref run re-measured, and the resumed one, pinned, did not).
+    from kerascale.measure.trials import MAX_ATTEMPTS
+
+    for i in range(MAX_ATTEMPTS):
+        backup_child.train(tmp_path / f"warm{i}", via_fit=True, epochs=1)
     ref = backup_child.train(tmp_path / "ref", via_fit=True)
     interrupted(tmp_path / "ckpt", 90, via_fit=True)
     resumed = backup_child.train(tmp_path / "ckpt", via_fit=True)
