@@ -16,6 +16,8 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from conformance import Interrupt
+from conformance import _RaiseAt as StopAt
 from conftest import dense_model, toy_data
 
 from kerascale._keras_compat import epoch_order
@@ -38,19 +40,6 @@ class Batches(keras.utils.PyDataset):
         return self.x[i * 16 : (i + 1) * 16], self.y[i * 16 : (i + 1) * 16]
 
 
-class StopAt(keras.callbacks.Callback):
-    """Raises before the `at`-th step of the run (an in-process kill)."""
-
-    def __init__(self, at):
-        super().__init__()
-        self.at, self.steps = at, 0
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.steps += 1
-        if self.steps == self.at:
-            raise KeyboardInterrupt("stopped")
-
-
 def data():
     return toy_data(n=160)
 
@@ -70,11 +59,11 @@ def run(kind, directory, x, y, callbacks=()):
 
 
 def interrupted_then_resumed(kind, tmp_path, rerun_data=None):
-    """Stopped before step 15 (the last save: epoch 2, step 2), then rerun
+    """Stopped after step 14 (the last save: epoch 2, step 2), then rerun
     on `rerun_data` (default: the same). Returns (the model, the warnings)."""
     x, y = data()
-    with pytest.raises(KeyboardInterrupt):
-        run(kind, tmp_path, x, y, [StopAt(15)])
+    with pytest.raises(Interrupt):
+        run(kind, tmp_path, x, y, [StopAt(14)])
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         model = run(kind, tmp_path, *(rerun_data or (x, y)))
@@ -104,8 +93,8 @@ def test_an_order_changed_behind_the_checkpoint_is_said(kind, tmp_path, monkeypa
     put back: the seam leaves both the counter and the global random state
     as the rerun found them."""
     x, y = data()
-    with pytest.raises(KeyboardInterrupt):
-        run(kind, tmp_path, x, y, [StopAt(15)])
+    with pytest.raises(Interrupt):
+        run(kind, tmp_path, x, y, [StopAt(14)])
     monkeypatch.setattr(position_lib, "restore_random_state", lambda state: None)
     monkeypatch.setattr(epoch_order, "set_counter", lambda adapter, value: False)
     np.random.seed(1234)  # the rerun's global state: not the saved one
