@@ -4,7 +4,12 @@ smallest fix, on that object only (listed in `PRIVATE_NAMES`)."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 from typing import Any
+
+from kerascale.errors import warn
 
 
 def fix_distributed_accumulation(opt: Any) -> None:
@@ -33,16 +38,8 @@ def upstream_known(*, warn_if_not: bool = False) -> bool:
     """Whether this Keras's `_backend_apply_gradients` is code the fix was
     written for."""
     global _said
-    import hashlib
-    import inspect
-
-    from keras.src.optimizers import base_optimizer
-
-    source = inspect.getsource(base_optimizer.BaseOptimizer._backend_apply_gradients)
-    known = hashlib.sha256(source.encode()).hexdigest()[:16] in KNOWN
+    known = _source_digest() in KNOWN
     if not known and warn_if_not and not _said:
-        from kerascale.errors import warn
-
         _said = True
         warn(
             "kerascale's fix for gradient accumulation under tf.distribute "
@@ -52,6 +49,16 @@ def upstream_known(*, warn_if_not: bool = False) -> bool:
             "your Keras version."
         )
     return known
+
+
+@functools.cache
+def _source_digest() -> str:
+    """The digest of this Keras's source (read once a process: the file
+    does not change under it)."""
+    from keras.src.optimizers import base_optimizer
+
+    source = inspect.getsource(base_optimizer.BaseOptimizer._backend_apply_gradients)
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 def unfix_distributed_accumulation(opt: Any) -> None:

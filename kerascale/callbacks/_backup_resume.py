@@ -195,6 +195,7 @@ class Resume:
                     record,
                     store.state_prefix(self._resumed_found),
                     epochs_left=self._s.epochs > self._s.completed_epochs,
+                    written_with=(self.resumed_from.get("versions") or {}).get("keras"),
                 )
             finally:
                 self.restore_seconds += time.perf_counter() - started

@@ -3,7 +3,7 @@ than trusted (issue 56).
 
 From Keras 3.16 the shuffle is seeded from the data adapter's epoch counter
 (`_keras_compat.epoch_order`), which `restore_counter` puts back. Whatever
-else a Keras may change, `differs` tells: a save records the digest of the
+else a Keras may change, `check` tells: a save records the digest of the
 last batch trained (`Peek`, `batch_digest`), and the resume compares the
 last batch it reads again with it, and warns once, naming the cause.
 """
@@ -14,6 +14,9 @@ import collections
 import hashlib
 from collections.abc import Callable
 from typing import Any
+
+import keras
+import numpy as np
 
 from kerascale._keras_compat import epoch_order
 from kerascale.errors import warn
@@ -38,20 +41,18 @@ def restore_counter(
     return None
 
 
-def differs(record: dict[str, Any], last: Any) -> bool:
-    """Whether the last batch read again (`last`) is not the last batch the
-    interrupted run trained before its save: then the resumed run trains on
-    another order, and says so, with the likely cause."""
+def check(record: dict[str, Any], last: Any, written_with: str | None) -> None:
+    """Warns where the last batch read again (`last`) is not the last batch
+    the interrupted run trained before its save: the resumed run then trains
+    on another order. The likely cause: `written_with`, the Keras that wrote
+    the checkpoint (its meta.json's versions), or the input."""
     saved = record.get("last_batch")
     if saved is None or last is None or batch_digest(last) == saved:
-        return False
-    import keras
-
-    written = record.get("keras")
+        return
     cause = (
-        f"the checkpoint was written with Keras {written} and this is "
+        f"the checkpoint was written with Keras {written_with} and this is "
         f"Keras {keras.__version__}, which orders an epoch differently"
-        if written and written != keras.__version__
+        if written_with and written_with != keras.__version__
         else "the input changed between the runs, or its order depends on "
         "something the checkpoint does not hold"
     )
@@ -61,7 +62,6 @@ def differs(record: dict[str, Any], last: Any) -> bool:
         "trained before its save. Training goes on; the weights will not "
         "match an uninterrupted run."
     )
-    return True
 
 
 class Peek:
@@ -96,9 +96,6 @@ def batch_digest(batch: Any) -> str:
     """A digest of a batch's first and last sample, with every array's dtype
     and shape: what tells one data order from another, at the cost of two
     samples (not the batch) per step."""
-    import keras
-    import numpy as np
-
     digest = hashlib.sha256()
     for leaf in keras.tree.flatten(batch):
         shape = getattr(leaf, "shape", None)

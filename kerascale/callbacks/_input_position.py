@@ -62,7 +62,6 @@ class _EpochPosition:
         # Keras 3.16 (`_keras_compat.epoch_order`); None where not found.
         self.adapter: Any = None
         self._start_counter: int | None = None  # when the iterator started
-        self.order_differs = False  # a resume's check found another order
 
     def _warn_order(self, reason: str) -> None:
         if not self._order_warned:
@@ -136,10 +135,16 @@ class _EpochPosition:
         return record
 
     def restore(
-        self, iterator: Any, record: dict[str, Any], prefix: str, epochs_left: bool
+        self,
+        iterator: Any,
+        record: dict[str, Any],
+        prefix: str,
+        epochs_left: bool,
+        written_with: str | None = None,
     ) -> None:
         """Puts `iterator` (the run's first) where `record` says, reading an
-        iterator's checkpoint under `prefix` where the record has one."""
+        iterator's checkpoint under `prefix` where the record has one.
+        `written_with`: the Keras version that wrote the checkpoint."""
         mode = record["mode"]
         if mode == "none":
             if epochs_left:
@@ -164,8 +169,7 @@ class _EpochPosition:
         for _ in range(consumed):
             last = next(iterator)
         self.consumed = consumed
-        if order.differs(record, last):
-            self.order_differs = True
+        order.check(record, last, written_with)
 
     def _restore_iterator(
         self, iterator: Any, record: dict[str, Any], prefix: str
@@ -359,18 +363,15 @@ class HostInputPosition(_EpochPosition):
 
     @property
     def live(self) -> Any:
-        """Keras's iterator, through `_Peek`: the last batch a step read is
-        what a save records the order by."""
+        """Keras's iterator, through `order.Peek`: the batches a step read
+        are what a save records the order by."""
         return self._peek if self._peek is not None else self.keras_iterator
 
     def _record(self, used_up: bool) -> dict[str, Any]:
         record = super()._record(used_up)
         last = self._peek.digest(self.consumed) if self._peek is not None else None
         if not used_up and self.consumed and last is not None:
-            import keras
-
             record["last_batch"] = last
-            record["keras"] = keras.__version__
         return record
 
     def trackable(self, record: dict[str, Any]) -> Any:
