@@ -4,7 +4,7 @@ than trusted (issue 56).
 From Keras 3.16 the shuffle is seeded from the data adapter's epoch counter
 (`_keras_compat.epoch_order`), which `restore_counter` puts back. Whatever
 else a Keras may change, `check` tells: a save records the digest of the
-last batch trained (`Peek`, `batch_digest`), and the resume compares the
+last batch trained (`Digests`, `batch_digest`), and the resume compares the
 last batch it reads again with it, and warns once, naming the cause.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -64,48 +65,72 @@ def check(record: dict[str, Any], last: Any, written_with: str | None) -> None:
     )
 
 
-class Peek:
-    """Keras's iterator as the step reads it, with the digest of each of the
-    last batches read (`batch_digest`), by their number: a reader ahead of
-    the step (`Prefetch`) reads more than the step has trained."""
+class Digests:
+    """The digests (`batch_digest`) of the last batches a reader gave, by
+    their number since it started: a reader ahead of the step (`Prefetch`,
+    `tf.data`'s prefetch) reads more than the step has trained. Thread-safe:
+    on TensorFlow the batches are given on `tf.data`'s threads."""
 
-    KEPT = 16
+    KEPT = 64
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._reads = 0
+        self._kept: collections.deque[tuple[int, str]] = collections.deque(
+            maxlen=self.KEPT
+        )
+
+    def restart(self) -> None:
+        """The reader starts again from its first batch."""
+        with self._lock:
+            self._reads = 0
+            self._kept.clear()
+
+    def add(self, batch: Any) -> None:
+        digest = batch_digest(batch)
+        with self._lock:
+            self._reads += 1
+            self._kept.append((self._reads, digest))
+
+    def digest(self, number: int) -> str | None:
+        """The digest of the `number`-th batch read, while kept."""
+        with self._lock:
+            return next((d for n, d in self._kept if n == number), None)
+
+
+class Peek:
+    """Keras's iterator as the step reads it (JAX), with the `Digests` of
+    the batches read."""
 
     def __init__(self, iterator: Any):
         self.iterator = iterator
-        self.reads = 0
-        self._digests: collections.deque[tuple[int, str]] = collections.deque(
-            maxlen=self.KEPT
-        )
+        self.digests = Digests()
 
     def __iter__(self) -> Peek:
         return self
 
     def __next__(self) -> Any:
         batch = next(self.iterator)
-        self.reads += 1
-        self._digests.append((self.reads, batch_digest(batch)))
+        self.digests.add(batch)
         return batch
-
-    def digest(self, number: int) -> str | None:
-        """The digest of the `number`-th batch read, while kept."""
-        return next((d for n, d in self._digests if n == number), None)
 
 
 def batch_digest(batch: Any) -> str:
     """A digest of a batch's first and last sample (`SPREAD` values of
-    each), with every array's dtype and shape: what tells one data order
-    from another, at a few microseconds a step on the training thread."""
+    each), with every array's dtype and shape, the same for a NumPy batch
+    and the tensors it becomes: what tells one data order from another, at
+    a few microseconds a step."""
     digest = hashlib.sha256()
     for leaf in keras.tree.flatten(batch):
         shape = getattr(leaf, "shape", None)
-        if leaf is None or not shape:
+        if leaf is None or shape is None or len(shape) == 0:
             digest.update(repr(leaf).encode()[:64])
             continue
-        digest.update(f"{getattr(leaf, 'dtype', '')}{tuple(shape)}".encode())
         local = _local_part(leaf)
-        for sample in (local[0], local[-1]):
-            flat = np.asarray(sample).reshape(-1)
+        samples = [np.asarray(local[0]), np.asarray(local[-1])]
+        digest.update(f"{samples[0].dtype}{tuple(int(d) for d in shape)}".encode())
+        for sample in samples:
+            flat = sample.reshape(-1)
             # At most SPREAD values, strided across the sample (its interior
             # too, where padding or a border fills its start): 2 images of
             # 224x224x3 cost 33 us a step this way, 812 us hashed whole.

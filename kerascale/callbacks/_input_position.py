@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kerascale import _tf_compat as tfc
-from kerascale._keras_compat import epoch_order
+from kerascale._keras_compat import adapter_reads, epoch_order
 from kerascale._tf import tf
 from kerascale.callbacks import _input_order as order
 from kerascale.callbacks._backup_meta import (
@@ -62,6 +62,22 @@ class _EpochPosition:
         # Keras 3.16 (`_keras_compat.epoch_order`); None where not found.
         self.adapter: Any = None
         self._start_counter: int | None = None  # when the iterator started
+
+    def follow(self, adapter: Any) -> None:
+        """Keras's data adapter of this `fit` (found at its start), or None."""
+        self.adapter = adapter
+
+    def release(self) -> None:
+        """The `fit` is over: gives back what `follow` and the epochs hold."""
+        self.close()
+
+    def close(self) -> None:
+        """Drops what an epoch-end save held for the next epoch."""
+
+    def _last_digest(self) -> str | None:
+        """The digest of the last batch the step trained (the `consumed`-th
+        of this iterator), where this position sees the batches."""
+        return None
 
     def _warn_order(self, reason: str) -> None:
         if not self._order_warned:
@@ -130,6 +146,9 @@ class _EpochPosition:
                 "random": self._start_random,
             }
             counter = self._start_counter
+            last = self._last_digest() if self.consumed else None
+            if last is not None:
+                record["last_batch"] = last
         if counter is not None:
             record["adapter_epoch"] = counter
         return record
@@ -199,6 +218,30 @@ class InputPosition(_EpochPosition):
         self.dataset: Any = None
         self.cardinality: int | None = None
         self._savable: bool | None = None
+        # The batches a PyDataset's adapter gave (read inside the step's
+        # tf.function, where only the adapter's generator sees them).
+        self._reads = order.Digests()
+        self._unfollow: Callable[[], None] | None = None
+
+    def follow(self, adapter: Any) -> None:
+        super().follow(adapter)
+        self._unfollow = adapter_reads.follow(
+            adapter, self._reads.restart, self._reads.add
+        )
+
+    def release(self) -> None:
+        super().release()
+        unfollow, self._unfollow = self._unfollow, None
+        if unfollow is not None:
+            unfollow()
+
+    def _last_digest(self) -> str | None:
+        # The adapter's newest generator is this iterator's: tf.data starts
+        # an epoch's generator only once Keras makes the epoch's iterator.
+        # Under a tf.distribute strategy the replicas' reads are not one.
+        if self._unfollow is None or type(self.live).__name__ == "DistributedIterator":
+            return None
+        return self._reads.digest(self.consumed)
 
     def new_iterator(self, iterator: Any) -> bool:
         """Keras created `iterator` (a new epoch); returns whether it is the
@@ -361,24 +404,17 @@ class HostInputPosition(_EpochPosition):
         self._peek = order.Peek(iterator)
         return self._started(iterator)
 
+    def _last_digest(self) -> str | None:
+        return self._peek.digests.digest(self.consumed) if self._peek else None
+
     @property
     def live(self) -> Any:
         """Keras's iterator, through `order.Peek`: the batches a step read
         are what a save records the order by."""
         return self._peek if self._peek is not None else self.keras_iterator
 
-    def _record(self, used_up: bool) -> dict[str, Any]:
-        record = super()._record(used_up)
-        last = self._peek.digest(self.consumed) if self._peek is not None else None
-        if not used_up and self.consumed and last is not None:
-            record["last_batch"] = last
-        return record
-
     def trackable(self, record: dict[str, Any]) -> Any:
         return None  # nothing but meta.json: the record says it all
-
-    def close(self) -> None:
-        """Nothing held between epochs."""
 
 
 class Wrapped:

@@ -142,9 +142,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         self._s.read_run(self.model, self.params)
         # Keras's data adapter (its epoch counter orders the shuffle from
         # Keras 3.16): found in the Keras fit that calls this hook.
-        self._position.adapter = epoch_order.adapter_of(
-            epoch_order.fit_epoch_iterator()
-        )
+        self._position.follow(epoch_order.adapter_of(epoch_order.fit_epoch_iterator()))
         # Across workers, time-based saves and preemption are agreed on.
         self._coord.start(
             self.model,
@@ -248,7 +246,7 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         `train_function` wrapper, and the initial epoch set for a resume."""
         self._s.active = False
         self._coord.release()
-        self._position.close()  # set in __init__
+        self._position.release()  # set in __init__
         wrapper, self._wrapper = self._wrapper, None
         model = getattr(self, "_model", None)
         if model is not None:
