@@ -21,6 +21,7 @@ SHARED |= {
         ".jax_variables",
         ".serialization",
         ".epoch_order",
+        ".adapter_reads",
         ".trainers",
         ".status",
     )
