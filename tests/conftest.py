@@ -6,6 +6,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import numpy as np
 import pytest
+from longest import longest_first
 
 from kerascale.sense.hardware import CPUInfo, GPUInfo, Hardware
 
@@ -131,6 +132,7 @@ SERIAL = {
 
 
 def pytest_collection_modifyitems(config, items):
+    longest_first(items)  # handed out first (longest.py)
     for item in items:
         name = item.path.name
         if name in SERIAL and (

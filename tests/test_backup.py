@@ -52,6 +52,7 @@ def reference(tmp_path_factory):
 # --- real kills --------------------------------------------------------------
 
 
+@pytest.mark.kill
 def test_sigkill_mid_epoch_three_resumes_to_identical_weights(reference, tmp_path):
     step = random.randint(2 * STEPS_PER_EPOCH + 1, 3 * STEPS_PER_EPOCH - 2)
     rc, seen = run_and_kill(tmp_path / "ckpt", tmp_path / "out.npz", step)
@@ -110,6 +111,7 @@ def test_checkpoints_at_epoch_ends_resume_exactly(reference_here, tmp_path, freq
     assert max_difference(resumed, reference_here) <= 1e-6
 
 
+@pytest.mark.kill
 @pytest.mark.parametrize(
     "point", ["before-state", "mid-state", "meta-temp", "after-commit"]
 )
@@ -140,6 +142,7 @@ def test_kill_inside_a_save_leaves_the_previous_checkpoint(reference, tmp_path, 
         )
 
 
+@pytest.mark.kill
 def test_sigterm_saves_exits_143_chains_the_handler_and_resumes(reference, tmp_path):
     out = tmp_path / "out.npz"
     rc, seen = run_and_kill(

@@ -16,6 +16,7 @@ import jax
 import keras
 import numpy as np
 import pytest
+from longest import longest_first
 
 assert keras.backend.backend() == "jax", "tests_jax must run on the JAX backend"
 
@@ -44,7 +45,9 @@ def devices() -> int:
 
 def pytest_collection_modifyitems(config, items):
     """README runs this suite on 1 and on 2 devices; a test marked `once`
-    tests nothing the device count changes, so it runs on 1 only."""
+    tests nothing the device count changes, so it runs on 1 only. The
+    longest tests are handed out first (`longest.py`)."""
+    longest_first(items)
     if devices() == 1:
         return
     skip = pytest.mark.skip(reason="marked once: it runs in the 1-device suite")
