@@ -6,7 +6,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import numpy as np
 import pytest
-from longest import longest_first
 
 from kerascale.sense.hardware import CPUInfo, GPUInfo, Hardware
 
@@ -132,6 +131,8 @@ SERIAL = {
 
 
 def pytest_collection_modifyitems(config, items):
+    from longest import longest_first  # a child importing conftest lacks it
+
     longest_first(items)  # handed out first (longest.py)
     for item in items:
         name = item.path.name

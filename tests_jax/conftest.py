@@ -16,7 +16,6 @@ import jax
 import keras
 import numpy as np
 import pytest
-from longest import longest_first
 
 assert keras.backend.backend() == "jax", "tests_jax must run on the JAX backend"
 
@@ -47,6 +46,8 @@ def pytest_collection_modifyitems(config, items):
     """README runs this suite on 1 and on 2 devices; a test marked `once`
     tests nothing the device count changes, so it runs on 1 only. The
     longest tests are handed out first (`longest.py`)."""
+    from longest import longest_first  # a child importing conftest lacks it
+
     longest_first(items)
     if devices() == 1:
         return
