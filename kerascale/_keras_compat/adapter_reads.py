@@ -12,8 +12,10 @@ trains it (`from_generator` keeps its generator's order; the enqueuer puts
 its workers' batches back in order). No upstream issue: Keras exports no
 per-batch hook for a data adapter (searched 2026-12-02).
 
-`tests/test_compat.py` pins it: this Keras's adapter has the four methods,
-and a TensorFlow `fit` on a `PyDataset` reads its batches through them.
+`tests_common/resume_order.py` pins it on both Keras versions the suite
+runs: this Keras's adapter reads a `PyDataset` through the four methods
+(`test_keras_reads_a_pydataset_through_the_generators_kerascale_follows`),
+and on TensorFlow a resume on changed data is said only through them.
 """
 
 from __future__ import annotations

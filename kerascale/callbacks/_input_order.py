@@ -76,7 +76,7 @@ class Digests:
     def __init__(self):
         self._lock = threading.Lock()
         self._reads = 0
-        self._kept: collections.deque[tuple[int, str]] = collections.deque(
+        self._kept: collections.deque[tuple[int, str | None]] = collections.deque(
             maxlen=self.KEPT
         )
 
@@ -87,7 +87,13 @@ class Digests:
             self._kept.clear()
 
     def add(self, batch: Any) -> None:
-        digest = batch_digest(batch)
+        """Keeps `batch`'s digest. Never raises: it runs where Keras reads the
+        batch, and a batch it cannot digest (a sparse matrix, say) trains as
+        in plain `fit`, with no digest for a resume to check."""
+        try:
+            digest: str | None = batch_digest(batch)
+        except Exception:
+            digest = None
         with self._lock:
             self._reads += 1
             self._kept.append((self._reads, digest))

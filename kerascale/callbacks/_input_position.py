@@ -239,7 +239,7 @@ class InputPosition(_EpochPosition):
         # The adapter's newest generator is this iterator's: tf.data starts
         # an epoch's generator only once Keras makes the epoch's iterator.
         # Under a tf.distribute strategy the replicas' reads are not one.
-        if self._unfollow is None or type(self.live).__name__ == "DistributedIterator":
+        if self._unfollow is None or _distributed(self.live):
             return None
         return self._reads.digest(self.consumed)
 
@@ -335,7 +335,7 @@ class InputPosition(_EpochPosition):
                 what = type(live).__name__
                 why = (
                     "TensorFlow cannot checkpoint a tf.distribute iterator"
-                    if what == "DistributedIterator"
+                    if _distributed(live)
                     else f"{type(e).__name__}: {first_line(e)[:200]}"
                 )
                 reasons.append(
@@ -351,7 +351,7 @@ class InputPosition(_EpochPosition):
             exact = (
                 self.source is not None
                 and self.source.replayable
-                and type(live).__name__ != "DistributedIterator"
+                and not _distributed(live)
             )
             if reasons and not exact:
                 self._warn_order("; ".join(reasons))
@@ -376,6 +376,12 @@ class InputPosition(_EpochPosition):
         status = tf.train.Checkpoint(iterator=iterator).read(prefix)
         status.expect_partial()
         status.assert_existing_objects_matched()
+
+
+def _distributed(iterator: Any) -> bool:
+    """Whether `iterator` is a tf.distribute strategy's, which reads ahead
+    on each replica's device (and cannot be checkpointed)."""
+    return type(iterator).__name__ == "DistributedIterator"
 
 
 def _checkpoint_errors() -> tuple[type[BaseException], ...]:
