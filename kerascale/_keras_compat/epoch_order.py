@@ -19,6 +19,16 @@ its local `epoch_iterator`, found from a callback's `on_train_begin` by
 walking up the stack (`fit_epoch_iterator`). `tests/test_compat.py` pins
 both: the local's name in this Keras's `fit`, and that the counter (where
 this Keras has one) orders the shuffle.
+
+A `PyDataset` with `workers` is read by Keras's enqueuer, which draws the
+epoch's order on its own thread in the adapter's `on_epoch_begin` (so the
+order's state is put back at the callback's, which Keras calls first), and
+which keeps the batches it had read ahead when an epoch ends for the next
+(its `ready_queue`, keras-team/keras#20123). On JAX, Keras's `fit` reads a
+batch to build the model before its first epoch (keras-team/keras#20394),
+so every epoch then begins with batches of the one before it, which no
+checkpoint holds: `carried_batches` counts them, for the order check to
+name the cause. `tests_common/resume_order.py` pins both on each Keras.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import sys
 from typing import Any
 
 UPSTREAM = "keras-team/keras#23046"
+CARRIED_UPSTREAM = "keras-team/keras#20123, keras-team/keras#20394"
 LOCAL = "epoch_iterator"  # the name of the EpochIterator in Keras's fit
 
 
@@ -60,6 +71,16 @@ def set_counter(adapter: Any, value: int) -> bool:
         return False
     adapter._epoch = int(value)
     return True
+
+
+def carried_batches(adapter: Any) -> int:
+    """How many batches Keras's enqueuer (a `PyDataset` with `workers`)
+    holds from before the epoch that begins; 0 where there is no enqueuer."""
+    ready = getattr(getattr(adapter, "enqueuer", None), "ready_queue", None)
+    try:
+        return int(ready.qsize())
+    except (AttributeError, TypeError, ValueError):
+        return 0
 
 
 def keras_fit_holds_the_epoch_iterator() -> bool:

@@ -42,21 +42,35 @@ def restore_counter(
     return None
 
 
-def check(record: dict[str, Any], last: Any, written_with: str | None) -> None:
+def check(
+    record: dict[str, Any], last: Any, written_with: str | None, carried: int = 0
+) -> None:
     """Warns where the last batch read again (`last`) is not the last batch
     the interrupted run trained before its save: the resumed run then trains
     on another order. The likely cause: `written_with`, the Keras that wrote
-    the checkpoint (its meta.json's versions), or the input."""
+    the checkpoint (its meta.json's versions); batches Keras's enqueuer
+    `carried` into the epoch from before it, where the save came within
+    them; or the input."""
     saved = record.get("last_batch")
     if saved is None or last is None or batch_digest(last) == saved:
         return
-    cause = (
-        f"the checkpoint was written with Keras {written_with} and this is "
-        f"Keras {keras.__version__}, which orders an epoch differently"
-        if written_with and written_with != keras.__version__
-        else "the input changed between the runs, or its order depends on "
-        "something the checkpoint does not hold"
-    )
+    if written_with and written_with != keras.__version__:
+        cause = (
+            f"the checkpoint was written with Keras {written_with} and this "
+            f"is Keras {keras.__version__}, which orders an epoch differently"
+        )
+    elif 0 < int(record.get("consumed", 0)) <= carried:
+        cause = (
+            f"Keras's enqueuer (a PyDataset with workers) began the epoch with "
+            f"{carried} batches read before it ({epoch_order.CARRIED_UPSTREAM}), "
+            f"which a checkpoint does not hold, and the save came within them; "
+            f"a save after an epoch's first {carried} steps resumes exactly"
+        )
+    else:
+        cause = (
+            "the input changed between the runs, or its order depends on "
+            "something the checkpoint does not hold"
+        )
     warn(
         "The data order after this resume differs from the interrupted "
         f"run's ({cause}): the last batch read again is not the one it "

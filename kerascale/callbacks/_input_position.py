@@ -62,6 +62,13 @@ class _EpochPosition:
         # Keras 3.16 (`_keras_compat.epoch_order`); None where not found.
         self.adapter: Any = None
         self._start_counter: int | None = None  # when the iterator started
+        # The order's state at this epoch's on_epoch_begin, before Keras's
+        # adapter draws the epoch's order (an enqueuer draws it there).
+        self._epoch_random: dict[str, Any] | None = None
+        self._epoch_counter: int | None = None
+        self._order_restored = False  # by restore_order, at the epoch's begin
+        # Batches Keras's enqueuer held from before the epoch, at its begin.
+        self._epoch_carried = 0
 
     def follow(self, adapter: Any) -> None:
         """Keras's data adapter of this `fit` (found at its start), or None."""
@@ -93,8 +100,29 @@ class _EpochPosition:
         return self.keras_iterator
 
     def new_epoch(self) -> None:
-        """An epoch begins (before its first step)."""
+        """An epoch begins: its `on_epoch_begin`, which Keras calls before its
+        data adapter's (where an enqueuer, a `PyDataset` with `workers`,
+        draws the epoch's order on its own thread). The order's state is
+        taken here, for an iterator this epoch starts."""
         self._new_this_epoch = False
+        self._epoch_random = random_state()
+        self._epoch_counter = epoch_order.counter(self.adapter)
+        self._epoch_carried = epoch_order.carried_batches(self.adapter)
+
+    def restore_order(self, record: dict[str, Any]) -> None:
+        """Puts back the order's state that `record` (a resumed run's) holds:
+        at the resumed epoch's `on_epoch_begin`, before Keras's adapter
+        draws the epoch's order from it (`restore` is too late for an
+        enqueuer, which draws it before the first step)."""
+        if record.get("mode") != "replay":
+            return
+        if record.get("random") is not None:
+            restore_random_state(record["random"])
+            self._epoch_random = record["random"]
+        restored = order.restore_counter(self.adapter, record, self._warn_order)
+        if restored is not None:
+            self._epoch_counter = restored
+        self._order_restored = True
 
     def seen(self, iterator: Any) -> None:
         """The step reads `iterator`, which Keras created before this epoch
@@ -115,8 +143,14 @@ class _EpochPosition:
         self.consumed = 0
         self.exhausted = False
         self._new_this_epoch = True
-        self._start_random = random_state()
-        self._start_counter = epoch_order.counter(self.adapter)
+        # The state the iterator's order was drawn from: its epoch's begin
+        # (an iterator made outside an epoch's hooks: now).
+        epoch_random, self._epoch_random = self._epoch_random, None
+        self._start_random = epoch_random or random_state()
+        epoch_counter, self._epoch_counter = self._epoch_counter, None
+        self._start_counter = (
+            epoch_counter if epoch_random else epoch_order.counter(self.adapter)
+        )
         if self.source is not None:
             self.source.new_iterator()
         return first
@@ -177,18 +211,19 @@ class _EpochPosition:
         if mode != "replay":
             self._restore_iterator(iterator, record, prefix)
             return
-        if record.get("random") is not None:
-            restore_random_state(record["random"])
-            self._start_random = record["random"]
-        restored = order.restore_counter(self.adapter, record, self._warn_order)
-        if restored is not None:
-            self._start_counter = restored
+        if not self._order_restored:  # no epoch began since the resume
+            if record.get("random") is not None:
+                restore_random_state(record["random"])
+                self._start_random = record["random"]
+            restored = order.restore_counter(self.adapter, record, self._warn_order)
+            if restored is not None:
+                self._start_counter = restored
         consumed = int(record["consumed"])  # read again and drop what was used
         last = None
         for _ in range(consumed):
             last = next(iterator)
         self.consumed = consumed
-        order.check(record, last, written_with)
+        order.check(record, last, written_with, carried=self._epoch_carried)
 
     def _restore_iterator(
         self, iterator: Any, record: dict[str, Any], prefix: str

@@ -171,6 +171,8 @@ class FaultTolerantBackup(Resume, KerascaleCallback):
         self._s.epoch = epoch
         self._s.step = 0
         self._position.new_epoch()
+        if self._s.pending_data is not None:  # the resumed epoch: its order
+            self._position.restore_order(self._s.pending_data)
         if self._s.restored_metrics and self._format != "tf":
             # Keras reset the metrics just now, and its JAX loop reads them
             # at the first step: bring back the partial epoch's values.
