@@ -65,7 +65,6 @@ class _EpochPosition:
         # The order's state at this epoch's on_epoch_begin, before Keras's
         # adapter draws the epoch's order (an enqueuer draws it there).
         self._epoch_random: dict[str, Any] | None = None
-        self._epoch_counter: int | None = None
         self._order_restored = False  # by restore_order, at the epoch's begin
         # Batches Keras's enqueuer held from before the epoch, at its begin.
         self._epoch_carried = 0
@@ -106,7 +105,6 @@ class _EpochPosition:
         taken here, for an iterator this epoch starts."""
         self._new_this_epoch = False
         self._epoch_random = random_state()
-        self._epoch_counter = epoch_order.counter(self.adapter)
         self._epoch_carried = epoch_order.carried_batches(self.adapter)
 
     def restore_order(self, record: dict[str, Any]) -> None:
@@ -114,15 +112,18 @@ class _EpochPosition:
         at the resumed epoch's `on_epoch_begin`, before Keras's adapter
         draws the epoch's order from it (`restore` is too late for an
         enqueuer, which draws it before the first step)."""
-        if record.get("mode") != "replay":
-            return
+        if record.get("mode") == "replay":
+            self._epoch_random = self._put_back_order(record) or self._epoch_random
+            self._order_restored = True
+
+    def _put_back_order(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """Puts back the random state and Keras's epoch counter (on the
+        adapter, where `epoch_order.counter` then reads it) that `record`
+        holds; returns the random state put back, if any."""
         if record.get("random") is not None:
             restore_random_state(record["random"])
-            self._epoch_random = record["random"]
-        restored = order.restore_counter(self.adapter, record, self._warn_order)
-        if restored is not None:
-            self._epoch_counter = restored
-        self._order_restored = True
+        order.restore_counter(self.adapter, record, self._warn_order)
+        return record.get("random")
 
     def seen(self, iterator: Any) -> None:
         """The step reads `iterator`, which Keras created before this epoch
@@ -144,13 +145,11 @@ class _EpochPosition:
         self.exhausted = False
         self._new_this_epoch = True
         # The state the iterator's order was drawn from: its epoch's begin
-        # (an iterator made outside an epoch's hooks: now).
+        # (an iterator made outside an epoch's hooks: now). The counter
+        # changes only at an epoch's end.
         epoch_random, self._epoch_random = self._epoch_random, None
         self._start_random = epoch_random or random_state()
-        epoch_counter, self._epoch_counter = self._epoch_counter, None
-        self._start_counter = (
-            epoch_counter if epoch_random else epoch_order.counter(self.adapter)
-        )
+        self._start_counter = epoch_order.counter(self.adapter)
         if self.source is not None:
             self.source.new_iterator()
         return first
@@ -212,12 +211,8 @@ class _EpochPosition:
             self._restore_iterator(iterator, record, prefix)
             return
         if not self._order_restored:  # no epoch began since the resume
-            if record.get("random") is not None:
-                restore_random_state(record["random"])
-                self._start_random = record["random"]
-            restored = order.restore_counter(self.adapter, record, self._warn_order)
-            if restored is not None:
-                self._start_counter = restored
+            self._start_random = self._put_back_order(record) or self._start_random
+            self._start_counter = epoch_order.counter(self.adapter)
         consumed = int(record["consumed"])  # read again and drop what was used
         last = None
         for _ in range(consumed):
