@@ -27,7 +27,7 @@ import keras
 import numpy as np
 
 import kerascale
-from kerascale.measure.probe import is_oom_exception
+from kerascale.sense.oom import is_oom_exception
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

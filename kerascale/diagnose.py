@@ -23,6 +23,7 @@ from kerascale.errors import UnsupportedError
 from kerascale.measure import advice, engines
 from kerascale.measure.advice import Decode, Recommendation
 from kerascale.measure.decide import decide, validate_options
+from kerascale.plan import fallback
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
 
@@ -206,21 +207,36 @@ def diagnose(
     read = steps + timing.WARMUP_STEPS if _endless(x) else None
     _readable(timing, x, y, read)
 
-    def decided(not_rebuildable: str | BaseException = "") -> Decided:
-        return decide(
-            model, x, y, options, search=search, not_rebuildable=not_rebuildable,
+    def measured(attempt: fallback.Attempt) -> tuple[Prepared, Any]:
+        """One attempt of the ladder: its decision, applied to a copy, and
+        the rates timed on it."""
+        decided = decide(
+            model,
+            x,
+            y,
+            attempt.options,
+            search=search,
+            not_rebuildable=attempt.not_rebuildable,
+            measured=attempt.measured,
             steps_per_epoch=read,
-        )  # fmt: skip
+        )
+        with Session() as session:
+            session.enter(model_lib.preserved_state())
+            prepared = prepare(
+                session,
+                model,
+                x,
+                y,
+                decided,
+                copy=True,
+                as_dataset=timing.AS_DATASET,
+                read_in_part=True,
+            )
+            return prepared, timing.rates(prepared, steps)
 
-    with Session() as session:
-        session.enter(model_lib.preserved_state())
-        prepared = prepare(
-            session, model, x, y, decided(), copy=True,
-            as_dataset=timing.AS_DATASET, replan=decided, read_in_part=True,
-        )  # fmt: skip
-        rates = timing.rates(prepared, steps)
+    prepared, rates = fallback.attempted(measured, options)
     loader_rate = None if math.isnan(rates.loaded) else rates.loaded
-    applied = cast("Decided", prepared.decided)  # what `decided()` gave it
+    applied = cast("Decided", prepared.decided)  # what `decide` gave it
     peak, limit = _memory(applied)
     return _verdict(
         applied, decode=_decode(x, prepared, rates.input),

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kerascale import _validation, errors
 from kerascale.errors import BatchSizeSearchError, ConfigurationError, UnsupportedError
 from kerascale.measure import answered
 from kerascale.measure.decide import decide
+from kerascale.measure.decided import Decided
 from kerascale.measure.request import DEFAULT_MARGIN, SearchOptions
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import MODES
+from kerascale.plan import fallback
 from kerascale.plan import reasons as reasons_lib
 from kerascale.plan.options import Options
 from kerascale.sense import backend as backend_lib
-
-if TYPE_CHECKING:
-    from kerascale.measure.decided import Decided
 
 
 def find_batch_size(
@@ -96,9 +95,39 @@ def find_batch_size(
     >>> kerascale.fit(model, x, y, batch_size=result.batch_size,
     ...               precision=result.precision)
     """
-    options, search = _validated(locals())
+    options, search = _validated(
+        mode=mode,
+        isolate=isolate,
+        memory_limit=memory_limit,
+        device_memory=device_memory,
+        max_batch_size=max_batch_size,
+        steps_per_trial=steps_per_trial,
+        margin=margin,
+        max_trials=max_trials,
+        timeout=timeout,
+        cache=cache,
+        remeasure=remeasure,
+        strategy=strategy,
+        precision=precision,
+        recompute=recompute,
+        verbose=verbose,
+        force=force,
+    )
     _supported_backend()
-    decided = decide(model, x, y, options, search=search, force_search=True)
+
+    def searched(attempt: fallback.Attempt) -> Decided:
+        return decide(
+            model,
+            x,
+            y,
+            attempt.options,
+            search=search,
+            force_search=True,
+            not_rebuildable=attempt.not_rebuildable,
+            measured=attempt.measured,
+        )
+
+    decided = fallback.attempted(searched, options)
     result = _with_precision(decided, search.mode)
     # fit's check of this answer in this process reads it (`answered`).
     answered.remember(model, x, y, decided.plan, search, result)
@@ -153,41 +182,43 @@ def _with_precision(decided: Decided, mode: str) -> BatchSearchResult:
     return dataclasses.replace(found, reasons={**found.reasons, "precision": why})
 
 
-def _validated(arguments: dict[str, Any]) -> tuple[Options, SearchOptions]:
-    """`find_batch_size`'s arguments (its `locals()`), checked at the door."""
-    a = dict(arguments)
-    _validation.boolean("remeasure", a["remeasure"])
-    if a["force"] is not None:
-        _validation.boolean("force", a["force"])
+def _validated(
+    *,
+    remeasure: Any,
+    force: Any,
+    strategy: Any,
+    precision: Any,
+    verbose: Any,
+    recompute: Any,
+    mode: Any,
+    **search: Any,
+) -> tuple[Options, SearchOptions]:
+    """`find_batch_size`'s arguments, checked at the door: the options of the
+    decision, and the search's (`search`: `SearchOptions`' fields)."""
+    _validation.boolean("remeasure", remeasure)
+    if force is not None:
+        _validation.boolean("force", force)
         warnings.warn(
             "find_batch_size(force=...) is now remeasure=..., the name "
             "kerascale.fit uses; force= will be removed in a later release.",
             DeprecationWarning,
             stacklevel=3,
         )
-        if a["remeasure"] and not a["force"]:
+        if remeasure and not force:
             raise ConfigurationError(
                 "find_batch_size got remeasure=True and force=False, which "
                 "disagree. Pass remeasure= only (force= is its old name)."
             )
-        a["remeasure"] = a["remeasure"] or a["force"]
+        remeasure = remeasure or force
     options = Options.validate(
-        strategy=a["strategy"], precision=a["precision"], verbose=a["verbose"],
-        optimize_data=False, recompute=a["recompute"],
-    )  # fmt: skip
-    _validation.one_of("mode", a["mode"], MODES)
-    search = SearchOptions.validate(
-        **{
-            k: a[k]
-            for k in (
-                "mode", "isolate", "memory_limit", "device_memory",
-                "max_batch_size", "steps_per_trial", "margin", "max_trials",
-                "timeout", "cache",
-            )
-        },
-        force=a["remeasure"],
-    )  # fmt: skip
-    return options, search
+        strategy=strategy,
+        precision=precision,
+        verbose=verbose,
+        optimize_data=False,
+        recompute=recompute,
+    )
+    _validation.one_of("mode", mode, MODES)
+    return options, SearchOptions.validate(mode=mode, force=remeasure, **search)
 
 
 def _supported_backend() -> None:

@@ -31,10 +31,8 @@ from kerascale.callbacks._input_source import InputSource
 from kerascale.callbacks.backup import FaultTolerantBackup
 from kerascale.errors import warn
 from kerascale.measure.decide import Decided, decide, validate_options
-from kerascale.measure.probe import is_oom_exception
 from kerascale.measure.request import SearchOptions
 from kerascale.plan import fallback
-from kerascale.plan.measured import Measured
 from kerascale.plan.options import Options, pin
 from kerascale.plan.plan import Plan
 from kerascale.sense import backend as backend_lib
@@ -105,9 +103,31 @@ def fit(
     >>> history = kerascale.fit(model, ds, epochs=2)
     >>> print(history.plan)
     """
-    request = _Request.from_arguments(locals())
+    request = _Request.validate(
+        batch_size=batch_size,
+        strategy=strategy,
+        precision=precision,
+        max_batch_size=max_batch_size,
+        memory_limit=memory_limit,
+        device_memory=device_memory,
+        accumulation_steps=accumulation_steps,
+        lr_scaling=lr_scaling,
+        base_batch_size=base_batch_size,
+        optimize_data=optimize_data,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_freq=checkpoint_freq,
+        start_over=start_over,
+        log_dir=log_dir,
+        profile=profile,
+        time_budget=time_budget,
+        worker_timeout=worker_timeout,
+        recompute=recompute,
+        materialize=materialize,
+        remeasure=remeasure,
+        verbose=verbose,
+    )
     if not backend_lib.supported():
-        return _plain_fit(model, x, y, locals(), fit_kwargs)
+        return _plain_fit(model, x, y, request, fit_kwargs)
     # A generator's first batch tells its size (and is given back first):
     # training reads it anyway, where `plan` must leave it unread.
     x = first_batch.first_read(x)
@@ -115,64 +135,46 @@ def fit(
 
 
 def _attempted(deciding: _Deciding) -> keras.callbacks.History:
-    """Trains the decision, then at most one fallback (`plan.fallback`)
-    where the first attempt failed at its first step."""
-    # `said` is None on the first attempt, then the warnings it gave.
-    decided, said = deciding.decide(), None
-    while True:
-        # What a fallback dropped is said after its first step (failing the
-        # same way, the error is the model's own); what was said, never again.
-        held: tuple[str, ...] = ()
-        if said is not None:
-            held = tuple(w for w in decided.plan.warnings if w not in said)
+    """Decides and trains each attempt of the ladder (`plan.fallback`), from
+    the first, until one trains."""
+
+    def attempt(this: fallback.Attempt) -> keras.callbacks.History:
+        decided = deciding.decide(this)
         try:
-            return _train(deciding, decided, held=held, said=said or ())
-        except session_lib.FirstStepFailed as failed:
-            retry = None
-            if said is None:
-                retry = deciding.after_first_step(decided, failed)
-            if retry is None:
-                raise failed.error from None
-        said, decided = decided.plan.warnings, retry
-        # A generator yields again what the failed attempt read of it.
-        deciding.x = first_batch.replay(deciding.x)
+            return _train(deciding, decided, this)
+        except fallback.FirstStepFailed:
+            # A generator yields again what the failed attempt read of it.
+            deciding.x = first_batch.replay(deciding.x)
+            raise
+
+    return fallback.attempted(attempt, deciding.options)
 
 
 def _plain_fit(
-    model: Any, x: Any, y: Any, arguments: dict[str, Any], fit_kwargs: dict
+    model: Any, x: Any, y: Any, request: _Request, fit_kwargs: dict
 ) -> keras.callbacks.History:
     """`model.fit` as the user would call it, on a backend kerascale does not
     plan for, after one warning naming the options it ignored."""
-    defaults = inspect.signature(fit).parameters
-    skipped = [
-        f"{name}={value!r}"
-        for name, value in arguments.items()
-        if name in defaults
-        and name not in ("model", "x", "y", "batch_size", "verbose", "fit_kwargs")
-        and value != defaults[name].default
-    ]
-    warn(backend_lib.unsupported_warning(backend_lib.name(), skipped))
+    warn(backend_lib.unsupported_warning(backend_lib.name(), list(request.given)))
     kwargs = dict(fit_kwargs)
-    if isinstance(arguments["batch_size"], int):
-        kwargs["batch_size"] = arguments["batch_size"]
+    if isinstance(request.options.batch_size, int):
+        kwargs["batch_size"] = request.options.batch_size
     trained = model() if is_builder(model) else model
-    history = trained.fit(x, y, verbose=arguments["verbose"], **kwargs)
+    history = trained.fit(x, y, verbose=request.verbose, **kwargs)
     history.plan = None
     return history
 
 
 def _train(
-    deciding: _Deciding,
-    decided: Decided,
-    *,
-    held: tuple[str, ...] = (),
-    said: tuple[str, ...] = (),
+    deciding: _Deciding, decided: Decided, attempt: fallback.Attempt
 ) -> keras.callbacks.History:
     """Applies `decided` on the one path, in a session that owns every
-    change, and trains with Keras's own `fit`; the plan's warnings in `held`
-    are shown after the first step, not before, and those in `said` (by an
-    attempt before) not again."""
+    change, and trains with Keras's own `fit`. Of the plan's warnings, those
+    an earlier attempt gave are not given again, and those the attempt holds
+    (`Attempt.held`) are given once the first step has run."""
     model, request = deciding.model, deciding.request
+    said = attempt.said or ()
+    held = attempt.held(decided.plan.warnings)
     with session_lib.Session() as session:
         prepared = session_lib.prepare(
             session,
@@ -181,7 +183,6 @@ def _train(
             deciding.y,
             decided,
             fit_kwargs=deciding.fit_kwargs,
-            replan=lambda why: deciding.decide(not_rebuildable=why),
         )
         plan = prepared.plan
         _install_callbacks(
@@ -265,8 +266,31 @@ def plan(
     >>> p = kerascale.plan(model, ds)
     >>> p.precision, p.global_batch_size
     """
-    request = _Request.from_arguments(locals())
-    decided = _Deciding(model, x, y, request, dict(fit_kwargs), write=False).decide()
+    request = _Request.validate(
+        batch_size=batch_size,
+        strategy=strategy,
+        precision=precision,
+        max_batch_size=max_batch_size,
+        memory_limit=memory_limit,
+        device_memory=device_memory,
+        accumulation_steps=accumulation_steps,
+        lr_scaling=lr_scaling,
+        base_batch_size=base_batch_size,
+        optimize_data=optimize_data,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_freq=checkpoint_freq,
+        start_over=start_over,
+        log_dir=log_dir,
+        profile=profile,
+        time_budget=time_budget,
+        worker_timeout=worker_timeout,
+        recompute=recompute,
+        materialize=materialize,
+        remeasure=remeasure,
+        verbose=verbose,
+    )
+    deciding = _Deciding(model, x, y, request, dict(fit_kwargs), write=False)
+    decided = fallback.attempted(deciding.decide, deciding.options)
     for w in decided.plan.warnings:
         warn(w)
     return decided.plan
@@ -324,12 +348,10 @@ class _Request:
     worker_timeout: float | str | None
     materialize: str | os.PathLike | None = None
     start_over: bool = False
-
-    @classmethod
-    def from_arguments(cls, arguments: dict[str, Any]) -> _Request:
-        """From `fit`'s or `plan`'s parameters (their `locals()` on entry)."""
-        data = ("model", "x", "y", "fit_kwargs")
-        return cls.validate(**{k: v for k, v in arguments.items() if k not in data})
+    # The options given other than at their defaults, as "name=value" (for
+    # the warning on a backend kerascale does not plan for).
+    given: tuple[str, ...] = ()
+    verbose: Any = "auto"  # as given, for that backend's plain `fit`
 
     @classmethod
     def validate(
@@ -345,6 +367,27 @@ class _Request:
         materialize: Any,
         **options: Any,
     ) -> _Request:
+        """From `fit`'s and `plan`'s arguments (but the model and data),
+        each by its name."""
+        defaults = inspect.signature(fit).parameters
+        named = dict(
+            options,
+            log_dir=log_dir,
+            profile=profile,
+            time_budget=time_budget,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_freq=checkpoint_freq,
+            start_over=start_over,
+            worker_timeout=worker_timeout,
+            materialize=materialize,
+        )
+        given = tuple(
+            f"{name}={value!r}"
+            for name, value in named.items()
+            if name not in ("batch_size", "verbose")
+            and value != defaults[name].default
+        )
+        verbose = options.get("verbose", "auto")
         checked, search = validate_options(**options)
         monitor = fit_callbacks.validate_fit_options(log_dir, profile, time_budget)
         fit_callbacks.validate_checkpointing(checkpoint_freq, start_over)
@@ -355,9 +398,17 @@ class _Request:
         ):
             raise _validation.fail("materialize", materialize, "None or a folder path")
         return cls(
-            checked, search, monitor, checkpoint_dir, checkpoint_freq,
-            worker_timeout, materialize, start_over,
-        )  # fmt: skip
+            checked,
+            search,
+            monitor,
+            checkpoint_dir,
+            checkpoint_freq,
+            worker_timeout,
+            materialize,
+            start_over,
+            given,
+            verbose,
+        )
 
 
 class _Deciding:
@@ -365,7 +416,7 @@ class _Deciding:
     cluster (joined before anything else runs TensorFlow), the run's backup
     (added to `fit_kwargs["callbacks"]` when `checkpoint_dir` asks for one)
     and the options a resumed checkpoint pins; then `decide`, and again
-    when applying needs another decision."""
+    for each attempt of the ladder."""
 
     def __init__(
         self,
@@ -402,53 +453,30 @@ class _Deciding:
             saved = self.backup.saved_plan()
             self.options, self.pinned = pin(self.options, saved, data_batched=batched)
 
-    def decide(
-        self,
-        *,
-        not_rebuildable: str | BaseException = "",
-        options: Options | None = None,
-        search: SearchOptions | None = None,
-    ) -> Decided:
-        """The decision; `not_rebuildable`: why re-creating the model failed."""
-        decided = decide(
+    def decide(self, attempt: fallback.Attempt) -> Decided:
+        """The decision of one attempt of the ladder."""
+        search = self.request.search
+        if attempt.options.max_batch_size != self.options.max_batch_size:
+            # A rung bounded the batch (below one that ran out of memory).
+            search = dataclasses.replace(
+                search, max_batch_size=attempt.options.max_batch_size
+            )
+        return decide(
             self.model,
             self.x,
             self.y,
-            options or self.options,
+            attempt.options,
             steps_per_epoch=self.fit_kwargs.get("steps_per_epoch"),
             validation_split=self.fit_kwargs.get("validation_split"),
             epochs=_epochs(self.fit_kwargs),
-            search=search or self.request.search,
+            search=search,
             hardware=self.hardware,
-            not_rebuildable=not_rebuildable,
+            not_rebuildable=attempt.not_rebuildable,
             clustered=self.clustered,
             pinned=tuple(self.pinned),
+            materialized=self.materialized,
+            measured=attempt.measured,
         )
-        if not self.materialized:
-            return decided
-        return decided.replanned(Measured(materialized=self.materialized))
-
-    def after_first_step(
-        self, decided: Decided, failed: session_lib.FirstStepFailed
-    ) -> Decided | None:
-        """The decision of the attempt after `decided` failed at its first
-        step (`fallback.after_first_step`), or None where nothing failed
-        that kerascale chose (the error is then the model's own)."""
-        error = failed.error
-        step = fallback.after_first_step(
-            self.options,
-            decided.plan,
-            decided.model.policy,
-            searched=decided.search is not None,
-            out_of_memory=is_oom_exception(error),
-            error=error,
-        )
-        if step is None:
-            return None
-        search = dataclasses.replace(
-            self.request.search, max_batch_size=step.options.max_batch_size
-        )
-        return self.decide(options=step.options, search=search).replanned(step.measured)
 
 
 def _epochs(fit_kwargs: dict[str, Any]) -> int:

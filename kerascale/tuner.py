@@ -410,7 +410,7 @@ def _tuner_callback(callbacks: Any) -> Any:
 
 
 def _out_of_memory(e: BaseException) -> bool:
-    from kerascale.measure.probe import is_oom_exception
+    from kerascale.sense.oom import is_oom_exception
 
     if is_oom_exception(e):  # TensorFlow's ResourceExhaustedError, JAX's
         return True

@@ -308,7 +308,10 @@ def test_read_like_fit_builds_what_keras_fit_builds_of_arrays():
     y = np.zeros((4096, 1), "float32")
     # Counted by TensorFlow's allocator, not the process's resident memory:
     # a pool an earlier test grew in this process holds the copy unseen.
-    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    try:
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    except ValueError as e:  # TensorFlow keeps no CPU stats on some hosts
+        pytest.skip(f"TensorFlow counts no CPU allocations here: {e}")
     adapter, iterator, held = compat.read_like_fit(x, y, 32, True, "tensorflow", 3)
     grown = tf.config.experimental.get_memory_info("CPU:0")["current"] - before
     assert len(held) == 2 and tuple(held[0][0].shape) == (32, 16, 16, 3)

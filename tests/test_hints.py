@@ -121,7 +121,7 @@ def _accepted_by_a_door(name, value):
     if name in fit_defaults:
         doors.append(lambda: _Request.validate(**{**fit_defaults, name: value}))
     if name in find_defaults:
-        doors.append(lambda: find_batch._validated({**find_defaults, name: value}))
+        doors.append(lambda: find_batch._validated(**{**find_defaults, name: value}))
     errors = []
     # A strategy's names are its backend's: each backend's rules in turn.
     for rules in (jax_rules, tf_rules):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attempts as attempts_lib
 import keras
 import numpy as np
 import pytest
@@ -398,9 +399,12 @@ def test_a_searched_batch_that_runs_out_at_the_first_step_is_stepped_down(
     outputs = keras.layers.Dense(2)(Tripwire(60)(inputs))
     model = keras.Model(inputs, outputs)
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    attempts = attempts_lib.record(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         history = kerascale.fit(model, x, y, memory_limit="4GiB", epochs=1, verbose=0)
+    # The ladder's "first_step" rung: decided again, once, from the door.
+    attempts.check(2)
     said = [str(w.message) for w in caught if "stepped down" in str(w.message)]
     assert len(said) == 1 and "ran out of memory" in said[0], said
     plan = history.plan

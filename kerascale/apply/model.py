@@ -18,15 +18,19 @@ from kerascale._keras_compat.serialization import tensorflow_left_unimported
 from kerascale._state import preserved_state, quiet_variable_reads, value_of
 from kerascale.apply import precision
 from kerascale.errors import ModelError, warn
+from kerascale.plan.fallback import Recoverable
 from kerascale.sense.model_facts import gist, is_builder, is_functional
 
 logger = logging.getLogger("kerascale")
 
 
-class CannotRecreate(Exception):
-    """The model could not be re-created (the message says why). Callers fall
-    back to training it as it is, and say what was not applied."""
+class CannotRecreate(Recoverable):
+    """The model could not be re-created (the message says why). A probe or
+    trial trains the model itself instead; elsewhere it is the ladder's
+    "recreate" rung (`plan.fallback`): decided again without re-creating,
+    and the plan says what was not applied."""
 
+    rung = "recreate"
     placing = False
 
 

@@ -27,15 +27,18 @@ from kerascale.apply.jax import cluster as jax_cluster
 from kerascale.apply.jax import even_batches
 from kerascale.apply.tensorflow import cluster
 from kerascale.errors import ConfigurationError, warn
+from kerascale.plan.fallback import FirstStepFailed
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
 from kerascale.sense.model_facts import borrow_problem, gist, is_builder
+from kerascale.sense.oom import is_oom_exception
 
 if TYPE_CHECKING:
     from kerascale.plan.measured import SearchAnswer
     from kerascale.plan.plan import Plan
     from kerascale.sense.data_facts import DataFacts
     from kerascale.sense.hardware import Hardware
+    from kerascale.sense.model_facts import ModelFacts
 
 logger = logging.getLogger("kerascale")
 T = TypeVar("T")
@@ -51,6 +54,8 @@ class Decision(Protocol):
     def data(self) -> DataFacts: ...
     @property
     def hardware(self) -> Hardware: ...
+    @property
+    def model(self) -> ModelFacts: ...
     @property
     def instance(self) -> Any: ...  # the user's strategy, or None
     @property
@@ -242,7 +247,6 @@ def prepare(
     copy: bool = False,
     as_dataset: bool = False,
     fit_kwargs: dict[str, Any] | None = None,
-    replan: Callable[[BaseException], Decision] | None = None,
     read_in_part: bool = False,
 ) -> Prepared:
     """Sets up what trains under `decided.plan`, inside `session`.
@@ -257,9 +261,6 @@ def prepare(
         as_dataset: Arrays become a batched, prefetched dataset (for
             measurements that iterate the data themselves).
         fit_kwargs: `model.fit`'s other arguments (not changed).
-        replan: `replan(e)` is the decision without what failed (`e`, a
-            `CannotRecreate`: re-creating the model, or laying it out over
-            the devices). Without it, that failure raises.
         read_in_part: The data is read for some steps of its first epoch
             only (`diagnose`'s rates): a dataset is then not cached, since
             TensorFlow throws a cache() read in part away, with a warning.
@@ -268,19 +269,12 @@ def prepare(
         `Prepared`.
 
     Raises:
-        model.CannotRecreate: When re-creating fails and there is no `replan`.
+        model.CannotRecreate: When re-creating the model, or laying it out
+            over the devices, fails: the ladder's "recreate" rung.
     """
-    try:
-        train_model, dist = session.model_for(
-            model, decided.plan, instance=decided.instance, copy=copy
-        )
-    except model_lib.CannotRecreate as e:
-        if replan is None:
-            raise
-        decided = replan(e)
-        train_model, dist = session.model_for(
-            model, decided.plan, instance=decided.instance, copy=copy
-        )
+    train_model, dist = session.model_for(
+        model, decided.plan, instance=decided.instance, copy=copy
+    )
     if cluster.joined_by(dist):
         # Every worker takes the chief's TensorFlow seed for the run.
         session.undo("the cluster's shared seed", tf.random.set_seed, cluster.tf_seed())
@@ -370,15 +364,6 @@ def _share(plan: Plan) -> even_batches.Share | None:
     return even_batches.Share(plan.replicas) if processes == 1 else None
 
 
-class FirstStepFailed(Exception):
-    """Training raised `error` inside a training step before any step
-    completed: nothing was trained, and `fit` may try the plain choices."""
-
-    def __init__(self, error: BaseException):
-        super().__init__(f"{type(error).__name__}: {error}")
-        self.error = error
-
-
 class _StepWatch:
     """Knows whether a training step started and whether one completed, by
     two callbacks around Keras's step: one placed last, whose
@@ -464,7 +449,14 @@ def train(
             if steps.failed_in_first_step:
                 if not recovered and restore is not None:
                     restore()
-                raise FirstStepFailed(e) from e
+                decided = prepared.decided
+                raise FirstStepFailed(
+                    e,
+                    plan=decided.plan,
+                    policy=decided.model.policy,
+                    searched=decided.search is not None,
+                    out_of_memory=is_oom_exception(e),
+                ) from e
             raise
     k = prepared.plan.accumulation_steps
     if k > 1 and history.epoch and steps.done < k:

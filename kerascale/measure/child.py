@@ -28,12 +28,11 @@ from kerascale.measure.probe import (
     ProbeResult,
     ProbeSpec,
     build_probe_model,
-    is_oom_exception,
-    looks_like_oom,
     train_probe,
 )
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
+from kerascale.sense.oom import is_oom_exception, looks_like_oom
 
 if TYPE_CHECKING:
     from kerascale.measure.host_share import HostShare

@@ -13,7 +13,6 @@ from typing import Any
 
 from kerascale import _tf
 from kerascale.apply import strategy as strategy_lib
-from kerascale.apply.model import CannotRecreate
 from kerascale.measure import batch as batch_lib
 from kerascale.measure import budget as budget_lib
 from kerascale.measure import engines, first_trace
@@ -32,7 +31,8 @@ from kerascale.measure.request import SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
 from kerascale.plan import precision as precision_rules
-from kerascale.plan.measured import Measured
+from kerascale.plan.fallback import FailedInProbe, LateCoreCount
+from kerascale.plan.measured import NOTHING, Measured
 from kerascale.plan.options import Options, pinned_reasons, user_instance
 from kerascale.plan.plan import Plan
 from kerascale.plan.planner import Planner
@@ -102,12 +102,19 @@ def decide(
     search: SearchOptions | None = None,
     force_search: bool = False,
     hardware: Hardware | None = None,
-    not_rebuildable: str | BaseException = "",
+    not_rebuildable: str = "",
     clustered: bool = False,
     pinned: tuple[str, ...] = (),
+    materialized: str = "",
+    measured: Measured = NOTHING,
 ) -> Decided:
-    """Facts, then the plan; runs the batch-size search and trials where
-    they are needed.
+    """Facts, the first plan, then each measurement stage once, in order:
+    sharding, the batch search, the trials, recomputation, the cluster's
+    agreement, then what the run brings (a resumed checkpoint's pins, a
+    materialized input, the ladder's findings), and a TPU's core count.
+    Each stage measures only where the run repays it, and the plan is made
+    again from what it found. No stage retries: a failure that kerascale
+    answers is raised as a `plan.fallback.Recoverable`, for the door's ladder.
 
     Args:
         model: The user's model or builder.
@@ -122,11 +129,16 @@ def decide(
         force_search: Search even when the data brings its own batch
             (`find_batch_size`).
         hardware: Reuse a detection instead of detecting again.
-        not_rebuildable: Why the model could not be re-created, when an
-            attempt failed.
+        not_rebuildable: Why the model cannot be re-created, where an
+            attempt found out (the ladder's "recreate" rung).
         clustered: This process joined a cluster: all workers agree.
         pinned: Options set from a resumed checkpoint's plan (their reasons
             say so).
+        materialized: Where the input was materialized to, or "".
+        measured: What the ladder's rungs found, added last.
+
+    Raises:
+        plan.fallback.Recoverable: A failure that a rung of the ladder answers.
     """
     data = data_facts.inspect(
         x, y, steps_per_epoch=steps_per_epoch, validation_split=validation_split
@@ -147,71 +159,73 @@ def decide(
             lambda: budget_lib.train_seconds_per_sample(model, x, y, data),
         )
     planner = Planner(hw, facts, data)
-    try:
-        decided = _measured(model, x, y, options, planner, search, force_search, budget)
-    except CannotRecreate as e:
-        if not facts.rebuildable:
-            raise
-        return decide(
-            model, x, y, options, steps_per_epoch=steps_per_epoch,
-            validation_split=validation_split, epochs=epochs, search=search,
-            force_search=force_search, hardware=hw, not_rebuildable=str(e),
-            clustered=clustered, pinned=pinned,
-        )  # fmt: skip
+    inputs = (model, x, y)
+    options, found = engines.sharding(hw.backend)(model, x, y, options, planner, search)
+    first = planner(options, measured=found)
+    # The batch per replica asked for (None for "auto"), before a split.
+    asked = None if searched_batch(options, data) else first.micro_batch_size
+    can_try = trials_lib.possible(options, hw, facts)
+    decided, ladder = _batch_searched(
+        inputs, options, planner, first, found, search, force_search, can_try, budget
+    )
+    if can_try:
+        decided = _tried(decided, model, x, y, ladder, budget)
+    if options.recompute == "auto" or force_search:
+        decided = _recomputed(decided, inputs, search, (asked, force_search), budget)
     if clustered:
         decided = agree(decided)
+    brought = Measured(materialized=materialized) | measured
     if pinned:
-        decided = decided.replanned(Measured().decided(**pinned_reasons(pinned)))
-    return _settle_tpu(decided, model, x, y, steps_per_epoch, search)
+        brought = Measured().decided(**pinned_reasons(pinned)) | brought
+    if brought != NOTHING:
+        decided = decided.replanned(brought)
+    return _settle_tpu(decided)
 
 
-def _measured(
-    model: Any,
-    x: Any,
-    y: Any,
+def _batch_searched(
+    inputs: tuple,
     options: Options,
     planner: Planner,
+    plan: Plan,
+    found: Measured,
     search: SearchOptions | None,
     force_search: bool,
-    budget: budget_lib.RunBudget | None = None,
-) -> Decided:
-    """The decision with the batch search's and the trials' answers in it,
-    each measured only where `budget`'s run repays it (None: no budget).
+    can_try: bool,
+    budget: budget_lib.RunBudget | None,
+) -> tuple[Decided, bool]:
+    """The decision with the batch search's answer in it (measured only where
+    `budget`'s run repays it; None: no budget), and whether the search ran as
+    a ladder of rungs for the trials. `inputs`: (model, x, y); `plan`: the
+    first plan, over `found` (what sharding found).
 
-    A search whose probe fails for a reason other than memory is not fit's
-    error to raise: under a mixed precision kerascale chose, it is tried
-    again in the model's own precision; otherwise it is dropped (the real
-    run then raises the model's error, as `model.fit` would)."""
+    A probe that fails for a reason other than memory is not fit's error to
+    raise: under a mixed precision kerascale chose, it is the ladder's
+    `FailedInProbe`; otherwise the search is dropped (the real run then
+    raises the model's error, as `model.fit` would)."""
+    model, x, y = inputs
     hw, facts, data = planner.hardware, planner.model, planner.data
-    instance = user_instance(options)
-    shard = engines.sharding(hw.backend)
-    options, found = shard(model, x, y, options, planner, search)
-    plan = planner(options, measured=found)
-    can_try = trials_lib.possible(options, hw, facts)
-    # The batch per replica asked for (None for "auto"), before a split.
-    asked = None if searched_batch(options, data) else plan.micro_batch_size
     skipped, unavailable = "", False
     try:
         result, ladder, note = batch_for_plan(
-            model, x, y, options, planner, plan, search,
-            force_search=force_search, can_try=can_try, budget=budget,
-        )  # fmt: skip
+            model,
+            x,
+            y,
+            options,
+            planner,
+            plan,
+            search,
+            force_search=force_search,
+            can_try=can_try,
+            budget=budget,
+        )
     except batch_lib.SearchSkipped as e:
         result, ladder, note, skipped = None, False, "", str(e)
         unavailable = isinstance(e, batch_lib.SearchUnavailable)
     except ProbeFailed as e:
         if options.precision == "auto" and plan.precision != facts.policy:
-            plain = dataclasses.replace(options, precision=facts.policy)
-            decided = _measured(
-                model, x, y, plain, planner, search, force_search, budget
-            )
-            why = Reason(
-                "precision.failed_in_probe",
-                policy=facts.policy,
-                tried=plan.precision,
-                error=str(e),
-            )
-            return decided.replanned(Measured().decided(precision=why).warned(why))
+            raise FailedInProbe(
+                str(e), tried=plan.precision, policy=facts.policy
+            ) from e
         result, ladder = None, False
         note = (
             f"No batch search: a probe failed for a reason other than memory "
@@ -228,20 +242,14 @@ def _measured(
         facts,
         data,
         planner(options, search=result, measured=found),
-        instance,
+        user_instance(options),
         options,
         result,
         options.optimize_data is not False,
         search_skipped=skipped,
         measured=found,
     )
-    if can_try:
-        decided = _tried(decided, model, x, y, ladder, budget)
-    if options.recompute == "auto" or force_search:
-        decided = _recomputed(
-            decided, (model, x, y), search, (asked, force_search), budget
-        )
-    return decided
+    return decided, ladder
 
 
 def _recomputed(
@@ -463,28 +471,13 @@ def _batch_chosen(
     )
 
 
-def _settle_tpu(
-    decided: Decided,
-    model: Any,
-    x: Any,
-    y: Any,
-    steps_per_epoch: Any,
-    search: SearchOptions | None,
-) -> Decided:
-    """On a TPU, the plan for the real core count: it is known only once the
-    TPU system is initialised (8 is assumed until then)."""
+def _settle_tpu(decided: Decided) -> Decided:
+    """On a TPU, the decision over the strategy that starts its system: the
+    core count is known only then (8 is assumed until then). Another count
+    than the plan's is the ladder's `LateCoreCount`: decided again over it."""
     if decided.plan.strategy != "tpu":
         return decided
     dist = strategy_lib.build(decided.plan)
-    if dist.num_replicas_in_sync == decided.plan.replicas:
-        return dataclasses.replace(decided, instance=dist)
-    options = dataclasses.replace(decided.options, strategy=dist)
-    return decide(
-        model,
-        x,
-        y,
-        options,
-        steps_per_epoch=steps_per_epoch,
-        search=search,
-        hardware=decided.hardware,
-    )
+    if dist.num_replicas_in_sync != decided.plan.replicas:
+        raise LateCoreCount(dist, dist.num_replicas_in_sync, decided.plan.replicas)
+    return dataclasses.replace(decided, instance=dist)

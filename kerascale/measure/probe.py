@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from kerascale import _tf
 from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session
 from kerascale.measure.probe_data import decode_structure, synthetic_batch
@@ -23,6 +22,7 @@ from kerascale.plan.plan import Plan
 from kerascale.sense import memory
 from kerascale.sense.data_facts import as_structure
 from kerascale.sense.model_facts import is_builder
+from kerascale.sense.oom import is_oom_exception
 
 if TYPE_CHECKING:
     from kerascale.measure.host_share import HostShare
@@ -35,30 +35,6 @@ OK, OOM, ERROR = "ok", "oom", "error"
 # between a batch of 4 (sub-millisecond steps) and one of 4096.
 MIN_TIMED_SECONDS = 0.3
 MAX_TIMED_STEPS = 1000  # a bound on a probe's timed steps
-
-# Text that only an allocation failure prints. TensorFlow: "OOM when allocating
-# tensor", "ResourceExhaustedError"; the C++ runtime: "std::bad_alloc"; Python:
-# "MemoryError"; glibc/mmap: "Cannot allocate memory".
-_OOM_TEXT = (
-    "resourceexhausted",
-    "resource_exhausted",  # XLA's status code, in JAX's XlaRuntimeError
-    "resource exhausted",
-    "oom when allocating",
-    "out of memory",
-    "bad_alloc",
-    "memoryerror",
-    "cannot allocate memory",
-    "failed to allocate",
-    "unable to allocate",  # NumPy's MemoryError, also when Keras wraps it
-    # A copy to a GPU whose allocator cannot hold the destination (an
-    # InternalError, not ResourceExhaustedError, in TensorFlow's copy code).
-    "dst tensor is not initialized",
-)
-
-
-def looks_like_oom(text: str) -> bool:
-    low = text.lower()
-    return any(t in low for t in _OOM_TEXT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,16 +352,6 @@ def build_probe_model(
     )
     session.accumulate(new, plan, final=False)
     return new
-
-
-def is_oom_exception(e: BaseException) -> bool:
-    """Whether an exception means memory ran out (TensorFlow's
-    ResourceExhaustedError, JAX's XlaRuntimeError RESOURCE_EXHAUSTED, ...)."""
-    if isinstance(e, MemoryError) or _tf.is_instance(
-        e, "errors", "ResourceExhaustedError"
-    ):
-        return True
-    return looks_like_oom(f"{type(e).__name__}: {e}")
 
 
 class InProcessProber:

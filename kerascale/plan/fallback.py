@@ -1,19 +1,208 @@
-"""The one fallback ladder: after the first training step failed, the
-options of the next attempt, from the options, the plan that failed and
-the failure (`after_first_step`). `fit` tries the decision, then at most
-this one fallback; the error of a step that fails without kerascale's
-choices is the model's own, raised as `model.fit` raises it."""
+"""The one fallback ladder, and the loop that walks it.
+
+Every failure that kerascale answers, rather than raises, is a
+`Recoverable`: raised where it happens, and caught only by the door's loop,
+`attempted`. It names its rung; `next_attempt` turns the attempt that failed
+and the failure into the next attempt, or None where no rung answers it (the
+error is then the model's own, raised as `model.fit` raises it). Each rung is
+taken at most once in a call, so the loop ends.
+
+The rungs (`RUNGS`):
+
+- "recreate": re-creating the model, or laying it out over the devices,
+  failed (`apply.model.CannotRecreate`): decide again without re-creating.
+- "probe_precision": a batch-search probe failed, for a reason other than
+  memory, under the mixed precision kerascale chose (`FailedInProbe`):
+  decide again in the model's own precision.
+- "tpu_cores": a TPU's core count is known only once its system starts
+  (`LateCoreCount`): decide again over the strategy that started it.
+- "first_step": the first training step failed
+  (`apply.session.FirstStepFailed`): a searched batch that ran out of memory
+  steps down; otherwise the choices kerascale made on its own become plain
+  `fit`'s (`after_first_step`).
+
+No stage retries, and the apply floor never calls back up to decide.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
-from kerascale.plan.measured import Measured
+from kerascale.plan.measured import NOTHING, Measured
 from kerascale.plan.options import Options
 from kerascale.plan.plan import Plan
 from kerascale.plan.reasons import Reason
 from kerascale.sense.model_facts import gist
+
+T = TypeVar("T")
+
+RUNGS = ("recreate", "probe_precision", "tpu_cores", "first_step")
+
+
+class Recoverable(Exception):
+    """A failure that a rung of the ladder answers (`RUNGS`): raised where it
+    happens, caught only by `attempted`."""
+
+    rung: ClassVar[str] = ""
+
+    def unanswered(self) -> BaseException:
+        """What the user gets where no rung answers: the failure itself."""
+        return self
+
+
+class FailedInProbe(Recoverable):
+    """A batch-search probe failed, for a reason other than memory, under
+    the mixed precision `tried` that kerascale chose in place of the model's
+    own `policy`."""
+
+    rung = "probe_precision"
+
+    def __init__(self, error: str, *, tried: str, policy: str):
+        super().__init__(error)
+        self.error, self.tried, self.policy = error, tried, policy
+
+
+class LateCoreCount(Recoverable):
+    """A TPU system started with a core count other than the plan's: the
+    decision is made again over `strategy`, the strategy that started it."""
+
+    rung = "tpu_cores"
+
+    def __init__(self, strategy: Any, cores: int, planned: int):
+        super().__init__(f"the TPU has {cores} cores, the plan assumed {planned}")
+        self.strategy = strategy
+
+
+class FirstStepFailed(Recoverable):
+    """Training raised `error` inside a training step before any step
+    completed: nothing was trained under `plan`.
+
+    Attributes:
+        error: What the step raised (the user's error where no rung answers).
+        plan: The plan that trained.
+        policy: The model's own precision.
+        searched: Whether kerascale searched the plan's batch.
+        out_of_memory: Whether `error` means memory ran out.
+    """
+
+    rung = "first_step"
+
+    def __init__(
+        self,
+        error: BaseException,
+        *,
+        plan: Plan,
+        policy: str,
+        searched: bool,
+        out_of_memory: bool,
+    ):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error, self.plan, self.policy = error, plan, policy
+        self.searched, self.out_of_memory = searched, out_of_memory
+
+    def unanswered(self) -> BaseException:
+        return self.error
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """What one attempt decides with.
+
+    Attributes:
+        options: Its options.
+        not_rebuildable: Why the model cannot be re-created, once an attempt
+            found out ("" before).
+        measured: What the rungs taken found, for the plan's reasons and
+            warnings (added after every stage).
+        taken: The rungs taken to reach it, in order.
+        said: The warnings an earlier attempt gave before its first step
+            failed, not given again; None where no attempt has trained.
+    """
+
+    options: Options
+    not_rebuildable: str = ""
+    measured: Measured = NOTHING
+    taken: tuple[str, ...] = ()
+    said: tuple[str, ...] | None = None
+
+    def held(self, warnings: tuple[str, ...]) -> tuple[str, ...]:
+        """The plan's `warnings` to give only once a first step has run: after
+        a failed first step, what this attempt adds (failing the same way,
+        the error is the model's own, and the fallback's words would mislead)."""
+        if self.said is None:
+            return ()
+        return tuple(w for w in warnings if w not in self.said)
+
+
+def attempted(run: Callable[[Attempt], T], options: Options) -> T:
+    """`run(attempt)` from the first attempt (`options`), then from each
+    rung's next attempt, until one returns; where no rung answers a failure,
+    its error is raised."""
+    attempt = Attempt(options)
+    while True:
+        try:
+            return run(attempt)
+        except Recoverable as failure:
+            following = next_attempt(attempt, failure)
+            if following is None:
+                error = failure.unanswered()
+                if error is failure:
+                    raise
+                raise error from None
+            attempt = following
+
+
+def next_attempt(attempt: Attempt, failure: Recoverable) -> Attempt | None:
+    """The attempt after `attempt` failed with `failure`, or None where no
+    rung answers it (or its rung was taken already)."""
+    rung = failure.rung
+    if rung not in RUNGS or rung in attempt.taken:
+        return None
+    step = _answer(attempt, failure)
+    if step is None:
+        return None
+    options, measured, changes = step
+    return dataclasses.replace(
+        attempt,
+        options=options,
+        measured=attempt.measured | measured,
+        taken=(*attempt.taken, rung),
+        **changes,
+    )
+
+
+def _answer(
+    attempt: Attempt, failure: Recoverable
+) -> tuple[Options, Measured, dict[str, Any]] | None:
+    options = attempt.options
+    if failure.rung == "recreate":
+        return options, NOTHING, {"not_rebuildable": str(failure)}
+    if isinstance(failure, FailedInProbe):
+        plain = dataclasses.replace(options, precision=failure.policy)
+        why = Reason(
+            "precision.failed_in_probe",
+            policy=failure.policy,
+            tried=failure.tried,
+            error=failure.error,
+        )
+        return plain, Measured().decided(precision=why).warned(why), {}
+    if isinstance(failure, LateCoreCount):
+        return dataclasses.replace(options, strategy=failure.strategy), NOTHING, {}
+    if not isinstance(failure, FirstStepFailed):
+        return None
+    step = after_first_step(
+        options,
+        failure.plan,
+        failure.policy,
+        searched=failure.searched,
+        out_of_memory=failure.out_of_memory,
+        error=failure.error,
+    )
+    if step is None:
+        return None
+    return step.options, step.measured, {"said": failure.plan.warnings}
 
 
 @dataclasses.dataclass(frozen=True)

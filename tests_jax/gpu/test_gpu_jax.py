@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kerascale
-from kerascale.measure.probe import is_oom_exception
+from kerascale.sense.oom import is_oom_exception
 
 pytestmark = pytest.mark.skipif(
     jax.devices()[0].platform not in ("gpu", "cuda", "rocm"), reason="needs a GPU"
