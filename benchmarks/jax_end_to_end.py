@@ -133,12 +133,16 @@ def main() -> None:
         if r % 2:
             order.reverse()
         speeds = {name: run(x, y, *extra) for name, run, extra in order}
-        rows.append({
-            "round": r + 1, **speeds, "decided_s": round(decided, 1),
-            "chose": [plan.global_batch_size, plan.precision],
-            "why_batch": plan.reasons["global_batch_size"],
-            "why_precision": plan.reasons["precision"],
-        })  # fmt: skip
+        rows.append(
+            {
+                "round": r + 1,
+                **speeds,
+                "decided_s": round(decided, 1),
+                "chose": [plan.global_batch_size, plan.precision],
+                "why_batch": plan.reasons["global_batch_size"],
+                "why_precision": plan.reasons["precision"],
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     summary = {
         name: statistics.median(row[name] for row in rows)
@@ -151,8 +155,15 @@ def main() -> None:
     out = os.path.join(os.path.dirname(__file__), "results", "jax_end_to_end.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
-        json.dump({"rows": rows, "grid": {f"{b}/{p}": s for (b, p), s in grid.items()},
-                   "summary": summary}, f, indent=1)  # fmt: skip
+        json.dump(
+            {
+                "rows": rows,
+                "grid": {f"{b}/{p}": s for (b, p), s in grid.items()},
+                "summary": summary,
+            },
+            f,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

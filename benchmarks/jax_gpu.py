@@ -78,13 +78,19 @@ def resnet_rows(n):
     model = resnet("mixed_bfloat16")
     clock = Clock()
     model.fit(
-        x, y, batch_size=256, epochs=2, verbose=0,
+        x,
+        y,
+        batch_size=256,
+        epochs=2,
+        verbose=0,
         callbacks=[kerascale.callbacks.Prefetch(), clock],
-    )  # fmt: skip
-    rows.append({
-        "setting": "mixed_bfloat16, batch 256, + Prefetch()",
-        "images_per_s": clock.steps * 256 / clock.seconds,
-    })  # fmt: skip
+    )
+    rows.append(
+        {
+            "setting": "mixed_bfloat16, batch 256, + Prefetch()",
+            "images_per_s": clock.steps * 256 / clock.seconds,
+        }
+    )
     # The ceiling: the step alone, on one batch already on the GPU.
     model = resnet("mixed_bfloat16")
     batch_on_gpu = (jax.device_put(x[:256]), jax.device_put(y[:256]))
@@ -105,11 +111,13 @@ def resnet_rows(n):
     history = kerascale.fit(model, x, y, epochs=2, verbose=0, callbacks=[clock])
     batch = history.plan.global_batch_size
     rate = clock.steps * batch / clock.seconds
-    rows.append({
-        "setting": f"kerascale.fit ({history.plan.precision}, batch {batch})",
-        "images_per_s": rate,
-        "of_ceiling": rate / ceiling,
-    })  # fmt: skip
+    rows.append(
+        {
+            "setting": f"kerascale.fit ({history.plan.precision}, batch {batch})",
+            "images_per_s": rate,
+            "of_ceiling": rate / ceiling,
+        }
+    )
     return rows
 
 
@@ -158,12 +166,18 @@ def lm_rows():
         else:
             while not runs(low):
                 low, high = int(low * 0.95), low
-        rows.append({
-            "model": "LM 141M", "precision": policy, "found": found.batch_size,
-            "compiles": len(found.probes), "search_seconds": round(seconds, 1),
-            "truth_at_least": low, "truth_below": high,
-            "found_over_truth": round(found.batch_size / low, 3),
-        })  # fmt: skip
+        rows.append(
+            {
+                "model": "LM 141M",
+                "precision": policy,
+                "found": found.batch_size,
+                "compiles": len(found.probes),
+                "search_seconds": round(seconds, 1),
+                "truth_at_least": low,
+                "truth_below": high,
+                "found_over_truth": round(found.batch_size / low, 3),
+            }
+        )
     return rows
 
 
@@ -175,21 +189,27 @@ def remat_rows():
     x = np.zeros((1 << 15, 512), "int32")
     found = kerascale.find_batch_size(lm(), x, x, precision="mixed_bfloat16")
     row = {
-        "model": "LM 141M", "precision": "mixed_bfloat16",
+        "model": "LM 141M",
+        "precision": "mixed_bfloat16",
         "bound_xla_remat_only": found.batch_size,
         "bound_with_kerascale_remat": found.recompute_batch_size,
-    }  # fmt: skip
+    }
     if found.recompute_batch_size and found.recompute_batch_size > found.batch_size:
         keras.backend.clear_session()
         plan = kerascale.plan(
-            lm(), x, x, batch_size=found.recompute_batch_size,
-            precision="mixed_bfloat16", verbose=0,
-        )  # fmt: skip
+            lm(),
+            x,
+            x,
+            batch_size=found.recompute_batch_size,
+            precision="mixed_bfloat16",
+            verbose=0,
+        )
         row.update(
-            asked=found.recompute_batch_size, recompute=plan.recompute,
+            asked=found.recompute_batch_size,
+            recompute=plan.recompute,
             split=[plan.micro_batch_size, plan.accumulation_steps],
             why=plan.reasons.get("recompute", ""),
-        )  # fmt: skip
+        )
     return [row]
 
 
@@ -203,11 +223,16 @@ def main():
         print(json.dumps(row), flush=True)
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "jax_gpu.json").write_text(json.dumps({
-        "date": datetime.date.today().isoformat(),
-        "device": jax.devices()[0].device_kind,
-        "rows": rows,
-    }, indent=2))  # fmt: skip
+    (out / "jax_gpu.json").write_text(
+        json.dumps(
+            {
+                "date": datetime.date.today().isoformat(),
+                "device": jax.devices()[0].device_kind,
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -81,12 +81,17 @@ def main() -> None:
                 seconds[contestant.__name__] = took
                 chose = said or chose
             ratio = seconds["plain"] / seconds["ours"]
-            rows.append({
-                "minutes": minutes, "epochs": epochs, "round": r + 1,
-                "plain_s": round(seconds["plain"], 1),
-                "kerascale_s": round(seconds["ours"], 1),
-                "vs_plain_and_expert": round(ratio, 3), "chose": chose,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "minutes": minutes,
+                    "epochs": epochs,
+                    "round": r + 1,
+                    "plain_s": round(seconds["plain"], 1),
+                    "kerascale_s": round(seconds["ours"], 1),
+                    "vs_plain_and_expert": round(ratio, 3),
+                    "chose": chose,
+                }
+            )
             print(
                 f"{epochs} epochs (~{minutes:g} min): plain (= the expert's "
                 f"configuration) {seconds['plain']:.1f}s, kerascale "

@@ -33,12 +33,20 @@ PYTHONS = {
 
 
 def child(backend, mode, batch, *more):
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2",
-           "XLA_FLAGS": ""}  # fmt: skip
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": backend,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "XLA_FLAGS": "",
+    }
     out = subprocess.run(
         [str(PYTHONS[backend]), str(CHILD), mode, str(batch), *map(str, more)],
-        capture_output=True, text=True, timeout=900, env=env, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -80,13 +88,16 @@ def main():
             at_own = child(backend, mode, batch)
             at_plain = child(backend, mode, plain)
             row = {
-                "backend": backend, "mode": mode, "limit_bytes": limit,
+                "backend": backend,
+                "mode": mode,
+                "limit_bytes": limit,
                 "largest_batch": batch,
                 "batch_ratio": round(batch / plain, 3),
                 "ms_per_sample": round(1e3 * at_own["step_seconds"] / batch, 4),
-                "ms_per_sample_at_plain_batch":
-                    round(1e3 * at_plain["step_seconds"] / plain, 4),
-            }  # fmt: skip
+                "ms_per_sample_at_plain_batch": round(
+                    1e3 * at_plain["step_seconds"] / plain, 4
+                ),
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
             bound = batch

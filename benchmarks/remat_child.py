@@ -55,10 +55,16 @@ def main(mode, batch, steps=6):
         loss = model.train_on_batch(x, y)
         float(np.asarray(loss if np.ndim(loss) == 0 else loss[0]))  # waits
         times.append(time.perf_counter() - start)
-    print(json.dumps({
-        "mode": mode, "batch": batch, "peak": memory.resident_peak_bytes(),
-        "step_seconds": float(np.median(times[2:])),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "mode": mode,
+                "batch": batch,
+                "peak": memory.resident_peak_bytes(),
+                "step_seconds": float(np.median(times[2:])),
+            }
+        )
+    )
 
 
 def plan(batch, limit):
@@ -72,15 +78,27 @@ def plan(batch, limit):
     # A long run (1,000 epochs): the weighing runs only where the run repays
     # it 10x (the trials' budget); a 1-epoch plan says "not weighed".
     p = kerascale.plan(
-        build(), x, y, batch_size=int(batch), memory_limit=int(limit),
-        precision="float32", remeasure=True, verbose=0, epochs=1000,
-    )  # fmt: skip
-    print(json.dumps({
-        "batch_size": int(batch), "recompute": p.recompute,
-        "split": [p.micro_batch_size, p.replicas, p.accumulation_steps],
-        "why": p.reasons.get("recompute", ""),
-        "planning_seconds": round(time.perf_counter() - start, 1),
-    }))  # fmt: skip
+        build(),
+        x,
+        y,
+        batch_size=int(batch),
+        memory_limit=int(limit),
+        precision="float32",
+        remeasure=True,
+        verbose=0,
+        epochs=1000,
+    )
+    print(
+        json.dumps(
+            {
+                "batch_size": int(batch),
+                "recompute": p.recompute,
+                "split": [p.micro_batch_size, p.replicas, p.accumulation_steps],
+                "why": p.reasons.get("recompute", ""),
+                "planning_seconds": round(time.perf_counter() - start, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -57,8 +57,12 @@ def run(devices, batch):
     env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": flags}
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(batch)],
-        capture_output=True, text=True, env=env, check=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=600,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -41,9 +41,13 @@ def main(argv=None) -> int:
     ds = tf.data.Dataset.from_tensor_slices((x, y)).map(augment)
     model = build(small_cnn)
     plan = kerascale.plan(
-        model, ds, batch_size=128, precision="mixed_bfloat16", optimize_data=True,
+        model,
+        ds,
+        batch_size=128,
+        precision="mixed_bfloat16",
+        optimize_data=True,
         verbose=0,
-    )  # fmt: skip
+    )
     data = data_facts.inspect(ds, None)
     keys = [(128, "float32", True), (128, "mixed_bfloat16", True)]
     print("window | half-range of per-round gains (median) | mean gains | timing s")

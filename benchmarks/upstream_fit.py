@@ -103,10 +103,22 @@ def _run_file(
         env["KERASCALE_ROUTE"] = "1" if routed else "0"
         env["KERASCALE_ROUTE_LOG"] = str(log)
         command = [
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-            f"--rootdir={tmp}", f"--junitxml={report}", "-o", "addopts=",
-            "-W", "ignore::DeprecationWarning", "-p", "upstream_route", str(path),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--rootdir={tmp}",
+            f"--junitxml={report}",
+            "-o",
+            "addopts=",
+            "-W",
+            "ignore::DeprecationWarning",
+            "-p",
+            "upstream_route",
+            str(path),
+        ]
         subprocess.run(command, env=env, cwd=tmp, capture_output=True, check=False)
         if not report.exists():
             return {}
@@ -190,8 +202,11 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     # The tests that call fit (seen at run time) and pass plainly.
     base = [t for t, r in plain.items() if r["outcome"] == "passed" and r["fit"]]
-    failing = {t: routed.get(t, {"message": "not run"}) for t in base
-               if routed.get(t, {}).get("outcome") != "passed"}  # fmt: skip
+    failing = {
+        t: routed.get(t, {"message": "not run"})
+        for t in base
+        if routed.get(t, {}).get("outcome") != "passed"
+    }
     both = [t for t in base if t not in failing]
     summary = {
         "backend": args.backend,

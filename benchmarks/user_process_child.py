@@ -76,9 +76,15 @@ def main(mode, name, policy, value, epochs=0):
 
         start = time.perf_counter()
         r = kerascale.find_batch_size(
-            model, x, y, memory_limit=int(value), precision=policy, verbose=0,
-            cache=False, recompute=False,
-        )  # fmt: skip
+            model,
+            x,
+            y,
+            memory_limit=int(value),
+            precision=policy,
+            verbose=0,
+            cache=False,
+            recompute=False,
+        )
         batch = r.batch_size
         out.update(answer=batch, seconds=round(time.perf_counter() - start, 1))
         out["why"] = r.reasons.get("batch_size", "")

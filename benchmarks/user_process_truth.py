@@ -45,8 +45,12 @@ def run(backend: str, *args: object) -> dict:
     env.pop("XLA_FLAGS", None)
     done = subprocess.run(
         [str(PYTHON[backend]), str(CHILD), *map(str, args)],
-        capture_output=True, text=True, env=env, timeout=1800, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+        check=False,
+    )
     if done.returncode != 0:
         return {"peak": None, "error": done.stderr.strip().splitlines()[-1:]}
     return json.loads(done.stdout.strip().splitlines()[-1])

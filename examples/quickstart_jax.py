@@ -32,8 +32,10 @@ def main():
 
     test_x, test_y = make_data(512, seed=1)
     _, accuracy = model.evaluate(test_x, test_y, verbose=0)  # your own model
-    print(f"\nbackend {history.plan.backend}, strategy {history.plan.strategy}, "
-          f"batch {history.plan.global_batch_size}")  # fmt: skip
+    print(
+        f"\nbackend {history.plan.backend}, strategy {history.plan.strategy}, "
+        f"batch {history.plan.global_batch_size}"
+    )
     print(f"test accuracy {accuracy:.3f}")
 
 

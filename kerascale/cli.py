@@ -121,8 +121,9 @@ def _cluster(args: argparse.Namespace) -> int:
     batch = args.batch_size
     x, y = _synthetic(model, args, batch * 28)
     try:
-        measured = diagnose(model, x, y, steps=20, batch_size=batch,
-                            strategy="default", verbose=0)  # fmt: skip
+        measured = diagnose(
+            model, x, y, steps=20, batch_size=batch, strategy="default", verbose=0
+        )
     except KerascaleError as e:
         print(f"kerascale: {e}", file=sys.stderr)
         return 1
@@ -138,8 +139,10 @@ def _cluster(args: argparse.Namespace) -> int:
         f"here); gradients {grads / 1e6:.1f} MB; link {args.link}: "
         f"{bandwidth / 1e9:g} GB/s, {latency * 1e6:g} us a hop"
     )
-    print("workers  step ms  all-reduce ms  samples/s  | with accumulation "
-          f"x{args.accumulation}: step ms  samples/s")  # fmt: skip
+    print(
+        "workers  step ms  all-reduce ms  samples/s  | with accumulation "
+        f"x{args.accumulation}: step ms  samples/s"
+    )
     for n in counts:
         link = {"kind": args.link, "bandwidth": args.bandwidth}
         plain = scaling.estimate(step, batch, grads, n, **link)
@@ -152,9 +155,11 @@ def _cluster(args: argparse.Namespace) -> int:
             f"{plain.samples_per_second:>9.0f}  | {acc.step_seconds * 1000:>26.2f}  "
             f"{acc.samples_per_second:>9.0f}"
         )
-    print("(a ring all-reduce after each update, not overlapped with the step: "
-          "kerascale/plan/scaling.py; measured against 1, 2 and 4 devices in "
-          "benchmarks/README.md)")  # fmt: skip
+    print(
+        "(a ring all-reduce after each update, not overlapped with the step: "
+        "kerascale/plan/scaling.py; measured against 1, 2 and 4 devices in "
+        "benchmarks/README.md)"
+    )
     return 0
 
 
@@ -402,31 +407,45 @@ def _add_doctor(sub: Any) -> None:
     )
     doctor.add_argument("--json", action="store_true", help="print JSON")
     doctor.add_argument(
-        "--cluster", type=_positive, default=None, metavar="N",
+        "--cluster",
+        type=_positive,
+        default=None,
+        metavar="N",
         help="predict the step at 1 to N data-parallel workers (needs MODEL)",
-    )  # fmt: skip
+    )
     doctor.add_argument("model", nargs="?", help="with --cluster: a saved model")
     doctor.add_argument(
-        "--input-shape", action="append", type=_shape_arg, metavar="D1,D2,...",
+        "--input-shape",
+        action="append",
+        type=_shape_arg,
+        metavar="D1,D2,...",
         help="with --cluster: per-sample input shape; repeat for several inputs",
-    )  # fmt: skip
+    )
     doctor.add_argument(
         "--input-dtype", default="float32", help="with --cluster: the inputs' dtype"
     )
     doctor.add_argument(
-        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
         help="import MODULE first (registers custom objects)",
-    )  # fmt: skip
+    )
     doctor.add_argument("--batch-size", type=_positive, default=32, help="per worker")
     doctor.add_argument(
-        "--link", choices=sorted(INTERCONNECT_KINDS), default="network",
+        "--link",
+        choices=sorted(INTERCONNECT_KINDS),
+        default="network",
         help="with --cluster: what connects the workers",
-    )  # fmt: skip
+    )
     doctor.add_argument("--bandwidth", type=float, default=None, help="bytes/s a link")
     doctor.add_argument(
-        "--accumulation", type=_positive, default=4,
+        "--accumulation",
+        type=_positive,
+        default=4,
         help="with --cluster: micro-batches per update in the estimate",
-    )  # fmt: skip
+    )
     doctor.set_defaults(func=_doctor)
 
 
@@ -442,13 +461,17 @@ def _add_find_batch(sub: Any) -> None:
     find.add_argument("model", help="a model saved with model.save('....keras')")
     _model_arguments(find)
     find.add_argument(
-        "--max-batch-size", type=_positive, default=4096,
+        "--max-batch-size",
+        type=_positive,
+        default=4096,
         help="the largest global batch to consider",
-    )  # fmt: skip
+    )
     find.add_argument(
-        "--mode", choices=["max", "throughput"], default="max",
+        "--mode",
+        choices=["max", "throughput"],
+        default="max",
         help="the largest batch that fits, or the fastest",
-    )  # fmt: skip
+    )
     find.add_argument(
         "--no-cache", action="store_true", help="neither read nor write the cache"
     )
@@ -474,9 +497,11 @@ def _add_diagnose(sub: Any) -> None:
     diag.add_argument("model", help="a model saved with model.save('....keras')")
     _model_arguments(diag)
     diag.add_argument(
-        "--batch-size", type=_positive, default=None,
+        "--batch-size",
+        type=_positive,
+        default=None,
         help="the global batch to measure (default: what fit would pick)",
-    )  # fmt: skip
+    )
     diag.add_argument(
         "--steps", type=_positive, default=20, help="training steps to time"
     )

@@ -197,11 +197,17 @@ def diagnose(
     backend = backend_lib.name()
     _supported(backend)
     options, search = validate_options(
-        batch_size=batch_size, strategy=strategy, precision=precision,
-        max_batch_size=max_batch_size, memory_limit=memory_limit,
-        accumulation_steps=accumulation_steps, optimize_data=optimize_data,
-        recompute=recompute, remeasure=remeasure, verbose=verbose,
-    )  # fmt: skip
+        batch_size=batch_size,
+        strategy=strategy,
+        precision=precision,
+        max_batch_size=max_batch_size,
+        memory_limit=memory_limit,
+        accumulation_steps=accumulation_steps,
+        optimize_data=optimize_data,
+        recompute=recompute,
+        remeasure=remeasure,
+        verbose=verbose,
+    )
     timing = engines.timing(backend)
     # A dataset that repeats forever is read for the steps diagnose times.
     read = steps + timing.WARMUP_STEPS if _endless(x) else None
@@ -239,10 +245,15 @@ def diagnose(
     applied = cast("Decided", prepared.decided)  # what `decide` gave it
     peak, limit = _memory(applied)
     return _verdict(
-        applied, decode=_decode(x, prepared, rates.input),
-        input_rate=rates.input, step_rate=rates.step, training_rate=rates.plain,
-        peak=peak, limit=limit, loader_rate=loader_rate,
-    )  # fmt: skip
+        applied,
+        decode=_decode(x, prepared, rates.input),
+        input_rate=rates.input,
+        step_rate=rates.step,
+        training_rate=rates.plain,
+        peak=peak,
+        limit=limit,
+        loader_rate=loader_rate,
+    )
 
 
 def _decode(x: Any, prepared: Prepared, batches_per_s: float) -> Decode | None:

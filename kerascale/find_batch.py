@@ -9,7 +9,7 @@ from typing import Any
 from kerascale import _validation, errors
 from kerascale.errors import BatchSizeSearchError, ConfigurationError, UnsupportedError
 from kerascale.measure import answered
-from kerascale.measure.decide import decide
+from kerascale.measure.decide import decide_search
 from kerascale.measure.decided import Decided
 from kerascale.measure.request import DEFAULT_MARGIN, SearchOptions
 from kerascale.measure.result import BatchSearchResult
@@ -116,13 +116,12 @@ def find_batch_size(
     _supported_backend()
 
     def searched(attempt: fallback.Attempt) -> Decided:
-        return decide(
+        return decide_search(
             model,
             x,
             y,
             attempt.options,
-            search=search,
-            force_search=True,
+            search,
             not_rebuildable=attempt.not_rebuildable,
             measured=attempt.measured,
         )

@@ -384,8 +384,7 @@ class _Request:
         given = tuple(
             f"{name}={value!r}"
             for name, value in named.items()
-            if name not in ("batch_size", "verbose")
-            and value != defaults[name].default
+            if name not in ("batch_size", "verbose") and value != defaults[name].default
         )
         verbose = options.get("verbose", "auto")
         checked, search = validate_options(**options)

@@ -18,9 +18,14 @@ import kerascale
 
 keras.utils.set_random_seed(0)
 backbone = keras_hub.models.GemmaBackbone(
-    vocabulary_size=4096, num_layers=1, num_query_heads=2, num_key_value_heads=2,
-    hidden_dim=256, intermediate_dim=1024, head_dim=128,
-)  # fmt: skip
+    vocabulary_size=4096,
+    num_layers=1,
+    num_query_heads=2,
+    num_key_value_heads=2,
+    hidden_dim=256,
+    intermediate_dim=1024,
+    head_dim=128,
+)
 backbone.compile("adam", "mse")
 tokens = np.random.default_rng(0).integers(0, 4096, (32, 16)).astype("int32")
 x = {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
@@ -33,10 +38,17 @@ theirs = keras_hub.models.GemmaBackbone.get_layout_map(mesh)
 expected = {
     v.path: list(theirs[v.path].axes) for v in backbone.weights if theirs[v.path]
 }
-history = kerascale.fit(backbone, x, y, batch_size=8, epochs=1, verbose=0,
-                        device_memory="24MiB")  # fmt: skip
-print(json.dumps({
-    "strategy": plan.strategy, "sharding": plan.sharding, "expected": expected,
-    "reason": plan.reasons.get("sharding", ""),
-    "loss": history.history["loss"],
-}))  # fmt: skip
+history = kerascale.fit(
+    backbone, x, y, batch_size=8, epochs=1, verbose=0, device_memory="24MiB"
+)
+print(
+    json.dumps(
+        {
+            "strategy": plan.strategy,
+            "sharding": plan.sharding,
+            "expected": expected,
+            "reason": plan.reasons.get("sharding", ""),
+            "loss": history.history["loss"],
+        }
+    )
+)

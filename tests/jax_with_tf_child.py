@@ -41,22 +41,33 @@ def main(directory):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ours = kerascale.fit(
-            model(), data(), epochs=2, verbose=0,
+            model(),
+            data(),
+            epochs=2,
+            verbose=0,
             checkpoint_dir=os.path.join(directory, "ckpt"),
             log_dir=os.path.join(directory, "logs"),
-        )  # fmt: skip
+        )
         trained = []
         resumed = kerascale.fit(
-            model(), data(), epochs=3, verbose=0,
+            model(),
+            data(),
+            epochs=3,
+            verbose=0,
             checkpoint_dir=os.path.join(directory, "ckpt"),
-            callbacks=[keras.callbacks.LambdaCallback(
-                on_epoch_begin=lambda epoch, logs: trained.append(epoch)
-            )],
-        )  # fmt: skip
+            callbacks=[
+                keras.callbacks.LambdaCallback(
+                    on_epoch_begin=lambda epoch, logs: trained.append(epoch)
+                )
+            ],
+        )
         materialized = kerascale.fit(
-            model(), data(), epochs=3, verbose=0,
+            model(),
+            data(),
+            epochs=3,
+            verbose=0,
             materialize=os.path.join(directory, "shards"),
-        )  # fmt: skip
+        )
     theirs = model().fit(data(), epochs=3, verbose=0)
     events = [
         os.path.join(root, name)

@@ -252,9 +252,14 @@ def test_mixed_float16_in_place_scales_the_loss_and_puts_the_optimizer_back():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # emulated on a CPU: kerascale says so
         kerascale.fit(
-            model, x, y, epochs=1, precision="mixed_float16", verbose=0,
+            model,
+            x,
+            y,
+            epochs=1,
+            precision="mixed_float16",
+            verbose=0,
             callbacks=[Peek()],
-        )  # fmt: skip
+        )
     assert isinstance(during[0], keras.optimizers.LossScaleOptimizer)
     assert during[0].inner_optimizer is optimizer
     assert model.optimizer is optimizer and optimizer.iterations.numpy() == 2
@@ -412,9 +417,14 @@ def test_a_second_fit_with_the_same_plan_reuses_what_keras_traced():
 
     def fit():
         kerascale.fit(
-            model, X, Y, batch_size=16, precision="mixed_bfloat16", verbose=0,
+            model,
+            X,
+            Y,
+            batch_size=16,
+            precision="mixed_bfloat16",
+            verbose=0,
             callbacks=[Peek()],
-        )  # fmt: skip
+        )
         return used[-1]
 
     first = fit()

@@ -118,8 +118,14 @@ def test_fit_s_check_reads_the_answer_and_measures_nothing(setting, monkeypatch)
 
     options = Options.validate(batch_size=1288)
     found, ladder, warning = batch_plan.batch_for_plan(
-        model, x, y, options, Planner(), plan_at(1288), LIMIT,
-        force_search=False, can_try=True,
-    )  # fmt: skip
+        model,
+        x,
+        y,
+        options,
+        Planner(),
+        plan_at(1288),
+        LIMIT,
+        can_try=True,
+    )
     assert not asked and found.reasons["batch_size"].code == "search.answered_here"
     assert (ladder, warning) == (False, "")

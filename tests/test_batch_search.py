@@ -440,10 +440,16 @@ def _user_process(*args, tmp=None):
     its JSON."""
     env = {**os.environ, **({"TMPDIR": str(tmp)} if tmp else {})}
     done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("user_process_child.py")),
-         *map(str, args)],
-        capture_output=True, text=True, timeout=900, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(Path(__file__).with_name("user_process_child.py")),
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -718,8 +724,10 @@ def _guide_sample(limit: str) -> dict:
     """tests_common/guide_sample.py in a process of its own (the user's)."""
     done = subprocess.run(
         [sys.executable, str(Path(guide_sample.__file__)), limit],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -769,7 +777,7 @@ def test_an_answer_that_leaves_few_updates_an_epoch_says_so(monkeypatch, bound, 
 
     monkeypatch.setattr(hardware_lib, "detect_hardware", lambda: HW)
     found = dataclasses.replace(result(bound), smallest_failing=None)
-    monkeypatch.setattr(decide, "batch_for_plan", lambda *a, **k: (found, False, ""))
+    monkeypatch.setattr(decide, "_engine_search", lambda request: found)
     x, y = np.zeros((2000, 4), "float32"), np.zeros((2000, 1), "float32")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -805,7 +813,7 @@ def test_the_precision_the_trials_timed_faster_is_the_answer_s(monkeypatch):
     found = dataclasses.replace(
         result(256), precision="mixed_bfloat16", smallest_failing=None
     )
-    monkeypatch.setattr(decide, "batch_for_plan", lambda *a, **k: (found, False, ""))
+    monkeypatch.setattr(decide, "_engine_search", lambda request: found)
     timed = (
         Trial(256, "float32", False, 85758.0, 0.06, stage="precision"),
         Trial(256, "mixed_bfloat16", False, 77356.0, 0.38, stage="precision"),

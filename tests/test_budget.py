@@ -184,9 +184,14 @@ def test_a_bound_the_user_gave_is_always_searched_under(monkeypatch):
     batch might break: a run of any length searches under it."""
     x, y = toy_data(256)
     plan = kerascale.plan(
-        dense_model(), x, y, epochs=1, verbose=0, precision="float32",
+        dense_model(),
+        x,
+        y,
+        epochs=1,
+        verbose=0,
+        precision="float32",
         max_batch_size=16,
-    )  # fmt: skip
+    )
     assert plan.reasons["global_batch_size"].code == "batch.searched"
     assert plan.global_batch_size <= 16
 
@@ -248,11 +253,15 @@ def test_peeking_at_variable_shapes_leaves_the_order_alone():
     assert list(ds.map(lambda s, n: n).as_numpy_iterator()) == expected
 
 
-@pytest.mark.parametrize("cap, chunks", [(256, [[32, 64, 128, 256]]),
-                                         (512, [[32, 64, 128, 256, 512]]),
-                                         (100, [[32, 64, 100]]),
-                                         (4096, [[32, 64, 128, 256, 512, 1024],
-                                                 [2048, 4096]])])  # fmt: skip
+@pytest.mark.parametrize(
+    "cap, chunks",
+    [
+        (256, [[32, 64, 128, 256]]),
+        (512, [[32, 64, 128, 256, 512]]),
+        (100, [[32, 64, 100]]),
+        (4096, [[32, 64, 128, 256, 512, 1024], [2048, 4096]]),
+    ],
+)
 def test_the_ladder_runs_in_the_children_the_cost_counts(cap, chunks):
     """The budget counts a child per LADDER_CHUNK rungs (search_seconds):
     the ladder sweeps exactly those chunks, the cap in its chunk."""

@@ -236,8 +236,11 @@ def test_doctor_starts_without_tensorflow_s_cpu_banner():
         run_env = env if level is None else {**env, "TF_CPP_MIN_LOG_LEVEL": level}
         proc = subprocess.run(
             [sys.executable, "-c", entry, "doctor"],
-            capture_output=True, text=True, timeout=120, env=run_env,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=run_env,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         banner = "optimized to use available CPU instructions" in proc.stderr
         assert banner == shown, (level, proc.stderr[-2000:])
@@ -257,9 +260,10 @@ def test_doctor_says_which_keras_and_each_fix_s_status(capsys, monkeypatch):
     assert report["tested"] == list(status.TESTED) and not report["newer"]
     by_name = {f["fix"]: f for f in report["fixes"]}
     assert set(by_name) == {
-        "resume in the saved data order", "multi-worker fit",
+        "resume in the saved data order",
+        "multi-worker fit",
         "accumulation under tf.distribute",
-    }  # fmt: skip
+    }
     order = by_name["resume in the saved data order"]
     # Keras 3.16 seeds its shuffle from the adapter's counter; 3.15 does not.
     counted = status._adapter_counter() is not None

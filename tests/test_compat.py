@@ -411,8 +411,12 @@ def test_a_killed_process_s_compile_cache_is_removed_by_the_next(monkeypatch, tm
 
     monkeypatch.setattr(compile_cache.tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(compile_cache, "_directory", None)
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     from kerascale import _pids
 
     dead = gone.stdout.strip()
@@ -471,8 +475,12 @@ def test_a_jax_fit_reads_configs_without_importing_tensorflow():
     env = dict(os.environ, KERAS_BACKEND="jax", XLA_FLAGS="")
     proc = subprocess.run(
         [sys.executable, "-c", _NO_TF_CHILD],
-        capture_output=True, text=True, timeout=240, env=env, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found == {

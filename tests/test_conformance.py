@@ -44,8 +44,12 @@ def test_promises_hold_in_a_child(backend, devices, tmp_path):
     )
     proc = subprocess.run(
         [sys.executable, "-W", "ignore", str(SCRIPT), "--pairwise"],
-        env=env, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
     assert rows, proc.stderr[-3000:]
     failed = [row for row in rows if "| FAIL" in row]

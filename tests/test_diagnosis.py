@@ -215,9 +215,13 @@ def test_a_decode_bound_pipeline_is_told_to_materialize_with_the_decode_share(
     model = keras.Model(inputs, outputs)
     model.compile("adam", "mse")
     d = kerascale.diagnose(
-        model, files.map(decode).batch(16), optimize_data=False,
-        precision="float32", steps=4, verbose=0,
-    )  # fmt: skip
+        model,
+        files.map(decode).batch(16),
+        optimize_data=False,
+        precision="float32",
+        steps=4,
+        verbose=0,
+    )
     assert d.bound == "input"
     (rec,) = [r for r in d.recommendations if "materialize" in r.action]
     assert "the deterministic part (TensorSlice -> Map) takes" in rec.why
@@ -262,9 +266,12 @@ def test_diagnose_of_a_cacheable_pipeline_prints_nothing_of_tensorflow_s(tmp_pat
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}
     env["KERASCALE_CACHE_DIR"] = str(tmp_path)
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True,
-        timeout=300, env=env,
-    )  # fmt: skip
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     cached, _ = done.stdout.split()[-2:]
     assert cached == "True", done.stdout  # fit would cache it

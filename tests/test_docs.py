@@ -73,9 +73,12 @@ def test_readme_s_quickstart_runs_and_prints_its_plan(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "quickstart.py")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
         env={**env, "KERASCALE_CACHE_DIR": str(tmp_path / "cache")},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert start_up.said(done.stderr) == [], done.stderr[-3000:]
     assert "kerascale plan" in done.stdout

@@ -71,12 +71,23 @@ def _names(tmp: Path) -> dict:
     samples_ds = tf.data.Dataset.from_tensor_slices((x, y))
     ds = samples_ds.batch(32)
     return {
-        "keras": keras, "tf": tf, "kerascale": kerascale,
-        "model": build_model(), "build_model": build_model,
-        "build_my_model": build_model, "x": x, "y": y, "x_train": x,
-        "y_train": y, "ds": ds, "train_ds": ds, "val_ds": ds.take(2),
-        "decode": decode, "augment": augment, "samples_ds": samples_ds,
-    }  # fmt: skip
+        "keras": keras,
+        "tf": tf,
+        "kerascale": kerascale,
+        "model": build_model(),
+        "build_model": build_model,
+        "build_my_model": build_model,
+        "x": x,
+        "y": y,
+        "x_train": x,
+        "y_train": y,
+        "ds": ds,
+        "train_ds": ds,
+        "val_ds": ds.take(2),
+        "decode": decode,
+        "augment": augment,
+        "samples_ds": samples_ds,
+    }
 
 
 # Where a page's `ds` is a dataset of samples (it batches it itself).

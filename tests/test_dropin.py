@@ -254,12 +254,18 @@ def test_model_checkpoint_in_a_mixed_run_saves_as_readme_says(tmp_path):
     whole = str(tmp_path / "model.keras")
     weights = str(tmp_path / "model.weights.h5")
     history = kerascale.fit(
-        model, x, y, batch_size=16, epochs=2, precision="mixed_bfloat16", verbose=0,
+        model,
+        x,
+        y,
+        batch_size=16,
+        epochs=2,
+        precision="mixed_bfloat16",
+        verbose=0,
         callbacks=[
             keras.callbacks.ModelCheckpoint(whole),
             keras.callbacks.ModelCheckpoint(weights, save_weights_only=True),
         ],
-    )  # fmt: skip
+    )
     assert history.plan.precision == "mixed_bfloat16"
     assert model.layers[0].dtype_policy.name == "float32"  # the user's model
     saved = keras.saving.load_model(whole)

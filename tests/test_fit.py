@@ -490,9 +490,15 @@ def trains_as_it_is(model, x, y, why):
     replica, with the precision set in place and one warning saying `why`."""
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     history = kerascale.fit(
-        model, x, y, strategy="mirrored", precision="mixed_bfloat16", epochs=1,
-        verbose=0, batch_size=32,
-    )  # fmt: skip
+        model,
+        x,
+        y,
+        strategy="mirrored",
+        precision="mixed_bfloat16",
+        epochs=1,
+        verbose=0,
+        batch_size=32,
+    )
     plan = history.plan
     assert not plan.rebuild and plan.strategy == "default"
     assert plan.precision == "mixed_bfloat16"
@@ -553,9 +559,15 @@ def test_a_batch_larger_than_the_training_data_is_said(split, batch):
     extra = {"validation_split": split} if split else {}
     with pytest.warns(kerascale.KerascaleWarning) as caught:
         history = kerascale.fit(
-            dense_model(), x, y, batch_size=batch, epochs=1, verbose=0,
-            precision="float32", **extra,
-        )  # fmt: skip
+            dense_model(),
+            x,
+            y,
+            batch_size=batch,
+            epochs=1,
+            verbose=0,
+            precision="float32",
+            **extra,
+        )
     said = [str(w.message) for w in caught if "is larger than" in str(w.message)]
     assert len(said) == 1, [str(w.message) for w in caught]
     if split:
@@ -572,7 +584,13 @@ def test_a_batch_within_the_training_data_says_nothing_of_it():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         kerascale.fit(
-            dense_model(), x, y, batch_size=50, validation_split=0.5, epochs=1,
-            verbose=0, precision="float32",
-        )  # fmt: skip
+            dense_model(),
+            x,
+            y,
+            batch_size=50,
+            validation_split=0.5,
+            epochs=1,
+            verbose=0,
+            precision="float32",
+        )
     assert not [w for w in caught if "is larger than" in str(w.message)]

@@ -187,9 +187,15 @@ def test_a_machine_with_little_memory_sends_the_larger_steps_to_children(
     monkeypatch.setattr(probe_memory, "available_bytes", lambda: 4096 * MiB)
     x, y = toy_data(256)
     found = kerascale.find_batch_size(
-        mlp(131072), x, y, mode="throughput", max_batch_size=256, precision="float32",
-        cache=False, verbose=0,
-    )  # fmt: skip
+        mlp(131072),
+        x,
+        y,
+        mode="throughput",
+        max_batch_size=256,
+        precision="float32",
+        cache=False,
+        verbose=0,
+    )
     why = found.reasons["isolate"]
     assert why.startswith("in this process up to batch "), why
     assert "in child processes beyond" in why
@@ -203,9 +209,16 @@ def test_a_memory_limit_keeps_every_probe_in_children(probe_dirs_made):  # noqa:
     exactly), nothing runs here."""
     x, y = toy_data(256)
     found = kerascale.find_batch_size(
-        mlp(), x, y, mode="throughput", max_batch_size=32, memory_limit="4GiB",
-        precision="float32", cache=False, verbose=0,
-    )  # fmt: skip
+        mlp(),
+        x,
+        y,
+        mode="throughput",
+        max_batch_size=32,
+        memory_limit="4GiB",
+        precision="float32",
+        cache=False,
+        verbose=0,
+    )
     assert found.reasons["isolate"].code == "isolate.children"
     assert probe_dirs_made
 

@@ -56,12 +56,20 @@ def test_every_argument_a_reason_names_is_one_its_door_takes():
 
 def test_every_argument_a_hint_says_to_pass_is_one_a_door_takes():
     doors = parameters(
-        kerascale.fit, kerascale.plan, kerascale.find_batch_size,
-        kerascale.diagnose, kerascale.accumulate, callbacks.FaultTolerantBackup,
-        callbacks.Throughput, callbacks.GPUMonitor, callbacks.TimeBudget,
-        callbacks.ProfileWindow, tuner.ScaledHyperModel, data.optimize,
+        kerascale.fit,
+        kerascale.plan,
+        kerascale.find_batch_size,
+        kerascale.diagnose,
+        kerascale.accumulate,
+        callbacks.FaultTolerantBackup,
+        callbacks.Throughput,
+        callbacks.GPUMonitor,
+        callbacks.TimeBudget,
+        callbacks.ProfileWindow,
+        tuner.ScaledHyperModel,
+        data.optimize,
         data.materialize,
-    )  # fmt: skip
+    )
     named = {}
     for path in PACKAGE.rglob("*.py"):
         for text in texts(path):
@@ -143,9 +151,13 @@ def test_every_value_a_hint_shows_is_accepted_by_the_door_that_takes_it():
         (n, v): p for (n, v), p in pairs.items() if n not in KERAS_FIT - {"batch_size"}
     }
     read = {
-        ("recompute", True), ("recompute", False), ("strategy", "default"),
-        ("mode", "throughput"), ("precision", "float32"), ("lr_scaling", "linear"),
-    }  # fmt: skip
+        ("recompute", True),
+        ("recompute", False),
+        ("strategy", "default"),
+        ("mode", "throughput"),
+        ("precision", "float32"),
+        ("lr_scaling", "linear"),
+    }
     assert read <= set(ours), sorted(read - set(ours))
     refused = {}
     for (name, value), where in ours.items():

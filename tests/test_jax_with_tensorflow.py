@@ -23,8 +23,11 @@ def test_tf_data_checkpoints_and_event_files_on_the_jax_backend(tmp_path):
     env["TF_CPP_MIN_LOG_LEVEL"] = "0"  # TensorFlow's warnings, as a user sees them
     proc = subprocess.run(
         [sys.executable, str(CHILD), str(tmp_path)],
-        capture_output=True, text=True, timeout=240, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found["backend"] == "jax"
@@ -56,8 +59,11 @@ def test_a_cache_kerascale_adds_sees_no_stray_read_on_two_devices():
     env["KERASCALE_CPU_DEVICES_STAND_IN"] = "1"  # as GPUs: data-parallel
     proc = subprocess.run(
         [sys.executable, str(CHILD.with_name("jax_with_tf_2dev_child.py"))],
-        capture_output=True, text=True, timeout=240, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found["replicas"] == 2 and found["changes"].get("cache"), found
@@ -69,8 +75,11 @@ def test_a_keras_hub_backbone_is_sharded_with_its_own_layout_map(tmp_path):
     env = {**os.environ, "KERAS_BACKEND": "jax", "KERASCALE_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("jax_hub_sharding_child.py"))],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found["strategy"] == "model_parallel", found

@@ -18,8 +18,23 @@ keras_hub = keras_hub_or_skip()
 
 TEXTS = ["the movie was great", "a bad film", "great fun", "awful and bad"] * 8
 LABELS = [1, 0, 1, 0] * 8
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "movie", "was",
-         "great", "a", "bad", "film", "fun", "awful", "and"]  # fmt: skip
+WORDS = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "the",
+    "movie",
+    "was",
+    "great",
+    "a",
+    "bad",
+    "film",
+    "fun",
+    "awful",
+    "and",
+]
 
 
 def text_classifier():
@@ -28,9 +43,13 @@ def text_classifier():
         tokenizer, sequence_length=8
     )
     backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=len(WORDS), num_layers=1, num_heads=2, hidden_dim=16,
-        intermediate_dim=32, max_sequence_length=8,
-    )  # fmt: skip
+        vocabulary_size=len(WORDS),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=8,
+    )
     return keras_hub.models.BertTextClassifier(
         backbone, num_classes=2, preprocessor=preprocessor
     )
@@ -46,19 +65,26 @@ def causal_lm():
         tokenizer, sequence_length=8
     )
     backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=len(vocabulary), num_layers=1, num_heads=2, hidden_dim=16,
-        intermediate_dim=32, max_sequence_length=8,
-    )  # fmt: skip
+        vocabulary_size=len(vocabulary),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=8,
+    )
     return keras_hub.models.GPT2CausalLM(backbone, preprocessor=preprocessor)
 
 
 def image_classifier():
     backbone = keras_hub.models.ResNetBackbone(
-        input_conv_filters=[64], input_conv_kernel_sizes=[3],
-        stackwise_num_filters=[64], stackwise_num_blocks=[1],
-        stackwise_num_strides=[1], block_type="basic_block",
+        input_conv_filters=[64],
+        input_conv_kernel_sizes=[3],
+        stackwise_num_filters=[64],
+        stackwise_num_blocks=[1],
+        stackwise_num_strides=[1],
+        block_type="basic_block",
         image_shape=(16, 16, 3),
-    )  # fmt: skip
+    )
     model = keras_hub.models.ImageClassifier(backbone, num_classes=3)
     model.compile(
         optimizer="adam",
@@ -89,9 +115,14 @@ def trains_in_bf16(model, x, y=None, **kwargs):
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         history = kerascale.fit(
-            model, x, y, precision="mixed_bfloat16", verbose=0, callbacks=[peek],
+            model,
+            x,
+            y,
+            precision="mixed_bfloat16",
+            verbose=0,
+            callbacks=[peek],
             **kwargs,
-        )  # fmt: skip
+        )
     said = [str(w.message) for w in said if w.category is kerascale.KerascaleWarning]
     assert history.plan.precision == "mixed_bfloat16" and not history.plan.rebuild
     assert "mixed_bfloat16" in seen["policies"]  # bf16 while training
@@ -125,9 +156,13 @@ def test_an_image_classifier_gets_the_batch_search_and_checkpoints(tmp_path, no_
     y = rng.integers(0, 3, 64)
     model = image_classifier()
     history, _ = trains_in_bf16(
-        model, x, y, epochs=2, checkpoint_dir=str(tmp_path / "ckpt"),
+        model,
+        x,
+        y,
+        epochs=2,
+        checkpoint_dir=str(tmp_path / "ckpt"),
         max_batch_size=32,
-    )  # fmt: skip
+    )
     assert history.plan.reasons["global_batch_size"].code == "batch.searched"
     assert history.plan.global_batch_size <= 32
     assert (tmp_path / "ckpt").exists() and any((tmp_path / "ckpt").iterdir())

@@ -17,8 +17,12 @@ def test_a_worker_s_save_directory_is_its_own_and_a_killed_one_s_is_swept(
     of its own: named by its process, locked while it writes, removed after.
     One left by a worker killed mid-save is removed by the next save."""
     monkeypatch.setattr(_pids.tempfile, "tempdir", str(tmp_path))
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     killed = tmp_path / f"kerascale-worker-{gone.stdout.strip()}-abc"
     killed.mkdir()
     (killed / ".owner").write_text("")  # its lock, released by its death

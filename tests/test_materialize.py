@@ -128,8 +128,10 @@ def test_a_kill_while_writing_leaves_no_set_a_later_run_trusts(tmp_path):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": HERE}
     child = subprocess.Popen(
         [sys.executable, os.path.join(HERE, "materialize_child.py"), str(tmp_path)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         partial = [n for n in os.listdir(tmp_path) if n.startswith(".partial-")]
@@ -156,8 +158,12 @@ def test_a_kill_while_writing_leaves_no_set_a_later_run_trusts(tmp_path):
     # And a later process trusts the complete set.
     out = subprocess.run(
         [sys.executable, os.path.join(HERE, "materialize_child.py"), str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=300, check=True,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {
         "reused": True,
         "elements": N,
@@ -237,9 +243,13 @@ def test_fit_trains_what_it_cannot_materialize_as_given_with_one_warning(
     ds = tf.data.Dataset.list_files(str(images / "*.jpg")).map(decode).batch(8)
     with pytest.warns(kerascale.KerascaleWarning, match="list_files shuffles") as w:
         history = kerascale.fit(
-            small_model(), ds, materialize=tmp_path, epochs=1, verbose=0,
+            small_model(),
+            ds,
+            materialize=tmp_path,
+            epochs=1,
+            verbose=0,
             precision="float32",
-        )  # fmt: skip
+        )
     assert sum("materialize=" in str(m.message) for m in w) == 1
     assert not history.plan.data_changes.materialized
     with pytest.raises(kerascale.ConfigurationError, match="materialize must be"):

@@ -13,12 +13,24 @@ def test_regions_freeze_and_unfreeze_on_a_heap_nobody_froze(tmp_path):
     starts in a second where TensorFlow takes five)."""
     here = Path(__file__).parent
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "--noconftest",
-         "-p", "no:cacheprovider", "-p", "no:randomly",
-         str(here / "memory_regions.py")],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "--noconftest",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            str(here / "memory_regions.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
         env={**os.environ, "KERAS_BACKEND": "jax"},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "4 passed" in done.stdout, done.stdout[-2000:]
 
@@ -47,9 +59,12 @@ def test_a_search_in_a_fresh_process_freezes_while_it_plans_and_unfreezes(tmp_pa
         "TF_CPP_MIN_LOG_LEVEL": "3",
     }
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True,
-        timeout=300, env=env,
-    )  # fmt: skip
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     batch, most_frozen, frozen_after = map(int, done.stdout.split()[-3:])
     assert batch >= 1

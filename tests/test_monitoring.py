@@ -77,9 +77,11 @@ def test_throughput_keeps_its_figures_out_of_history_and_writes_tensorboard(
 
 def test_throughput_in_logs_keeps_the_old_behaviour(tmp_path):
     history = small_model().fit(
-        small_data(), epochs=3, verbose=0,
+        small_data(),
+        epochs=3,
+        verbose=0,
         callbacks=[Throughput(8, log_dir=tmp_path, in_logs=True)],
-    )  # fmt: skip
+    )
     h = history.history
     for key in ("samples_per_second", "steps_per_second", "step_time_median"):
         assert len(h[key]) == 3 and all(x > 0 for x in h[key])

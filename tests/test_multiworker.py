@@ -615,9 +615,11 @@ def test_workers_that_agree_keep_their_plan(monkeypatch):
     monkeypatch.setattr(multiworker, "exchange", lambda v: [dict(v), dict(v)])
     assert agree_lib.agree(mine) is mine
     other = {
-        "batch": None, "precision": "float32", "recompute": "",
+        "batch": None,
+        "precision": "float32",
+        "recompute": "",
         "global_batch_size": 32,
-    }  # fmt: skip
+    }
     monkeypatch.setattr(multiworker, "exchange", lambda v: [other, dict(v)])
     with pytest.raises(kerascale.ConfigurationError, match="different global batches"):
         agree_lib.agree(mine)

@@ -240,11 +240,14 @@ def test_a_model_that_cannot_move_to_the_cluster_is_an_error():
         (DataFacts("dataset"), "auto", CPU_ONLY, 32, {"batch": 32}),
         (DataFacts("dataset", True, 16), "auto", CPU_ONLY, 16, {}),
         (
-            DataFacts("dataset", True, 16), 64, CPU_ONLY, 64,
+            DataFacts("dataset", True, 16),
+            64,
+            CPU_ONLY,
+            64,
             {"batch": 64, "rebatch_from": 16},
         ),
     ],
-)  # fmt: skip
+)
 def test_batch_decisions(data, batch_size, replicas_hw, global_batch, changes):
     p = plan_for(replicas_hw, data=data, batch_size=batch_size, optimize_data=False)
     assert p.global_batch_size == global_batch
@@ -274,10 +277,18 @@ def test_optimize_data_changes_are_recorded():
 def test_data_changes_read_as_the_plan_has_always_printed_them():
     """The one place the words are made (a golden test of their wording)."""
     every = DataChanges(
-        materialized=True, batch=64, rebatch_from=16, parallel_map=True,
-        prefetch=True, cache=True, shard="file", read_ahead=True,
-        by_process=True, left_out=3, cut_as_read=True,
-    )  # fmt: skip
+        materialized=True,
+        batch=64,
+        rebatch_from=16,
+        parallel_map=True,
+        prefetch=True,
+        cache=True,
+        shard="file",
+        read_ahead=True,
+        by_process=True,
+        left_out=3,
+        cut_as_read=True,
+    )
     assert every.words() == (
         "materialized",
         "rebatch(16 -> 64)",
@@ -303,15 +314,22 @@ def test_a_checkpoint_s_plan_saved_as_words_reads_back_as_its_changes():
     until 2026-11-28): such a checkpoint still pins what it chose."""
     old = plan_for(CPU_ONLY).to_dict()
     old["data_changes"] = [
-        "rebatch(16 -> 64)", "map parallelization", "prefetch(AUTOTUNE)",
-        "shard by data", "read ahead on a thread where a callback waits on "
-        "each step", "a wording no field holds",
-    ]  # fmt: skip
+        "rebatch(16 -> 64)",
+        "map parallelization",
+        "prefetch(AUTOTUNE)",
+        "shard by data",
+        "read ahead on a thread where a callback waits on each step",
+        "a wording no field holds",
+    ]
     changes = Plan.from_dict(old).data_changes
     assert changes == DataChanges(
-        batch=64, rebatch_from=16, parallel_map=True, prefetch=True,
-        shard="data", read_ahead=True,
-    )  # fmt: skip
+        batch=64,
+        rebatch_from=16,
+        parallel_map=True,
+        prefetch=True,
+        shard="data",
+        read_ahead=True,
+    )
 
 
 @pytest.mark.parametrize(
@@ -475,9 +493,12 @@ def test_a_batch_kerascale_chose_says_what_it_does_to_the_updates():
     assert kept.global_batch_size == 32 and "updates_per_epoch" not in kept.reasons
     # Following the second: the rate scaled to the batch chosen, and said.
     scaled = make_plan(
-        CPU_ONLY, Options.validate(lr_scaling="linear", base_batch_size=32),
-        FLOAT32, data, search=_Answer(337),
-    )  # fmt: skip
+        CPU_ONLY,
+        Options.validate(lr_scaling="linear", base_batch_size=32),
+        FLOAT32,
+        data,
+        search=_Answer(337),
+    )
     assert scaled.lr_factor == pytest.approx(337 / 32)
     assert "scaled to it, as you asked" in scaled.reasons["updates_per_epoch"]
     # Nothing to say where the updates are the same, or steps_per_epoch sets them.

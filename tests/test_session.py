@@ -395,9 +395,11 @@ def test_after_a_plain_fit_that_raised_release_takes_every_change_out_at_once(
     backup = FaultTolerantBackup(tmp_path / "ckpt", save_freq=2, verbose=0)
     with pytest.raises(RuntimeError):
         m.fit(
-            data(seed=1), epochs=1, verbose=0,
+            data(seed=1),
+            epochs=1,
+            verbose=0,
             callbacks=[backup, Raise("on_train_batch_end", 2, RuntimeError)],
-        )  # fmt: skip
+        )
     assert signal.getsignal(signal.SIGTERM) != before["sigterm"]
     backup.release()
     assert_same_state(before, process_state())

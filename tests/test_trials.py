@@ -118,16 +118,24 @@ def test_stages_time_their_candidates_in_interleaved_rounds(monkeypatch):
     r = run_all()
     # Batch: the probes' choice (128: within 3% of 256's synthetic speed) and
     # its neighbours, A B C A B C A B C; 256 beats 128 by only 1.5%: 128.
-    assert m.timed[:9] == [(64, "mixed_bfloat16", True), (128, "mixed_bfloat16", True),
-                           (256, "mixed_bfloat16", True)] * 3  # fmt: skip
+    assert (
+        m.timed[:9]
+        == [
+            (64, "mixed_bfloat16", True),
+            (128, "mixed_bfloat16", True),
+            (256, "mixed_bfloat16", True),
+        ]
+        * 3
+    )
     assert r.batch == 128
     # Pipeline at 128: as given (plain) against optimised, interleaved; as
     # given is faster here. Precision: float32 (plain) against bf16, which
     # is 1.5x faster, beyond any spread.
-    assert m.timed[9:15] == [(128, "mixed_bfloat16", False),
-                             (128, "mixed_bfloat16", True)] * 3  # fmt: skip
-    assert m.timed[15:] == [(128, "float32", False),
-                            (128, "mixed_bfloat16", False)] * 3  # fmt: skip
+    assert (
+        m.timed[9:15]
+        == [(128, "mixed_bfloat16", False), (128, "mixed_bfloat16", True)] * 3
+    )
+    assert m.timed[15:] == [(128, "float32", False), (128, "mixed_bfloat16", False)] * 3
     assert (r.batch, r.optimize_data, r.precision) == (128, False, "mixed_bfloat16")
     assert r.uncertain == ()
     # Each candidate prepared (copied, traced) once for all its rounds.
@@ -196,8 +204,9 @@ def test_a_busy_moment_hits_every_candidate_alike(monkeypatch):
         return {32: 100.0, 128: 140.0, 256: 141.0}[batch]
 
     m = Machine(speed, noise=(1.0, 1.0, 0.5, 0.5, 1.0, 1.0)).install(monkeypatch)
-    r = run_all(batches={32: 2.0, 128: 1.0, 256: 0.5}, try_pipeline=False,
-                try_precision="")  # fmt: skip
+    r = run_all(
+        batches={32: 2.0, 128: 1.0, 256: 0.5}, try_pipeline=False, try_precision=""
+    )
     assert [k[0] for k in m.prepared] == [32, 128, 256]
     assert [k[0] for k in m.timed] == [32, 128] * 3 + [128, 256] * 3
     assert r.batch == 128 and r.uncertain == ()
@@ -227,8 +236,7 @@ def test_a_winning_neighbour_climbs_the_ladder_while_it_wins(monkeypatch):
 
     monkeypatch.setattr(trial_bench.Bench, "_skip", skip)
     m = Machine(speed).install(monkeypatch)
-    short = run_all(batches=flat, try_pipeline=False, try_precision="",
-                    fresh=True)  # fmt: skip
+    short = run_all(batches=flat, try_pipeline=False, try_precision="", fresh=True)
     assert short.batch == 128 and short.measured("batch")
     assert [k[0] for k in m.prepared] == [32, 64, 128]
 
@@ -297,8 +305,9 @@ def test_without_a_first_estimate_the_first_candidate_gives_one(monkeypatch):
     assert m.prepared[0] == (32, "float32", True)  # prepared first, then weighed
     assert r.measured("precision")
     m = Machine(lambda b, p, o: 100.0).install(monkeypatch)
-    r = run_all(batches={}, try_pipeline=False, unbudgeted=False, run_samples=500,
-                fresh=True)  # fmt: skip
+    r = run_all(
+        batches={}, try_pipeline=False, unbudgeted=False, run_samples=500, fresh=True
+    )
     assert m.prepared == [(32, "float32", True)] and not r.measured("precision")
     assert "the precision trials would take" in dict(r.skipped)["precision"]
     # The speed it measured is kept: the next run is weighed without
@@ -317,9 +326,17 @@ def test_real_trials_time_copies_and_leave_the_model_alone():
         model, ds, batch_size=32, precision="mixed_bfloat16", verbose=0
     )
     r = trials.run(
-        model, ds, None, DataFacts(kind="dataset"), plan, BF16_HOST,
-        try_pipeline=True, try_precision="mixed_bfloat16", unbudgeted=True, verbose=0,
-    )  # fmt: skip
+        model,
+        ds,
+        None,
+        DataFacts(kind="dataset"),
+        plan,
+        BF16_HOST,
+        try_pipeline=True,
+        try_precision="mixed_bfloat16",
+        unbudgeted=True,
+        verbose=0,
+    )
     assert len(r.trials) == 4 and r.seconds > 0
     assert all(len(t.repeats) == 3 and t.samples_per_s > 0 for t in r.trials)
     after = model.get_weights()
@@ -459,12 +476,21 @@ def test_float32_is_not_timed_where_its_activations_would_pass_the_limit():
     from kerascale.measure.trials import float32_over
 
     found = BatchSearchResult(
-        batch_size=2000, per_replica_batch_size=2000, replicas=1,
-        precision="mixed_bfloat16", strategy="default", largest_fitting=2060,
-        smallest_failing=2080, mode="max", probes=(),
-        memory_model=MemoryModel(800 << 20, 100 << 10), limit_bytes=1 << 30,
-        granularity=8, margin=0.03, reasons={},
-    )  # fmt: skip
+        batch_size=2000,
+        per_replica_batch_size=2000,
+        replicas=1,
+        precision="mixed_bfloat16",
+        strategy="default",
+        largest_fitting=2060,
+        smallest_failing=2080,
+        mode="max",
+        probes=(),
+        memory_model=MemoryModel(800 << 20, 100 << 10),
+        limit_bytes=1 << 30,
+        granularity=8,
+        margin=0.03,
+        reasons={},
+    )
 
     def plan(batch, precision="mixed_bfloat16"):
         return types.SimpleNamespace(micro_batch_size=batch, precision=precision)

@@ -304,9 +304,14 @@ def test_the_bound_is_searched_for_the_samples_validation_split_trains(monkeypat
     hm = ScaledHyperModel(build_convnet, batch_size=(8, 64))
     with pytest.raises(RuntimeError, match="measured"):
         hm.fit(
-            keras_tuner.HyperParameters(), small_convnet(), x, y,
-            epochs=1, validation_split=0.2, verbose=0,
-        )  # fmt: skip
+            keras_tuner.HyperParameters(),
+            small_convnet(),
+            x,
+            y,
+            epochs=1,
+            validation_split=0.2,
+            verbose=0,
+        )
     assert seen == [(80, 80)]  # floor(101 * 0.8), as Keras splits
 
 
@@ -337,9 +342,13 @@ def test_the_first_trial_says_its_batch_which_keras_tuner_s_table_lacks(
     monkeypatch.setattr(ScaledHyperModel, "_bound", lambda self, *a: 48)
     hypermodel = ScaledHyperModel(build_convnet, batch_size=(8, 64), verbose=0)
     tuner = keras_tuner.RandomSearch(
-        hypermodel, objective="loss", max_trials=2, directory=str(tmp_path),
-        project_name="table", seed=2,
-    )  # fmt: skip
+        hypermodel,
+        objective="loss",
+        max_trials=2,
+        directory=str(tmp_path),
+        project_name="table",
+        seed=2,
+    )
     x, y = np.zeros((64, 32, 32, 3), "float32"), np.zeros(64, "int64")
     tuner.search(x, y, epochs=1, verbose=1)
     out = capsys.readouterr().out

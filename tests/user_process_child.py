@@ -46,9 +46,16 @@ def main(mode, value, epochs=0, stop=0):
         import kerascale
 
         r = kerascale.find_batch_size(
-            model, x, y, memory_limit=int(value), precision="float32", verbose=0,
-            cache=False, margin=0.03, recompute=False,
-        )  # fmt: skip
+            model,
+            x,
+            y,
+            memory_limit=int(value),
+            precision="float32",
+            verbose=0,
+            cache=False,
+            margin=0.03,
+            recompute=False,
+        )
         batch = r.batch_size
         out = {
             "batch": batch,

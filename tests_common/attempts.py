@@ -2,7 +2,8 @@
 tests_jax/test_jax_ladder.py): each entry of `decide`, the functions it was
 entered from, and how many times each measurement stage ran inside it.
 
-The promise (issue 57): `decide` is entered once per attempt, and only by the
+The promise (issue 57): `decide` (or `find_batch_size`'s `decide_search`)
+is entered once per attempt, and only by the
 door's ladder (`kerascale.plan.fallback.attempted`). It is never entered from
 inside itself or from the apply floor, and each stage runs at most once in an
 entry. A failure that kerascale answers is a rung of that one ladder, not a
@@ -21,7 +22,7 @@ from kerascale.measure import engines
 # The measurement stages, by the names `decide` calls them through. The
 # sharding stage is `engines.sharding`'s answer; the others are globals of
 # `kerascale.measure.decide`.
-STAGES = ("batch_for_plan", "_tried", "_recomputed", "agree")
+STAGES = ("batch_for_plan", "_tried", "_recomputed", "_recompute_bound", "agree")
 LADDER = "kerascale.plan.fallback.attempted"
 
 
@@ -88,13 +89,14 @@ def record(monkeypatch) -> Attempts:
     """Installs the recording for the rest of the test (`monkeypatch` undoes
     it): every kerascale module's name for `decide`, and its stages."""
     attempts = Attempts()
-    real = decide_lib.decide
-    entered = attempts._decide(real)
-    for name, module in list(sys.modules.items()):
-        if name.startswith("kerascale") and module is not None:
-            for attr, value in list(vars(module).items()):
-                if value is real:
-                    monkeypatch.setattr(module, attr, entered)
+    # fit's, plan's and diagnose's decision, and find_batch_size's.
+    for real in (decide_lib.decide, decide_lib.decide_search):
+        entered = attempts._decide(real)
+        for name, module in list(sys.modules.items()):
+            if name.startswith("kerascale") and module is not None:
+                for attr, value in list(vars(module).items()):
+                    if value is real:
+                        monkeypatch.setattr(module, attr, entered)
     for stage in STAGES:
         monkeypatch.setattr(
             decide_lib, stage, attempts._counted(stage, getattr(decide_lib, stage))

@@ -541,9 +541,14 @@ def _diagnose_gives_a_verdict(cell, tmp_path, cache):
     x, y, kwargs = make_input(cell.input)
     try:
         found = kerascale.diagnose(
-            model, x, y, steps=3, precision=cell.precision, verbose=0,
+            model,
+            x,
+            y,
+            steps=3,
+            precision=cell.precision,
+            verbose=0,
             batch_size=kwargs.get("batch_size", "auto"),
-        )  # fmt: skip
+        )
     except kerascale.ConfigurationError as e:
         assert cell.input == "generator", e
         assert str(e).startswith("x must be") and "read" in str(e), e

@@ -43,15 +43,26 @@ def main(limit: str, fit: bool = True) -> None:
         )
         # The guide's next line, as a dry run: fit's check of the answer.
         checked = kerascale.plan(
-            model, x, y, batch_size=result.batch_size,
-            precision=result.precision, memory_limit=limit, verbose=0,
-        )  # fmt: skip
+            model,
+            x,
+            y,
+            batch_size=result.batch_size,
+            precision=result.precision,
+            memory_limit=limit,
+            verbose=0,
+        )
         memory.reset_resident_peak()
         if fit:
             kerascale.fit(
-                model, x, y, batch_size=result.batch_size,
-                precision=result.precision, memory_limit=limit, epochs=1, verbose=0,
-            )  # fmt: skip
+                model,
+                x,
+                y,
+                batch_size=result.batch_size,
+                precision=result.precision,
+                memory_limit=limit,
+                epochs=1,
+                verbose=0,
+            )
     print(
         json.dumps(
             {

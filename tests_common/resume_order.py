@@ -67,9 +67,13 @@ def run(kind, directory, x, y, callbacks=()):
     kwargs = {"batch_size": 16} if kind == "arrays" else {}
     backup = FaultTolerantBackup(str(directory), save_freq=3)
     model.fit(
-        *inputs, epochs=3, shuffle=True, verbose=0,
-        callbacks=[backup, *callbacks], **kwargs,
-    )  # fmt: skip
+        *inputs,
+        epochs=3,
+        shuffle=True,
+        verbose=0,
+        callbacks=[backup, *callbacks],
+        **kwargs,
+    )
     return model
 
 

@@ -93,9 +93,15 @@ def main(mode, name, policy, value, stop=None):
     if mode in ("search", "search-then-step"):
         start = time.perf_counter()
         # cache=False: each run measures (a cached answer would time nothing).
-        r = kerascale.find_batch_size(model, x, y, memory_limit=int(value),
-                                      precision=policy, cache=False,
-                                      recompute=False)  # fmt: skip
+        r = kerascale.find_batch_size(
+            model,
+            x,
+            y,
+            memory_limit=int(value),
+            precision=policy,
+            cache=False,
+            recompute=False,
+        )
         answer = {
             "batch": r.per_replica_batch_size,
             "fits": r.largest_fitting,

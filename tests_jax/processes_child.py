@@ -155,11 +155,17 @@ def main():
             data_args, data_kwargs = (x, y), {"batch_size": BATCH}
         shuffle = os.environ.get("SHUFFLE") == "1"
         h = kerascale.fit(
-            m, *data_args, **data_kwargs, epochs=EPOCHS, shuffle=shuffle, verbose=0,
-            checkpoint_dir=CHECKPOINTS, callbacks=[epochs, slow] if pause else [epochs],
+            m,
+            *data_args,
+            **data_kwargs,
+            epochs=EPOCHS,
+            shuffle=shuffle,
+            verbose=0,
+            checkpoint_dir=CHECKPOINTS,
+            callbacks=[epochs, slow] if pause else [epochs],
             checkpoint_freq=int(os.environ.get("SAVE_FREQ", "0")) or "epoch",
             device_memory=os.environ.get("DEVICE_MEMORY"),
-        )  # fmt: skip
+        )
         plan = h.plan
         result["plan"] = {
             "strategy": plan.strategy,

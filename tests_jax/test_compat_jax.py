@@ -178,10 +178,16 @@ def test_jax_cannot_join_processes_once_its_backends_started():
     from kerascale.errors import ClusterConfigError
 
     fresh = subprocess.run(
-        [sys.executable, "-c", "import jax\nfrom kerascale import _jax_compat\n"
-         "print(_jax_compat.backends_started())"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import jax\nfrom kerascale import _jax_compat\n"
+            "print(_jax_compat.backends_started())",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert fresh.stdout.strip() == "False", fresh.stderr[-2000:]
     jax.devices()
     assert _jax_compat.backends_started()

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import attempts as attempts_lib
 import keras
 import numpy as np
 import pytest
@@ -207,9 +206,14 @@ def test_find_batch_size_on_jax_fits_the_limit_by_xla_count_and_trains():
     # run one); the compiled figures alone. A precision given: no CPU trials
     # of both at the answer (71 s of timed steps at 54,904 samples here).
     result = kerascale.find_batch_size(
-        model, x, y, memory_limit="1GiB", isolate=False, recompute=False,
+        model,
+        x,
+        y,
+        memory_limit="1GiB",
+        isolate=False,
+        recompute=False,
         precision="float32",
-    )  # fmt: skip
+    )
     assert len(result.probes) <= compiled.MAX_COMPILES
     assert result.replicas == devices()
     fits = [p for p in result.probes if p.outcome == "ok"]
@@ -399,6 +403,8 @@ def test_a_searched_batch_that_runs_out_at_the_first_step_is_stepped_down(
     outputs = keras.layers.Dense(2)(Tripwire(60)(inputs))
     model = keras.Model(inputs, outputs)
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    import attempts as attempts_lib  # tests_common: not on a rerun child's path
+
     attempts = attempts_lib.record(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -433,9 +439,12 @@ def _rerun(tmp_path, force=False):
     code = _RERUN.format(here=str(Path(__file__).parent), force=force)
     env = {**os.environ, "KERASCALE_CACHE_DIR": str(tmp_path / "cache")}
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
         timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

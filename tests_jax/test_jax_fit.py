@@ -148,9 +148,15 @@ def test_precision_in_place_float32_outputs_and_put_back():
             seen["out"] = self.model.get_layer("out").dtype_policy.name
 
     history = kerascale.fit(
-        model, x, y, epochs=1, batch_size=16, precision="mixed_bfloat16",
-        callbacks=[Watch()], verbose=0,
-    )  # fmt: skip
+        model,
+        x,
+        y,
+        epochs=1,
+        batch_size=16,
+        precision="mixed_bfloat16",
+        callbacks=[Watch()],
+        verbose=0,
+    )
     assert history.plan.precision == "mixed_bfloat16"
     assert seen == {"hidden": "mixed_bfloat16", "out": "float32"}
     assert model.get_layer("hidden").dtype_policy.name == "float32"
@@ -168,9 +174,15 @@ def test_float16_trains_with_loss_scaling_and_keeps_the_optimizer():
             seen["optimizer"] = type(self.model.optimizer).__name__
 
     history = kerascale.fit(
-        model, x, y, epochs=1, batch_size=16, precision="mixed_float16",
-        callbacks=[Watch()], verbose=0,
-    )  # fmt: skip
+        model,
+        x,
+        y,
+        epochs=1,
+        batch_size=16,
+        precision="mixed_float16",
+        callbacks=[Watch()],
+        verbose=0,
+    )
     assert seen["optimizer"] == "LossScaleOptimizer"
     assert model.optimizer is optimizer
     assert np.isfinite(history.history["loss"]).all()
@@ -182,9 +194,15 @@ def test_accumulation_equals_one_large_batch():
     x, y = toy_data(n=64)
     ours, theirs = dense_model(seed=5), dense_model(seed=5)
     history = kerascale.fit(
-        ours, x, y, epochs=1, batch_size=64, accumulation_steps=4,
-        shuffle=False, verbose=0,
-    )  # fmt: skip
+        ours,
+        x,
+        y,
+        epochs=1,
+        batch_size=64,
+        accumulation_steps=4,
+        shuffle=False,
+        verbose=0,
+    )
     assert history.plan.accumulation_steps == 4
     assert history.plan.global_batch_size == 64
     theirs.fit(x, y, epochs=1, batch_size=64, shuffle=False, verbose=0)
@@ -228,9 +246,12 @@ def test_grain_datasets_train_as_plain_fit_without_tensorflow(tmp_path):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             ours = kerascale.fit(
-                dense_model(seed=3), data(), epochs=2, verbose=0,
+                dense_model(seed=3),
+                data(),
+                epochs=2,
+                verbose=0,
                 checkpoint_dir=tmp_path / type(data()).__name__,
-            )  # fmt: skip
+            )
         _, theirs = _plain_fit(
             lambda: dense_model(seed=3), data(), None, distribution, epochs=2
         )
@@ -251,9 +272,14 @@ def test_checkpoint_dir_checkpoints_without_a_warning(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         kerascale.fit(
-            dense_model(), x, y, epochs=1, batch_size=16,
-            checkpoint_dir=tmp_path / "ckpt", verbose=0,
-        )  # fmt: skip
+            dense_model(),
+            x,
+            y,
+            epochs=1,
+            batch_size=16,
+            checkpoint_dir=tmp_path / "ckpt",
+            verbose=0,
+        )
     ours = [w for w in caught if issubclass(w.category, kerascale.KerascaleWarning)]
     assert not ours, [str(w.message) for w in ours]
     assert (tmp_path / "ckpt" / "ckpt-00000001" / "state.npz").is_file()
@@ -386,9 +412,16 @@ def test_monitors_without_tensorflow_keep_figures_in_history(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         history = kerascale.fit(
-            dense_model(), x, y, epochs=2, batch_size=16, log_dir=tmp_path,
-            profile=(2, 3), time_budget="1h", verbose=0,
-        )  # fmt: skip
+            dense_model(),
+            x,
+            y,
+            epochs=2,
+            batch_size=16,
+            log_dir=tmp_path,
+            profile=(2, 3),
+            time_budget="1h",
+            verbose=0,
+        )
     said = _kerascale_warnings(caught)
     assert len(said) == 1, said
     assert "History only" in said[0]
@@ -433,9 +466,13 @@ def test_callbacks_and_accumulate_in_a_plain_fit():
     kerascale.accumulate(model, 2)
     throughput = kerascale.callbacks.Throughput(batch_size=16)
     history = model.fit(
-        x, y, epochs=1, batch_size=16, verbose=0,
+        x,
+        y,
+        epochs=1,
+        batch_size=16,
+        verbose=0,
         callbacks=[throughput, kerascale.callbacks.TimeBudget("1h")],
-    )  # fmt: skip
+    )
     assert model.optimizer.gradient_accumulation_steps == 2
     assert history.history["loss"]
     assert throughput.epochs_seen[0]["samples_per_second"] > 0
@@ -464,9 +501,15 @@ def test_a_second_kerascale_fit_in_float32_traces_nothing_again():
 
     for _ in range(2):
         kerascale.fit(
-            model, x, y, epochs=1, batch_size=16, precision="float32", verbose=0,
+            model,
+            x,
+            y,
+            epochs=1,
+            batch_size=16,
+            precision="float32",
+            verbose=0,
             callbacks=[Peek()],
-        )  # fmt: skip
+        )
     assert seen[0] is seen[-1]
     assert model.train_function is seen[0]
 
@@ -546,9 +589,12 @@ def test_the_jax_guide_s_quickstart_runs_on_two_devices(tmp_path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     env["KERASCALE_CACHE_DIR"] = str(tmp_path / "cache")
     done = subprocess.run(
-        [sys.executable, str(example)], capture_output=True, text=True,
-        timeout=300, env=env,
-    )  # fmt: skip
+        [sys.executable, str(example)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert start_up.said(done.stderr) == [], done.stderr[-3000:]
     assert "data_parallel (2 replicas)" in done.stdout, done.stdout[-2000:]
@@ -580,8 +626,11 @@ def test_doctor_without_a_backend_set_names_the_fix_and_the_fix_works(tmp_path):
     assert "set KERAS_BACKEND=jax" in done.stderr, done.stderr
     assert str(home / "keras.json") in done.stderr
     fixed = subprocess.run(
-        [command, "doctor"], capture_output=True, text=True, timeout=300,
+        [command, "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**env, "KERAS_BACKEND": "jax"},
-    )  # fmt: skip
+    )
     assert fixed.returncode == 0, fixed.stderr[-2000:]
     assert "jax" in fixed.stdout

@@ -167,9 +167,15 @@ def test_kerascale_fit_reads_ahead_where_a_callback_waits_on_each_step():
     )
     assert "Prefetch" not in repr(quiet.function)
     off = kerascale.fit(
-        dense_model(), x, y, batch_size=16, epochs=1, verbose=0,
-        optimize_data=False, callbacks=[Spy()],
-    )  # fmt: skip
+        dense_model(),
+        x,
+        y,
+        batch_size=16,
+        epochs=1,
+        verbose=0,
+        optimize_data=False,
+        callbacks=[Spy()],
+    )
     assert off.plan.data_changes == DataChanges()
 
 

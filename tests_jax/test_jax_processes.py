@@ -271,35 +271,60 @@ def test_a_killed_process_stops_the_other_within_worker_timeout_and_a_restart_re
     "env, expected",
     [
         (
-            {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "4",
-             "JAX_PROCESS_ID": "2"},
+            {
+                "JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234",
+                "JAX_NUM_PROCESSES": "4",
+                "JAX_PROCESS_ID": "2",
+            },
             ("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234", 4, 2),
         ),
         (
-            {"KERAS_DISTRIBUTION_JOB_ADDRESSES": "10.0.0.1:1234,10.0.0.2:2345",
-             "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
-             "KERAS_DISTRIBUTION_PROCESS_ID": "1"},
+            {
+                "KERAS_DISTRIBUTION_JOB_ADDRESSES": "10.0.0.1:1234,10.0.0.2:2345",
+                "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+                "KERAS_DISTRIBUTION_PROCESS_ID": "1",
+            },
             ("KERAS_DISTRIBUTION", "10.0.0.1:1234", 2, 1),
         ),
         (
-            {"TF_CONFIG": json.dumps({
-                "cluster": {"chief": ["h0:2222"], "worker": ["h1:2222", "h2:2222"]},
-                "task": {"type": "worker", "index": 1}})},
+            {
+                "TF_CONFIG": json.dumps(
+                    {
+                        "cluster": {
+                            "chief": ["h0:2222"],
+                            "worker": ["h1:2222", "h2:2222"],
+                        },
+                        "task": {"type": "worker", "index": 1},
+                    }
+                )
+            },
             ("TF_CONFIG", "h0:2222", 3, 2),
         ),
         (
-            {"CLUSTER_SPEC": json.dumps({
-                "cluster": {"workerpool0": ["h0:2222"], "workerpool1": ["h1:2222"]},
-                "task": {"type": "workerpool1", "index": 0}})},
+            {
+                "CLUSTER_SPEC": json.dumps(
+                    {
+                        "cluster": {
+                            "workerpool0": ["h0:2222"],
+                            "workerpool1": ["h1:2222"],
+                        },
+                        "task": {"type": "workerpool1", "index": 0},
+                    }
+                )
+            },
             ("CLUSTER_SPEC", "h0:2222", 2, 1),
         ),
         (
-            {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n[1-2]",
-             "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1"},
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_STEP_NODELIST": "n[1-2]",
+                "SLURM_STEP_NUM_TASKS": "2",
+                "SLURM_PROCID": "1",
+            },
             ("SLURM", None, 2, 1),
         ),
     ],
-)  # fmt: skip
+)
 def test_the_processes_are_read_from_the_same_sources_as_tensorflow_s(env, expected):
     found = jax_processes.describe(env)
     assert (found.source, found.coordinator, found.num_processes, found.process_id) == (
@@ -312,13 +337,28 @@ def test_the_processes_are_read_from_the_same_sources_as_tensorflow_s(env, expec
     "env, says",
     [
         ({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2x"}, "whole"),
-        ({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2",
-          "JAX_PROCESS_ID": "2"}, "from 0 to 1"),
-        ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["h:1"], "ps": ["h:2"]},
-                                   "task": {"type": "ps", "index": 0}})}, "'ps'"),
+        (
+            {
+                "JAX_COORDINATOR_ADDRESS": "h:1",
+                "JAX_NUM_PROCESSES": "2",
+                "JAX_PROCESS_ID": "2",
+            },
+            "from 0 to 1",
+        ),
+        (
+            {
+                "TF_CONFIG": json.dumps(
+                    {
+                        "cluster": {"worker": ["h:1"], "ps": ["h:2"]},
+                        "task": {"type": "ps", "index": 0},
+                    }
+                )
+            },
+            "'ps'",
+        ),
         ({"TF_CONFIG": "{not json"}, "not valid JSON"),
     ],
-)  # fmt: skip
+)
 def test_a_malformed_description_is_not_joined_and_says_why(env, says):
     found = jax_processes.describe(env)
     assert not found.several and says in found.error

@@ -130,10 +130,23 @@ def test_on_four_devices_too():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     here = Path(__file__)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here),
-         "-k", "sharded_and_trains or stays_data_parallel"],
-        cwd=here.parent, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(here),
+            "-k",
+            "sharded_and_trains or stays_data_parallel",
+        ],
+        cwd=here.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:]
     assert "2 passed" in done.stdout
 
@@ -144,12 +157,20 @@ def test_a_sharded_checkpoint_resumes_on_another_mesh_and_on_one_device(tmp_path
     fit = dict(batch_size=16, shuffle=False, verbose=0)
     checkpoints = str(tmp_path / "checkpoints")
     first = large_model()
-    kerascale.fit(first, x, y, device_memory=SMALL_DEVICE, epochs=2,
-                  checkpoint_dir=checkpoints, **fit)  # fmt: skip
+    kerascale.fit(
+        first,
+        x,
+        y,
+        device_memory=SMALL_DEVICE,
+        epochs=2,
+        checkpoint_dir=checkpoints,
+        **fit,
+    )
     # the same devices, data-parallel: another mesh
     resumed = large_model(seed=1)  # its own start: the checkpoint's wins
-    history = kerascale.fit(resumed, x, y, device_memory="8GiB", epochs=3,
-                            checkpoint_dir=checkpoints, **fit)  # fmt: skip
+    history = kerascale.fit(
+        resumed, x, y, device_memory="8GiB", epochs=3, checkpoint_dir=checkpoints, **fit
+    )
     assert history.plan.strategy == "data_parallel"
     straight = large_model()
     expected = kerascale.fit(
@@ -174,8 +195,13 @@ print(json.dumps({{"replicas": h.plan.replicas, "loss": h.history["loss"],
                   "sum": float(sum(np.abs(w).sum() for w in model.get_weights()))}}))
 """
     env = {**os.environ, "XLA_FLAGS": ""}
-    done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", child],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     alone = json.loads(done.stdout.strip().splitlines()[-1])
     assert alone["replicas"] == 1
@@ -235,18 +261,21 @@ def test_a_second_plan_reads_the_decision_from_the_cache(monkeypatch):
     from kerascale.measure.jax import replica_fit
 
     x, y = data()
-    first = kerascale.plan(large_model(), x, y, batch_size=16,
-                           device_memory=SMALL_DEVICE, verbose=0)  # fmt: skip
+    first = kerascale.plan(
+        large_model(), x, y, batch_size=16, device_memory=SMALL_DEVICE, verbose=0
+    )
 
     def compiles(*args, **kwargs):
         raise AssertionError("compiled again")
 
     monkeypatch.setattr(replica_fit, "_measured", compiles)
-    again = kerascale.plan(large_model(), x, y, batch_size=16,
-                           device_memory=SMALL_DEVICE, verbose=0)  # fmt: skip
+    again = kerascale.plan(
+        large_model(), x, y, batch_size=16, device_memory=SMALL_DEVICE, verbose=0
+    )
     assert again.sharding == first.sharding and again.strategy == "model_parallel"
     assert "read from kerascale's cache" in again.reasons["sharding"]
     # another limit is another decision: compiled (here, refused) again
     with pytest.raises(AssertionError, match="compiled again"):
-        kerascale.plan(large_model(), x, y, batch_size=16,
-                       device_memory="70MiB", verbose=0)  # fmt: skip
+        kerascale.plan(
+            large_model(), x, y, batch_size=16, device_memory="70MiB", verbose=0
+        )

@@ -50,9 +50,13 @@ def model():
 def test_the_candidate_is_bf16_on_a_jax_cpu_with_bf16_only(bf16_cpu):
     assert bf16_cpu.cpu.bf16 and precision_rules.trial_candidate(bf16_cpu)
     plain = bf16_cpu.__class__(
-        **{**vars(bf16_cpu), "cpu": bf16_cpu.cpu.__class__(
-            **{**vars(bf16_cpu.cpu), "bf16": False, "bf16_flags": ()})}
-    )  # fmt: skip
+        **{
+            **vars(bf16_cpu),
+            "cpu": bf16_cpu.cpu.__class__(
+                **{**vars(bf16_cpu.cpu), "bf16": False, "bf16_flags": ()}
+            ),
+        }
+    )
     assert precision_rules.trial_candidate(plain) == ""
 
 

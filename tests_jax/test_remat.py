@@ -118,9 +118,14 @@ def test_find_batch_size_reports_the_bound_with_and_without_recomputation():
     assert found.recompute_batch_size > 1.5 * found.batch_size
     assert found.reasons["recompute"].code == "search.with_recompute"
     plain = kerascale.find_batch_size(
-        gelu_mlp(), x, y, device_memory="20MiB", precision="float32",
-        recompute=False, verbose=0,
-    )  # fmt: skip
+        gelu_mlp(),
+        x,
+        y,
+        device_memory="20MiB",
+        precision="float32",
+        recompute=False,
+        verbose=0,
+    )
     assert plain.recompute_batch_size is None
     assert plain.batch_size == found.batch_size
 
@@ -148,8 +153,11 @@ def test_the_guide_sample_returns_its_bound_under_a_real_limit():
     env = {k: v for k, v in os.environ.items() if k not in drop}
     done = subprocess.run(
         [sys.executable, str(Path(guide_sample.__file__)), "1GiB", "search"],
-        capture_output=True, text=True, timeout=900, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["fails"] is not None  # memory bound the search

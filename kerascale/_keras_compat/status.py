@@ -53,21 +53,27 @@ def _epoch_order() -> dict[str, str]:
     name, upstream = "resume in the saved data order", epoch_order.UPSTREAM
     if not epoch_order.keras_fit_holds_the_epoch_iterator():
         return _row(
-            name, upstream, "unknown",
+            name,
+            upstream,
+            "unknown",
             "Keras's fit no longer names its epoch iterator; a resume's order "
             "check still warns where the order differs",
-        )  # fmt: skip
+        )
     if _adapter_counter() is None:
         return _row(
-            name, upstream, "not needed",
+            name,
+            upstream,
+            "not needed",
             "this Keras shuffles from the global random state, which the "
             "checkpoint puts back",
-        )  # fmt: skip
+        )
     return _row(
-        name, upstream, "active",
+        name,
+        upstream,
+        "active",
         "this Keras seeds its shuffle from the data adapter's epoch counter, "
         "which the checkpoint records and puts back",
-    )  # fmt: skip
+    )
 
 
 def _adapter_counter() -> Any:
@@ -86,13 +92,17 @@ def _multi_worker() -> dict[str, str]:
     changed = compat.upstream_changed()
     if changed:
         return _row(
-            "multi-worker fit", "keras-team/keras#20585", "unknown",
+            "multi-worker fit",
+            "keras-team/keras#20585",
+            "unknown",
             f"upstream changed {', '.join(changed)}: not applied",
-        )  # fmt: skip
+        )
     return _row(
-        "multi-worker fit", "keras-team/keras#20585", "active",
+        "multi-worker fit",
+        "keras-team/keras#20585",
+        "active",
         "applied under a MultiWorkerMirroredStrategy only",
-    )  # fmt: skip
+    )
 
 
 def _accumulation() -> dict[str, str]:
@@ -102,13 +112,17 @@ def _accumulation() -> dict[str, str]:
     name = "accumulation under tf.distribute"
     if fix.upstream_known():
         return _row(
-            name, upstream, "active",
+            name,
+            upstream,
+            "active",
             "applied to an optimizer built under a strategy of its own",
-        )  # fmt: skip
+        )
     return _row(
-        name, upstream, "unknown",
+        name,
+        upstream,
+        "unknown",
         "upstream changed _backend_apply_gradients: not applied",
-    )  # fmt: skip
+    )
 
 
 def newer_than_tested(version: str) -> bool:

@@ -133,11 +133,15 @@ def materialized(
     if not write:
         found = shard_files.trusted(path, key, prefix, discard=False)
         return Materialized(
-            dataset=ds, path=path, reused=found is not None,
+            dataset=ds,
+            path=path,
+            reused=found is not None,
             elements=int(found["elements"]) if found else 0,
-            bytes=sum(found["files"].values()) if found else 0, seconds=0.0,
-            deterministic=_steps(prefix), then=_after(tail, then),
-        )  # fmt: skip
+            bytes=sum(found["files"].values()) if found else 0,
+            seconds=0.0,
+            deterministic=_steps(prefix),
+            then=_after(tail, then),
+        )
     manifest = shard_files.trusted(path, key, prefix)
     start = time.perf_counter()
     reused = manifest is not None

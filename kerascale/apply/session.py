@@ -308,9 +308,12 @@ def _prepare_data(
         # Keras ignores shuffle for a dataset and warns when it is left True.
         kwargs.setdefault("shuffle", False)
         prepared = data_lib.prepare(
-            x, decided.data, plan, optimize=decided.optimize_data,
+            x,
+            decided.data,
+            plan,
+            optimize=decided.optimize_data,
             read_in_part=read_in_part,
-        )  # fmt: skip
+        )
         quiet = "steps_per_epoch" not in kwargs and data_lib.lost_cardinality(
             x, prepared
         )

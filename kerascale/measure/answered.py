@@ -83,10 +83,14 @@ def remember(
     except Exception:  # a model kerascale cannot name is measured again
         return
     answer = _Answer(
-        model_ref, fingerprint, (id(x), id(y)),
-        _setting(plan, result.precision, search), plan.data_changes.read_ahead,
-        memory.resident_bytes(), result,
-    )  # fmt: skip
+        model_ref,
+        fingerprint,
+        (id(x), id(y)),
+        _setting(plan, result.precision, search),
+        plan.data_changes.read_ahead,
+        memory.resident_bytes(),
+        result,
+    )
     _ANSWERS[:] = [answer, *_ANSWERS[: KEPT - 1]]
 
 

@@ -105,10 +105,16 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
             raise SearchSkipped(why)
     # Measured only for an answer to give: it reads the input (seconds).
     share = host_share.for_search(
-        x, y, data, plan, memory_limit=options.memory_limit,
-        on_host=hw.accelerator == "cpu", start=first or 32, cap=cap,
+        x,
+        y,
+        data,
+        plan,
+        memory_limit=options.memory_limit,
+        on_host=hw.accelerator == "cpu",
+        start=first or 32,
+        cap=cap,
         measured=request.host_share,
-    )  # fmt: skip
+    )
     spec = dataclasses.replace(spec, host_share=tuple(share.to_list()))
     slack = host_share.slack(options.memory_limit)
     if cached is not None and share.covered_by(
@@ -124,9 +130,14 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
         )
     args = dict(mode=mode, cap=cap, hw=hw, first=first, verbose=verbose)
     found, ran = _found_checked(
-        model, spec, options, instance, args,
-        dataclasses.replace(isolation, room=room), (in_children, here),
-    )  # fmt: skip
+        model,
+        spec,
+        options,
+        instance,
+        args,
+        dataclasses.replace(isolation, room=room),
+        (in_children, here),
+    )
     memory = memory if ran.in_children else here
     result = _reported(
         found, plan, spec, memory, {"cap": why_cap, "isolate": ran.why}, share

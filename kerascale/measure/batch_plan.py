@@ -57,7 +57,6 @@ def batch_for_plan(
     plan: Plan,
     search: SearchOptions | None,
     *,
-    force_search: bool,
     can_try: bool,
     budget: budget_lib.RunBudget | None = None,
 ) -> tuple[BatchSearchResult | None, bool, str]:
@@ -70,14 +69,14 @@ def batch_for_plan(
     """
     hw, facts, data = planner.hardware, planner.model, planner.data
     run: dict[str, Any] = dict(instance=user_instance(options), verbose=options.verbose)
-    wanted = force_search or searched_batch(options, data)
+    wanted = searched_batch(options, data)
     check = not wanted and needs_check(options, data, hw, search)
-    cannot = unmeasurable(facts, data, wanted, check, force_search, hw)
+    cannot = unmeasurable(facts, data, wanted, check)
     if cannot is not None:
         return None, False, cannot
     if wanted:
         search = search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
-        ladder = not force_search and search.mode == "auto" and can_try
+        ladder = search.mode == "auto" and can_try
         if ladder:
             # On a CPU the fastest batch depends on your input pipeline, which
             # synthetic probes do not run: the children find what fits, on a
@@ -88,7 +87,7 @@ def batch_for_plan(
             bounded = search.memory_limit or search.max_batch_size
             run["budget"] = None if bounded else budget
         request = SearchRequest(model, x, y, data, plan, hw, search, **run)
-        return searched(request, force_search), ladder, ""
+        return searched(request), ladder, ""
     if check:
         # Does the requested batch fit in one forward pass? One probe if it
         # does; otherwise the largest micro-batch, for the accumulation split.
@@ -109,7 +108,7 @@ def batch_for_plan(
             first=plan.micro_batch_size,
             accumulation_steps=2,
         )
-        return searched(request, False), False, ""
+        return searched(request), False, ""
     if search is not None and search.memory_limit:
         why = (
             "your PyDataset makes its own batches"
@@ -133,30 +132,41 @@ def check_options(search: SearchOptions | None, batch_size: int) -> SearchOption
     )
 
 
-def unmeasurable(
-    facts: ModelFacts, data: DataFacts, wanted: bool, check: bool, force: bool, hw
-) -> str | None:
-    """The warning when a search or check is wanted and the data or the model
-    cannot be probed ("" where the plan's own warning says it), else None.
+def probeable(facts: ModelFacts, data: DataFacts, hw: Any) -> None:
+    """For `find_batch_size`, whose search is its answer: nothing where the
+    data and the model can be probed.
 
     Raises:
-        BatchSizeSearchError: When `find_batch_size` forces the search.
+        BatchSizeSearchError: Naming what cannot be probed, and the fix.
     """
-    if wanted and not data.measurable:
-        if force:
-            raise BatchSizeSearchError(
-                f"The data cannot be probed: {data.why_not_measurable}. Pass "
-                f"{data_facts.readable_inputs(hw.backend)}."
-            )
-        return ""  # the plan's warning says what was skipped
-    if not (wanted or check) or facts.measurable:
-        return None
-    why = (
+    if not data.measurable:
+        raise BatchSizeSearchError(
+            f"The data cannot be probed: {data.why_not_measurable}. Pass "
+            f"{data_facts.readable_inputs(hw.backend)}."
+        )
+    if not facts.measurable:
+        raise BatchSizeSearchError(
+            f"The model cannot be probed: {_unprobeable(facts)}."
+        )
+
+
+def _unprobeable(facts: ModelFacts) -> str:
+    return (
         "kerascale can neither copy your model nor put back what a probe "
         f"would change ({facts.why_not_measurable})"
     )
-    if force:
-        raise BatchSizeSearchError(f"The model cannot be probed: {why}.")
+
+
+def unmeasurable(
+    facts: ModelFacts, data: DataFacts, wanted: bool, check: bool
+) -> str | None:
+    """The warning when a search or check is wanted and the data or the model
+    cannot be probed ("" where the plan's own warning says it), else None."""
+    if wanted and not data.measurable:
+        return ""  # the plan's warning says what was skipped
+    if not (wanted or check) or facts.measurable:
+        return None
+    why = _unprobeable(facts)
     if wanted:
         return (
             f"No batch search: {why}. Training at Keras's default batch; "
@@ -165,13 +175,13 @@ def unmeasurable(
     return f"batch_size was not checked against memory: {why}."
 
 
-def searched(request: SearchRequest, force: bool) -> BatchSearchResult:
+def searched(request: SearchRequest) -> BatchSearchResult:
     """The engine's answer to `request`; a probe's failure other than memory
-    is `ProbeFailed` unless `force` (`find_batch_size`: its error)."""
+    is `ProbeFailed`, for the decision to answer."""
     search = engines.batch_search(request.hardware.backend)
     try:
         return search(request)
     except BatchSizeSearchError as e:
-        if force or e.out_of_memory:
+        if e.out_of_memory:
             raise
         raise ProbeFailed(gist(RuntimeError(e.probe_message or str(e)))) from e

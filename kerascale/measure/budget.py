@@ -52,14 +52,20 @@ REPAY = 1.0
 #   against accumulation moved the step time 10-30% (benchmarks/remat.py).
 GAINS = {
     "tensorflow": {
-        "search": 0.25, "batch": 0.05, "data_changes": 0.03,
-        "precision": 0.05, "recompute": 0.10,
+        "search": 0.25,
+        "batch": 0.05,
+        "data_changes": 0.03,
+        "precision": 0.05,
+        "recompute": 0.10,
     },
     "jax": {
-        "search": 0.05, "batch": 0.05, "data_changes": 0.03,
-        "precision": 0.05, "recompute": 0.10,
+        "search": 0.05,
+        "batch": 0.05,
+        "data_changes": 0.03,
+        "precision": 0.05,
+        "recompute": 0.10,
     },
-}  # fmt: skip
+}
 NAMES = {
     "search": "the search",
     "batch": "the batch trials",

@@ -23,11 +23,11 @@ from kerascale.measure.batch_plan import (
     ProbeFailed,
     batch_for_plan,
     check_options,
-    searched,
+    probeable,
 )
 from kerascale.measure.cluster_plan import agree
 from kerascale.measure.decided import Decided
-from kerascale.measure.request import SearchOptions, SearchRequest
+from kerascale.measure.request import Given, SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
 from kerascale.plan import precision as precision_rules
@@ -100,7 +100,6 @@ def decide(
     validation_split: Any = None,
     epochs: int | None = None,
     search: SearchOptions | None = None,
-    force_search: bool = False,
     hardware: Hardware | None = None,
     not_rebuildable: str = "",
     clustered: bool = False,
@@ -126,8 +125,6 @@ def decide(
         epochs: The epochs the run will train, for the trials' budget; None
             for no budget (nothing trains after: `diagnose`).
         search: Batch-search options; defaults apply when None.
-        force_search: Search even when the data brings its own batch
-            (`find_batch_size`).
         hardware: Reuse a detection instead of detecting again.
         not_rebuildable: Why the model cannot be re-created, where an
             attempt found out (the ladder's "recreate" rung).
@@ -140,16 +137,11 @@ def decide(
     Raises:
         plan.fallback.Recoverable: A failure that a rung of the ladder answers.
     """
-    data = data_facts.inspect(
-        x, y, steps_per_epoch=steps_per_epoch, validation_split=validation_split
+    given = Given(model, x, y)
+    planner = _planner(
+        given, options, hardware, not_rebuildable, steps_per_epoch, validation_split
     )
-    facts = model_facts(
-        model, options.strategy, sample=lambda: samples.sample_inputs(x, data)
-    )
-    if not_rebuildable:
-        facts = facts.without_rebuild(not_rebuildable)
-    # Through the module, so that tests can replace the hardware seam.
-    hw = hardware or hardware_lib.detect_hardware()
+    hw, facts, data = planner.hardware, planner.model, planner.data
     budget = None
     if epochs is not None and data.measurable:  # a run to weigh measurements against
         budget = budget_lib.RunBudget(
@@ -158,20 +150,18 @@ def decide(
             steps_per_epoch,
             lambda: budget_lib.train_seconds_per_sample(model, x, y, data),
         )
-    planner = Planner(hw, facts, data)
-    inputs = (model, x, y)
     options, found = engines.sharding(hw.backend)(model, x, y, options, planner, search)
     first = planner(options, measured=found)
     # The batch per replica asked for (None for "auto"), before a split.
     asked = None if searched_batch(options, data) else first.micro_batch_size
     can_try = trials_lib.possible(options, hw, facts)
     decided, ladder = _batch_searched(
-        inputs, options, planner, first, found, search, force_search, can_try, budget
+        given, options, planner, first, found, search, can_try, budget
     )
     if can_try:
         decided = _tried(decided, model, x, y, ladder, budget)
-    if options.recompute == "auto" or force_search:
-        decided = _recomputed(decided, inputs, search, (asked, force_search), budget)
+    if options.recompute == "auto":
+        decided = _recomputed(decided, given, search, asked, budget)
     if clustered:
         decided = agree(decided)
     brought = Measured(materialized=materialized) | measured
@@ -182,39 +172,174 @@ def decide(
     return _settle_tpu(decided)
 
 
+def _planner(
+    given: Given,
+    options: Options,
+    hardware: Hardware | None,
+    not_rebuildable: str,
+    steps_per_epoch: Any = None,
+    validation_split: Any = None,
+) -> Planner:
+    """The facts (hardware, model, data) that every plan of a decision is
+    made over."""
+    data = data_facts.inspect(
+        given.x,
+        given.y,
+        steps_per_epoch=steps_per_epoch,
+        validation_split=validation_split,
+    )
+    facts = model_facts(
+        given.model,
+        options.strategy,
+        sample=lambda: samples.sample_inputs(given.x, data),
+    )
+    if not_rebuildable:
+        facts = facts.without_rebuild(not_rebuildable)
+    # Through the module, so that tests can replace the hardware seam.
+    return Planner(hardware or hardware_lib.detect_hardware(), facts, data)
+
+
+@_in_planning_region
+def decide_search(
+    model: Any,
+    x: Any,
+    y: Any,
+    options: Options,
+    search: SearchOptions,
+    *,
+    not_rebuildable: str = "",
+    measured: Measured = NOTHING,
+) -> Decided:
+    """`find_batch_size`'s decision: the batch search on its own, whatever
+    batch the data brings. Its stages: sharding, the search (whose failures
+    are the caller's errors, `BatchSizeSearchError`), the precision trials
+    where a CPU has the choice, the bound with recomputation beside the
+    bound without, and a TPU's core count. Nothing trains after it, so no
+    stage is weighed against a run.
+
+    Raises:
+        BatchSizeSearchError: Where the data or the model cannot be probed,
+            or a probe fails.
+        plan.fallback.Recoverable: A failure that a rung of the ladder answers.
+    """
+    given = Given(model, x, y)
+    planner = _planner(given, options, None, not_rebuildable)
+    hw, facts, data = planner.hardware, planner.model, planner.data
+    options, found = engines.sharding(hw.backend)(model, x, y, options, planner, search)
+    plan = planner(options, measured=found)
+    probeable(facts, data, hw)
+    instance = user_instance(options)
+    request = _request_for(given, data, plan, hw, search, instance, options.verbose)
+    skipped = ""
+    try:
+        result = _engine_search(request)
+    except batch_lib.SearchSkipped as e:  # no answer here: the caller says why
+        result, skipped = None, str(e)
+    decided = Decided(
+        hw,
+        facts,
+        data,
+        planner(options, search=result, measured=found),
+        instance,
+        options,
+        result,
+        False,
+        search_skipped=skipped,
+        measured=found,
+    )
+    if result is not None and trials_lib.possible(options, hw, facts):
+        decided = _tried(decided, model, x, y, False, None)
+    decided = _recompute_bound(decided, given, search)
+    if measured != NOTHING:
+        decided = decided.replanned(measured)
+    return _settle_tpu(decided)
+
+
+def _engine_search(request: SearchRequest) -> BatchSearchResult:
+    """The engine's answer to `request`, its errors as they are."""
+    return engines.batch_search(request.hardware.backend)(request)
+
+
+def _request_for(
+    given: Given,
+    data: Any,
+    plan: Plan,
+    hw: Hardware,
+    options: SearchOptions | None,
+    instance: Any,
+    verbose: Any,
+    **run: Any,
+) -> SearchRequest:
+    return SearchRequest(
+        given.model,
+        given.x,
+        given.y,
+        data,
+        plan,
+        hw,
+        options,
+        instance=instance,
+        verbose=verbose,
+        **run,
+    )
+
+
+def _recompute_bound(decided: Decided, given: Given, search: SearchOptions) -> Decided:
+    """`find_batch_size`'s result with the bound under recomputation beside
+    the bound without, where memory stopped the search and recomputation is
+    not off. A search for it that fails is said in the result's reasons: the
+    bound found stands."""
+    result = decided.search
+    if (
+        decided.plan.recompute
+        or result is None
+        or decided.options.recompute == "off"
+        or result.smallest_failing is None
+    ):
+        return decided
+    plan = dataclasses.replace(decided.plan, recompute=recompute_lib.MODE)
+    request = _request(decided, given, plan, search, host_share=result.host_share)
+    try:
+        found = _engine_search(request)
+    except Exception as e:  # an optional figure: the bound found stands
+        why = Reason("recompute.weigh_failed", error=f"{type(e).__name__}: {gist(e)}")
+        reasons = {**result.reasons, "recompute": why}
+        return dataclasses.replace(
+            decided, search=dataclasses.replace(result, reasons=reasons)
+        )
+    return dataclasses.replace(decided, search=recompute_lib.reported(result, found))
+
+
 def _batch_searched(
-    inputs: tuple,
+    given: Given,
     options: Options,
     planner: Planner,
     plan: Plan,
     found: Measured,
     search: SearchOptions | None,
-    force_search: bool,
     can_try: bool,
     budget: budget_lib.RunBudget | None,
 ) -> tuple[Decided, bool]:
     """The decision with the batch search's answer in it (measured only where
     `budget`'s run repays it; None: no budget), and whether the search ran as
-    a ladder of rungs for the trials. `inputs`: (model, x, y); `plan`: the
-    first plan, over `found` (what sharding found).
+    a ladder of rungs for the trials. `plan`: the first plan, over `found`
+    (what sharding found).
 
     A probe that fails for a reason other than memory is not fit's error to
     raise: under a mixed precision kerascale chose, it is the ladder's
     `FailedInProbe`; otherwise the search is dropped (the real run then
     raises the model's error, as `model.fit` would)."""
-    model, x, y = inputs
     hw, facts, data = planner.hardware, planner.model, planner.data
     skipped, unavailable = "", False
     try:
         result, ladder, note = batch_for_plan(
-            model,
-            x,
-            y,
+            given.model,
+            given.x,
+            given.y,
             options,
             planner,
             plan,
             search,
-            force_search=force_search,
             can_try=can_try,
             budget=budget,
         )
@@ -254,18 +379,16 @@ def _batch_searched(
 
 def _recomputed(
     decided: Decided,
-    data: tuple,
+    given: Given,
     search: SearchOptions | None,
-    request: tuple[int | None, bool],
+    asked: int | None,
     budget: budget_lib.RunBudget | None,
 ) -> Decided:
     """`decided` with recomputation weighed where memory binds its batch
     (`recompute.weighed`), where `budget`'s run repays it (None: always).
-    `data`: (model, x, y); `request`: (the requested batch per replica, None
-    for an "auto" one; whether `find_batch_size` forces the search: its
-    result then gives the bound with recomputation too). A weighing that
-    fails is dropped with a warning: the plan trains as it was."""
-    asked, force = request
+    `asked`: the requested batch per replica, None for an "auto" one. A
+    weighing that fails is dropped with a warning: the plan trains as it
+    was."""
     result = decided.search
     if decided.plan.recompute or result is None:
         return decided
@@ -276,23 +399,6 @@ def _recomputed(
         verbose=decided.options.verbose,
         host_share=result.host_share,
     )
-    if force:  # find_batch_size: the bound with it beside the bound without
-        if decided.options.recompute == "off" or result.smallest_failing is None:
-            return decided
-        plan = dataclasses.replace(decided.plan, recompute=recompute_lib.MODE)
-        try:
-            found = searched(_request(decided, data, plan, search, **run), True)
-        except Exception as e:  # an optional figure: the bound found stands
-            why = Reason(
-                "recompute.weigh_failed", error=f"{type(e).__name__}: {gist(e)}"
-            )
-            reasons = {**result.reasons, "recompute": why}
-            return dataclasses.replace(
-                decided, search=dataclasses.replace(result, reasons=reasons)
-            )
-        return dataclasses.replace(
-            decided, search=recompute_lib.reported(result, found)
-        )
     if not recompute_lib.binding(decided, asked):
         return decided
     rungs = [p.batch for p in result.probes] + [decided.plan.micro_batch_size] * 2
@@ -309,8 +415,8 @@ def _recomputed(
     def searcher(
         plan: Plan, options: SearchOptions, **kwargs: Any
     ) -> BatchSearchResult:
-        return searched(
-            _request(decided, data, plan, options, **{**run, **kwargs}), True
+        return _engine_search(
+            _request(decided, given, plan, options, **{**run, **kwargs})
         )
 
     try:
@@ -331,17 +437,15 @@ def _recomputed(
 
 def _request(
     decided: Decided,
-    data: tuple,
+    given: Given,
     plan: Plan,
     options: SearchOptions | None,
     **run: Any,
 ) -> SearchRequest:
-    """The search for `plan` over `decided`'s facts; `data`: (model, x, y)."""
-    model, x, y = data
+    """The search for `plan` over `decided`'s facts."""
     run.setdefault("instance", decided.instance)
-    return SearchRequest(
-        model, x, y, decided.data, plan, decided.hardware, options, **run
-    )
+    run.setdefault("verbose", decided.options.verbose)
+    return _request_for(given, decided.data, plan, decided.hardware, options, **run)
 
 
 def _tried(
@@ -393,9 +497,11 @@ def _tried(
     if len(rungs) > 1:
         result = _batch_chosen(result, measured, rungs, plan.replicas)
     # The rule's bf16, where the trials did not time it, weighed by its start.
-    short = None if measured.measured("precision") else _too_short_for_bf16(
-        decided, model, budget
-    )  # fmt: skip
+    short = (
+        None
+        if measured.measured("precision")
+        else _too_short_for_bf16(decided, model, budget)
+    )
     settled = dataclasses.replace(
         options,
         precision=measured.precision

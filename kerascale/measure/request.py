@@ -20,6 +20,16 @@ if TYPE_CHECKING:
 DEFAULT_MARGIN = 0.03
 
 
+@dataclasses.dataclass(frozen=True)
+class Given:
+    """The user's model (or builder) and training data, as the door got
+    them: what every stage of a decision measures."""
+
+    model: Any
+    x: Any
+    y: Any = None
+
+
 class SearchBudget(Protocol):
     """What a search asks of the run's budget, as the searches call it:
     `budget.RunBudget.refuse_search` (a Protocol, not an import: RunBudget

@@ -210,18 +210,27 @@ def _split_or_one_device(
     small = device_split.small_share(hardware, options, data, where)
     if small:
         return _by_default(
-            hardware, where.policy, where.reasons["precision"], model,
-            list(where.warnings), Reason("strategy.kept_one_device", why=small),
-        )  # fmt: skip
+            hardware,
+            where.policy,
+            where.reasons["precision"],
+            model,
+            list(where.warnings),
+            Reason("strategy.kept_one_device", why=small),
+        )
     why = device_split.uneven(hardware, options, data, where, DEFAULT_BATCH_PER_REPLICA)
     if not why:
         return where
     return _on_one_device(
-        hardware, where.strategy, where.policy, where.reasons["precision"],
-        model, list(where.warnings), why=why,
+        hardware,
+        where.strategy,
+        where.policy,
+        where.reasons["precision"],
+        model,
+        list(where.warnings),
+        why=why,
         how=f"pass batches whose size is a multiple of {where.replicas}, of "
         "dense arrays",
-    )  # fmt: skip
+    )
 
 
 def _as_it_is(

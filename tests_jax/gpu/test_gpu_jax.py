@@ -76,9 +76,14 @@ def test_fit_plans_bf16_and_training_reuses_the_search_compile():
             started.setdefault("first", time.perf_counter() - started["t"])
 
     history = kerascale.fit(
-        model, x, x, batch_size=found.batch_size, epochs=1, verbose=0,
+        model,
+        x,
+        x,
+        batch_size=found.batch_size,
+        epochs=1,
+        verbose=0,
         callbacks=[FirstStep()],
-    )  # fmt: skip
+    )
     assert history.plan.precision == "mixed_bfloat16"
     assert history.plan.backend == "jax"
     # The first step reads its program from JAX's cache: well under a compile.

@@ -122,9 +122,13 @@ def confirmed(
     failed: int | None = None  # the smallest it showed not to
     for attempt in range(MAX_REAL_STEPS):
         real, why = real_need(
-            model, element, plan.precision, chosen, plan.replicas,
+            model,
+            element,
+            plan.precision,
+            chosen,
+            plan.replicas,
             getattr(plan, "recompute", ""),
-        )  # fmt: skip
+        )
         if real is None:
             said.append(f"not confirmed by a real step: {why}")
             return fitted or chosen, "; ".join(["", *said])

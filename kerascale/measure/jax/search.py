@@ -75,14 +75,29 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
     element = compiled.element_of(x, y)
     held = reader.HELD if plan.data_changes.read_ahead else 0
     share = host_share.for_search(
-        x, y, data, plan, memory_limit=options.memory_limit, on_host=host,
-        start=start, cap=cap, measured=request.host_share,
-    )  # fmt: skip
+        x,
+        y,
+        data,
+        plan,
+        memory_limit=options.memory_limit,
+        on_host=host,
+        start=start,
+        cap=cap,
+        measured=request.host_share,
+    )
     key = _key(
-        model, element, plan, hw, options, cap=cap, first=first,
-        accumulation=accumulation_steps, ahead=held, mode=options.mode,
+        model,
+        element,
+        plan,
+        hw,
+        options,
+        cap=cap,
+        first=first,
+        accumulation=accumulation_steps,
+        ahead=held,
+        mode=options.mode,
         timed=request.timed,
-    )  # fmt: skip
+    )
     cached = _cached(key, options)
     slack = host_share.slack(options.memory_limit)
     if cached is not None and share.covered_by(
@@ -94,9 +109,16 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
         request, element, host, start=start, cap=cap, held=held, share=share
     )
     found = _answer(
-        model, element, plan, options, host, searched, free, (cap, why_cap),
+        model,
+        element,
+        plan,
+        options,
+        host,
+        searched,
+        free,
+        (cap, why_cap),
         share=share,
-    )  # fmt: skip
+    )
     found = dataclasses.replace(found, host_share=tuple(share.to_list()))
     if options.cache:
         cache.cache_write(KIND, key, found.to_dict())
@@ -152,9 +174,14 @@ def _compiled(
         # the compile of the batch it trains at.
         trained, dist = session.model_for(model, plan, instance=instance)
         step = reported(compiled.StepMemory, "Building the train step's state")(
-            trained, element, dist, plan.replicas, host=host, held_batches=held,
+            trained,
+            element,
+            dist,
+            plan.replicas,
+            host=host,
+            held_batches=held,
             input_bytes=share.input_bytes if share.measured else None,
-        )  # fmt: skip
+        )
         # Read after the step's state is built (the optimizer's slots) and a
         # first compile (the compiled program, held while training), less
         # the heap the compiler freed, which a CPU process would keep.
@@ -215,9 +242,14 @@ def _answer(
         # process's step at the answer went 4 MB over 1 GiB under CI's load.
         kept = max(options.margin, host_share.slack(options.memory_limit) / free)
         chosen, confirmed = confirm.confirmed(
-            model, element, plan, chosen, seen, (free, kept, cap),
+            model,
+            element,
+            plan,
+            chosen,
+            seen,
+            (free, kept, cap),
             input_bytes=share.input_bytes if share.measured else None,
-        )  # fmt: skip
+        )
         granularity = granule_at(chosen, ROUND_TO)
         chosen = round_down(chosen, ROUND_TO)
     answer = Chosen(chosen, granularity, confirmed)
