@@ -222,8 +222,7 @@ def diagnose(
             y,
             attempt.options,
             search=search,
-            not_rebuildable=attempt.not_rebuildable,
-            measured=attempt.measured,
+            attempt=attempt,
             steps_per_epoch=read,
         )
         with Session() as session:

@@ -122,8 +122,7 @@ def find_batch_size(
             y,
             attempt.options,
             search,
-            not_rebuildable=attempt.not_rebuildable,
-            measured=attempt.measured,
+            attempt=attempt,
         )
 
     decided = fallback.attempted(searched, options)

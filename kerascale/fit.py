@@ -470,11 +470,10 @@ class _Deciding:
             epochs=_epochs(self.fit_kwargs),
             search=search,
             hardware=self.hardware,
-            not_rebuildable=attempt.not_rebuildable,
+            attempt=attempt,
             clustered=self.clustered,
             pinned=tuple(self.pinned),
             materialized=self.materialized,
-            measured=attempt.measured,
         )
 
 

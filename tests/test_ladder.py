@@ -94,3 +94,8 @@ def test_each_rung_is_taken_once_and_an_unanswered_failure_is_raised():
     assert second is not None and second.not_rebuildable == "no constructor"
     assert second.taken == ("recreate",)
     assert fallback.next_attempt(second, failure) is None
+    # Variables that cannot be laid out cost the distribution, not the
+    # re-creation: a rung of its own.
+    placed = fallback.next_attempt(second, model_lib.CannotPlace("no layout"))
+    assert placed.unplaceable == "no layout" and placed.not_rebuildable
+    assert placed.taken == ("recreate", "place")

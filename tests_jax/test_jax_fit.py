@@ -312,9 +312,14 @@ def test_a_model_that_cannot_be_laid_out_trains_on_one_device_with_one_warning(
     monkeypatch.setattr(keras_compat, "lay_out", half_then_fails)
     x, y = toy_data()
     model = dense_model(seed=3)
+    import attempts as attempts_lib
+
+    attempts = attempts_lib.record(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         history = kerascale.fit(model, x, y, epochs=2, batch_size=16, verbose=0)
+    # The ladder's "place" rung: decided again, once, from the door.
+    attempts.check(2)
     said = _kerascale_warnings(caught)
     assert len(said) == 1 and "Not applied: strategy data_parallel" in said[0], said
     assert "could not be laid out over 2 devices" in said[0]

@@ -36,8 +36,9 @@ class CannotRecreate(Recoverable):
 
 class CannotPlace(CannotRecreate):
     """The model's variables could not be laid out over the plan's devices
-    (JAX): callers fall back to training it on one device, and say so."""
+    (JAX): the ladder's "place" rung, decided again on one device, and said."""
 
+    rung = "place"
     placing = True
 
 

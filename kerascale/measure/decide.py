@@ -31,7 +31,7 @@ from kerascale.measure.request import Given, SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
 from kerascale.plan import precision as precision_rules
-from kerascale.plan.fallback import FailedInProbe, LateCoreCount
+from kerascale.plan.fallback import Attempt, FailedInProbe, LateCoreCount
 from kerascale.plan.measured import NOTHING, Measured
 from kerascale.plan.options import Options, pinned_reasons, user_instance
 from kerascale.plan.plan import Plan
@@ -101,11 +101,10 @@ def decide(
     epochs: int | None = None,
     search: SearchOptions | None = None,
     hardware: Hardware | None = None,
-    not_rebuildable: str = "",
+    attempt: Attempt | None = None,
     clustered: bool = False,
     pinned: tuple[str, ...] = (),
     materialized: str = "",
-    measured: Measured = NOTHING,
 ) -> Decided:
     """Facts, the first plan, then each measurement stage once, in order:
     sharding, the batch search, the trials, recomputation, the cluster's
@@ -126,20 +125,20 @@ def decide(
             for no budget (nothing trains after: `diagnose`).
         search: Batch-search options; defaults apply when None.
         hardware: Reuse a detection instead of detecting again.
-        not_rebuildable: Why the model cannot be re-created, where an
-            attempt found out (the ladder's "recreate" rung).
+        attempt: The ladder's attempt this decides (None: the first): what
+            earlier attempts found of the model (it cannot be re-created, or
+            laid out over the devices) and the rungs' reasons, added last.
         clustered: This process joined a cluster: all workers agree.
         pinned: Options set from a resumed checkpoint's plan (their reasons
             say so).
         materialized: Where the input was materialized to, or "".
-        measured: What the ladder's rungs found, added last.
 
     Raises:
         plan.fallback.Recoverable: A failure that a rung of the ladder answers.
     """
     given = Given(model, x, y)
     planner = _planner(
-        given, options, hardware, not_rebuildable, steps_per_epoch, validation_split
+        given, options, hardware, attempt, steps_per_epoch, validation_split
     )
     hw, facts, data = planner.hardware, planner.model, planner.data
     budget = None
@@ -164,7 +163,9 @@ def decide(
         decided = _recomputed(decided, given, search, asked, budget)
     if clustered:
         decided = agree(decided)
-    brought = Measured(materialized=materialized) | measured
+    brought = Measured(materialized=materialized)
+    if attempt is not None:
+        brought = brought | attempt.measured
     if pinned:
         brought = Measured().decided(**pinned_reasons(pinned)) | brought
     if brought != NOTHING:
@@ -176,12 +177,12 @@ def _planner(
     given: Given,
     options: Options,
     hardware: Hardware | None,
-    not_rebuildable: str,
+    attempt: Attempt | None,
     steps_per_epoch: Any = None,
     validation_split: Any = None,
 ) -> Planner:
     """The facts (hardware, model, data) that every plan of a decision is
-    made over."""
+    made over, with what an earlier attempt found of the model."""
     data = data_facts.inspect(
         given.x,
         given.y,
@@ -193,8 +194,10 @@ def _planner(
         options.strategy,
         sample=lambda: samples.sample_inputs(given.x, data),
     )
-    if not_rebuildable:
-        facts = facts.without_rebuild(not_rebuildable)
+    if attempt is not None and attempt.not_rebuildable:
+        facts = facts.without_rebuild(attempt.not_rebuildable)
+    if attempt is not None and attempt.unplaceable:
+        facts = facts.without_placing(attempt.unplaceable)
     # Through the module, so that tests can replace the hardware seam.
     return Planner(hardware or hardware_lib.detect_hardware(), facts, data)
 
@@ -207,8 +210,7 @@ def decide_search(
     options: Options,
     search: SearchOptions,
     *,
-    not_rebuildable: str = "",
-    measured: Measured = NOTHING,
+    attempt: Attempt | None = None,
 ) -> Decided:
     """`find_batch_size`'s decision: the batch search on its own, whatever
     batch the data brings. Its stages: sharding, the search (whose failures
@@ -223,7 +225,7 @@ def decide_search(
         plan.fallback.Recoverable: A failure that a rung of the ladder answers.
     """
     given = Given(model, x, y)
-    planner = _planner(given, options, None, not_rebuildable)
+    planner = _planner(given, options, None, attempt)
     hw, facts, data = planner.hardware, planner.model, planner.data
     options, found = engines.sharding(hw.backend)(model, x, y, options, planner, search)
     plan = planner(options, measured=found)
@@ -250,8 +252,8 @@ def decide_search(
     if result is not None and trials_lib.possible(options, hw, facts):
         decided = _tried(decided, model, x, y, False, None)
     decided = _recompute_bound(decided, given, search)
-    if measured != NOTHING:
-        decided = decided.replanned(measured)
+    if attempt is not None and attempt.measured != NOTHING:
+        decided = decided.replanned(attempt.measured)
     return _settle_tpu(decided)
 
 

@@ -9,8 +9,10 @@ taken at most once in a call, so the loop ends.
 
 The rungs (`RUNGS`):
 
-- "recreate": re-creating the model, or laying it out over the devices,
-  failed (`apply.model.CannotRecreate`): decide again without re-creating.
+- "recreate": re-creating the model failed (`apply.model.CannotRecreate`):
+  decide again without re-creating.
+- "place": laying the model's variables out over the devices failed
+  (`apply.model.CannotPlace`): decide again on one device.
 - "probe_precision": a batch-search probe failed, for a reason other than
   memory, under the mixed precision kerascale chose (`FailedInProbe`):
   decide again in the model's own precision.
@@ -38,7 +40,7 @@ from kerascale.sense.model_facts import gist
 
 T = TypeVar("T")
 
-RUNGS = ("recreate", "probe_precision", "tpu_cores", "first_step")
+RUNGS = ("recreate", "place", "probe_precision", "tpu_cores", "first_step")
 
 
 class Recoverable(Exception):
@@ -114,6 +116,8 @@ class Attempt:
         options: Its options.
         not_rebuildable: Why the model cannot be re-created, once an attempt
             found out ("" before).
+        unplaceable: Why its variables cannot be laid out over the devices,
+            once an attempt found out ("" before).
         measured: What the rungs taken found, for the plan's reasons and
             warnings (added after every stage).
         taken: The rungs taken to reach it, in order.
@@ -123,6 +127,7 @@ class Attempt:
 
     options: Options
     not_rebuildable: str = ""
+    unplaceable: str = ""
     measured: Measured = NOTHING
     taken: tuple[str, ...] = ()
     said: tuple[str, ...] | None = None
@@ -179,6 +184,8 @@ def _answer(
     options = attempt.options
     if failure.rung == "recreate":
         return options, NOTHING, {"not_rebuildable": str(failure)}
+    if failure.rung == "place":
+        return options, NOTHING, {"unplaceable": str(failure)}
     if isinstance(failure, FailedInProbe):
         plain = dataclasses.replace(options, precision=failure.policy)
         why = Reason(

@@ -68,15 +68,15 @@ class ModelFacts:
     def why_not_measurable(self) -> str:
         return "" if self.measurable else self.why_not_borrowable
 
-    def without_rebuild(self, why: str | BaseException) -> ModelFacts:
-        """These facts, for a model whose re-creation failed (`why`: the
-        reason, or the exception; one that says `placing` failed to lay the
-        variables out, which costs the distribution, not the re-creation)."""
-        if getattr(why, "placing", False):
-            return dataclasses.replace(self, unplaceable=str(why))
-        return dataclasses.replace(
-            self, rebuildable=False, why_not_rebuildable=str(why)
-        )
+    def without_rebuild(self, why: str) -> ModelFacts:
+        """These facts, for a model whose re-creation failed (`why`)."""
+        return dataclasses.replace(self, rebuildable=False, why_not_rebuildable=why)
+
+    def without_placing(self, why: str) -> ModelFacts:
+        """These facts, for a model whose variables could not be laid out
+        over the devices (`why`): that costs the distribution, not the
+        re-creation."""
+        return dataclasses.replace(self, unplaceable=why)
 
 
 def is_trainer(model: Any) -> bool:
