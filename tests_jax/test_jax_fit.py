@@ -31,12 +31,16 @@ def _plain_fit(build, x, y, distribution, **kwargs):
         keras.distribution.set_distribution(None)
 
 
-def test_imports_and_trains_without_tensorflow():
+def test_imports_and_trains_without_tensorflow(monkeypatch):
+    import attempts as attempts_lib
+
     x, y = toy_data()
     model = dense_model()
+    attempts = attempts_lib.record(monkeypatch)
     history = kerascale.fit(model, x, y, epochs=1, batch_size=16, verbose=0)
     assert history.plan.backend == "jax"
     assert "tensorflow" not in sys.modules
+    attempts.check(1)  # decided once, from the ladder (test_jax_ladder.py)
 
 
 def test_plan_names_the_backend_and_no_tf_distribute_strategy():
