@@ -160,7 +160,7 @@ def _plain_fit(
     if isinstance(request.options.batch_size, int):
         kwargs["batch_size"] = request.options.batch_size
     trained = model() if is_builder(model) else model
-    history = trained.fit(x, y, verbose=request.verbose, **kwargs)
+    history = trained.fit(x, y, verbose=request.options.verbose, **kwargs)
     history.plan = None
     return history
 
@@ -351,7 +351,6 @@ class _Request:
     # The options given other than at their defaults, as "name=value" (for
     # the warning on a backend kerascale does not plan for).
     given: tuple[str, ...] = ()
-    verbose: Any = "auto"  # as given, for that backend's plain `fit`
 
     @classmethod
     def validate(
@@ -386,7 +385,6 @@ class _Request:
             for name, value in named.items()
             if name not in ("batch_size", "verbose") and value != defaults[name].default
         )
-        verbose = options.get("verbose", "auto")
         checked, search = validate_options(**options)
         monitor = fit_callbacks.validate_fit_options(log_dir, profile, time_budget)
         fit_callbacks.validate_checkpointing(checkpoint_freq, start_over)
@@ -406,7 +404,6 @@ class _Request:
             materialize,
             start_over,
             given,
-            verbose,
         )
 
 

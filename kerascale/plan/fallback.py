@@ -162,41 +162,38 @@ def attempted(run: Callable[[Attempt], T], options: Options) -> T:
 def next_attempt(attempt: Attempt, failure: Recoverable) -> Attempt | None:
     """The attempt after `attempt` failed with `failure`, or None where no
     rung answers it (or its rung was taken already)."""
-    rung = failure.rung
-    if rung not in RUNGS or rung in attempt.taken:
+    if failure.rung not in RUNGS or failure.rung in attempt.taken:
         return None
-    step = _answer(attempt, failure)
-    if step is None:
+    following = _answer(attempt, failure)
+    if following is None:
         return None
-    options, measured, changes = step
-    return dataclasses.replace(
-        attempt,
-        options=options,
-        measured=attempt.measured | measured,
-        taken=(*attempt.taken, rung),
-        **changes,
-    )
+    return dataclasses.replace(following, taken=(*attempt.taken, failure.rung))
 
 
-def _answer(
-    attempt: Attempt, failure: Recoverable
-) -> tuple[Options, Measured, dict[str, Any]] | None:
+def _answer(attempt: Attempt, failure: Recoverable) -> Attempt | None:
+    """`attempt` changed as `failure`'s rung says."""
     options = attempt.options
     if failure.rung == "recreate":
-        return options, NOTHING, {"not_rebuildable": str(failure)}
+        return dataclasses.replace(attempt, not_rebuildable=str(failure))
     if failure.rung == "place":
-        return options, NOTHING, {"unplaceable": str(failure)}
+        return dataclasses.replace(attempt, unplaceable=str(failure))
     if isinstance(failure, FailedInProbe):
-        plain = dataclasses.replace(options, precision=failure.policy)
         why = Reason(
             "precision.failed_in_probe",
             policy=failure.policy,
             tried=failure.tried,
             error=failure.error,
         )
-        return plain, Measured().decided(precision=why).warned(why), {}
+        return dataclasses.replace(
+            attempt,
+            options=dataclasses.replace(options, precision=failure.policy),
+            measured=attempt.measured | Measured().decided(precision=why).warned(why),
+        )
     if isinstance(failure, LateCoreCount):
-        return dataclasses.replace(options, strategy=failure.strategy), NOTHING, {}
+        strategy = failure.strategy
+        return dataclasses.replace(
+            attempt, options=dataclasses.replace(options, strategy=strategy)
+        )
     if not isinstance(failure, FirstStepFailed):
         return None
     step = after_first_step(
@@ -209,7 +206,12 @@ def _answer(
     )
     if step is None:
         return None
-    return step.options, step.measured, {"said": failure.plan.warnings}
+    return dataclasses.replace(
+        attempt,
+        options=step.options,
+        measured=attempt.measured | step.measured,
+        said=failure.plan.warnings,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
