@@ -16,7 +16,7 @@ from conftest import CPU
 from test_recompute import result
 
 from kerascale.measure import answered, batch_plan, host_share
-from kerascale.measure.request import SearchOptions
+from kerascale.measure.request import Given, SearchOptions
 from kerascale.plan.data_changes import DataChanges
 from kerascale.plan.options import Options
 from kerascale.plan.rules import make_plan
@@ -118,9 +118,7 @@ def test_fit_s_check_reads_the_answer_and_measures_nothing(setting, monkeypatch)
 
     options = Options.validate(batch_size=1288)
     found, ladder, warning = batch_plan.batch_for_plan(
-        model,
-        x,
-        y,
+        Given(model, x, y),
         options,
         Planner(),
         plan_at(1288),

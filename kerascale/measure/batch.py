@@ -67,51 +67,81 @@ def cap_for(data: DataFacts, plan: Plan, options: SearchOptions) -> tuple[int, R
     return min(caps)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Probing:
+    """What one search settled before its first probe.
+
+    Attributes:
+        request: The search asked for.
+        options: Its options (the check of a requested batch narrows them).
+        spec: What each probe trains.
+        mode: "max", "throughput" or "ladder".
+        cap: The largest per-replica batch searched.
+        first: The per-replica batch probed first, or None.
+        isolation: Where probes run, and why.
+        in_children: The memory probes have in child processes.
+        here: The memory probes have in this process.
+    """
+
+    request: SearchRequest
+    options: SearchOptions
+    spec: ProbeSpec
+    mode: str
+    cap: int
+    first: int | None
+    isolation: Isolation
+    in_children: probe_memory.Memory
+    here: probe_memory.Memory
+
+
 def run_search(request: SearchRequest) -> BatchSearchResult:
     """Searches the per-replica batch for `request.plan` (its precision,
     strategy, accumulation or `accumulation_steps`, recomputation) with real
-    probes, `first` first. Uses the cache. Probes are timed, for a second
-    with `timed` (when their speed decides).
+    probes, `request.first` first. Uses the cache. Probes are timed, for a
+    second with `request.timed` (when their speed decides).
 
     Raises:
-        SearchSkipped: A "ladder" would cost more than `budget` allows.
+        SearchSkipped: A "ladder" would cost more than `request.budget` allows.
     """
-    model, x, y, data = request.model, request.x, request.y, request.data
-    plan, hw, options = request.plan, request.hardware, request.options
-    instance, verbose, first = request.instance, request.verbose, request.first
-    accumulation_steps, budget = request.accumulation_steps, request.budget
-    timed = request.timed
-    isolation = _isolation(model, hw, options, instance)
-    isolate = isolation.in_children
+    given, plan = request.given, request.plan
+    hw, options = request.hardware, request.options
+    isolation = _isolation(given.model, hw, options, request.instance)
     # Where probes run decides their memory (GPUs); see `_found`'s fallback.
     in_children, here = probe_memory.memories(hw, plan, options)
-    memory = in_children if isolate else here
-    cap, why_cap = cap_for(data, plan, options)
+    memory = in_children if isolation.in_children else here
+    cap, why_cap = cap_for(request.data, plan, options)
     mode = auto_mode(hw) if options.mode == "auto" else options.mode
-    long = timed or mode == "throughput"  # where speed decides
-    spec = _spec(
-        model, (x, y, data), plan, hw, options, long, memory, accumulation_steps
-    )
+    spec = _spec(request, long=request.timed or mode == "throughput", memory=memory)
     key = _key(
-        model, spec, hw, options, mode=mode, cap=cap, first=first, isolate=isolate
+        given.model,
+        spec,
+        hw,
+        options,
+        mode=mode,
+        cap=cap,
+        first=request.first,
+        isolate=isolation.in_children,
     )
-    cached = _cached(key, options, verbose)
+    cached = _cached(key, options, request.verbose)
     # Where probes may run in this process first, decided once.
-    room = headroom.room_for(model, spec, mode, options, memory.predict)
-    if cached is None and budget is not None and mode == "ladder":
+    room = headroom.room_for(given.model, spec, mode, options, memory.predict)
+    if cached is None and request.budget is not None and mode == "ladder":
         rungs = ladder(cap, granularity_for(hw.accelerator, cap))
-        local = not isolate or (room is not None and room.admits(rungs[-1]))
-        if why := budget.refuse_search(plan, rungs, spec.steps, in_children=not local):
+        local = not isolation.in_children or (
+            room is not None and room.admits(rungs[-1])
+        )
+        refused = request.budget.refuse_search
+        if why := refused(plan, rungs, spec.steps, in_children=not local):
             raise SearchSkipped(why)
     # Measured only for an answer to give: it reads the input (seconds).
     share = host_share.for_search(
-        x,
-        y,
-        data,
+        given.x,
+        given.y,
+        request.data,
         plan,
         memory_limit=options.memory_limit,
         on_host=hw.accelerator == "cpu",
-        start=first or 32,
+        start=request.first or 32,
         cap=cap,
         measured=request.host_share,
     )
@@ -122,22 +152,24 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
     ):
         # With this process's share: the decision's later searches count it.
         return dataclasses.replace(cached, host_share=tuple(share.to_list()))
-    if verbose != 0:
+    if request.verbose != 0:
         print(
             f"kerascale: searching the batch size ({mode}, up to {cap} per replica, "
             f"limit {format_bytes(memory.predict)})...",
             flush=True,
         )
-    args = dict(mode=mode, cap=cap, hw=hw, first=first, verbose=verbose)
-    found, ran = _found_checked(
-        model,
-        spec,
+    probing = _Probing(
+        request,
         options,
-        instance,
-        args,
+        spec,
+        mode,
+        cap,
+        request.first,
         dataclasses.replace(isolation, room=room),
-        (in_children, here),
+        in_children,
+        here,
     )
+    found, ran = _found_checked(probing)
     memory = memory if ran.in_children else here
     result = _reported(
         found, plan, spec, memory, {"cap": why_cap, "isolate": ran.why}, share
@@ -223,27 +255,22 @@ def _key(model, spec, hw, options, **parts) -> str:
     )
 
 
-def _found_checked(
-    model: Any,
-    spec: ProbeSpec,
-    options: SearchOptions,
-    instance: Any,
-    args: dict,
-    isolation: Isolation,
-    memories: tuple[probe_memory.Memory, probe_memory.Memory],
-) -> tuple[BatchSearchResult, Isolation]:
+def _found_checked(probing: _Probing) -> tuple[BatchSearchResult, Isolation]:
     """`_found`; for the check of a requested batch (probed `first`, capped
     there, with accumulators for the split it may need), the batch probed
     alone first, once: a batch that fits in one pass needs no split, so no
     accumulators. Only where it does not is the largest micro-batch searched
     with them, not starting at the batch that just failed."""
-    first = args["first"]
-    if first is None or first < args["cap"] or spec.accumulation_steps < 2:
-        return _found(model, spec, options, instance, args, isolation, memories)
-    alone = dataclasses.replace(spec, accumulation_steps=1)
-    once = dataclasses.replace(options, max_trials=1)
+    first, spec = probing.first, probing.spec
+    if first is None or first < probing.cap or spec.accumulation_steps < 2:
+        return _found(probing)
+    alone = dataclasses.replace(
+        probing,
+        spec=dataclasses.replace(spec, accumulation_steps=1),
+        options=dataclasses.replace(probing.options, max_trials=1),
+    )
     try:
-        found = _found(model, alone, once, instance, args, isolation, memories)
+        found = _found(alone)
     except BatchSizeSearchError as e:
         if not e.out_of_memory:
             raise
@@ -252,23 +279,16 @@ def _found_checked(
         if result.per_replica_batch_size >= first:
             reasons = {**result.reasons, "accumulation": Reason("search.one_pass")}
             return dataclasses.replace(result, reasons=reasons), ran
-    args = {**args, "first": None}
-    return _found(model, spec, options, instance, args, isolation, memories)
+    return _found(dataclasses.replace(probing, first=None))
 
 
-def _found(
-    model: Any,
-    spec: ProbeSpec,
-    options: SearchOptions,
-    instance: Any,
-    args: dict,
-    isolation: Isolation,
-    memories: tuple[probe_memory.Memory, probe_memory.Memory],
-) -> tuple[BatchSearchResult, Isolation]:
+def _found(probing: _Probing) -> tuple[BatchSearchResult, Isolation]:
     """The search, with probes in child processes when isolation says so
     (in this process first while its `headroom.Room` admits them), in this
     process otherwise or when a child cannot load the model; and where they
-    ran. `memories`: the limits for children and for this process."""
+    ran."""
+    model, spec, options = probing.request.given.model, probing.spec, probing.options
+    isolation = probing.isolation
     room = isolation.room
     if isolation.in_children:
         # A child needs a model instance to save; a builder is called once.
@@ -294,7 +314,7 @@ def _found(
             else isolated()
         )
         try:
-            found = _probe(prober, options, memory=memories[0], **args)
+            found = _probe(prober, probing, probing.in_children)
             if room:
                 why, in_children = prober.where()
                 return found, Isolation(in_children, why)
@@ -308,23 +328,20 @@ def _found(
                     "process."
                 ) from e
             isolation = Isolation(False, Reason("isolate.cannot_ship", problem=str(e)))
+    instance = probing.request.instance
     prober = probe_lib.InProcessProber(model, spec, strategy=instance)
     here = dataclasses.replace(isolation, in_children=False, room=None)
-    return _probe(prober, options, memory=memories[1], **args), here
+    return _probe(prober, probing, probing.here), here
 
 
 def _spec(
-    model,
-    inputs,
-    plan,
-    hw,
-    options,
-    long: bool,
-    memory: probe_memory.Memory,
-    accumulation_steps,
+    request: SearchRequest, *, long: bool, memory: probe_memory.Memory
 ) -> ProbeSpec:
-    element = samples.element_structure(*inputs)
-    optimizer = getattr(model, "optimizer", None)
+    """What each probe of `request` trains: `long` where speed decides."""
+    given, plan = request.given, request.plan
+    hw, options = request.hardware, request.options
+    element = samples.element_structure(given.x, given.y, request.data)
+    optimizer = getattr(given.model, "optimizer", None)
     return ProbeSpec(
         optimizer_built=optimizer is None or bool(optimizer.built),
         element=probe_data.encode_structure(element),
@@ -335,7 +352,7 @@ def _spec(
         logical_cpus=hw.cpu.logical_devices,
         steps=options.steps_per_trial,
         validate=True,
-        accumulation_steps=accumulation_steps or plan.accumulation_steps,
+        accumulation_steps=request.accumulation_steps or plan.accumulation_steps,
         memory_limit=memory.enforce,
         on_gpu=hw.accelerator == "gpu",
         # Where speed decides, each probe is timed long enough.
@@ -388,9 +405,11 @@ def _isolation(
     return Isolation(True, Reason("isolate.children"))
 
 
-def _probe(
-    prober, options, *, memory: probe_memory.Memory, mode, cap, hw, first, verbose
-) -> BatchSearchResult:
+def _probe(prober, probing: _Probing, memory: probe_memory.Memory) -> BatchSearchResult:
+    """`probing`'s search on `prober`'s probes, under `memory`."""
+    hw, options = probing.request.hardware, probing.options
+    verbose = probing.request.verbose
+
     def progress(r: ProbeResult) -> None:
         if verbose != 0:
             print(f"kerascale: batch search: {describe_probe(r)}", flush=True)
@@ -399,15 +418,15 @@ def _probe(
         try:
             return search(
                 prober,
-                cap=cap,
+                cap=probing.cap,
                 limit_bytes=memory.predict,
-                granularity=granularity_for(hw.accelerator, cap),
+                granularity=granularity_for(hw.accelerator, probing.cap),
                 margin=options.margin,
-                mode=mode,
+                mode=probing.mode,
                 max_trials=options.max_trials,
                 sweep=prober.sweep,
                 on_probe=progress,
-                first=first,
+                first=probing.first,
             )
         except BatchSizeSearchError as e:
             if not e.out_of_memory:

@@ -11,7 +11,7 @@ from typing import Any
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import answered, engines
 from kerascale.measure import budget as budget_lib
-from kerascale.measure.request import SearchOptions, SearchRequest
+from kerascale.measure.request import Given, SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult
 from kerascale.plan.options import Options, user_instance
 from kerascale.plan.plan import Plan
@@ -49,9 +49,7 @@ class ProbeFailed(Exception):
 
 
 def batch_for_plan(
-    model: Any,
-    x: Any,
-    y: Any,
+    given: Given,
     options: Options,
     planner: Planner,
     plan: Plan,
@@ -62,7 +60,7 @@ def batch_for_plan(
 ) -> tuple[BatchSearchResult | None, bool, str]:
     """(the batch search's result or None, whether it ran as a ladder for the
     trials, a warning: why a search, a check or a memory_limit was not used),
-    for `plan`, made by `planner` (whose facts it reads).
+    for `plan`, made by `planner` (whose facts it reads), over `given`.
 
     Raises:
         SearchSkipped: The ladder would cost more than `budget` allows.
@@ -86,20 +84,18 @@ def batch_for_plan(
             # searched under: Keras's default batch might break it.
             bounded = search.memory_limit or search.max_batch_size
             run["budget"] = None if bounded else budget
-        request = SearchRequest(model, x, y, data, plan, hw, search, **run)
+        request = SearchRequest(given, data, plan, hw, search, **run)
         return searched(request), ladder, ""
     if check:
         # Does the requested batch fit in one forward pass? One probe if it
         # does; otherwise the largest micro-batch, for the accumulation split.
         # Probes carry accumulators (k=2): the split will need them.
-        recalled = answered.recall(model, x, y, plan, search)
+        recalled = answered.recall(given.model, given.x, given.y, plan, search)
         if recalled is not None:
             return recalled, False, ""
         checked = check_options(search, plan.micro_batch_size * plan.replicas)
         request = SearchRequest(
-            model,
-            x,
-            y,
+            given,
             data,
             plan,
             hw,

@@ -158,7 +158,7 @@ def decide(
         given, options, planner, first, found, search, can_try, budget
     )
     if can_try:
-        decided = _tried(decided, model, x, y, ladder, budget)
+        decided = _tried(decided, given, ladder, budget)
     if options.recompute == "auto":
         decided = _recomputed(decided, given, search, asked, budget)
     if clustered:
@@ -250,7 +250,7 @@ def decide_search(
         measured=found,
     )
     if result is not None and trials_lib.possible(options, hw, facts):
-        decided = _tried(decided, model, x, y, False, None)
+        decided = _tried(decided, given, False, None)
     decided = _recompute_bound(decided, given, search)
     if attempt is not None and attempt.measured != NOTHING:
         decided = decided.replanned(attempt.measured)
@@ -273,9 +273,7 @@ def _request_for(
     **run: Any,
 ) -> SearchRequest:
     return SearchRequest(
-        given.model,
-        given.x,
-        given.y,
+        given,
         data,
         plan,
         hw,
@@ -335,9 +333,7 @@ def _batch_searched(
     skipped, unavailable = "", False
     try:
         result, ladder, note = batch_for_plan(
-            given.model,
-            given.x,
-            given.y,
+            given,
             options,
             planner,
             plan,
@@ -452,9 +448,7 @@ def _request(
 
 def _tried(
     decided: Decided,
-    model: Any,
-    x: Any,
-    y: Any,
+    given: Given,
     ladder: bool,
     budget: budget_lib.RunBudget | None = None,
 ) -> Decided:
@@ -465,7 +459,7 @@ def _tried(
     options, plan, result = decided.options, decided.plan, decided.search
     hw, data = decided.hardware, decided.data
     try_pipeline, try_precision, over = trials_lib.wanted(
-        options, plan, data, x, hw, result
+        options, plan, data, given.x, hw, result
     )
     found = Measured()  # the trials' reasons, and why a stage was not run
     if over is not None:
@@ -480,9 +474,9 @@ def _tried(
     if not (try_pipeline or try_precision or len(rungs) > 1):
         return decided if over is None else decided.replanned(found)
     measured = trials_lib.run(
-        model,
-        x,
-        y,
+        given.model,
+        given.x,
+        given.y,
         decided.data,
         plan,
         decided.hardware,
@@ -502,7 +496,7 @@ def _tried(
     short = (
         None
         if measured.measured("precision")
-        else _too_short_for_bf16(decided, model, budget)
+        else _too_short_for_bf16(decided, given.model, budget)
     )
     settled = dataclasses.replace(
         options,

@@ -105,8 +105,8 @@ class SearchRequest:
     """One batch-size search.
 
     Attributes:
-        model: The user's model or builder (user data: any Keras model).
-        x, y: The training data as the user gave it.
+        given: The user's model (or builder) and training data, as the door
+            got them.
         data: Facts about the data.
         plan: The plan searched for: its precision, strategy, accumulation
             and recomputation.
@@ -130,9 +130,7 @@ class SearchRequest:
             and every probe of the search after them counted the 400 MiB).
     """
 
-    model: Any
-    x: Any
-    y: Any
+    given: Given
     data: DataFacts
     plan: Plan
     hardware: Hardware

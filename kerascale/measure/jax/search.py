@@ -63,7 +63,7 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
             batch rather than the largest).
         BatchSizeSearchError: When even a batch of 1 does not fit.
     """
-    model, x, y, data = request.model, request.x, request.y, request.data
+    given, data = request.given, request.data
     plan, hw, options = request.plan, request.hardware, request.options
     first, accumulation_steps = request.first, request.accumulation_steps
     _answerable(hw, options)
@@ -72,11 +72,11 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
     start = first or min(cap, START)
     # With device_memory, a CPU device counts as a device of its own.
     host = hw.accelerator == "cpu" and not options.device_memory
-    element = compiled.element_of(x, y)
+    element = compiled.element_of(given.x, given.y)
     held = reader.HELD if plan.data_changes.read_ahead else 0
     share = host_share.for_search(
-        x,
-        y,
+        given.x,
+        given.y,
         data,
         plan,
         memory_limit=options.memory_limit,
@@ -86,7 +86,7 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
         measured=request.host_share,
     )
     key = _key(
-        model,
+        given.model,
         element,
         plan,
         hw,
@@ -109,7 +109,7 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
         request, element, host, start=start, cap=cap, held=held, share=share
     )
     found = _answer(
-        model,
+        given.model,
         element,
         plan,
         options,
@@ -165,7 +165,7 @@ def _compiled(
     (what they found, (the bytes free, why)). `host`: whether the
     host's memory is the budget; `start`, `cap`: the first and the largest
     batch; `held`: the batches read ahead."""
-    model, plan, hw = request.model, request.plan, request.hardware
+    model, plan, hw = request.given.model, request.plan, request.hardware
     options, instance = request.options, request.instance
     accumulation_steps, timed = request.accumulation_steps, request.timed
     with Session() as session:
