@@ -38,12 +38,16 @@ def test_a_forked_probe_counts_what_a_fresh_child_counts(monkeypatch):
     pages its server had mapped first (fork_server.touch), so its baseline
     and growth are a fresh child's (without that: 308 MiB against 696 before
     the first batch, and 15 MiB more growth at both batches of this model).
-    Within 8 MiB: CI's noise reached 4.1 (31.5 forked against 35.6 fresh)."""
+    Counting less than a fresh child would let an answer run out of memory
+    in the user's process, so a forked probe may count at most 6 MiB less
+    (CI's noise reached 4.1: 31.5 forked against 35.6 fresh). Counting more
+    only costs batch size: at most a tenth more, plus 4 MiB (CI: 173.7
+    forked against 161.4 fresh; without the touch, 15 MiB more at 35)."""
     forked, was_forked = growth(True, monkeypatch)
     fresh, was_fresh = growth(False, monkeypatch)
     assert was_forked and not was_fresh
     for f, s in zip(forked[:2], fresh[:2], strict=True):
-        assert abs(f - s) <= 8, (forked, fresh)
+        assert s - 6 <= f <= s * 1.1 + 4, (forked, fresh)
     # The baselines: a search counts growth only (the baseline cancels out
     # of `fit_process.AsFitProcess.peak`) and names the baseline in its
     # out-of-memory hint. Within a tenth (CI's machine: 781 MiB forked
