@@ -20,11 +20,11 @@ def wide_model():
     return model
 
 
-def growth(fork, monkeypatch):
+def growth(fork):
     """Each probe's peak over its child's baseline and that baseline (MiB),
     and whether the children were forked."""
-    monkeypatch.setattr(child.IsolatedProber, "fork", fork)
-    with child.IsolatedProber(wide_model(), spec_for(*toy_data(64))) as prober:
+    spec = spec_for(*toy_data(64))
+    with child.IsolatedProber(wide_model(), spec, fork=fork) as prober:
         results = prober.sweep([256, 4096])
         base = prober.baseline_bytes()
         forked = bool(prober._server)
@@ -32,22 +32,23 @@ def growth(fork, monkeypatch):
     return [(r.peak_bytes - base) / 2**20 for r in results] + [base / 2**20], forked
 
 
-def test_a_forked_probe_counts_what_a_fresh_child_counts(monkeypatch):
+def test_a_forked_probe_counts_what_a_fresh_child_counts():
     """A search counts a probe's growth over its baseline. A forked child
     maps its server's file pages only as it touches them; it touches the
     pages its server had mapped first (fork_server.touch), so its baseline
     and growth are a fresh child's (without that: 308 MiB against 696 before
     the first batch, and 15 MiB more growth at both batches of this model).
-    Counting less than a fresh child would let an answer run out of memory
-    in the user's process, so a forked probe may count at most 6 MiB less
-    (CI's noise reached 4.1: 31.5 forked against 35.6 fresh). Counting more
-    only costs batch size: at most a tenth more, plus 4 MiB (CI: 173.7
-    forked against 161.4 fresh; without the touch, 15 MiB more at 35)."""
-    forked, was_forked = growth(True, monkeypatch)
-    fresh, was_fresh = growth(False, monkeypatch)
+    One probe's count varies by about 12 MiB from run to run, forked or
+    not (fresh children counted 161.4, 165.4 and 173.5 MiB at 4096; forked
+    ones 173.7, 173.0 and 161.5; at 256, 31.5 to 39.7 both ways), so the
+    two may differ by that noise: 14 MiB or a tenth. The search's margin
+    (3% of the budget: 42 MiB of 1400) covers that noise. A missing touch shows
+    in the baselines below (under half), not here: its 15 MiB is noise-sized."""
+    forked, was_forked = growth(True)
+    fresh, was_fresh = growth(False)
     assert was_forked and not was_fresh
     for f, s in zip(forked[:2], fresh[:2], strict=True):
-        assert s - 6 <= f <= s * 1.1 + 4, (forked, fresh)
+        assert abs(f - s) <= max(14, s / 10), (forked, fresh)
     # The baselines: a search counts growth only (the baseline cancels out
     # of `fit_process.AsFitProcess.peak`) and names the baseline in its
     # out-of-memory hint. Within a tenth (CI's machine: 781 MiB forked

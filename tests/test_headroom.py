@@ -7,7 +7,7 @@ import keras
 from test_batch_search import probe_dirs_made, spec_for, toy_data  # noqa: F401
 
 import kerascale
-from kerascale.measure import headroom, probe_memory
+from kerascale.measure import headroom, placement, probe_memory
 from kerascale.measure.probe import OK, ProbeResult
 
 MiB = 2**20
@@ -230,16 +230,30 @@ def test_the_budget_counts_no_child_where_the_prior_admits_the_whole_ladder():
     import types
 
     model = mlp(1024)  # the prior: 16 x 1030 bytes a sample, 16 x 7170 fixed
-    spec = spec_for(*toy_data(8))
+    cpu = types.SimpleNamespace(
+        accelerator="cpu", cpu=types.SimpleNamespace(logical_devices=1)
+    )
+    plan = types.SimpleNamespace(devices=("/cpu:0",))
     auto = types.SimpleNamespace(isolate="auto", memory_limit=None)
     top = 1024
     need = int(headroom.SAFETY / headroom.SHARE * 16 * (7170 + 1030 * top))
-    assert headroom.room_for(model, spec, "ladder", auto, need).admits(top)
-    assert not headroom.room_for(model, spec, "ladder", auto, need - 1).admits(top)
-    assert headroom.room_for(model, spec, "max", auto, need) is None
-    limited = types.SimpleNamespace(isolate="auto", memory_limit=need)
-    assert headroom.room_for(model, spec, "ladder", limited, need) is None
-    assert headroom.room_for(model, spec, "ladder", auto, None) is None
+
+    def room(mode="ladder", options=auto, limit=need, hw=cpu):
+        placed = placement.place(model, hw, plan, options, None, mode=mode, limit=limit)
+        assert placed.in_children and placed.forked
+        return placed.room
+
+    assert room().admits(top)
+    assert not room(limit=need - 1).admits(top)
+    assert room(mode="max") is None
+    assert (
+        room(options=types.SimpleNamespace(isolate="auto", memory_limit=need)) is None
+    )
+    assert room(limit=None) is None
+    two = types.SimpleNamespace(
+        accelerator="cpu", cpu=types.SimpleNamespace(logical_devices=2)
+    )
+    assert room(hw=two) is None
 
 
 def test_an_unbuilt_model_has_no_prior():

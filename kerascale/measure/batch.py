@@ -14,9 +14,9 @@ from kerascale.measure import (
     child,
     headroom,
     host_share,
+    placement,
     probe_data,
     probe_memory,
-    shipping,
 )
 from kerascale.measure import probe as probe_lib
 from kerascale.measure.probe import ProbeResult, ProbeSpec
@@ -78,7 +78,7 @@ class _Probing:
         mode: "max", "throughput" or "ladder".
         cap: The largest per-replica batch searched.
         first: The per-replica batch probed first, or None.
-        isolation: Where probes run, and why.
+        placed: Where probes run, and why.
         in_children: The memory probes have in child processes.
         here: The memory probes have in this process.
     """
@@ -89,7 +89,7 @@ class _Probing:
     mode: str
     cap: int
     first: int | None
-    isolation: Isolation
+    placed: placement.Placement
     in_children: probe_memory.Memory
     here: probe_memory.Memory
 
@@ -105,12 +105,21 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
     """
     given, plan = request.given, request.plan
     hw, options = request.hardware, request.options
-    isolation = _isolation(given.model, hw, options, request.instance)
     # Where probes run decides their memory (GPUs); see `_found`'s fallback.
     in_children, here = probe_memory.memories(hw, plan, options)
-    memory = in_children if isolation.in_children else here
     cap, why_cap = cap_for(request.data, plan, options)
     mode = auto_mode(hw) if options.mode == "auto" else options.mode
+    placed = placement.place(
+        given.model,
+        hw,
+        plan,
+        options,
+        request.instance,
+        mode=mode,
+        # The same on a CPU (the only place with room here first).
+        limit=in_children.predict,
+    )
+    memory = in_children if placed.in_children else here
     spec = _spec(request, long=request.timed or mode == "throughput", memory=memory)
     key = _key(
         given.model,
@@ -120,16 +129,13 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
         mode=mode,
         cap=cap,
         first=request.first,
-        isolate=isolation.in_children,
+        isolate=placed.in_children,
     )
     cached = _cached(key, options, request.verbose)
-    # Where probes may run in this process first, decided once.
-    room = headroom.room_for(given.model, spec, mode, options, memory.predict)
     if cached is None and request.budget is not None and mode == "ladder":
         rungs = ladder(cap, granularity_for(hw.accelerator, cap))
-        local = not isolation.in_children or (
-            room is not None and room.admits(rungs[-1])
-        )
+        room = placed.room
+        local = not placed.in_children or (room is not None and room.admits(rungs[-1]))
         refused = request.budget.refuse_search
         if why := refused(plan, rungs, spec.steps, in_children=not local):
             raise SearchSkipped(why)
@@ -165,7 +171,7 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
         mode,
         cap,
         request.first,
-        dataclasses.replace(isolation, room=room),
+        placed,
         in_children,
         here,
     )
@@ -255,7 +261,9 @@ def _key(model, spec, hw, options, **parts) -> str:
     )
 
 
-def _found_checked(probing: _Probing) -> tuple[BatchSearchResult, Isolation]:
+def _found_checked(
+    probing: _Probing,
+) -> tuple[BatchSearchResult, placement.Placement]:
     """`_found`; for the check of a requested batch (probed `first`, capped
     there, with accumulators for the split it may need), the batch probed
     alone first, once: a batch that fits in one pass needs no split, so no
@@ -282,20 +290,21 @@ def _found_checked(probing: _Probing) -> tuple[BatchSearchResult, Isolation]:
     return _found(dataclasses.replace(probing, first=None))
 
 
-def _found(probing: _Probing) -> tuple[BatchSearchResult, Isolation]:
-    """The search, with probes in child processes when isolation says so
-    (in this process first while its `headroom.Room` admits them), in this
-    process otherwise or when a child cannot load the model; and where they
-    ran."""
+def _found(probing: _Probing) -> tuple[BatchSearchResult, placement.Placement]:
+    """The search, with probes where `probing.placed` says (in this process
+    first while its `headroom.Room` admits them), in this process when a
+    child cannot load the model; and where they ran."""
     model, spec, options = probing.request.given.model, probing.spec, probing.options
-    isolation = probing.isolation
-    room = isolation.room
-    if isolation.in_children:
+    placed = probing.placed
+    room = placed.room
+    if placed.in_children:
         # A child needs a model instance to save; a builder is called once.
         shipped = model() if is_builder(model) else model
 
         def isolated():
-            return child.IsolatedProber(shipped, spec, timeout=options.timeout)
+            return child.IsolatedProber(
+                shipped, spec, timeout=options.timeout, fork=placed.forked
+            )
 
         prober = (
             headroom.HeadroomProber(
@@ -317,8 +326,10 @@ def _found(probing: _Probing) -> tuple[BatchSearchResult, Isolation]:
             found = _probe(prober, probing, probing.in_children)
             if room:
                 why, in_children = prober.where()
-                return found, Isolation(in_children, why)
-            return found, isolation
+                return found, dataclasses.replace(
+                    placed, in_children=in_children, why=why
+                )
+            return found, placed
         except child.CannotShip as e:
             if options.isolate is True:
                 raise BatchSizeSearchError(
@@ -327,11 +338,10 @@ def _found(probing: _Probing) -> tuple[BatchSearchResult, Isolation]:
                     'module, or pass isolate="auto" or False to probe in this '
                     "process."
                 ) from e
-            isolation = Isolation(False, Reason("isolate.cannot_ship", problem=str(e)))
+            placed = placed.here(Reason("isolate.cannot_ship", problem=str(e)))
     instance = probing.request.instance
     prober = probe_lib.InProcessProber(model, spec, strategy=instance)
-    here = dataclasses.replace(isolation, in_children=False, room=None)
-    return _probe(prober, probing, probing.here), here
+    return _probe(prober, probing, probing.here), placed.here()
 
 
 def _spec(
@@ -359,50 +369,6 @@ def _spec(
         timed_seconds=THROUGHPUT_TIMED_SECONDS if long else probe_lib.MIN_TIMED_SECONDS,
         recompute=getattr(plan, "recompute", ""),
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class Isolation:
-    """Where probes run: in child processes or in this one, and why.
-
-    Attributes:
-        in_children: Whether in child processes.
-        why: Why there.
-        room: Where probes may run in this process first (below the memory
-            limit), or None.
-    """
-
-    in_children: bool
-    why: Reason
-    room: headroom.Room | None = None
-
-
-def _isolation(
-    model: Any, hw: Hardware, options: SearchOptions, instance: Any
-) -> Isolation:
-    """Whether probes run in child processes, and why: where the model can
-    be shipped there (then tried, and this process used if the child cannot
-    load it), else in this process."""
-    if options.isolate != "auto":
-        asked = Reason("isolate.asked", isolate=options.isolate)
-        return Isolation(bool(options.isolate), asked)
-    if instance is not None:
-        return Isolation(False, Reason("isolate.your_instance"))
-    if hw.accelerator == "tpu":
-        return Isolation(False, Reason("isolate.tpu"))
-    if hw.accelerator == "gpu":
-        # TensorFlow sizes a GPU's allocator once per process and keeps it
-        # (kerascale.sense.gpu_memory): the memory training will have is this
-        # process's, and a child would get only what it left free. Running
-        # out of it here is a ResourceExhaustedError, which the process
-        # survives (the allocator refuses; nothing is corrupted).
-        return Isolation(False, Reason("isolate.gpu"))
-    if is_builder(model):
-        return Isolation(True, Reason("isolate.children"))
-    _, problem = shipping.custom_objects(model)
-    if problem:
-        return Isolation(False, Reason("isolate.cannot_ship", problem=problem))
-    return Isolation(True, Reason("isolate.children"))
 
 
 def _probe(prober, probing: _Probing, memory: probe_memory.Memory) -> BatchSearchResult:

@@ -244,12 +244,21 @@ class IsolatedProber:
     and removes the dir on exit, whatever happened.
     """
 
-    fork = True  # CPU children forked from a fork server (fork_server.py)
-
-    def __init__(self, model: Any, spec: ProbeSpec, *, timeout: float = 600.0):
+    def __init__(
+        self,
+        model: Any,
+        spec: ProbeSpec,
+        *,
+        timeout: float = 600.0,
+        fork: bool | None = None,
+    ):
+        """`fork`: children forked from a fork server (fork_server.py), as
+        `placement.place` decides; None for CPU probes only (a GPU's driver
+        must not be initialised before a fork)."""
         self.model = model
         self.spec = spec
         self.timeout = timeout
+        self.fork = not spec.on_gpu if fork is None else fork and not spec.on_gpu
         self.workdir: str | None = None
         self._server: fork_server.ForkServer | bool | None = None
 
@@ -438,7 +447,7 @@ class IsolatedProber:
         GPUs, or where it could not start."""
         if self._server is None:
             self._server = False
-            if self.fork and not self.spec.on_gpu:
+            if self.fork:
                 with contextlib.suppress(fork_server.ServerGone, OSError):
                     self._server = fork_server.ForkServer(env, self.workdir)
         return self._server or None

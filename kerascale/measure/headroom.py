@@ -24,8 +24,6 @@ from kerascale.sense.model_facts import is_builder, output_elements
 
 if TYPE_CHECKING:
     from kerascale.measure.child import IsolatedProber
-    from kerascale.measure.probe import ProbeSpec
-    from kerascale.measure.request import SearchOptions
 
 # A batch runs here if SAFETY x its predicted growth is under SHARE x limit.
 SAFETY = 2.0
@@ -51,22 +49,6 @@ def prior_for(model: Any) -> tuple[int, int] | None:
     return (PARAM_BYTES * params, OUTPUT_BYTES * elements) if elements else None
 
 
-def applies(
-    spec: ProbeSpec, mode: str, options: SearchOptions, limit: int | None
-) -> bool:
-    """Whether a search may probe here first: a CPU's speed ladder on one
-    device, its limit the memory available (not `memory_limit`)."""
-    return (
-        options.isolate == "auto"
-        and mode in ("ladder", "throughput")
-        and not options.memory_limit
-        and limit is not None
-        and not spec.on_gpu
-        and len(spec.devices) <= 1
-        and spec.logical_cpus <= 1
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class Room:
     """What a search may probe here: the limit it works against, and the
@@ -80,17 +62,6 @@ class Room:
         of its rungs is expected to start a child)."""
         fixed, per_sample = self.prior
         return SAFETY * (fixed + per_sample * top) <= SHARE * self.limit
-
-
-def room_for(
-    model: Any, spec: ProbeSpec, mode: str, options: SearchOptions, limit: int | None
-) -> Room | None:
-    """The room a search has here, decided once per search; None where
-    every probe runs in a child (`applies` says no, or no prior)."""
-    if not applies(spec, mode, options, limit):
-        return None
-    known = prior_for(model)
-    return Room(limit, known) if known is not None else None
 
 
 class HeadroomProber:
