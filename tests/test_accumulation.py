@@ -12,7 +12,7 @@ from conftest import CPU, gpu_box
 import kerascale
 from kerascale.apply import accumulation
 from kerascale.errors import ConfigurationError, ModelError
-from kerascale.measure.probe import ProbeResult
+from kerascale.measure.result import ProbeResult
 from kerascale.plan import accumulation as accumulation_rules
 from kerascale.plan.options import Options
 from kerascale.plan.rules import make_plan

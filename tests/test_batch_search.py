@@ -19,8 +19,10 @@ from probe_helpers import Broken, Sleep
 import kerascale
 from kerascale import _units
 from kerascale.measure import cache, child, probe, probe_data, shipping
+from kerascale.measure import search as search_lib
+from kerascale.measure.jax import compiled
 from kerascale.measure.memory_model import MemoryModel
-from kerascale.measure.probe import ProbeResult
+from kerascale.measure.result import ProbeResult
 from kerascale.measure.search import search
 from kerascale.sense import data_facts, samples
 from kerascale.sense import oom as oom_lib
@@ -81,6 +83,32 @@ def test_without_a_limit_it_doubles_then_bisects():
     r = search(probe_fn, cap=4096, limit_bytes=None, granularity=1)
     assert r.largest_fitting == 1000
     assert calls[:6] == [8, 64, 128, 256, 512, 1024]
+
+
+def test_one_bracket_serves_both_engines(monkeypatch):
+    """TensorFlow's probes and JAX's compiles are searched by one bracket
+    (`search.Bracket.largest`); only the guide differs: a memory model
+    fitted to real probes, a secant through XLA's counts."""
+    guides = []
+    largest = search_lib.Bracket.largest
+
+    def spy(self, guide):
+        guides.append(type(guide).__name__)
+        return largest(self, guide)
+
+    monkeypatch.setattr(search_lib.Bracket, "largest", spy)
+    probe_fn, _ = threshold(1000)
+    assert (
+        search(probe_fn, cap=4096, limit_bytes=FIXED + PER * 1000).largest_fitting
+        == 1000
+    )
+
+    def need(b):
+        return compiled.Compiled(b, FIXED + PER * b, 0.0)
+
+    found = compiled.search(need, FIXED + PER * 1000, start=32, cap=65536)
+    assert 980 <= found.fits <= 1000 < found.fails
+    assert guides == ["MemoryModelGuide", "Secant"]
 
 
 def test_a_good_memory_model_needs_few_probes():

@@ -265,7 +265,7 @@ def test_peeking_at_variable_shapes_leaves_the_order_alone():
 def test_the_ladder_runs_in_the_children_the_cost_counts(cap, chunks):
     """The budget counts a child per LADDER_CHUNK rungs (search_seconds):
     the ladder sweeps exactly those chunks, the cap in its chunk."""
-    from kerascale.measure.probe import ProbeResult
+    from kerascale.measure.result import ProbeResult
     from kerascale.measure.search import search
 
     swept = []

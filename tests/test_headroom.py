@@ -8,7 +8,7 @@ from test_batch_search import probe_dirs_made, spec_for, toy_data  # noqa: F401
 
 import kerascale
 from kerascale.measure import headroom, placement, probe_memory
-from kerascale.measure.probe import OK, ProbeResult
+from kerascale.measure.result import OK, ProbeResult
 
 MiB = 2**20
 

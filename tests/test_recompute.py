@@ -14,9 +14,8 @@ from kerascale import _keras_compat as keras_compat
 from kerascale.apply import remat
 from kerascale.measure import advice, recompute
 from kerascale.measure.decide import Decided
-from kerascale.measure.probe import ProbeResult
 from kerascale.measure.request import SearchOptions
-from kerascale.measure.result import BatchSearchResult
+from kerascale.measure.result import BatchSearchResult, ProbeResult
 from kerascale.plan.measured import Measured
 from kerascale.plan.options import Options, pin, pinned_reasons
 from kerascale.plan.rules import make_plan

@@ -19,9 +19,9 @@ from kerascale.measure import (
     probe_memory,
 )
 from kerascale.measure import probe as probe_lib
-from kerascale.measure.probe import ProbeResult, ProbeSpec
+from kerascale.measure.probe import ProbeSpec
 from kerascale.measure.request import SearchOptions, SearchRequest
-from kerascale.measure.result import BatchSearchResult, describe_probe
+from kerascale.measure.result import BatchSearchResult, ProbeResult, describe_probe
 from kerascale.measure.search import granularity_for, ladder, search
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.reasons import Reason

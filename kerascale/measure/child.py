@@ -21,15 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from kerascale.apply.session import Session
 from kerascale.measure import fit_process, fork_server, probe_data, shipping
-from kerascale.measure.probe import (
-    ERROR,
-    OK,
-    OOM,
-    ProbeResult,
-    ProbeSpec,
-    build_probe_model,
-    train_probe,
-)
+from kerascale.measure.probe import ProbeSpec, build_probe_model, train_probe
+from kerascale.measure.result import ERROR, OK, OOM, ProbeResult
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
 from kerascale.sense.oom import is_oom_exception, looks_like_oom

@@ -17,7 +17,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kerascale.measure.probe import OK, InProcessProber, ProbeResult
+from kerascale.measure.probe import InProcessProber
+from kerascale.measure.result import OK, ProbeResult
 from kerascale.plan.reasons import Reason
 from kerascale.sense import memory
 from kerascale.sense.model_facts import is_builder, output_elements

@@ -18,6 +18,7 @@ import keras
 from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session
 from kerascale.measure.probe_data import decode_structure, synthetic_batch
+from kerascale.measure.result import ERROR, OK, OOM, ProbeResult
 from kerascale.plan.plan import Plan
 from kerascale.sense import memory
 from kerascale.sense.data_facts import as_structure
@@ -29,43 +30,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("kerascale")
 
-OK, OOM, ERROR = "ok", "oom", "error"
-
 # Steps are timed for at least this long, so that throughput is comparable
 # between a batch of 4 (sub-millisecond steps) and one of 4096.
 MIN_TIMED_SECONDS = 0.3
 MAX_TIMED_STEPS = 1000  # a bound on a probe's timed steps
-
-
-@dataclasses.dataclass(frozen=True)
-class ProbeResult:
-    """What one probe found.
-
-    Attributes:
-        batch: The per-replica batch tried.
-        outcome: "ok", "oom" (memory ran out) or "error" (anything else).
-        peak_bytes: Peak memory: per device on GPU, the process's resident
-            memory on CPU; None when unknown (e.g. after a crash).
-        seconds: Wall time of the probe, start-up included.
-        samples_per_s: Training throughput across replicas, after warm-up.
-        message: Why it failed, for "oom" and "error".
-        tensor_peak_bytes: On CPU, the peak of TensorFlow's own allocator
-            (tensors only): exact and linear in the batch, unlike the sampled
-            process peak, so the memory model is fitted to it.
-        timed_out: The probe ran past its time and was killed (an "error").
-    """
-
-    batch: int
-    outcome: str
-    peak_bytes: int | None = None
-    seconds: float = 0.0
-    samples_per_s: float | None = None
-    message: str = ""
-    tensor_peak_bytes: int | None = None
-    timed_out: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,15 +1,64 @@
-"""What a batch-size search found (`BatchSearchResult`), and how it reads."""
+"""What a batch-size search found: each probe (`ProbeResult`, its `Outcome`)
+and the answer (`BatchSearchResult`), and how they read. Pure: the search
+algorithm (`search.py`) and every engine's prober share these, and none of
+them imports an engine."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 from pathlib import Path
 from typing import Any
 
 from kerascale._units import format_bytes
 from kerascale.measure.memory_model import MemoryModel
-from kerascale.measure.probe import OK, OOM, ProbeResult
+
+
+class Outcome(enum.StrEnum):
+    """How a probe ended (a `str`: JSON and `== "ok"` read it as one)."""
+
+    OK = "ok"
+    OOM = "oom"  # memory ran out
+    ERROR = "error"  # anything else
+
+
+OK, OOM, ERROR = Outcome.OK, Outcome.OOM, Outcome.ERROR
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    """What one probe found.
+
+    Attributes:
+        batch: The per-replica batch tried.
+        outcome: An `Outcome`: "ok", "oom" (memory ran out) or "error"
+            (anything else); a string from a child's JSON is read as one.
+        peak_bytes: Peak memory: per device on GPU, the process's resident
+            memory on CPU; None when unknown (e.g. after a crash).
+        seconds: Wall time of the probe, start-up included.
+        samples_per_s: Training throughput across replicas, after warm-up.
+        message: Why it failed, for "oom" and "error".
+        tensor_peak_bytes: On CPU, the peak of TensorFlow's own allocator
+            (tensors only): exact and linear in the batch, unlike the sampled
+            process peak, so the memory model is fitted to it.
+        timed_out: The probe ran past its time and was killed (an "error").
+    """
+
+    batch: int
+    outcome: Outcome
+    peak_bytes: int | None = None
+    seconds: float = 0.0
+    samples_per_s: float | None = None
+    message: str = ""
+    tensor_peak_bytes: int | None = None
+    timed_out: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outcome", Outcome(self.outcome))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)

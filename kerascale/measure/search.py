@@ -9,12 +9,18 @@ Its design: docs/design/modules.md, `kerascale.measure.search`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from kerascale._units import format_bytes
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure.memory_model import MemoryModel
-from kerascale.measure.probe import ERROR, OK, ProbeResult
-from kerascale.measure.result import BatchSearchResult, describe_probe
+from kerascale.measure.result import (
+    ERROR,
+    OK,
+    BatchSearchResult,
+    ProbeResult,
+    describe_probe,
+)
 from kerascale.plan.reasons import Reason
 
 MODES = ("max", "throughput")
@@ -104,7 +110,7 @@ def search(
         BatchSizeSearchError: If even a batch of 1 runs out of memory, or a
             probe fails for another reason.
     """
-    s = _Search(
+    s = Bracket(
         probe, sweep, cap, limit_bytes, max(1, granularity), max_trials, on_probe
     )
     try:
@@ -114,18 +120,42 @@ def search(
             if first is not None:
                 s.run(min(first, cap))
             if s.lo < cap:
-                s.largest(resolution=margin / 3)
+                s.largest(MemoryModelGuide(margin / 3))
     except _OutOfTrials:
         s.stopped = f"stopped after max_trials={max_trials} probes"
     return s.result(mode, margin)
+
+
+def bracket(
+    probe: Callable[[int], ProbeResult],
+    guide: Guide,
+    *,
+    cap: int,
+    max_trials: int,
+    limit_bytes: int | None = None,
+    known: tuple[ProbeResult, ...] = (),
+) -> Bracket:
+    """The bracket alone, for an engine that answers from it itself (JAX's
+    compiled search): lo is 0 where nothing fits, and no error is raised.
+    `known`: probes made before, counted in `max_trials`."""
+    b = Bracket(probe, None, cap, limit_bytes, 1, max_trials, None)
+    for r in known:
+        b._record(r)
+    try:
+        b.largest(guide)
+    except _OutOfTrials:
+        b.stopped = f"stopped after max_trials={max_trials} probes"
+    return b
 
 
 class _OutOfTrials(Exception):
     pass
 
 
-class _Search:
-    """The state of one search: what fitted, what did not, the memory model."""
+class Bracket:
+    """The state of one search, for every engine: what fitted (lo), what did
+    not (hi), the probes and their budget, and the memory model; a `Guide`
+    says where to look next."""
 
     def __init__(self, probe, sweep, cap, limit, g, max_trials, on_probe):
         self.probe, self._sweep = probe, sweep
@@ -153,11 +183,11 @@ class _Search:
             self.hi = r.batch if self.hi is None else min(self.hi, r.batch)
         return r
 
-    def _known(self, batch: int) -> ProbeResult | None:
+    def probe_at(self, batch: int) -> ProbeResult | None:
         return next((p for p in self.probes if p.batch == batch), None)
 
     def run(self, batch: int) -> ProbeResult:
-        known = self._known(batch)
+        known = self.probe_at(batch)
         if known:
             return known
         if len(self.probes) >= self.max_trials:
@@ -166,15 +196,15 @@ class _Search:
 
     def run_many(self, batches: list[int]) -> list[ProbeResult]:
         """Increasing batches; stops at the first that does not fit."""
-        todo = [b for b in batches if not self._known(b)]
+        todo = [b for b in batches if not self.probe_at(b)]
         todo = todo[: max(0, self.max_trials - len(self.probes))]
         if todo:
             results = self._sweep(todo) if self._sweep else self._each(todo)
             for r in results:
                 self._record(r)
-        if len(todo) < len([b for b in batches if not self._known(b)]):
+        if len(todo) < len([b for b in batches if not self.probe_at(b)]):
             raise _OutOfTrials
-        return [self._known(b) for b in batches if self._known(b)]
+        return [self.probe_at(b) for b in batches if self.probe_at(b)]
 
     def _each(self, batches):
         out = []
@@ -200,71 +230,42 @@ class _Search:
             return None
         return m.max_batch(self.limit)
 
-    # The two modes.
-    def largest(self, resolution: float = 0.0) -> None:
-        """Finds the boundary: lo fits, hi does not, and hi - lo is at most
-        one granule or `resolution` x lo.
+    # The bracket: one loop for every engine; a Guide says where to look.
+    def largest(self, guide: Guide) -> None:
+        """Finds the boundary: lo fits, hi does not, until `guide.closed`.
 
-        Two small batches (one child process) give the memory model. While
-        nothing has failed, each next probe is the model's prediction from
-        all that fitted so far (a far point corrects the slope that small
-        batches only hint at), or, where the model says lo is already the
-        edge, a step above lo that doubles from 1%. After a failure above a
-        prediction, steps down from it double from 3% (a good prediction is
-        confirmed in two or three probes, a poor one costs a few doublings).
-        Bisection closes the bracket. Without a limit to predict against, the
-        batch doubles until it does not fit.
+        The guide's opening batches run first (one sweep); then, while
+        nothing has failed above lo, each next batch is the guide's step up
+        (at most the cap); then, inside the bracket, the guide's guess, or
+        its middle where the guide has none or it falls outside. A batch
+        probed before ends the search (the guide has nothing new to ask).
         """
-        small = sorted({min(self.cap, b) for b in (8 * self.g, 64 * self.g)})
-        self.run_many([b for b in small if self.hi is None or b < self.hi])
-        walk = max(self.g, self.down(0.01 * self.lo))
-        while self.hi is None and 0 < self.lo < self.cap:
-            guess = self.guess()
-            if guess is None:
-                nxt = 2 * self.lo
-            elif guess >= self.lo + walk:
-                nxt, walk = min(guess, 16 * self.lo), max(self.g, 0.01 * self.lo)
-            else:  # the model says lo is the edge, but lo fits: walk up
-                nxt, walk = self.lo + walk, 2 * walk
-            self.run(min(self.cap, max(self.down(nxt), self.lo + 1)))
-        last = self.probes[-1]
-        if last.outcome == OK and self.hi is not None and self.lo:
-            # The failure came first (a batch probed before the search): try
-            # the model's prediction inside the bracket.
-            guess = self.guess()
-            if guess is not None and self.lo < self.down(guess) < self.hi:
-                last = self.run(self.down(guess))
-        if last.outcome != OK and self.lo:
-            self._step_down(last.batch)
-        self._close_in(resolution)
+        self.run_many(
+            [b for b in guide.opening(self) if self.hi is None or b < self.hi]
+        )
+        while self.hi is None and 0 < self.lo < self.cap and not guide.closed(self):
+            nxt = self.down(guide.up(self))
+            self.run(min(self.cap, max(nxt, self.lo + 1)))
+        self.close_in(guide)
 
-    def _step_down(self, p: int) -> None:
-        """p did not fit: steps down from it, doubling from 3% of p, until a
-        batch fits or the step would pass the middle of the bracket."""
-        step = max(self.g, self.down(0.03 * p))
-        while 2 * step < self.hi - self.lo:
-            if self.run(self.down(self.hi - step)).outcome == OK:
-                return
-            step *= 2
-
-    def _close_in(self, resolution: float = 0.0) -> None:
-        """Bisection between the largest batch that fits and the smallest
-        that does not, in granules (exactly, below ROUND_FROM), until they
-        are one granule or `resolution` (a fraction of lo) apart."""
-        while self.hi is not None:
+    def close_in(self, guide: Guide) -> None:
+        """Narrows the bracket to `guide.closed`: the guide's guess inside it,
+        else its middle (in granules; exactly, below ROUND_FROM)."""
+        while self.hi is not None and not guide.closed(self):
             lo, hi = self.lo, self.hi
-            step = self.step(lo)
-            if hi - lo <= max(step, resolution * lo):
-                break
-            if lo == 0:  # nothing fits yet: halve
-                nxt = self.down(hi / 2)
-            else:
-                nxt = self.down((lo + hi) / 2)
-                if not lo < nxt < hi:
-                    nxt = lo + step
-            if not lo < nxt < hi:
+            nxt = guide.inside(self)
+            if nxt is None or not lo < nxt < hi:
+                nxt = self.middle()
+            if not lo < nxt < hi or self.probe_at(nxt):
                 break
             self.run(nxt)
+
+    def middle(self) -> int:
+        lo, hi = self.lo, self.hi
+        if lo == 0:  # nothing fits yet: halve
+            return self.down(hi / 2)
+        nxt = self.down((lo + hi) / 2)
+        return nxt if lo < nxt < hi else lo + self.step(lo)
 
     def throughput(self, *, plateau: bool = True) -> None:
         """Doubles the batch from 32, timing each, until the speed stops
@@ -286,7 +287,7 @@ class _Search:
         if plateau and self.hi is not None and self._best_batch() == self.lo:
             # Still speeding up when memory ran out: the bound matters, to
             # within 10% (speed barely changes closer in).
-            self._close_in(resolution=0.1)
+            self.close_in(Bisection(0.1))
 
     def _speeds(self) -> dict[int, float]:
         return {
@@ -356,6 +357,113 @@ class _Search:
             margin=margin,
             reasons=reasons,
         )
+
+
+class Guide(Protocol):
+    """Where a search looks next. The bracket (what fits, what does not, the
+    probes' budget) is `Bracket`'s, the same for every engine; a guide is
+    what differs: TensorFlow's real probes are guided by a memory model
+    fitted to them, JAX's compiled steps by a secant through XLA's counts
+    (`kerascale.measure.jax.compiled`)."""
+
+    def opening(self, s: Bracket) -> list[int]:
+        """The batches to probe first, increasing (one sweep)."""
+
+    def up(self, s: Bracket) -> int:
+        """The next batch while nothing above `s.lo` has failed."""
+
+    def inside(self, s: Bracket) -> int | None:
+        """The next batch inside the bracket; None for its middle."""
+
+    def closed(self, s: Bracket) -> bool:
+        """Whether the bracket is narrow enough."""
+
+
+class Bisection:
+    """Bisects the bracket to one granule or `resolution` x lo."""
+
+    def __init__(self, resolution: float = 0.0):
+        self.resolution = resolution
+
+    def opening(self, s: Bracket) -> list[int]:
+        return []
+
+    def up(self, s: Bracket) -> int:
+        return 2 * s.lo
+
+    def inside(self, s: Bracket) -> int | None:
+        return None
+
+    def closed(self, s: Bracket) -> bool:
+        return s.hi is not None and s.hi - s.lo <= max(
+            s.step(s.lo), self.resolution * s.lo
+        )
+
+
+class MemoryModelGuide(Bisection):
+    """TensorFlow's guide: real probes, and the memory model fitted to them.
+
+    Two small batches (one child process) give the model. While nothing has
+    failed, each next probe is the model's prediction from all that fitted
+    so far (a far point corrects the slope that small batches only hint at),
+    or, where the model says lo is already the edge, a step above lo that
+    doubles from 1%; without a limit to predict against, the batch doubles.
+    Inside the bracket: where the failure came first (a batch probed before
+    the search), the model's prediction once; after a failure, steps down
+    from it doubling from 3% (a good prediction is confirmed in two or three
+    probes, a poor one costs a few doublings), until a batch fits or the
+    step would pass the middle; then bisection.
+    """
+
+    def __init__(self, resolution: float = 0.0):
+        super().__init__(resolution)
+        self.walk = 0
+        self.stage = "enter"
+        self.down_step = 0
+
+    def opening(self, s: Bracket) -> list[int]:
+        return sorted({min(s.cap, b) for b in (8 * s.g, 64 * s.g)})
+
+    def up(self, s: Bracket) -> int:
+        self.walk = self.walk or max(s.g, s.down(0.01 * s.lo))
+        guess = s.guess()
+        if guess is None:
+            return 2 * s.lo
+        if guess >= s.lo + self.walk:
+            nxt = min(guess, 16 * s.lo)
+            self.walk = max(s.g, 0.01 * s.lo)
+        else:  # the model says lo is the edge, but lo fits: walk up
+            nxt, self.walk = s.lo + self.walk, 2 * self.walk
+        return nxt
+
+    def inside(self, s: Bracket) -> int | None:
+        last = s.probes[-1]
+        if self.stage == "enter":
+            self.stage = "failed"
+            if last.outcome == OK and s.lo:
+                # The failure came first: the model's prediction inside.
+                guess = s.guess()
+                if guess is not None and s.lo < s.down(guess) < s.hi:
+                    return s.down(guess)
+        if self.stage == "failed":
+            self.stage = "bisect"
+            if last.outcome != OK and s.lo:
+                self.stage = "stepping"
+                self.down_step = max(s.g, s.down(0.03 * last.batch))
+                return self._step_down(s)
+        elif self.stage == "stepping":
+            if last.outcome == OK:
+                self.stage = "bisect"
+            else:
+                self.down_step *= 2
+                return self._step_down(s)
+        return None
+
+    def _step_down(self, s: Bracket) -> int | None:
+        if 2 * self.down_step < s.hi - s.lo:
+            return s.down(s.hi - self.down_step)
+        self.stage = "bisect"
+        return None
 
 
 def ladder(cap: int, granularity: int = 1) -> list[int]:

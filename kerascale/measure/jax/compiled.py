@@ -15,6 +15,8 @@ from typing import Any
 import keras
 
 from kerascale._units import format_bytes
+from kerascale.measure import search as search_lib
+from kerascale.measure.result import OK, OOM, ProbeResult
 
 # At most this many compiles per search (the bracket is narrowed until then).
 MAX_COMPILES = 5
@@ -43,6 +45,19 @@ class Compiled:
     need_bytes: int
     seconds: float
     samples_per_s: float | None = None
+
+    def as_probe(self, free_bytes: int) -> ProbeResult:
+        """This compile as a search reads a probe: whether it fits, and its
+        need (known on both sides, so a secant may pass through a failure)."""
+        fits = self.need_bytes <= free_bytes
+        return ProbeResult(
+            batch=self.batch,
+            outcome=OK if fits else OOM,
+            peak_bytes=self.need_bytes,
+            seconds=self.seconds,
+            message="" if fits else "over the free memory by XLA's count (not run)",
+            samples_per_s=self.samples_per_s,
+        )
 
 
 class StepMemory:
@@ -211,89 +226,79 @@ def search(
 ) -> Compiles:
     """(the largest per-replica batch found to fit `free_bytes`, the
     smallest found not to or None, every compile) in at most `max_compiles`
-    compiles of `need`, between 1 and `cap`.
-
-    Starts at `start` and doubles it (or halves it) for a second figure.
-    Until a batch fails, each next one is the secant step through the last
-    two figures toward `free_bytes` (at most `cap`); once the largest batch
-    that fits and the smallest that does not bracket the answer, it is the
-    secant between those two ends (regula falsi), bisecting where that would
-    land on an end. It stops when the ends are within `TOLERANCE`.
-    `measured`: compiles made before (at `start`), counted in the budget.
+    compiles of `need`, between 1 and `cap`: the search's one bracket
+    (`kerascale.measure.search.Bracket`) guided by a `Secant` through XLA's
+    counts. `measured`: compiles made before (at `start`), counted in the
+    budget.
     """
-    seen: list[Compiled] = []
-    fit: Compiled | None = None
-    fail: Compiled | None = None
+    compiles = {c.batch: c for c in measured}
 
-    def measure(batch: int) -> None:
-        nonlocal fit, fail
-        c = need(batch)
-        seen.append(c)
-        if c.need_bytes <= free_bytes:
-            fit = c if fit is None or batch > fit.batch else fit
-        elif fail is None or batch < fail.batch:
-            fail = c
+    def probe(batch: int) -> ProbeResult:
+        compiles[batch] = need(batch)
+        return compiles[batch].as_probe(free_bytes)
 
-    for c in measured:
-        seen.append(c)
-        if c.need_bytes <= free_bytes:
-            fit = c if fit is None or c.batch > fit.batch else fit
-        elif fail is None or c.batch < fail.batch:
-            fail = c
-    if not seen:
-        measure(max(1, min(start, cap)))
-    while len(seen) < max_compiles:
-        low = fit.batch if fit else 0
-        high = fail.batch if fail else cap + 1
-        if high - low <= max(1, _tolerance(low)) or (fail is None and low >= cap):
-            break
-        guess = _guess(seen, fit, fail, free_bytes, cap)
-        if not low < guess < high:
-            guess = (low + high) // 2 if low else max(1, seen[-1].batch // 2)
-        if guess in {c.batch for c in seen} or not low < guess < high:
-            break
-        measure(guess)
-    return Compiles(fit.batch if fit else 0, fail.batch if fail else None, seen)
+    found = search_lib.bracket(
+        probe,
+        Secant(free_bytes, max(1, min(start, cap))),
+        cap=cap,
+        max_trials=max_compiles,
+        limit_bytes=free_bytes,
+        known=tuple(c.as_probe(free_bytes) for c in measured),
+    )
+    seen = [compiles[p.batch] for p in found.probes]
+    return Compiles(found.lo, found.hi, seen)
+
+
+class Secant:
+    """JAX's guide (`search.Guide`): XLA counts what a step needs at any batch,
+    fitting or not, so the next batch is where a line through two counts
+    meets `free_bytes`. From `start`, double it for a second figure; until a
+    batch fails, the secant through the last two (4x lo where that does not
+    climb); once the bracket is closed on both sides, the secant between
+    its ends (regula falsi), at least a tolerance in from each (on a curved
+    figure, where XLA's rematerialisation bends it, regula falsi creeps
+    from one side). It stops when the ends are within `TOLERANCE`."""
+
+    def __init__(self, free_bytes: int, start: int):
+        self.free_bytes, self.start = free_bytes, start
+
+    def opening(self, s: search_lib.Bracket) -> list[int]:
+        return [] if s.probes else [self.start]
+
+    def up(self, s: search_lib.Bracket) -> int:
+        seen = s.probes
+        if len(seen) < 2:
+            return 2 * seen[-1].batch
+        step = _secant(seen[-2], seen[-1], self.free_bytes)
+        return 4 * s.lo if step is None or step <= s.lo else step
+
+    def inside(self, s: search_lib.Bracket) -> int | None:
+        if not s.lo:  # nothing fits yet: the bracket's middle halves it
+            return None
+        fit, fail = s.probe_at(s.lo), s.probe_at(s.hi)
+        step = _secant(fit, fail, self.free_bytes)
+        if step is None:
+            return None
+        margin = _tolerance(s.lo)
+        return max(s.lo + margin, min(step, s.hi - margin))
+
+    def closed(self, s: search_lib.Bracket) -> bool:
+        high = s.cap + 1 if s.hi is None else s.hi
+        return high - s.lo <= max(1, _tolerance(s.lo))
 
 
 def _tolerance(batch: int) -> int:
     return max(1, math.floor(batch * TOLERANCE))
 
 
-def _guess(
-    seen: list[Compiled],
-    fit: Compiled | None,
-    fail: Compiled | None,
-    free_bytes: int,
-    cap: int,
-) -> int:
-    """The next batch to compile (before it is kept inside the bracket)."""
-    if fit is not None and fail is not None:
-        step = _secant(fit, fail, free_bytes)
-        if step is None:
-            return (fit.batch + fail.batch) // 2
-        # Regula falsi creeps toward the boundary from one side on a curved
-        # figure: each step at least a tolerance away from both ends, so that
-        # a step either gains that much or closes the bracket to it.
-        margin = _tolerance(fit.batch)
-        return max(fit.batch + margin, min(step, fail.batch - margin))
-    if fit is None:  # nothing fits yet: down
-        return max(1, seen[-1].batch // 2)
-    if len(seen) < 2:
-        return min(cap, 2 * seen[-1].batch)
-    step = _secant(seen[-2], seen[-1], free_bytes)
-    if step is None or step <= fit.batch:
-        step = 4 * fit.batch
-    return min(cap, step)
-
-
-def _secant(a: Compiled, b: Compiled, free_bytes: int) -> int | None:
-    """Where the line through two figures meets `free_bytes`; None for a
+def _secant(a: ProbeResult, b: ProbeResult, free_bytes: int) -> int | None:
+    """Where the line through two counts meets `free_bytes`; None for a
     flat or falling pair."""
-    if b.batch == a.batch or (b.need_bytes - a.need_bytes) * (b.batch - a.batch) <= 0:
+    da, db = a.peak_bytes, b.peak_bytes
+    if b.batch == a.batch or (db - da) * (b.batch - a.batch) <= 0:
         return None
-    slope = (b.need_bytes - a.need_bytes) / (b.batch - a.batch)
-    return int(a.batch + (free_bytes - a.need_bytes) / slope)
+    slope = (db - da) / (b.batch - a.batch)
+    return int(a.batch + (free_bytes - da) / slope)
 
 
 def describe(found: list[Compiled], free_bytes: int) -> str:

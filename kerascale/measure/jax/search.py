@@ -26,9 +26,8 @@ from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import batch as batch_lib
 from kerascale.measure import cache, host_share
 from kerascale.measure.jax import compiled, confirm, device_free
-from kerascale.measure.probe import OK, OOM, ProbeResult
 from kerascale.measure.request import SearchBudget, SearchOptions
-from kerascale.measure.result import BatchSearchResult
+from kerascale.measure.result import OK, BatchSearchResult, ProbeResult
 from kerascale.measure.search import granularity_for, granule_at, ladder, round_down
 from kerascale.plan.reasons import Reason
 from kerascale.sense import memory
@@ -353,7 +352,7 @@ def _result(
         largest_fitting=max(fits, chosen),  # a real step's, stepped up
         smallest_failing=fails,
         mode="max",
-        probes=tuple(_as_probe(c, free_bytes_) for c in seen),
+        probes=tuple(c.as_probe(free_bytes_) for c in seen),
         memory_model=None,
         limit_bytes=free_bytes_,
         granularity=granularity,
@@ -476,15 +475,3 @@ def _timed(
             c = dataclasses.replace(c, samples_per_s=speed)
         out.append(c)
     return out
-
-
-def _as_probe(c: compiled.Compiled, free: int) -> ProbeResult:
-    fits = c.need_bytes <= free
-    return ProbeResult(
-        batch=c.batch,
-        outcome=OK if fits else OOM,
-        peak_bytes=c.need_bytes,
-        seconds=c.seconds,
-        message="" if fits else "over the free memory by XLA's count (not run)",
-        samples_per_s=c.samples_per_s,
-    )
