@@ -5,7 +5,7 @@ or in this one), the memory limit and cap, the cache and progress lines
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kerascale._units import format_bytes
 from kerascale.errors import BatchSizeSearchError
@@ -68,8 +68,120 @@ def cap_for(data: DataFacts, plan: Plan, options: SearchOptions) -> tuple[int, R
 
 
 @dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What an engine settled for one search before its first measurement.
+
+    Attributes:
+        mode: "max", "throughput" or "ladder".
+        key: The engine's parts of the cache key, by name (`run_search`
+            adds the model, the hardware and the margin).
+        on_host: Whether the host's memory is the budget, so the input's
+            share of it counts.
+        start: The per-replica batch measured first.
+        state: The engine's own: what its measurements need.
+    """
+
+    mode: str
+    key: dict[str, Any]
+    on_host: bool
+    start: int
+    state: Any = None
+
+
+class Engine(Protocol):
+    """How one backend measures a batch for `run_search`, which owns the
+    rest (the cap, the cache, the budget, the host's share): TensorFlow's
+    real steps (`Probes`), or JAX's compiled step's memory count
+    (`measure.jax.search.Compiled`). Both answer with one bracket
+    (`search.Bracket.largest`)."""
+
+    def prepare(self, request: SearchRequest, cap: int) -> Prepared:
+        """What the search measures, before the cache is read. Raises
+        `SearchUnavailable` where the engine cannot answer."""
+
+    def refused(self, prepared: Prepared, request: SearchRequest, cap: int) -> str:
+        """Why the search costs more than `request.budget` allows, or "" (only
+        a "ladder" is priced)."""
+
+    def searched(
+        self,
+        prepared: Prepared,
+        request: SearchRequest,
+        capped: tuple[int, Reason],
+        share: host_share.HostShare,
+    ) -> BatchSearchResult:
+        """The answer, measured (`capped`: the cap and why)."""
+
+    def finished(self, prepared: Prepared) -> None:
+        """Hands back what the measurements left in this process."""
+
+
+def run_search(request: SearchRequest) -> BatchSearchResult:
+    """The largest (or, on a CPU's "throughput", the fastest) per-replica
+    batch for `request.plan` (its precision, strategy, accumulation or
+    `accumulation_steps`, recomputation), measured by the backend's engine
+    (`engines.search_engine`), `request.first` first. The one door of both
+    engines' searches: the cap, the cache (read, and written with the
+    answer), the budget a "ladder" must fit, and the host's share of memory
+    the answer must leave room for.
+
+    Raises:
+        SearchSkipped: A "ladder" would cost more than `request.budget` allows.
+        SearchUnavailable: The engine cannot answer here.
+        BatchSizeSearchError: Even the smallest batch does not fit, or the
+            model fails for another reason.
+    """
+    from kerascale.measure import engines
+
+    given, plan, options = request.given, request.plan, request.options
+    engine = engines.search_engine(request.hardware.backend)
+    capped = cap_for(request.data, plan, options)
+    cap = capped[0]
+    prepared = engine.prepare(request, cap)
+    key = cache.cache_key(
+        {
+            "model": cache.model_fingerprint(given.model),
+            "hardware": request.hardware.to_dict(),
+            "margin": options.margin,
+            **prepared.key,
+        }
+    )
+    cached = _cached(key, options, request.verbose)
+    # A ladder is priced against the run's budget; a cached answer is used
+    # whatever the run (it costs nothing).
+    priced = cached is None and request.budget is not None
+    why = engine.refused(prepared, request, cap) if priced else ""
+    if why:
+        raise SearchSkipped(why)
+    # Measured only for an answer to give: it reads the input (seconds).
+    share = host_share.for_search(
+        given.x,
+        given.y,
+        request.data,
+        plan,
+        memory_limit=options.memory_limit,
+        on_host=prepared.on_host,
+        start=prepared.start,
+        cap=cap,
+        measured=request.host_share,
+    )
+    slack = host_share.slack(options.memory_limit)
+    if cached is not None and share.covered_by(
+        cached.host_share, cached.batch_size, slack
+    ):
+        # With this process's share: the decision's later searches count it.
+        return dataclasses.replace(cached, host_share=tuple(share.to_list()))
+    found = engine.searched(prepared, request, capped, share)
+    found = dataclasses.replace(found, host_share=tuple(share.to_list()))
+    if options.cache:
+        cache.cache_write("batch_search", key, found.to_dict())
+    engine.finished(prepared)
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
 class _Probing:
-    """What one search settled before its first probe.
+    """What one search of TensorFlow's probes settled before the first.
 
     Attributes:
         request: The search asked for.
@@ -94,95 +206,99 @@ class _Probing:
     here: probe_memory.Memory
 
 
-def run_search(request: SearchRequest) -> BatchSearchResult:
-    """Searches the per-replica batch for `request.plan` (its precision,
-    strategy, accumulation or `accumulation_steps`, recomputation) with real
-    probes, `request.first` first. Uses the cache. Probes are timed, for a
-    second with `request.timed` (when their speed decides).
+class Probes:
+    """TensorFlow's engine: real training steps, each batch probed where
+    `placement.place` says (children forked from one server, or this
+    process), the bracket guided by a memory model of what they took."""
 
-    Raises:
-        SearchSkipped: A "ladder" would cost more than `request.budget` allows.
-    """
-    given, plan = request.given, request.plan
-    hw, options = request.hardware, request.options
-    # Where probes run decides their memory (GPUs); see `_found`'s fallback.
-    in_children, here = probe_memory.memories(hw, plan, options)
-    cap, why_cap = cap_for(request.data, plan, options)
-    mode = auto_mode(hw) if options.mode == "auto" else options.mode
-    placed = placement.place(
-        given.model,
-        hw,
-        plan,
-        options,
-        request.instance,
-        mode=mode,
-        # The same on a CPU (the only place with room here first).
-        limit=in_children.predict,
-    )
-    memory = in_children if placed.in_children else here
-    spec = _spec(request, long=request.timed or mode == "throughput", memory=memory)
-    key = _key(
-        given.model,
-        spec,
-        hw,
-        options,
-        mode=mode,
-        cap=cap,
-        first=request.first,
-        isolate=placed.in_children,
-    )
-    cached = _cached(key, options, request.verbose)
-    if cached is None and request.budget is not None and mode == "ladder":
-        rungs = ladder(cap, granularity_for(hw.accelerator, cap))
-        room = placed.room
-        local = not placed.in_children or (room is not None and room.admits(rungs[-1]))
-        refused = request.budget.refuse_search
-        if why := refused(plan, rungs, spec.steps, in_children=not local):
-            raise SearchSkipped(why)
-    # Measured only for an answer to give: it reads the input (seconds).
-    share = host_share.for_search(
-        given.x,
-        given.y,
-        request.data,
-        plan,
-        memory_limit=options.memory_limit,
-        on_host=hw.accelerator == "cpu",
-        start=request.first or 32,
-        cap=cap,
-        measured=request.host_share,
-    )
-    spec = dataclasses.replace(spec, host_share=tuple(share.to_list()))
-    slack = host_share.slack(options.memory_limit)
-    if cached is not None and share.covered_by(
-        cached.host_share, cached.batch_size, slack
-    ):
-        # With this process's share: the decision's later searches count it.
-        return dataclasses.replace(cached, host_share=tuple(share.to_list()))
-    if request.verbose != 0:
-        print(
-            f"kerascale: searching the batch size ({mode}, up to {cap} per replica, "
-            f"limit {format_bytes(memory.predict)})...",
-            flush=True,
+    def prepare(self, request: SearchRequest, cap: int) -> Prepared:
+        hw, plan, options = request.hardware, request.plan, request.options
+        # Where probes run decides their memory (GPUs); see `_found`'s fallback.
+        in_children, here = probe_memory.memories(hw, plan, options)
+        mode = auto_mode(hw) if options.mode == "auto" else options.mode
+        placed = placement.place(
+            request.given.model,
+            hw,
+            plan,
+            options,
+            request.instance,
+            mode=mode,
+            # The same on a CPU (the only place with room here first).
+            limit=in_children.predict,
         )
-    probing = _Probing(
-        request,
-        options,
-        spec,
-        mode,
-        cap,
-        request.first,
-        placed,
-        in_children,
-        here,
-    )
-    found, ran = _found_checked(probing)
-    memory = memory if ran.in_children else here
-    result = _reported(
-        found, plan, spec, memory, {"cap": why_cap, "isolate": ran.why}, share
-    )
-    if options.cache:
-        cache.cache_write("batch_search", key, result.to_dict())
-    return result
+        memory = in_children if placed.in_children else here
+        long = request.timed or mode == "throughput"
+        spec = _spec(request, long=long, memory=memory)
+        key = {
+            # The limit as asked for: a default limit follows the memory free
+            # at this moment, which must not make every search a cache miss.
+            # What this process holds is checked against the cached answer's
+            # (`HostShare.covered_by`): a few MB apart must not be a miss.
+            # So is the optimizer's state: built by the first fit, it is in
+            # this process's memory for the next call.
+            "spec": dataclasses.replace(
+                spec,
+                memory_limit=options.memory_limit,
+                host_share=(),
+                optimizer_built=True,
+            ).to_json(),
+            "result": 2,  # batch_size is global since version 2 of the result
+            "mode": mode,
+            "cap": cap,
+            "first": request.first,
+            "isolate": placed.in_children,
+        }
+        probing = _Probing(
+            request,
+            options,
+            spec,
+            mode,
+            cap,
+            request.first,
+            placed,
+            in_children,
+            here,
+        )
+        on_host = hw.accelerator == "cpu"
+        return Prepared(mode, key, on_host, request.first or 32, probing)
+
+    def refused(self, prepared: Prepared, request: SearchRequest, cap: int) -> str:
+        if prepared.mode != "ladder":
+            return ""
+        probing = prepared.state
+        rungs = ladder(cap, granularity_for(request.hardware.accelerator, cap))
+        room = probing.placed.room
+        local = not probing.placed.in_children or (
+            room is not None and room.admits(rungs[-1])
+        )
+        return request.budget.refuse_search(
+            request.plan, rungs, probing.spec.steps, in_children=not local
+        )
+
+    def searched(
+        self,
+        prepared: Prepared,
+        request: SearchRequest,
+        capped: tuple[int, Reason],
+        share: host_share.HostShare,
+    ) -> BatchSearchResult:
+        probing = prepared.state
+        spec = dataclasses.replace(probing.spec, host_share=tuple(share.to_list()))
+        probing = dataclasses.replace(probing, spec=spec)
+        memory = probing.in_children if probing.placed.in_children else probing.here
+        if request.verbose != 0:
+            print(
+                f"kerascale: searching the batch size ({probing.mode}, up to "
+                f"{probing.cap} per replica, limit {format_bytes(memory.predict)})...",
+                flush=True,
+            )
+        found, ran = _found_checked(probing)
+        memory = memory if ran.in_children else probing.here
+        whys = {"cap": capped[1], "isolate": ran.why}
+        return _reported(found, request.plan, spec, memory, whys, share)
+
+    def finished(self, prepared: Prepared) -> None:
+        return None
 
 
 def _reported(
@@ -235,30 +351,6 @@ def _cached(key: str, options: SearchOptions, verbose: Any) -> BatchSearchResult
             flush=True,
         )
     return cached
-
-
-def _key(model, spec, hw, options, **parts) -> str:
-    return cache.cache_key(
-        {
-            "model": cache.model_fingerprint(model),
-            # The limit as asked for: a default limit follows the memory free
-            # at this moment, which must not make every search a cache miss.
-            # What this process holds is checked against the cached answer's
-            # (`HostShare.covered_by`): a few MB apart must not be a miss.
-            # So is the optimizer's state: built by the first fit, it is in
-            # this process's memory for the next call.
-            "spec": dataclasses.replace(
-                spec,
-                memory_limit=options.memory_limit,
-                host_share=(),
-                optimizer_built=True,
-            ).to_json(),
-            "hardware": hw.to_dict(),
-            "margin": options.margin,
-            "result": 2,  # batch_size is global since version 2 of the result
-            **parts,
-        }
-    )
 
 
 def _found_checked(

@@ -259,7 +259,7 @@ def decide_search(
 
 def _engine_search(request: SearchRequest) -> BatchSearchResult:
     """The engine's answer to `request`, its errors as they are."""
-    return engines.batch_search(request.hardware.backend)(request)
+    return batch_lib.run_search(request)
 
 
 def _request_for(

@@ -1,10 +1,10 @@
 """What measures on each backend: the one place the measure floor picks by
 backend.
 
-- The batch search: TensorFlow's probes in child processes
-  (`measure.batch`), or XLA's memory analysis of the compiled step
-  (`measure.jax.search`, which falls back to the probes where the analysis
-  is missing).
+- How the batch search measures a batch (`measure.batch.run_search` is
+  the one search): TensorFlow's real steps (`measure.batch.Probes`), or
+  XLA's memory analysis of the compiled step
+  (`measure.jax.search.XlaAnalysis`).
 - Whether one replica fits a device, else the mesh to shard over (JAX).
 - The first estimate of a training step, where it is compiled (JAX:
   `measure.jax.estimate`; elsewhere the eager one in `measure.budget`).
@@ -21,15 +21,16 @@ from typing import Any
 from kerascale.plan.measured import Measured
 
 
-def batch_search(backend: str) -> Callable[..., Any]:
-    """The batch-size search of `backend` (`run_search`'s signature)."""
+def search_engine(backend: str) -> Any:
+    """How `batch.run_search` measures a batch on `backend` (a
+    `batch.Engine`)."""
     if backend == "jax":
         from kerascale.measure.jax import search
 
-        return search.run_search
+        return search.XlaAnalysis()
     from kerascale.measure import batch
 
-    return batch.run_search
+    return batch.Probes()
 
 
 def sharding(backend: str) -> Callable[..., Any]:

@@ -24,9 +24,9 @@ from kerascale.apply.jax import reader
 from kerascale.apply.session import Session
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import batch as batch_lib
-from kerascale.measure import cache, host_share
+from kerascale.measure import host_share
 from kerascale.measure.jax import compiled, confirm, device_free
-from kerascale.measure.request import SearchBudget, SearchOptions
+from kerascale.measure.request import SearchOptions
 from kerascale.measure.result import OK, BatchSearchResult, ProbeResult
 from kerascale.measure.search import granularity_for, granule_at, ladder, round_down
 from kerascale.plan.reasons import Reason
@@ -38,95 +38,115 @@ if TYPE_CHECKING:
     from kerascale.plan.plan import Plan
     from kerascale.sense.hardware import Hardware
 
-# The cache's folder for batch searches (the TensorFlow path's too).
-KIND = "batch_search"
 # Where the search starts when nothing else says (Keras's default batch).
 START = 32
 ROUND_TO = 8  # the granule from search.ROUND_FROM up, on every accelerator
 
 
-def run_search(request: SearchRequest) -> BatchSearchResult:
-    """The largest per-replica batch whose compiled step fits, for
-    `request.plan` (its precision and distribution), starting at `first`.
-    The request is the TensorFlow search's (`batch.run_search`): the step
-    compiled is the micro-batch's, with the memory of `accumulation_steps`'
-    accumulators held beside it, and of the batches `Prefetch` reads ahead
-    where the plan has it. With `options.mode == "ladder"` (a CPU's trials will time the
-    batches), the answer is the rungs up to the largest that fits, none run;
-    `budget` then refuses a ladder the run would not repay. `timed`: the
-    largest batch that fits also runs a few real steps (`_timed`).
+@dataclasses.dataclass(frozen=True)
+class _Setting:
+    """What one compiled search settled before its first compile: the
+    data's element, whether the host's memory is the budget, the batches
+    read ahead."""
 
-    Raises:
-        SearchUnavailable: Where the compiler's analysis cannot answer (no
-            memory figure for the device, or on a CPU asked for the fastest
-            batch rather than the largest).
-        BatchSizeSearchError: When even a batch of 1 does not fit.
-    """
-    given, data = request.given, request.data
-    plan, hw, options = request.plan, request.hardware, request.options
-    first, accumulation_steps = request.first, request.accumulation_steps
-    _answerable(hw, options)
-    cap, why_cap = batch_lib.cap_for(data, plan, options)
-    _affordable(plan, hw, options, cap, request.budget)
-    start = first or min(cap, START)
-    # With device_memory, a CPU device counts as a device of its own.
-    host = hw.accelerator == "cpu" and not options.device_memory
-    element = compiled.element_of(given.x, given.y)
-    held = reader.HELD if plan.data_changes.read_ahead else 0
-    share = host_share.for_search(
-        given.x,
-        given.y,
-        data,
-        plan,
-        memory_limit=options.memory_limit,
-        on_host=host,
-        start=start,
-        cap=cap,
-        measured=request.host_share,
-    )
-    key = _key(
-        given.model,
-        element,
-        plan,
-        hw,
-        options,
-        cap=cap,
-        first=first,
-        accumulation=accumulation_steps,
-        ahead=held,
-        mode=options.mode,
-        timed=request.timed,
-    )
-    cached = _cached(key, options)
-    slack = host_share.slack(options.memory_limit)
-    if cached is not None and share.covered_by(
-        cached.host_share, cached.batch_size, slack
-    ):
-        # With this process's share: the decision's later searches count it.
-        return dataclasses.replace(cached, host_share=tuple(share.to_list()))
-    searched, free = _compiled(
-        request, element, host, start=start, cap=cap, held=held, share=share
-    )
-    found = _answer(
-        given.model,
-        element,
-        plan,
-        options,
-        host,
-        searched,
-        free,
-        (cap, why_cap),
-        share=share,
-    )
-    found = dataclasses.replace(found, host_share=tuple(share.to_list()))
-    if options.cache:
-        cache.cache_write(KIND, key, found.to_dict())
-    # The search's compiles (and the model saved for the confirming child)
-    # leave garbage and freed heap: training in this process must start
-    # from what the budget above was read against.
-    if host:
-        _release_compiles()
-    return found
+    element: Any
+    host: bool
+    held: int
+
+
+class XlaAnalysis:
+    """JAX's engine for `batch.run_search`: the largest per-replica batch
+    whose compiled step fits, for `request.plan` (its precision and
+    distribution), by XLA's memory analysis. The step compiled is the
+    micro-batch's, with the memory of `accumulation_steps`' accumulators held
+    beside it, and of the batches `Prefetch` reads ahead where the plan has
+    it. With `options.mode == "ladder"` (a CPU's trials will time the
+    batches), the answer is the rungs up to the largest that fits, none run.
+    `request.timed`: the largest batch that fits also runs a few real steps
+    (`_timed`). On a CPU, real steps in a child confirm the answer
+    (`confirm.confirmed`)."""
+
+    def prepare(self, request: SearchRequest, cap: int) -> batch_lib.Prepared:
+        """Raises `SearchUnavailable` on a CPU asked for the fastest batch
+        (only the trials time batches)."""
+        given, plan = request.given, request.plan
+        hw, options = request.hardware, request.options
+        _answerable(hw, options)
+        # With device_memory, a CPU device counts as a device of its own.
+        host = hw.accelerator == "cpu" and not options.device_memory
+        element = compiled.element_of(given.x, given.y)
+        held = reader.HELD if plan.data_changes.read_ahead else 0
+        shapes = keras.tree.map_structure(
+            lambda leaf: (tuple(leaf.shape), str(leaf.dtype)), element
+        )
+        # The limit as asked for: a default limit follows the memory free
+        # now, which must not make each search a miss.
+        key = {
+            "search": "jax-compiled-3",
+            "element": repr(shapes),
+            "plan": [
+                plan.precision,
+                plan.strategy,
+                plan.replicas,
+                getattr(plan, "recompute", ""),
+            ],
+            "limit": options.memory_limit,
+            "isolate": options.isolate,
+            "cap": cap,
+            "first": request.first,
+            "accumulation": request.accumulation_steps,
+            "ahead": held,
+            "mode": options.mode,
+            "timed": request.timed,
+        }
+        start = request.first or min(cap, START)
+        return batch_lib.Prepared(
+            options.mode, key, host, start, _Setting(element, host, held)
+        )
+
+    def refused(
+        self, prepared: batch_lib.Prepared, request: SearchRequest, cap: int
+    ) -> str:
+        if prepared.mode != "ladder":
+            return ""
+        rungs = ladder(cap, granularity_for(request.hardware.accelerator, cap))
+        return request.budget.refuse_search(request.plan, rungs, 1)
+
+    def searched(
+        self,
+        prepared: batch_lib.Prepared,
+        request: SearchRequest,
+        capped: tuple[int, Reason],
+        share: host_share.HostShare,
+    ) -> BatchSearchResult:
+        setting = prepared.state
+        searched, free = _compiled(
+            request,
+            setting.element,
+            setting.host,
+            start=prepared.start,
+            cap=capped[0],
+            held=setting.held,
+            share=share,
+        )
+        return _answer(
+            request.given.model,
+            setting.element,
+            request.plan,
+            request.options,
+            setting.host,
+            searched,
+            free,
+            capped,
+            share=share,
+        )
+
+    def finished(self, prepared: batch_lib.Prepared) -> None:
+        # The search's compiles (and the model saved for the confirming child)
+        # leave garbage and freed heap: training in this process must start
+        # from what the budget above was read against.
+        if prepared.state.host:
+            _release_compiles()
 
 
 def _release_compiles() -> None:
@@ -255,46 +275,6 @@ def _answer(
     return _result(plan, options, searched, limit, why_cap, answer)
 
 
-def _key(
-    model: Any,
-    element: Any,
-    plan: Plan,
-    hw: Hardware,
-    options: SearchOptions,
-    **parts: Any,
-) -> str:
-    """The cache key: the model, the data's shapes, the hardware, the plan's
-    precision and distribution, and the limit as asked for (a default limit
-    follows the memory free now, which must not make each search a miss)."""
-    shapes = keras.tree.map_structure(
-        lambda leaf: (tuple(leaf.shape), str(leaf.dtype)), element
-    )
-    return cache.cache_key(
-        {
-            "search": "jax-compiled-3",
-            "model": cache.model_fingerprint(model),
-            "element": repr(shapes),
-            "hardware": hw.to_dict(),
-            "plan": [
-                plan.precision,
-                plan.strategy,
-                plan.replicas,
-                getattr(plan, "recompute", ""),
-            ],
-            "limit": options.memory_limit,
-            "margin": options.margin,
-            "isolate": options.isolate,
-            **parts,
-        }
-    )
-
-
-def _cached(key: str, options: SearchOptions) -> BatchSearchResult | None:
-    if not options.cache or options.force:
-        return None
-    return batch_lib.cache_load(key)
-
-
 def reported(
     step: Callable[..., Any], what: str = "Compiling the train step"
 ) -> Callable[..., Any]:
@@ -376,23 +356,6 @@ def _answerable(hw: Hardware, options: SearchOptions) -> None:
             "the CPU trials time batches (they run where kerascale can train a "
             "copy of your model on your data)"
         )
-
-
-def _affordable(
-    plan: Plan,
-    hw: Hardware,
-    options: SearchOptions,
-    cap: int,
-    budget: SearchBudget | None,
-) -> None:
-    """Raises `SearchSkipped` where a ladder for the trials costs more than
-    the run repays (`budget`; None: no budget)."""
-    if budget is None or options.mode != "ladder":
-        return
-    rungs = ladder(cap, granularity_for(hw.accelerator, cap))
-    why = budget.refuse_search(plan, rungs, 1)
-    if why:
-        raise batch_lib.SearchSkipped(why)
 
 
 def _ladder(
