@@ -29,6 +29,7 @@ from end_to_end import augment, build, images, small_cnn
 
 import kerascale
 from kerascale.measure import trial_bench, trials
+from kerascale.measure.request import Given
 from kerascale.sense import data_facts
 
 
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     print("window | half-range of per-round gains (median) | mean gains | timing s")
     for window in (float(w) for w in args.windows.split(",")):
         trial_bench.WINDOW_SECONDS = window
-        bench = trial_bench.Bench(model, ds, None, data, plan, verbose=0)
+        bench = trial_bench.Bench(Given(model, ds), data, plan, verbose=0)
         bench.budget_for(None, True, None)
         noise, gains, seconds = [], [], []
         with bench:

@@ -11,6 +11,7 @@ from conftest import CPU, CPU_BF16, dense_model, gpu_box, toy_data
 
 import kerascale
 from kerascale.measure import trial_bench, trials
+from kerascale.measure.request import Given
 from kerascale.plan.options import Options
 from kerascale.sense import hardware
 from kerascale.sense.data_facts import DataFacts
@@ -73,8 +74,8 @@ class Machine:
         machine = self
 
         class Prepared:
-            def __init__(self, session, model, x, y, data, plan, batch, policy, pipe):
-                self.key = (batch, policy, pipe)
+            def __init__(self, session, given, data, plan, *, batch, policy, optimize):
+                self.key = (batch, policy, optimize)
                 machine.prepared.append(self.key)
                 self.warm_speed = machine.speed(*self.key)
 
@@ -102,9 +103,7 @@ def run_all(**kwargs):
     kwargs.setdefault("try_pipeline", True)
     kwargs.setdefault("try_precision", "mixed_bfloat16")
     return trials.run(
-        dense_model(),
-        mapped(),
-        None,
+        Given(dense_model(), mapped()),
         DataFacts(kind="dataset"),
         FakePlan,
         BF16_HOST,
@@ -326,9 +325,7 @@ def test_real_trials_time_copies_and_leave_the_model_alone():
         model, ds, batch_size=32, precision="mixed_bfloat16", verbose=0
     )
     r = trials.run(
-        model,
-        ds,
-        None,
+        Given(model, ds),
         DataFacts(kind="dataset"),
         plan,
         BF16_HOST,

@@ -116,14 +116,14 @@ class Engine(Protocol):
         """Hands back what the measurements left in this process."""
 
 
-def run_search(request: SearchRequest) -> BatchSearchResult:
+def run_search(request: SearchRequest, engine: Engine) -> BatchSearchResult:
     """The largest (or, on a CPU's "throughput", the fastest) per-replica
     batch for `request.plan` (its precision, strategy, accumulation or
-    `accumulation_steps`, recomputation), measured by the backend's engine
-    (`engines.search_engine`), `request.first` first. The one door of both
-    engines' searches: the cap, the cache (read, and written with the
-    answer), the budget a "ladder" must fit, and the host's share of memory
-    the answer must leave room for.
+    `accumulation_steps`, recomputation), measured by the backend's
+    `engine` (`engines.batch_search` picks it), `request.first` first.
+    The one door of both engines' searches: the cap, the cache (read, and
+    written with the answer), the budget a "ladder" must fit, and the
+    host's share of memory the answer must leave room for.
 
     Raises:
         SearchSkipped: A "ladder" would cost more than `request.budget` allows.
@@ -131,10 +131,7 @@ def run_search(request: SearchRequest) -> BatchSearchResult:
         BatchSizeSearchError: Even the smallest batch does not fit, or the
             model fails for another reason.
     """
-    from kerascale.measure import engines
-
     given, plan, options = request.given, request.plan, request.options
-    engine = engines.search_engine(request.hardware.backend)
     capped = cap_for(request.data, plan, options)
     cap = capped[0]
     prepared = engine.prepare(request, cap)

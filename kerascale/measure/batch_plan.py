@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from kerascale.errors import BatchSizeSearchError
-from kerascale.measure import answered
+from kerascale.measure import answered, engines
 from kerascale.measure import budget as budget_lib
 from kerascale.measure.request import Given, SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult
@@ -174,10 +174,8 @@ def unmeasurable(
 def searched(request: SearchRequest) -> BatchSearchResult:
     """The engine's answer to `request`; a probe's failure other than memory
     is `ProbeFailed`, for the decision to answer."""
-    from kerascale.measure import batch
-
     try:
-        return batch.run_search(request)
+        return engines.batch_search(request)
     except BatchSizeSearchError as e:
         if e.out_of_memory:
             raise

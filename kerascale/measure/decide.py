@@ -259,7 +259,7 @@ def decide_search(
 
 def _engine_search(request: SearchRequest) -> BatchSearchResult:
     """The engine's answer to `request`, its errors as they are."""
-    return batch_lib.run_search(request)
+    return engines.batch_search(request)
 
 
 def _request_for(
@@ -474,9 +474,7 @@ def _tried(
     if not (try_pipeline or try_precision or len(rungs) > 1):
         return decided if over is None else decided.replanned(found)
     measured = trials_lib.run(
-        given.model,
-        given.x,
-        given.y,
+        given,
         decided.data,
         plan,
         decided.hardware,

@@ -1,10 +1,10 @@
 """What measures on each backend: the one place the measure floor picks by
 backend.
 
-- How the batch search measures a batch (`measure.batch.run_search` is
-  the one search): TensorFlow's real steps (`measure.batch.Probes`), or
-  XLA's memory analysis of the compiled step
-  (`measure.jax.search.XlaAnalysis`).
+- How the batch search measures a batch (`batch_search`: the one search,
+  `measure.batch.run_search`, with the backend's engine): TensorFlow's
+  real steps (`measure.batch.Probes`), or XLA's memory analysis of the
+  compiled step (`measure.jax.search.XlaAnalysis`).
 - Whether one replica fits a device, else the mesh to shard over (JAX).
 - The first estimate of a training step, where it is compiled (JAX:
   `measure.jax.estimate`; elsewhere the eager one in `measure.budget`).
@@ -19,6 +19,14 @@ from types import ModuleType
 from typing import Any
 
 from kerascale.plan.measured import Measured
+
+
+def batch_search(request: Any) -> Any:
+    """`batch.run_search` of `request` (a `SearchRequest`), measured by the
+    engine of its backend (`search_engine`)."""
+    from kerascale.measure import batch
+
+    return batch.run_search(request, search_engine(request.hardware.backend))
 
 
 def search_engine(backend: str) -> Any:

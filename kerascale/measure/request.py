@@ -1,5 +1,5 @@
 """A batch-size search as `batch.run_search` takes it, for either engine
-(`engines.search_engine`: TensorFlow's probes, XLA's count on JAX): its
+(`engines.batch_search`: TensorFlow's probes, XLA's count on JAX): its
 options (`SearchOptions`, validated at the door) and the request
 (`SearchRequest`)."""
 

@@ -19,6 +19,7 @@ from kerascale.apply.model import CannotRecreate
 from kerascale.apply.session import Session, prepare
 from kerascale.measure import budget
 from kerascale.measure.probe import StepClock
+from kerascale.measure.request import Given
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
@@ -80,9 +81,8 @@ class Bench:
     """Prepared candidates (copies of the model on the real data, in one
     session that puts everything back at its exit), the timing, the budget."""
 
-    def __init__(self, model, x, y, data, plan, verbose):
-        self.args = (model, x, y, data, plan)
-        self.data, self.plan = data, plan
+    def __init__(self, given: Given, data, plan, verbose):
+        self.given, self.data, self.plan = given, data, plan
         self.verbose = verbose
         self.session = Session()
         self.prepared: dict[tuple, Any] = {}
@@ -199,7 +199,16 @@ class Bench:
             return
         start = time.perf_counter()
         try:
-            self.prepared[key] = Prepared(self.session, *self.args, *key)
+            batch, policy, optimize = key
+            self.prepared[key] = Prepared(
+                self.session,
+                self.given,
+                self.data,
+                self.plan,
+                batch=batch,
+                policy=policy,
+                optimize=optimize,
+            )
         except CannotRecreate:
             raise  # the model cannot be copied at all: decide re-plans
         except Exception as e:  # the candidate cannot train: it is dropped
@@ -231,7 +240,7 @@ class Prepared:
     dataset (arrays become one); on JAX the data as Keras's JAX `fit` takes
     it (arrays in batches, shuffled as `fit` shuffles them)."""
 
-    def __init__(self, session, model, x, y, data, plan, batch, policy, optimize):
+    def __init__(self, session, given: Given, data, plan, *, batch, policy, optimize):
         view = dataclasses.replace(
             plan,
             precision=policy,
@@ -244,7 +253,9 @@ class Prepared:
             plan=view, data=data, instance=None, optimize_data=optimize
         )
         on_tf = backend_lib.traits(plan.backend).feeds_datasets
-        prepared = prepare(session, model, x, y, decided, copy=True, as_dataset=on_tf)
+        prepared = prepare(
+            session, given.model, given.x, given.y, decided, copy=True, as_dataset=on_tf
+        )
         self.model, ds = prepared.model, prepared.x
         self.samples_per_step = batch * plan.replicas
         self.feed: tuple[tuple, dict] = ((ds,), {})

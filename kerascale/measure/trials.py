@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kerascale.measure import cache
+from kerascale.measure.request import Given
 from kerascale.measure.search import fastest_small
 from kerascale.measure.trial_bench import ROUNDS, Bench, Trial
 from kerascale.plan import precision as precision_rules
@@ -172,9 +173,7 @@ def float32_over(result: BatchSearchResult | None, plan: Plan) -> Reason | None:
 
 
 def run(
-    model: Any,
-    x: Any,
-    y: Any,
+    given: Given,
     data: Any,
     plan: Plan,
     hw: Hardware,
@@ -192,6 +191,8 @@ def run(
     """Measures the candidates and returns the choices (cached).
 
     Args:
+        given: The user's model and data (the candidates train copies).
+        data: What the data is (`sense.data_facts`).
         batches: Per-replica batches known to fit (the batch search's rungs)
             with their synthetic samples/s, to time on the real data; empty
             to keep the plan's batch.
@@ -208,8 +209,8 @@ def run(
     key = cache.cache_key(
         {
             "trials": 3,
-            "model": cache.model_fingerprint(model),
-            "data": data_signature.signature(x),
+            "model": cache.model_fingerprint(given.model),
+            "data": data_signature.signature(given.x),
             "plan": [plan.precision, plan.step_batch_size, plan.strategy],
             "candidates": [try_pipeline, try_precision, sorted(batches), optimize],
             "hardware": hw.to_dict(),
@@ -225,7 +226,7 @@ def run(
     speed = _estimate(batches, plan) or (cached.speed if cached else None)
     if not speed and first_speed is not None and not unbudgeted:
         speed = first_speed()
-    bench = Bench(model, x, y, data, plan, verbose)
+    bench = Bench(given, data, plan, verbose)
     bench.budget_for(run_samples, unbudgeted, speed)
     with bench:
         result = _stages(bench, plan, try_pipeline, try_precision, batches, optimize)
