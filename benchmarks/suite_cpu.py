@@ -2,7 +2,8 @@
 starts, by test (issue 56: the suite is bound by its 2 cores, not by waiting,
 so its time is cut where its CPU goes).
 
-    .venv/bin/python benchmarks/suite_cpu.py -- -m "not serial" -n 2 --dist loadfile
+    .venv/bin/python benchmarks/suite_cpu.py -- -m "not serial and not cluster" \
+        -n 2 --dist loadfile
     .venv-jax/bin/python benchmarks/suite_cpu.py -- tests_jax -n 2 --dist load
 
 Runs pytest with the arguments after `--`, with `suite_cpu/` first on

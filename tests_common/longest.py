@@ -29,6 +29,13 @@ LONGEST = (
     "test_backup.py::test_sigkill_mid_epoch_three_resumes_to_identical_weights",
     "test_jax_with_tensorflow.py::test_connect_cluster_on_jax_joins_jax_distributed",
     "test_dropin.py::test_a_partial_builder_trains",
+    # TensorFlow's real clusters (`-m cluster`, two at a time)
+    "test_multiworker.py::test_a_killed_worker_stops_the_other",
+    "test_multiworker.py::test_sigterm_to_one_worker",
+    "test_multiworker.py::test_time_decisions_are_taken_at_one_step",
+    "test_multiworker.py::test_two_workers_fit_like_one_process",
+    "test_multiworker.py::test_a_frozen_worker_is_lost",
+    "test_lease.py::test_a_second_process_on_the_directory_stops",
 )
 
 
