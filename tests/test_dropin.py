@@ -179,10 +179,12 @@ def test_a_failing_trial_drops_its_candidate(monkeypatch, no_budget):
     monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: bf16_host)
     real = trial_bench.Prepared
 
-    def bf16_breaks(session, model, x, y, data, plan, batch, policy, optimize):
+    def bf16_breaks(session, given, data, plan, *, batch, policy, optimize):
         if policy == "mixed_bfloat16":
             raise tf.errors.InvalidArgumentError(None, None, "bfloat16 mismatch")
-        return real(session, model, x, y, data, plan, batch, policy, optimize)
+        return real(
+            session, given, data, plan, batch=batch, policy=policy, optimize=optimize
+        )
 
     monkeypatch.setattr(trial_bench, "Prepared", bf16_breaks)
     model, x, y, _ = make("loss_closure")
