@@ -94,28 +94,41 @@ def test_the_same_batches_in_the_same_order_as_plain_fit(kind):
 @pytest.mark.once  # plain fit and the callback: one device
 def test_the_hosts_time_is_hidden_behind_the_steps():
     """Each batch takes 40 ms of host work and each step 40 ms (a callback
-    sleeping stands for the device): plain fit adds them up; with Prefetch
-    they overlap. Best of 3 alternating rounds."""
+    sleeping stands for the device). With Prefetch the next batches are read
+    while a step runs: their host work begins inside a step. Plain fit reads
+    each batch between two steps. What this checks is the overlap itself,
+    from the reads' and steps' own clocks, not a speed threshold: the speed
+    it buys is benchmarks/jax_loader.py's (a best-of-3 timing here took
+    13 s a lane). Here: 0 reads inside a step plain, 10 of 12 with it, also
+    beside two busy loops."""
     x, y = toy_data(n=16 * 12)
+    reads, steps = [], []
+
+    class Timed(Batches):
+        def __getitem__(self, i):
+            reads.append(time.perf_counter())
+            return super().__getitem__(i)
 
     class Device(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
+            began = time.perf_counter()
             time.sleep(0.04)
+            steps.append((began, time.perf_counter()))
 
-    def epoch_seconds(callbacks):
-        model = dense_model()
-        data = Batches(x, y, delay=0.04)
-        model.fit(data, epochs=1, verbose=0, callbacks=[Device(), *callbacks])
-        began = time.perf_counter()
-        model.fit(data, epochs=1, verbose=0, callbacks=[Device(), *callbacks])
-        return time.perf_counter() - began
+    def overlapped(callbacks):
+        """How many of an epoch's reads began inside a step's time, in the
+        second epoch of a model (the first compiles its step)."""
+        model, data = dense_model(), Timed(x, y, delay=0.04)
+        for _ in range(2):
+            reads.clear()
+            steps.clear()
+            model.fit(data, epochs=1, verbose=0, callbacks=[Device(), *callbacks])
+        assert len(steps) == 12, steps
+        return sum(any(a < t < b for a, b in steps) for t in reads)
 
-    plain, loaded = [], []
-    for _ in range(3):
-        plain.append(epoch_seconds([]))
-        loaded.append(epoch_seconds([Prefetch()]))
-    # 12 batches: about 12 * 80 ms plain, 12 * 40 ms (+ one batch) overlapped.
-    assert min(loaded) < 0.7 * min(plain), (plain, loaded)
+    assert overlapped([]) == 0
+    assert overlapped([Prefetch()]) >= 8  # of the 11 read after the first step
+    assert no_reader_threads()
 
 
 @pytest.mark.once  # plain fit and the callback: one device
