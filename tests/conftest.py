@@ -115,7 +115,6 @@ SERIAL = {
     "test_diagnosis.py": {
         "test_input_bound_workload",
         "test_compute_bound_workload",
-        "test_data_optimize_speeds_up_the_input_bound_pipeline_and_keeps_order",
         "test_cli_diagnose_prints_json",
         "test_a_decode_bound_pipeline_is_told_to_materialize_with_the_decode_share",
     },

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -92,47 +91,51 @@ def test_compute_bound_workload():
     assert any("smaller model" in r.action for r in d.recommendations)
 
 
-OPTIMIZE_CHILD = """
-import json, sys, time
-sys.path.insert(0, sys.argv[1])
-from test_diagnosis import input_bound_data
-import kerascale
-
-def rate(ds):
-    start = time.perf_counter()
-    rows = [float(x[0]) for x, _ in ds]
-    return len(rows) / (time.perf_counter() - start), rows
-
-# Best of 5 alternating rounds: on 2 cores a neighbour's burst can stall one
-# (best of 3 once measured 0.99x on a loaded CI machine; alone it is ~1.5x).
-plain_rates, fast_rates = [], []
-for _ in range(5):
-    plain_rate, plain_rows = rate(input_bound_data(512))
-    fast_rate, fast_rows = rate(kerascale.data.optimize(input_bound_data(512)))
-    plain_rates.append(plain_rate)
-    fast_rates.append(fast_rate)
-print(json.dumps({"plain": max(plain_rates), "fast": max(fast_rates),
-                  "same_order": fast_rows == plain_rows,
-                  "report": kerascale.data.optimize_report(input_bound_data(8))}))
-"""
+def _overlapping(intervals):
+    """How many of `intervals` ((start, end) pairs) run, in part, while an
+    earlier-started one still runs."""
+    count, last_end = 0, float("-inf")
+    for start, end in sorted(intervals):
+        count += start < last_end
+        last_end = max(last_end, end)
+    return count
 
 
-def test_data_optimize_speeds_up_the_input_bound_pipeline_and_keeps_order():
-    # In a fresh process: Python threads left running by earlier tests would
-    # compete for the GIL that the Python map needs.
-    proc = subprocess.run(
-        [sys.executable, "-c", OPTIMIZE_CHILD, str(Path(__file__).parent)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert r["same_order"]  # determinism kept: the same order
-    assert r["fast"] > 1.2 * r["plain"]  # benchmarks/ holds the >= 1.5x goal
-    assert "parallel maps" in r["report"] and "prefetch(AUTOTUNE)" in r["report"]
-    assert any("stateful" in x for x in r["report"])  # no cache over Python code
+def test_data_optimize_runs_the_python_map_in_parallel_and_keeps_order():
+    """The mechanism of the speed-up, read off the map's own clock: each call
+    of the Python map is an interval, and after `optimize` they overlap
+    (tf.data runs them in parallel, `time.sleep` standing for work that
+    releases the GIL) where the pipeline as written runs them one by one.
+    The order stays the pipeline's. The speed-up itself (>= 1.5x) is
+    benchmarks/diagnosis.py's `optimize`, by this project's rule that speed
+    goals live in benchmarks/ (a best of 5 timing here took 17-20 s alone)."""
+    intervals = []
+
+    def recorded_map(x, y):
+        def f(v):
+            start = time.perf_counter()
+            time.sleep(0.002)
+            intervals.append((start, time.perf_counter()))
+            return v
+
+        return tf.ensure_shape(tf.py_function(f, [x], tf.float32), x.shape), y
+
+    def data():
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(256, 16)).astype("float32")
+        y = rng.normal(size=(256, 1)).astype("float32")
+        return tf.data.Dataset.from_tensor_slices((x, y)).map(recorded_map)
+
+    plain_rows = [float(x[0]) for x, _ in data()]
+    plain, intervals[:] = _overlapping(intervals), []
+    fast_rows = [float(x[0]) for x, _ in kerascale.data.optimize(data())]
+    fast = _overlapping(intervals)
+    assert fast_rows == plain_rows  # determinism kept: the same order
+    assert plain == 0
+    assert fast >= len(fast_rows) // 2, (fast, len(fast_rows))
+    report = kerascale.data.optimize_report(data())
+    assert "parallel maps" in report and "prefetch(AUTOTUNE)" in report
+    assert any("stateful" in x for x in report)  # no cache over Python code
 
 
 def test_data_optimize_caches_only_what_cannot_change():
