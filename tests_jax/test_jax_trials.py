@@ -144,3 +144,24 @@ def test_a_short_run_keeps_keras_default_batch_and_says_why(bf16_cpu, monkeypatc
     why = plan.reasons["global_batch_size"]
     assert why.code == "batch.keras_default"
     assert why.details["note"].startswith("batch search skipped: ")
+
+
+def test_a_cached_ladder_is_used_whatever_the_run(bf16_cpu, monkeypatch):
+    """The budget prices a ladder's compiles; a cached ladder costs nothing
+    and is used however short the run (`batch.run_search`'s one rule, as on
+    TensorFlow: tests/test_budget.py). The second plan compiles nothing."""
+    from kerascale.measure.jax import search as jax_search
+
+    x, y = toy_data(n=2048, inputs=16)
+    first = kerascale.plan(model(), x, y, epochs=5, verbose=0)
+    assert first.reasons["global_batch_size"].code == "batch.searched"
+    monkeypatch.setattr(budget, "REPAY", 1.0)  # no run repays a measurement
+
+    def searched(*args, **kwargs):
+        raise AssertionError("the cached ladder was searched again")
+
+    monkeypatch.setattr(jax_search.XlaAnalysis, "searched", searched)
+    plan = kerascale.plan(model(), x, y, epochs=1, verbose=0)
+    why = plan.reasons["global_batch_size"]
+    assert why.code == "batch.searched"
+    assert why.details["how"] == "cached search"
