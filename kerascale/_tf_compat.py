@@ -380,3 +380,66 @@ def iterator_dataset(iterator: Any) -> Any:
     """The dataset a `tf.data` iterator reads (`OwnedIterator._dataset`;
     none public), or None: its cardinality tells when an epoch is used up."""
     return getattr(iterator, "_dataset", None)
+
+
+# An asynchronous save's snapshot, written in TensorFlow's checkpoint format
+# from another thread. tf.train.CheckpointOptions(enable_async=True) copies
+# and writes behind training too, but binds its host copies to one
+# tf.train.Checkpoint of fixed objects, and Keras makes a new iterator each
+# epoch; nor does it let the commit (hashes, fsync, the atomic rename) wait
+# for its write. The Trackable protocol's `_serialize_to_tensors` (what a
+# checkpoint write calls on each object; private) is the way in: the
+# iterator's state is taken by it at the save, and the write reads each
+# object's values from a stand-in that answers it with the snapshot's copy,
+# under the original's legacy saveable name where it has one (a tf.data
+# iterator's keys are "ITERATOR_STATE", not "_STATE":
+# tensorflow/python/checkpoint/saveable_compat.py). The checkpoint's keys and
+# object graph are those of a write of the real objects (tests/test_compat.py
+# reads one into them).
+_VARIABLE_VALUE = "VARIABLE_VALUE"  # tensorflow/python/trackable/base.py
+_LEGACY_NAME = "_LEGACY_SAVEABLE_NAME"  # saveable_compat.legacy_saveable_name
+
+
+class FrozenState:
+    """An object's checkpoint tensors, taken at one moment."""
+
+    def __init__(self, tensors: dict[str, Any], legacy_name: str | None = None):
+        self.tensors, self.legacy_name = tensors, legacy_name
+
+
+def iterator_state(iterator: Any) -> FrozenState:
+    """A `tf.data` iterator's state now, as its checkpoint write takes it
+    (`OwnedIterator._serialize_to_tensors`: the serialized iterator, shuffle
+    buffers included, a value that later steps do not change)."""
+    return FrozenState(
+        dict(iterator._serialize_to_tensors()), getattr(iterator, _LEGACY_NAME, None)
+    )
+
+
+def write_frozen(
+    prefix: str, groups: dict[str, list[Any]], iterator: FrozenState | None
+) -> None:
+    """Writes a TensorFlow checkpoint under `prefix` of `groups`' values
+    (NumPy arrays, in each group's variables' order) and an iterator's
+    `iterator_state`, as `tf.train.Checkpoint(**objects).write(prefix)` of
+    the objects they were taken from writes it."""
+
+    class Frozen(tf.__internal__.tracking.Trackable):
+        def __init__(self, state: FrozenState):
+            self._tensors = state.tensors
+            if state.legacy_name is not None:
+                setattr(self, _LEGACY_NAME, state.legacy_name)
+
+        def _serialize_to_tensors(self) -> dict[str, Any]:
+            return self._tensors
+
+    objects: dict[str, Any] = {
+        group: [
+            Frozen(FrozenState({_VARIABLE_VALUE: tf.convert_to_tensor(v)}))
+            for v in values
+        ]
+        for group, values in groups.items()
+    }
+    if iterator is not None:
+        objects["iterator"] = Frozen(iterator)
+    tf.train.Checkpoint(**objects).write(prefix)

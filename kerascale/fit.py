@@ -452,6 +452,9 @@ class _Deciding:
     def decide(self, attempt: fallback.Attempt) -> Decided:
         """The decision of one attempt of the ladder."""
         search = self.request.search
+        if self.backup is not None and self.backup.async_save:
+            # Its saves hold a host copy of the state beside the steps.
+            search = dataclasses.replace(search, state_copy=True)
         if attempt.options.max_batch_size != self.options.max_batch_size:
             # A rung bounded the batch (below one that ran out of memory).
             search = dataclasses.replace(

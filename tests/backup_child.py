@@ -8,7 +8,9 @@ Trains a small model with Dropout on a seeded, shuffled `tf.data` pipeline,
 with `FaultTolerantBackup(DIR)`, and writes the final weights, optimizer
 variables and History to OUT.npz. Prints "step G" after every batch so the
 parent knows where it is. `--die-in-save POINT:N` SIGKILLs itself at POINT
-inside the N-th checkpoint write (a fault injected into the save).
+inside the N-th checkpoint write (a fault injected into the save);
+POINT "behind" kills it once training has gone 2 steps past that save, its
+write still in flight (tests_common/children.die_behind_training).
 """
 
 import argparse
@@ -26,6 +28,11 @@ import tensorflow as tf
 
 import kerascale
 from kerascale.callbacks import checkpoint_store as store
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests_common"))
+import children
+
+STEPS = [0]  # the steps done, for die_behind_training
 
 
 def build(lr=0.01, units=16):
@@ -128,7 +135,7 @@ def main():
             self.done = 0
 
         def on_train_batch_end(self, batch, logs=None):
-            self.done = int(self.model.optimizer.iterations.numpy())
+            self.done = STEPS[0] = int(self.model.optimizer.iterations.numpy())
             print(f"step {self.done}", flush=True)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
@@ -160,6 +167,9 @@ def main():
 def install_fault(point, nth):
     """SIGKILLs this process at `point` inside the `nth` checkpoint write."""
     nth = int(nth)
+    if point == "behind":
+        children.die_behind_training(store, nth, STEPS)
+        return
     count = {"publish": 0}
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
     real_publish = store.publish

@@ -9,6 +9,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import async_saves
 import backup_child
 import children
 import keras
@@ -140,6 +141,36 @@ def test_kill_inside_a_save_leaves_the_previous_checkpoint(reference, tmp_path, 
         assert (
             not (ckpt / store.name(4)).exists() or store.scan(str(ckpt))[0].number > 4
         )
+
+
+@pytest.mark.kill
+def test_a_kill_during_a_background_write_resumes_from_the_previous(
+    reference, tmp_path
+):
+    """The 4th save (step 12) is being written behind training when the
+    process is SIGKILLed, 2 steps later: it never becomes a checkpoint, the
+    3rd (step 9) verifies, and the rerun resumes from it to the
+    uninterrupted run's weights."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
+    proc = subprocess.run(
+        child_cmd(ckpt, out, "--die-in-save", "behind:4", "--step-sleep", "0.01"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    saved_at, killed_at = next(
+        map(int, line.split()[1:])
+        for line in proc.stdout.splitlines()
+        if line.startswith("behind")
+    )
+    assert (saved_at, killed_at >= saved_at + 2) == (12, True)  # trained on
+    found = store.scan(str(ckpt))
+    assert (found[0].number, found[0].state) == (4, "leftover")
+    assert store.verify(found[1])["global_step"] == 9
+    result = run_child(ckpt, out)
+    assert "ckpt-00000003" in result.stdout
+    assert max_difference(load(out), reference) <= 1e-6
 
 
 @pytest.mark.kill
@@ -594,3 +625,80 @@ def test_fits_checkpoint_arguments_are_named_as_fit_names_them(tmp_path, kwargs,
     with pytest.raises(ConfigurationError) as raised:
         kerascale.fit(small_model(), small_data(), epochs=1, verbose=0, **kwargs)
     assert named in str(raised.value) and "save_freq" not in str(raised.value)
+
+
+# --- saves written behind training (tests_common/async_saves.py) ------------
+
+
+def test_writes_run_behind_training_one_at_a_time(tmp_path, monkeypatch):
+    async_saves.check_writes_run_behind_training(tmp_path, monkeypatch)
+
+
+def test_a_failed_background_write_warns_and_the_next_is_tried(tmp_path):
+    async_saves.check_a_failed_write_warns_and_the_next_is_tried(tmp_path)
+
+
+def test_background_writes_that_keep_failing_stop_training(tmp_path):
+    async_saves.check_writes_that_keep_failing_stop_training(tmp_path)
+
+
+def test_async_save_is_validated(tmp_path):
+    with pytest.raises(ValueError, match="async_save"):
+        FaultTolerantBackup(str(tmp_path), async_save="yes")
+
+
+# --- the host copy counts where the batch search answers (issue 58) ----------
+
+
+def test_state_bytes_counts_the_model_and_the_optimizers_slots():
+    from kerascale.sense.model_facts import state_bytes
+
+    def mlp(optimizer):
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+        model.compile(optimizer, "mse")
+        return model
+
+    weights = (8 * 4 + 4) * 4
+    assert state_bytes(mlp("adam")) == 3 * weights  # m and v, not built yet
+    assert state_bytes(mlp("sgd")) == weights
+    built = mlp("adam")
+    built.fit(np.zeros((4, 8)), np.zeros((4, 4)), verbose=0)
+    opt = sum(np.asarray(v).nbytes for v in built.optimizer.variables)
+    assert state_bytes(built) == weights + opt
+    assert state_bytes(lambda: mlp("adam")) == 0  # a builder: not known here
+
+
+def test_a_search_under_a_memory_limit_counts_the_checkpoints_host_copy(
+    tmp_path, monkeypatch
+):
+    """With saves written behind training (the default), the search's share
+    of this process holds the state's copy; with synchronous saves, none."""
+    from kerascale.measure import host_share
+    from kerascale.sense.model_facts import state_bytes
+
+    copies = []
+    real = host_share.for_search
+
+    def recorded(*args, **kwargs):
+        share = real(*args, **kwargs)
+        copies.append(share.state_copy)
+        return share
+
+    monkeypatch.setattr(host_share, "for_search", recorded)
+    x = np.zeros((512, 64), "float32")
+    y = np.zeros((512, 1), "float32")
+
+    def model():
+        m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256)])
+        m.compile("adam", "mse")
+        return m
+
+    options = dict(memory_limit="3GiB", precision="float32", verbose=0)
+    kerascale.plan(model(), x, y, checkpoint_dir=str(tmp_path / "a"), **options)
+    assert copies and copies[-1] == state_bytes(model()) > 0
+    share = host_share.HostShare(state_copy=copies[-1], why="x")
+    assert share.held_bytes(64) == copies[-1]  # beside every step
+    copies.clear()
+    sync = FaultTolerantBackup(str(tmp_path / "b"), async_save=False, verbose=0)
+    kerascale.plan(model(), x, y, callbacks=[sync], **options)
+    assert copies and copies[-1] == 0

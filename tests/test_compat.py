@@ -490,3 +490,50 @@ def test_a_jax_fit_reads_configs_without_importing_tensorflow():
         "architecture": True,
         "tensorflow": False,
     }
+
+
+def test_a_snapshot_writes_the_checkpoint_the_objects_write(tmp_path):
+    """_tf_compat.iterator_state and write_frozen (an asynchronous save):
+    the checkpoint written from a snapshot has the keys a write of the real
+    objects has (a tf.data iterator's under its legacy "ITERATOR" name), and
+    reads back into real objects: the variables' values, and the iterator
+    at the element after the snapshot, though the original moved on."""
+    from kerascale.callbacks import _backup_state as state_lib
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("adam", "mse", metrics=["mae"])
+    x, y = np.ones((8, 3), "float32"), np.ones((8, 2), "float32")
+    model.fit(x, y, verbose=0)
+    ds = tf.data.Dataset.range(40).shuffle(20, seed=1).batch(4)
+    iterator = iter(ds)
+    next(iterator)
+
+    def objects(m, it):
+        return {
+            "model": list(m.variables),
+            "optimizer": list(m.optimizer.variables),
+            "metrics": list(m.metrics_variables),
+            "iterator": it,
+        }
+
+    tf.train.Checkpoint(**objects(model, iterator)).write(str(tmp_path / "real"))
+    snapshot = state_lib.snapshot(objects(model, iterator), "tf")
+    expected = next(iterator).numpy()  # the original moves on
+    model.fit(x, y, verbose=0)  # and so do the variables
+    snapshot.write(str(tmp_path / "frozen"))
+    real = tf.train.list_variables(str(tmp_path / "real"))
+    assert "iterator/.ATTRIBUTES/ITERATOR_STATE" in [k for k, _ in real]
+    assert [k for k, _ in tf.train.list_variables(str(tmp_path / "frozen"))] == [
+        k for k, _ in real
+    ]
+    other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    other.compile("adam", "mse", metrics=["mae"])
+    other.fit(x, y, verbose=0)
+    fresh = iter(ds)
+    status = tf.train.Checkpoint(**objects(other, fresh)).read(str(tmp_path / "frozen"))
+    status.assert_existing_objects_matched()
+    for saved, read in zip(snapshot.groups["model"], other.variables, strict=True):
+        np.testing.assert_array_equal(saved, read.numpy())
+    assert not np.array_equal(snapshot.groups["model"][0], model.variables[0].numpy())
+    np.testing.assert_array_equal(next(fresh).numpy(), expected)

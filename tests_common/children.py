@@ -6,6 +6,7 @@ Imports nothing but the standard library and NumPy, so that either
 environment can import it (`pythonpath` in pyproject.toml's pytest section).
 """
 
+import os
 import random
 import signal
 import subprocess
@@ -93,5 +94,40 @@ def interrupted(train, directory, step, **kwargs):
     try:
         train(directory, callbacks=[StopAt()], **kwargs)
     except Interrupt:
+        # Keras calls no hook after a callback raised: the save in flight
+        # is published by its own thread, which a process exit waits for.
+        from kerascale.callbacks import _backup_writer
+
+        _backup_writer.wait_all()
         return
     raise AssertionError(f"the run ended before step {step}")
+
+
+def die_behind_training(store, nth, steps, ahead=2, timeout=60.0):
+    """Makes this process SIGKILL itself inside its `nth` checkpoint write
+    once training has gone `ahead` steps past the save (`steps[0]`: the
+    steps done, which the child's progress callback keeps), printing
+    "behind S T" first (the save's step, the step at the kill): a kill
+    during a write behind training. Where saves are written on the training
+    thread, training cannot move during a write: it dies after `timeout`
+    seconds, at the save's step. `store`: kerascale's checkpoint_store."""
+    count = [0]
+    real_publish = store.publish
+
+    def publish(directory, number, write_state, meta, before_commit=None):
+        count[0] += 1
+        if count[0] == nth:
+            real_write, saved_at = write_state, meta["global_step"]
+
+            def write_state(prefix):
+                hashed = real_write(prefix)
+                deadline = time.monotonic() + timeout
+                while steps[0] < saved_at + ahead and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                print(f"behind {saved_at} {steps[0]}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+                return hashed
+
+        return real_publish(directory, number, write_state, meta, before_commit)
+
+    store.publish = publish

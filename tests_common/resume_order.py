@@ -29,7 +29,7 @@ from conformance import _RaiseAt as StopAt
 from conftest import dense_model, toy_data
 
 from kerascale._keras_compat import adapter_reads, epoch_order
-from kerascale.callbacks import FaultTolerantBackup
+from kerascale.callbacks import FaultTolerantBackup, _backup_writer
 from kerascale.callbacks import _input_position as position_lib
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import KerascaleWarning
@@ -83,6 +83,7 @@ def saved_data_record(kind, directory):
     x, y = data()
     with pytest.raises(Interrupt):
         run(kind, directory, x, y, [StopAt(14)])
+    _backup_writer.wait_all()  # what a process exit or the rerun waits for
     latest = next(f for f in store.scan(str(directory)) if f.state == "complete")
     return store.verify(latest)["data"]
 

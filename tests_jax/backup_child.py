@@ -15,7 +15,9 @@ the parent knows where it is. Every process seeds Python's and NumPy's
 random alike, so a resume that did not put back the state its epoch's shuffle
 drew from would train on another order. `--die-in-save mid-state:N`
 truncates the state file of the N-th save and SIGKILLs itself before the
-commit.
+commit; `--die-in-save behind:N` SIGKILLs itself once training has gone 2
+steps past the N-th save, its write still in flight
+(tests_common/children.die_behind_training).
 """
 
 import argparse
@@ -33,6 +35,11 @@ import numpy as np
 
 import kerascale
 from kerascale.callbacks import checkpoint_store as store
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests_common"))
+import children
+
+STEPS = [0]  # the steps done, for die_behind_training
 
 SAMPLES, BATCH = 320, 16
 
@@ -155,7 +162,8 @@ def main():
 
     class Progress(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            print(f"step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+            STEPS[0] = int(self.model.optimizer.iterations.numpy())
+            print(f"step {STEPS[0]}", flush=True)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             while args.hold_until and not os.path.exists(args.hold_until):
@@ -184,7 +192,11 @@ def main():
 
 def install_fault(point, nth):
     """Truncates the state file of the `nth` checkpoint write and SIGKILLs
-    this process before its commit."""
+    this process before its commit ("mid-state"), or kills it during that
+    write, behind training ("behind")."""
+    if point == "behind":
+        children.die_behind_training(store, int(nth), STEPS)
+        return
     if point != "mid-state":
         sys.exit(f"unknown fault point {point}")
     nth, count = int(nth), {"publish": 0}

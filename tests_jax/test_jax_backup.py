@@ -9,6 +9,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import async_saves
 import backup_child
 import children
 import keras
@@ -81,7 +82,9 @@ def test_sigkill_mid_epoch_resumes_bit_identical(references, tmp_path, kind):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
     rc, seen = run_and_kill(ckpt, out, step, "--input", kind)
     assert rc == -signal.SIGKILL and seen < EPOCHS * STEPS_PER_EPOCH
-    meta = store.verify(store.scan(str(ckpt))[0])
+    # The newest usable one, as a resume picks it (the kill may land in a
+    # save being written behind training: a leftover, skipped).
+    _, meta = next(store.verified(store.scan(str(ckpt))))
     assert meta["state_format"] == "arrays" and meta["data"]["mode"] == "replay"
     assert 0 < meta["step"] < STEPS_PER_EPOCH  # mid-epoch
     result = run_child(ckpt, out, "--input", kind)
@@ -153,15 +156,28 @@ def test_sigterm_saves_exits_143_chains_the_handler_and_resumes(references, tmp_
 
 @pytest.mark.kill
 @pytest.mark.once
-def test_a_kill_inside_a_save_leaves_the_previous_checkpoint(references, tmp_path):
+@pytest.mark.parametrize("point", ["mid-state", "behind"])
+def test_a_kill_inside_a_save_leaves_the_previous_checkpoint(
+    references, tmp_path, point
+):
+    """Killed with the 4th save's state file half written, or while that
+    save (step 12) is written behind training, 2 steps later: it never
+    becomes a checkpoint, and the rerun resumes from the 3rd (step 9)."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
     proc = subprocess.run(
-        child_cmd(ckpt, out, "--die-in-save", "mid-state:4"),
+        child_cmd(ckpt, out, "--die-in-save", f"{point}:4", "--step-sleep", "0.01"),
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    if point == "behind":
+        saved_at, killed_at = next(
+            map(int, line.split()[1:])
+            for line in proc.stdout.splitlines()
+            if line.startswith("behind")
+        )
+        assert (saved_at, killed_at >= saved_at + 2) == (12, True)  # trained on
     found = store.scan(str(ckpt))
     assert (found[0].number, found[0].state) == (4, "leftover")
     assert store.verify(found[1])["global_step"] == 9
@@ -272,3 +288,52 @@ def test_kerascale_fit_with_checkpoint_dir_trains_and_resumes_in_process(tmp_pat
     )
     assert len(again.history["loss"]) == 3  # two restored, one trained
     assert again.history["loss"][:2] == first.history["loss"]
+
+
+# --- saves written behind training (tests_common/async_saves.py) ------------
+
+
+@pytest.mark.once
+def test_writes_run_behind_training_one_at_a_time(tmp_path, monkeypatch):
+    async_saves.check_writes_run_behind_training(tmp_path, monkeypatch)
+
+
+@pytest.mark.once
+def test_a_failed_background_write_warns_and_the_next_is_tried(tmp_path):
+    async_saves.check_a_failed_write_warns_and_the_next_is_tried(tmp_path)
+
+
+@pytest.mark.once
+def test_background_writes_that_keep_failing_stop_training(tmp_path):
+    async_saves.check_writes_that_keep_failing_stop_training(tmp_path)
+
+
+@pytest.mark.once
+def test_the_compiled_search_counts_the_checkpoints_host_copy(tmp_path, monkeypatch):
+    """On a CPU the compiled step's count is held beside this process's
+    share, which holds the state's copy while a save is written behind
+    training (truth in the user's process)."""
+    from kerascale.measure import host_share
+    from kerascale.sense.model_facts import state_bytes
+
+    shares = []
+    real = host_share.for_search
+    monkeypatch.setattr(
+        host_share,
+        "for_search",
+        lambda *a, **k: shares.append(real(*a, **k)) or shares[-1],
+    )
+    x, y = np.zeros((4096, 256), "float32"), np.zeros(4096, "int32")
+
+    def model():
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512)])
+        m.compile("adam", "sparse_categorical_crossentropy")
+        return m
+
+    plan = kerascale.plan(
+        model(), x, y, memory_limit="1GiB", checkpoint_dir=str(tmp_path), verbose=0
+    )
+    assert plan.reasons["global_batch_size"].code == "batch.searched"
+    assert shares and shares[-1].state_copy == state_bytes(model()) > 0
+    assert "host copy" in shares[-1].why

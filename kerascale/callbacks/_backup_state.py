@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
+import os
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -143,31 +146,137 @@ def exhausted_errors() -> tuple[type[BaseException], ...]:
     return (StopIteration,)
 
 
-def writer(objects: dict[str, Any], fmt: str) -> Callable[[str], None]:
-    """The function that writes `objects` under a local path prefix."""
+def writer(objects: dict[str, Any], fmt: str) -> Callable[[str], dict[str, str]]:
+    """The function that writes `objects` under a local path prefix, as they
+    are when it is called (a synchronous save's, on the training thread),
+    and returns the SHA-256 of the files it hashed as it wrote them."""
     if fmt == "tf":
         from kerascale._tf import tf
 
-        return tf.train.Checkpoint(**objects).write
+        checkpoint = tf.train.Checkpoint(**objects)
 
-    def write(prefix: str) -> None:
-        arrays: dict[str, np.ndarray] = {}
-        dtypes: dict[str, str] = {}
-        for group, variables in objects.items():
-            for i, variable in enumerate(variables):
-                key = f"{group}.{i}"
-                value = np.asarray(keras.ops.convert_to_numpy(variable.value))
-                if np.dtype(value.dtype.str) != value.dtype:
-                    # bfloat16, float8 (ml_dtypes): .npy would keep only bytes
-                    dtypes[key] = value.dtype.name
-                    value = value.view(f"u{value.dtype.itemsize}")
-                arrays[key] = value
-        manifest = {g: len(v) for g, v in objects.items()}
-        arrays[_MANIFEST] = np.array(json.dumps({"groups": manifest, "dtypes": dtypes}))
-        with open(prefix + ARRAYS_FILE, "wb") as f:  # flushed by the store
-            np.savez(f, **arrays)
+        def write_tf(prefix: str) -> dict[str, str]:
+            checkpoint.write(prefix)
+            return {}
+
+        return write_tf
+
+    def write(prefix: str) -> dict[str, str]:
+        groups = {
+            group: [keras.ops.convert_to_numpy(v.value) for v in variables]
+            for group, variables in objects.items()
+        }
+        return _write_arrays(prefix, groups)
 
     return write
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """The state a checkpoint holds, copied into host memory at a step's
+    boundary: nothing in it is the model's, so the writer's thread writes it
+    (`write`) while training goes on.
+
+    Attributes:
+        fmt: The state format, "tf" or "arrays".
+        groups: Each group's values (`trackables`' groups but the iterator),
+            in its variables' order: NumPy arrays that own their memory.
+        iterator: The `tf.data` iterator's serialized state, or None.
+        nbytes: The copy's size in host memory, in bytes.
+    """
+
+    fmt: str
+    groups: dict[str, list[np.ndarray]]
+    iterator: dict[str, Any] | None
+    nbytes: int
+
+    def write(self, prefix: str) -> dict[str, str]:
+        """Writes the state under a local path prefix, in the format a
+        synchronous save writes (`read` reads either); returns the SHA-256
+        of the files it hashed as it wrote them."""
+        if self.fmt == "tf":
+            from kerascale import _tf_compat
+
+            _tf_compat.write_frozen(prefix, self.groups, self.iterator)
+            return {}
+        return _write_arrays(prefix, self.groups)
+
+
+def snapshot(objects: dict[str, Any], fmt: str) -> Snapshot:
+    """`objects`' values copied into host memory (the training thread's part
+    of an asynchronous save: what it costs is the floor of a save's time)."""
+    groups, iterator, nbytes = {}, None, 0
+    for group, value in objects.items():
+        if group == "iterator":
+            from kerascale import _tf_compat
+
+            iterator = _tf_compat.iterator_state(value)
+            continue
+        groups[group] = [_host_copy(variable) for variable in value]
+        nbytes += sum(a.nbytes for a in groups[group])
+    return Snapshot(fmt, groups, iterator, nbytes)
+
+
+def _host_copy(variable: Any) -> np.ndarray:
+    """A copy of `variable`'s value that nothing else holds: Keras's NumPy
+    value can be a view of the device's buffer (JAX on a CPU), which the next
+    step may donate and overwrite."""
+    value = keras.ops.convert_to_numpy(variable.value)
+    if value.base is not None or not value.flags.owndata or not value.flags.writeable:
+        value = value.copy()
+    return value
+
+
+def _write_arrays(prefix: str, groups: dict[str, list[np.ndarray]]) -> dict[str, str]:
+    """Writes the "arrays" format, a NumPy .npz: every group's values, with a
+    manifest of the groups' sizes and the dtypes .npy cannot name. Each
+    array's bytes go from its own memory to the file and the SHA-256 in one
+    pass (`np.savez` copies each array in chunks first: 0.35 s for 137 MiB
+    against about 0.1 s); returns {file name: SHA-256}."""
+    arrays: dict[str, np.ndarray] = {}
+    dtypes: dict[str, str] = {}
+    for group, values in groups.items():
+        for i, value in enumerate(values):
+            key = f"{group}.{i}"
+            if np.dtype(value.dtype.str) != value.dtype:
+                # bfloat16, float8 (ml_dtypes): .npy would keep only bytes
+                dtypes[key] = value.dtype.name
+                value = value.view(f"u{value.dtype.itemsize}")
+            arrays[key] = value
+    manifest = {g: len(v) for g, v in groups.items()}
+    arrays[_MANIFEST] = np.array(json.dumps({"groups": manifest, "dtypes": dtypes}))
+    path = prefix + ARRAYS_FILE
+    with open(path, "wb") as f:  # flushed to disk by the store
+        hashing = _Hashing(f)
+        # Not seekable: zipfile writes each member's sizes after it.
+        with zipfile.ZipFile(hashing, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+            for key, value in arrays.items():
+                if not value.flags.c_contiguous:
+                    value = value.copy(order="C")  # ascontiguousarray makes 0-d 1-d
+                with z.open(key + ".npy", "w", force_zip64=True) as member:
+                    header = np.lib.format.header_data_from_array_1_0(value)
+                    try:
+                        np.lib.format.write_array_header_1_0(member, header)
+                    except ValueError:  # a header of over 64 KiB
+                        np.lib.format.write_array_header_2_0(member, header)
+                    if value.nbytes:
+                        member.write(memoryview(value.reshape(-1)).cast("B"))
+    return {os.path.basename(path): hashing.digest.hexdigest()}
+
+
+class _Hashing:
+    """A file that hashes what is written to it, for zipfile (which takes a
+    file with no `tell` for one it cannot seek back in)."""
+
+    def __init__(self, f: Any):
+        self._f, self.digest = f, hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
 
 
 def read(prefix: str, objects: dict[str, Any], fmt: str) -> None:

@@ -6,9 +6,12 @@ Its design: docs/design/modules.md, `kerascale.callbacks._base`.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +20,29 @@ import keras
 from kerascale.errors import warn
 
 logger = logging.getLogger("kerascale")
+
+
+# The seconds each kerascale callback has held the training thread, by model
+# and by what it did ("checkpoint": a backup's saves), so that `Throughput`
+# can say what share of an epoch they took.
+_PAUSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def paused(model: Any, what: str, seconds: float) -> None:
+    """Records that the training thread of `model`'s `fit` was held for
+    `seconds` by `what`."""
+    # A model that cannot be weakly referenced: nobody can ask for it.
+    with contextlib.suppress(TypeError):
+        _PAUSES.setdefault(model, collections.Counter())[what] += seconds
+
+
+def pauses(model: Any) -> dict[str, float]:
+    """The seconds `model`'s training thread has been held so far, by what
+    held it (a running total: read it twice for a span)."""
+    try:
+        return dict(_PAUSES.get(model, {}))
+    except TypeError:
+        return {}
 
 
 class FitRun:

@@ -11,6 +11,7 @@ resumed run).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -24,9 +25,10 @@ from kerascale._keras_compat import epoch_order
 from kerascale._tf import tf
 from kerascale.callbacks import _backup_meta as meta_lib
 from kerascale.callbacks import _backup_state as state_lib
+from kerascale.callbacks import _backup_writer as writer_lib
 from kerascale.callbacks import _lease as lease_lib
 from kerascale.callbacks import checkpoint_store as store
-from kerascale.callbacks._base import KerascaleCallback
+from kerascale.callbacks._base import KerascaleCallback, paused
 from kerascale.callbacks._coordinator import PREEMPTED_EXIT_CODE, Coordinator
 from kerascale.callbacks._input_position import (
     HostInputPosition,
@@ -44,6 +46,11 @@ if TYPE_CHECKING:
 __all__ = ["PREEMPTED_EXIT_CODE", "FaultTolerantBackup"]
 
 logger = logging.getLogger("kerascale")
+
+# Background saves that fail in a row before training stops with
+# CheckpointError, as a failed synchronous save stops it: by then nothing
+# has protected the run for that many save intervals.
+MAX_FAILED_SAVES = 3
 
 
 def restore_errors() -> tuple[type[BaseException], ...]:
@@ -63,8 +70,17 @@ class FaultTolerantBackup(KerascaleCallback):
     iterator's own checkpoint; on JAX the batches read and the random state
     the epoch's shuffle drew from).
 
-    Each checkpoint is committed by an atomic rename, so a kill at any moment
-    leaves the previous one intact. A damaged latest checkpoint is reported
+    A save copies the training state into host memory at a step's boundary
+    and training goes on while one background thread writes, hashes, fsyncs
+    and publishes it (`async_save`); at most one save is in flight, and a
+    save that comes due while the previous one is still being written waits
+    for it. Each checkpoint is committed by an atomic rename, so a kill at
+    any moment, also during a background write, leaves the previous one
+    intact. A background write that fails is reported as a warning at the
+    next step and the next save is tried as usual; after
+    `MAX_FAILED_SAVES` failures in a row, training stops with
+    `CheckpointError`. When `fit` ends, the last save is published before
+    it returns. A damaged latest checkpoint is reported
     and the previous one used; a directory with nothing usable left, or
     written by another configuration, raises `CheckpointError` instead of
     silently training from scratch (docs/checkpointing.md has the format).
@@ -89,6 +105,12 @@ class FaultTolerantBackup(KerascaleCallback):
         start_over: Ignore existing checkpoints and train from scratch; they
             are removed only as newer ones replace them. Defaults to False.
         verbose: 1 prints one line when resuming; 0 is silent. Defaults to 1.
+        async_save: Write each checkpoint on a background thread while
+            training goes on; training then waits only for the copy of the
+            state into host memory, which holds one extra copy of the
+            model's and optimizer's variables while a save is written.
+            False writes on the training thread, which waits for the last
+            byte (and stops at the first failed save). Defaults to True.
 
     Example:
 
@@ -104,6 +126,7 @@ class FaultTolerantBackup(KerascaleCallback):
         *,
         start_over: bool = False,
         verbose: int = 1,
+        async_save: bool = True,
     ):
         super().__init__()
         if not backend_lib.supported():
@@ -123,6 +146,7 @@ class FaultTolerantBackup(KerascaleCallback):
         if verbose not in (0, 1) or isinstance(verbose, bool):
             raise v.fail("verbose", verbose, "0 or 1")
         self.verbose = verbose
+        self.async_save = v.boolean("async_save", async_save)
         # Set by kerascale.fit: its fingerprint is checked.
         self.plan: Plan | None = None
         # Set by kerascale.fit: whether fit has steps_per_epoch (None: unknown).
@@ -134,6 +158,7 @@ class FaultTolerantBackup(KerascaleCallback):
         self._lease_timeout = lease_lib.DEFAULT_TIMEOUT  # a seam for tests
         self.resumed_from: dict[str, Any] | None = None  # the restored meta.json
         self._coord = Coordinator()
+        self._writer = writer_lib.Writer()
         self._wrapper: Wrapped | None = None
         self._reset_run_state()
 
@@ -152,6 +177,10 @@ class FaultTolerantBackup(KerascaleCallback):
         self.run.watch(self.release)
 
     def _begin(self) -> None:
+        # A save another run of this process still writes (its fit raised
+        # from another callback, which Keras follows with no hook) is
+        # published before this run reads the directory.
+        writer_lib.wait_all()
         self._s.read_run(self.model, self.params)
         # Keras's data adapter (its epoch counter orders the shuffle from
         # Keras 3.16): found in the Keras fit that calls this hook.
@@ -194,6 +223,7 @@ class FaultTolerantBackup(KerascaleCallback):
 
     def on_train_batch_end(self, batch, logs=None):
         self._s.step = batch + 1  # skipped steps count: they were applied before
+        self._collect(block=False)  # a background save that ended: said now
         if self._s.last_call_skipped:
             return
         # A used-up iterator's checkpoint loses its shuffle-seed state, and
@@ -241,6 +271,9 @@ class FaultTolerantBackup(KerascaleCallback):
                 and self._s.epoch_complete(self._position.exhausted)
             ):
                 self._save()
+            # Published before fit returns; a last save that failed is an
+            # error, as it is on the training thread.
+            self._collect(block=True, last=True)
             meta_lib.prepend_history(self.model, self._s.history_before)
             if preempted:
                 self._preempt_exit(save=False)
@@ -260,6 +293,7 @@ class FaultTolerantBackup(KerascaleCallback):
         """Takes out the SIGTERM handler (where the main thread can) and the
         `train_function` wrapper, and the initial epoch set for a resume."""
         self._s.active = False
+        self._settle()  # the save in flight, before the lease goes
         self._coord.release()
         self._position.release()  # set in __init__
         wrapper, self._wrapper = self._wrapper, None
@@ -272,9 +306,13 @@ class FaultTolerantBackup(KerascaleCallback):
 
     # --- saving --------------------------------------------------------------
 
-    def _save(self, *, boundary: bool = True) -> None:
-        """Publishes a checkpoint. `boundary`: at an epoch's end (or after
-        it, in validation or at the end of training), not between batches."""
+    def _save(self, *, boundary: bool = True, wait: bool = False) -> None:
+        """Saves a checkpoint: the state copied into host memory and written
+        behind training (`async_save`), or written now. `boundary`: at an
+        epoch's end (or after it, in validation or at the end of training),
+        not between batches. `wait`: return only once it is published."""
+        started = time.perf_counter()
+        waited = self._collect(block=True)  # at most one save in flight
         epoch, step = self._s.at(boundary=boundary, exhausted=self._position.exhausted)
         data = self._position.record(boundary)
         state_lib.sync(self.model)
@@ -295,11 +333,20 @@ class FaultTolerantBackup(KerascaleCallback):
         iterator = self._position.trackable(data)
         if iterator is not None:
             objects["iterator"] = iterator
-        write = state_lib.writer(objects, self._format)
-        started = time.perf_counter()
-        path = store.commit(
+        if self.async_save:
+            # As it is now: the writer reads it after training has moved on
+            # (the History, the input's record).
+            meta = json.loads(json.dumps(meta))
+            frozen = state_lib.snapshot(objects, self._format)
+            self.snapshot_bytes = frozen.nbytes
+            write = frozen.write
+        else:
+            write = state_lib.writer(objects, self._format)
+        number = self._s.next_number
+        commit = functools.partial(
+            store.commit,
             self.directory,
-            self._s.next_number,
+            number,
             write,
             meta,
             chief=self._s.chief,
@@ -309,9 +356,72 @@ class FaultTolerantBackup(KerascaleCallback):
         )
         if self._s.chief:
             self._s.next_number += 1
-        self.save_seconds.append(time.perf_counter() - started)
-        self.last_checkpoint = path
         self._schedule.saved(self._s.global_step, at_boundary=step == 0)
+        if self.async_save:
+            self._writer.start(number, commit)
+        else:
+            written = time.perf_counter()
+            self.last_checkpoint = commit()
+            self.write_seconds.append(time.perf_counter() - written)
+        blocked = time.perf_counter() - started
+        self.save_seconds.append(blocked)
+        self.waited_seconds.append(waited)
+        paused(self.model, "checkpoint", blocked)
+        paused(self.model, "checkpoint_wait", waited)
+        if wait:
+            self._collect(block=True, last=True)
+
+    def _collect(self, *, block: bool, last: bool = False) -> float:
+        """Takes in the background save that has ended (`block`: waits for
+        the one in flight), and returns the seconds waited. A save that
+        failed is said as a warning, and training goes on; an error once
+        `MAX_FAILED_SAVES` failed in a row, at the `last` save (nothing
+        after it would protect the run), or where the lease was lost (as on
+        the training thread)."""
+        started = time.perf_counter()
+        outcome = self._writer.wait() if block else self._writer.finished()
+        waited = time.perf_counter() - started
+        if outcome is None:
+            return waited
+        if outcome.error is None:
+            self.last_checkpoint = outcome.path
+            self.write_seconds.append(outcome.seconds)
+            self._failed_in_a_row = 0
+            return waited
+        error = outcome.error
+        self.failed_saves.append(outcome.number)
+        self._failed_in_a_row += 1
+        if isinstance(error, CheckpointError) or not isinstance(error, Exception):
+            raise error
+        newest = self.last_checkpoint or "none yet"
+        why = f"{type(error).__name__}: {first_line(error)}"
+        if last or self._failed_in_a_row >= MAX_FAILED_SAVES:
+            what = (
+                "The last checkpoint"
+                if self._failed_in_a_row == 1
+                else f"The last {self._failed_in_a_row} checkpoints"
+            )
+            raise CheckpointError(
+                f"{what} could not be written to {self.directory} ({why}), so "
+                f"nothing protects this run since the newest checkpoint "
+                f"({newest}): a kill now loses every step after it. Make the "
+                "directory writable (or give another), then rerun to resume."
+            ) from error
+        warn(
+            f"Checkpoint {store.name(outcome.number)} could not be written to "
+            f"{self.directory} ({why}). Training goes on and the next save is "
+            f"tried as usual; the newest checkpoint is {newest}."
+        )
+        return waited
+
+    def _settle(self) -> None:
+        """Waits for the save in flight where training ends otherwise than
+        by `on_train_end` (fit raised, or a preemption's exit), and says a
+        failure as a warning: the error on its way out is the one to see."""
+        try:
+            self._collect(block=True)
+        except Exception as e:
+            warn(f"The checkpoint being written when training ended failed: {e}")
 
     # --- preemption -----------------------------------------------------------
 
@@ -319,7 +429,9 @@ class FaultTolerantBackup(KerascaleCallback):
         """Saves, and exits with code 143: on this worker's own SIGTERM, or
         (across workers) on another's, at the step all of them agreed on."""
         if save:
-            self._save(boundary=boundary)
+            self._save(boundary=boundary, wait=True)
+        else:
+            self._collect(block=True, last=True)
         own = self._coord.sigterm.requested
         self.release()
         self._coord.exit(self.last_checkpoint, own)
@@ -337,8 +449,16 @@ class FaultTolerantBackup(KerascaleCallback):
             lambda: self._s.epoch_steps, persistent=self.steps_per_epoch_given
         )
         self._position.source = self.input_source
-        self.last_checkpoint: str | None = None
-        self.save_seconds: list[float] = []  # each save of this run, in seconds
+        self.last_checkpoint: str | None = None  # the newest one published
+        # Each save of this run: the seconds the training thread was held
+        # (waiting for the save before it, the copy, and where saves are
+        # synchronous the write), and how long it waited for the one before.
+        self.save_seconds: list[float] = []
+        self.waited_seconds: list[float] = []
+        self.write_seconds: list[float] = []  # each published save's write
+        self.failed_saves: list[int] = []  # the numbers of saves that failed
+        self.snapshot_bytes = 0  # the last host copy's size, in bytes
+        self._failed_in_a_row = 0
         self.restore_seconds = 0.0  # verifying and restoring, in seconds
 
     # --- The resume: which checkpoint, restoring it, and the steps of the
@@ -470,6 +590,11 @@ class FaultTolerantBackup(KerascaleCallback):
             result = self._wrapper.real(*args[:-1], live)
         except state_lib.exhausted_errors():
             self._position.exhausted = True
+            raise
+        except BaseException:
+            # fit ends with this error (Ctrl-C, memory): the save in flight
+            # is published before it returns.
+            self._settle()
             raise
         self._position.consumed += self._s.spe
         self._s.global_step += self._s.spe

@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from kerascale import _fs, _pids
@@ -27,6 +27,12 @@ _NAME = re.compile(r"^ckpt-(\d{8})$")
 _MAX_EPOCH = 10**7  # a week of 1-second epochs is 6e5; beyond this is damage
 _DATA_MODES = ("iterator", "next_epoch", "advance", "replay", "none")
 _CHUNK = 1 << 22
+
+
+# Writes a checkpoint's state files under a path prefix; returns the SHA-256
+# of the files it hashed as it wrote them, by file name (others are hashed
+# after), or None.
+WriteState = Callable[[str], Mapping[str, str] | None]
 
 
 class CorruptCheckpoint(Exception):
@@ -93,7 +99,7 @@ def remove_leftovers(directory: str) -> list[str]:
 def publish(
     directory: str,
     number: int,
-    write_state: Callable[[str], None],
+    write_state: WriteState,
     meta: dict[str, Any],
     before_commit: Callable[[], None] | None = None,
 ) -> str:
@@ -126,7 +132,7 @@ def publish(
 def commit(
     directory: str,
     number: int,
-    write_state: Callable[[str], None],
+    write_state: WriteState,
     meta: dict[str, Any],
     *,
     chief: bool,
@@ -146,22 +152,23 @@ def commit(
     return path
 
 
-def _write_local(path: str, write_state: Callable[[str], None]) -> dict[str, Any]:
-    """TensorFlow writes into the checkpoint's directory; each file is then
-    flushed to disk and hashed from the bytes just written (the OS's page
-    cache: no disk read)."""
-    write_state(_join(path, STATE_PREFIX))
+def _write_local(path: str, write_state: WriteState) -> dict[str, Any]:
+    """The state is written into the checkpoint's directory; each file is
+    then flushed to disk, and hashed from the bytes just written (the OS's
+    page cache: no disk read) unless it was hashed as it was written."""
+    hashed = write_state(_join(path, STATE_PREFIX)) or {}
     files = {}
     for entry in sorted(os.listdir(path)):
         if entry == INCOMPLETE or not entry.startswith(STATE_PREFIX):
             continue
         full = _join(path, entry)
         _fsync(full)
-        files[entry] = {"bytes": os.path.getsize(full), "sha256": _sha256(full)}
+        digest = hashed.get(entry) or _sha256(full)
+        files[entry] = {"bytes": os.path.getsize(full), "sha256": digest}
     return files
 
 
-def _write_remote(path: str, write_state: Callable[[str], None]) -> dict[str, Any]:
+def _write_remote(path: str, write_state: WriteState) -> dict[str, Any]:
     """TensorFlow writes into a local staging directory; each file is hashed
     as it is uploaded. Nothing is read back from the remote store."""
     import tempfile

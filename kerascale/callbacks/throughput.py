@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from kerascale import _tf
 from kerascale import _validation as v
-from kerascale.callbacks._base import KerascaleCallback
+from kerascale.callbacks._base import KerascaleCallback, pauses
 from kerascale.callbacks._scalars import Scalars, optional_dir
 
 
@@ -22,7 +22,12 @@ class Throughput(KerascaleCallback):
     line and `History`, whose losses and metrics they would drown in scales
     of 1e-2 to 1e4, unless `in_logs=True`. Step times are the intervals
     between batch starts, so they include waiting for input, and measuring
-    them does not make Keras wait for each step's results.
+    them does not make Keras wait for each step's results. Beside a
+    `FaultTolerantBackup`, each epoch also has the seconds its saves held
+    training (`checkpoint_seconds`: the copy of the state, and waiting for a
+    save still being written) and, of them, the waits
+    (`checkpoint_wait_seconds`: a save came due before the one before it
+    was written).
 
     Args:
         batch_size: Samples per step, for samples/s. Defaults to `None`:
@@ -72,6 +77,7 @@ class Throughput(KerascaleCallback):
         self._intervals: list[float] = []
         self._last = None
         self._epoch_start = self._clock()
+        self._paused = pauses(self.model)
 
     def on_train_batch_begin(self, batch, logs=None):
         now = self._clock()
@@ -98,6 +104,11 @@ class Throughput(KerascaleCallback):
             figures["samples_per_second"] = (
                 figures["steps_per_second"] * self.batch_size
             )
+        paused = pauses(self.model)
+        for what in ("checkpoint", "checkpoint_wait"):
+            if what in paused:  # a backup took part in this fit
+                held = paused[what] - self._paused.get(what, 0.0)
+                figures[f"{what}_seconds"] = held
         epochs = int(self.params.get("epochs") or 0)
         left = max(0, epochs - epoch - 1)
         # The first epoch includes tracing: leave it out of the ETA when we can.
@@ -118,15 +129,23 @@ class Throughput(KerascaleCallback):
         where it resumed)."""
         if not self.epochs_seen:
             return "Throughput: no epoch measured yet."
+        saves = any("checkpoint_seconds" in f for f in self.epochs_seen)
         rows = ["epoch  samples/s   steps/s  step median  step p90    ETA"]
+        if saves:
+            rows[0] += "  saves held (waiting)"
         for epoch, f in zip(self.epoch_numbers, self.epochs_seen, strict=True):
             samples = f.get("samples_per_second")
             shown = "-" if samples is None else f"{samples:,.0f}"
             median, p90 = f["step_time_median"] * 1e3, f["step_time_p90"] * 1e3
-            rows.append(
+            row = (
                 f"{epoch:>5}  {shown:>9}  {f['steps_per_second']:>8.2f}"
                 f"  {median:>8.1f} ms  {p90:>5.1f} ms  {f['eta_seconds']:>5.0f} s"
             )
+            if saves:
+                held = f.get("checkpoint_seconds", 0.0)
+                waited = f.get("checkpoint_wait_seconds", 0.0)
+                row += f"  {held:>8.2f} s ({waited:.2f} s)"
+            rows.append(row)
         return "\n".join(rows)
 
     def release(self) -> None:

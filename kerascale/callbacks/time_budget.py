@@ -179,8 +179,11 @@ class TimeBudget(KerascaleCallback):
         if self.reserve is not None:
             return self.reserve
         base = min(max(0.02 * self.budget, 1.0), 300.0)
-        saves = getattr(self.backup, "save_seconds", None) or [0.0]
-        return base + 2 * max(saves)
+        # The final save: the one still being written behind training, then
+        # its own copy and write.
+        held = getattr(self.backup, "save_seconds", None) or [0.0]
+        written = getattr(self.backup, "write_seconds", None) or [0.0]
+        return base + 2 * (max(held) + max(written))
 
     def _stop(self, now: float, why: str) -> None:
         if self.model.stop_training:

@@ -26,7 +26,7 @@ from kerascale.measure.search import granularity_for, ladder, search
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.reasons import Reason
 from kerascale.sense import samples
-from kerascale.sense.model_facts import is_builder
+from kerascale.sense.model_facts import is_builder, state_bytes
 
 if TYPE_CHECKING:
     from kerascale.plan.plan import Plan
@@ -161,6 +161,7 @@ def run_search(request: SearchRequest, engine: Engine) -> BatchSearchResult:
         start=prepared.start,
         cap=cap,
         measured=request.host_share,
+        state_copy=state_bytes(given.model) if options.state_copy else 0,
     )
     slack = host_share.slack(options.memory_limit)
     if cached is not None and share.covered_by(

@@ -98,7 +98,7 @@ def _child_main(argv: list[str]) -> int:
             return 0
         result["peak_bytes"] = counts.peak(result["peak_bytes"], global_batch)
         if result["tensor_peak_bytes"] is not None:
-            result["tensor_peak_bytes"] += share.input_bytes(global_batch)
+            result["tensor_peak_bytes"] += share.held_bytes(global_batch)
         if limit and result["peak_bytes"] > limit:  # both as fit's process
             over = _over(result["peak_bytes"], limit)
             write(batch, {"outcome": OOM, **result, "message": over})

@@ -65,6 +65,9 @@ class HostShare:
             process's `fit` trains its arrays (0: a batch repeated). The
             child then holds what this process's `fit` builds from them, so
             only the resident memory differs.
+        state_copy: The host copy of the model's and optimizer's variables
+            that a `FaultTolerantBackup` holds while it writes a save behind
+            training, in bytes (0: none).
     """
 
     resident: int = 0
@@ -72,15 +75,22 @@ class HostShare:
     input_per_sample: float = 0.0
     why: str = ""
     child_arrays: int = 0
+    state_copy: int = 0
 
     @classmethod
     def from_list(cls, saved: Sequence[Any]) -> HostShare:
         resident, fixed, per_sample, why, *rest = saved
         arrays = int(rest[0]) if rest else 0
-        return cls(int(resident), int(fixed), float(per_sample), str(why), arrays)
+        copy = int(rest[1]) if len(rest) > 1 else 0
+        return cls(int(resident), int(fixed), float(per_sample), str(why), arrays, copy)
 
-    def input_bytes(self, global_batch: int) -> int:
-        return int(self.input_fixed + self.input_per_sample * global_batch)
+    def held_bytes(self, global_batch: int) -> int:
+        """What this process holds beside a step at `global_batch` that a
+        probe lacks: what Keras's fit builds from the input, and the host
+        copy of a checkpoint being written behind training."""
+        return int(
+            self.input_fixed + self.input_per_sample * global_batch + self.state_copy
+        )
 
     @property
     def measured(self) -> bool:
@@ -99,7 +109,7 @@ class HostShare:
         nothing was measured (a GPU's memory, a probe of its own)."""
         if not self.measured:
             return 0
-        return self.resident + self.input_bytes(global_batch) - child_base
+        return self.resident + self.held_bytes(global_batch) - child_base
 
     def covered_by(
         self, saved: Sequence[Any] | None, global_batch: int, slack: int
@@ -110,8 +120,8 @@ class HostShare:
         if not saved:
             return not self.measured
         before = HostShare.from_list(saved)
-        now = self.resident + self.input_bytes(global_batch)
-        then = before.resident + before.input_bytes(global_batch)
+        now = self.resident + self.held_bytes(global_batch)
+        then = before.resident + before.held_bytes(global_batch)
         return now <= then + slack
 
     def to_list(self) -> list[Any]:
@@ -121,6 +131,7 @@ class HostShare:
             self.input_per_sample,
             self.why,
             self.child_arrays,
+            self.state_copy,
         ]
 
 
@@ -135,19 +146,21 @@ def for_search(
     start: int,
     cap: int,
     measured: Sequence[Any] = (),
+    state_copy: int = 0,
 ) -> HostShare:
     """The share a batch search (either engine) counts: `measure` at a
     start batch per replica and 4x it (at most `cap`), where the host's
     memory is the budget (`on_host`: a CPU); none elsewhere. `measured`: the
     share an earlier search of the same decision measured (a `to_list()`),
-    taken as it is (`SearchRequest.host_share` says why)."""
+    taken as it is (`SearchRequest.host_share` says why). `state_copy`: the
+    bytes of a checkpoint's host copy, held beside the steps."""
     if not on_host:
         return HostShare()
     if measured:
         return HostShare.from_list(measured)
     small = max(1, min(cap, start))
     large = max(1, min(cap, 4 * small))
-    return measure(
+    share = measure(
         x,
         y,
         data,
@@ -155,6 +168,11 @@ def for_search(
         counts_resident=bool(memory_limit),
         batches=(small * plan.replicas, large * plan.replicas),
     )
+    if not state_copy:
+        return share
+    copy = f"a checkpoint's {format_bytes(state_copy)} host copy"
+    why = f"{share.why}, and {copy}" if share.why else copy
+    return dataclasses.replace(share, state_copy=state_copy, why=why)
 
 
 def measure(

@@ -391,7 +391,7 @@ class InProcessProber:
             return _failed(batch, e, start)
         # This process holds the data already; what fit builds from it is not
         # in a probe's one-batch pipeline.
-        extra = self.spec.share().input_bytes(self.spec.global_batch(batch))
+        extra = self.spec.share().held_bytes(self.spec.global_batch(batch))
         r["peak_bytes"] += extra
         if r["tensor_peak_bytes"] is not None:
             r["tensor_peak_bytes"] += extra

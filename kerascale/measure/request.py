@@ -61,6 +61,11 @@ class SearchOptions:
     # Optimizer updates an epoch must keep: fit's "auto" asks for several, so
     # that a small dataset is not swallowed by one huge batch.
     min_steps_per_epoch: int = 1
+    # The run writes checkpoints behind training (a FaultTolerantBackup's
+    # async_save): a host copy of the model's and optimizer's variables is
+    # held beside its steps while one is written, where the host's memory
+    # is the budget (truth in the user's process).
+    state_copy: bool = False
 
     @classmethod
     def validate(cls, **kwargs: Any) -> SearchOptions:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 
 from kerascale._keras_compat.serialization import tensorflow_left_unimported
 from kerascale._state import preserved_state, quiet_variable_reads
@@ -166,6 +167,47 @@ def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> Mode
         borrowable=not not_borrowable,
         why_not_borrowable=not_borrowable,
     )
+
+
+def state_bytes(model: Any) -> int:
+    """The bytes of what a checkpoint copies of `model`: its variables and
+    its optimizer's. An optimizer not built yet is counted by the slots a
+    copy of it makes for one variable (Adam: 2 a variable); 0 for a builder
+    or a model that is not built."""
+    if not is_trainer(model) or not model.built:
+        return 0
+    weights = sum(_nbytes(v) for v in model.variables)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return weights
+    if optimizer.built:
+        return weights + sum(_nbytes(v) for v in optimizer.variables)
+    trainable = sum(_nbytes(v) for v in model.trainable_variables)
+    return weights + trainable * _slots_per_variable(optimizer)
+
+
+def _slots_per_variable(optimizer: Any) -> int:
+    """How many variables of a variable's size `optimizer` keeps for each it
+    trains, from a copy built for a variable of one element (2 where the
+    copy cannot be made: Adam's, the common case and the larger)."""
+    try:
+        copy = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+        one = keras.Variable(np.zeros((1,), "float32"), name="kerascale_slot_probe")
+        copy.build([one])
+        return sum(1 for v in copy.variables if tuple(v.shape) == (1,))
+    except Exception:
+        return 2
+
+
+def _nbytes(variable: Any) -> int:
+    name = keras.backend.standardize_dtype(variable.dtype)
+    try:
+        itemsize = np.dtype(name).itemsize
+    except TypeError:  # bfloat16, float8: ml_dtypes names them for NumPy
+        import ml_dtypes
+
+        itemsize = np.dtype(getattr(ml_dtypes, name)).itemsize
+    return int(math.prod(variable.shape)) * itemsize
 
 
 def build_symbolically(model: Any, sample: Any) -> None:

@@ -80,9 +80,10 @@ class StepMemory:
         held_batches: Batches held beside the step's own, which the
             compiler does not see either: `kerascale.callbacks.Prefetch`'s
             read ahead (laid out on the devices as Keras lays out a batch).
-        input_bytes: With `host`, what the input pipeline holds at a global
-            batch, as measured in this process (`measure.host_share`); else
-            one batch is counted.
+        held_bytes: With `host`, what this process holds beside a step at
+            a global batch (the input pipeline's, and a checkpoint's host
+            copy), as measured here (`measure.host_share`); else one batch is
+            counted.
     """
 
     def __init__(
@@ -94,7 +95,7 @@ class StepMemory:
         *,
         host: bool = False,
         held_batches: int = 0,
-        input_bytes: Callable[[int], int] | None = None,
+        held_bytes: Callable[[int], int] | None = None,
     ):
         import jax
 
@@ -124,7 +125,7 @@ class StepMemory:
             model.train_step, donate_argnums=0, out_shardings=shardings
         )
         self.host, self.held_batches = host, held_batches
-        self.input_bytes = input_bytes
+        self.held_bytes = held_bytes
         # Gradient accumulation adds one accumulator per trainable variable,
         # in its dtype and layout: held beside the state while training.
         self.accumulator_bytes = sum(
@@ -152,8 +153,8 @@ class StepMemory:
         if self.host:  # every replica in this process's memory, and the input
             global_batch = batch * self.replicas
             taken = (
-                self.input_bytes(global_batch)
-                if self.input_bytes is not None
+                self.held_bytes(global_batch)
+                if self.held_bytes is not None
                 else self.sample_bytes * global_batch
             )
             need = need * self.replicas + taken

@@ -97,7 +97,7 @@ def confirmed(
     seen: list[Compiled],
     limit: tuple[int, float, int],
     *,
-    input_bytes: Callable[[int], int] | None = None,
+    held_bytes: Callable[[int], int] | None = None,
 ) -> tuple[int, str]:
     """On a CPU: `chosen` checked by real steps in child processes
     (`real_need`), and moved by what each step really took, in proportion:
@@ -107,7 +107,8 @@ def confirmed(
     `MAX_REAL_STEPS`. Returns the largest batch a real step showed to fit
     (or, where none did, the last step down) and what the steps said.
     `limit`: (the bytes free, the margin kept below them, the cap).
-    `input_bytes`: what the input holds at a global batch, beside the step.
+    `held_bytes`: what this process holds beside the step at a global batch
+    (the input's, a checkpoint's host copy).
 
     A proportional step is conservative both ways: a step's constant part
     makes it too small going down and short of the room going up. The first
@@ -132,10 +133,10 @@ def confirmed(
         if real is None:
             said.append(f"not confirmed by a real step: {why}")
             return fitted or chosen, "; ".join(["", *said])
-        if input_bytes is not None:
+        if held_bytes is not None:
             # The child's fit holds its own batches: what the input adds
             # beyond them (a pipeline's buffers) is this process's.
-            real += max(0, input_bytes(0))
+            real += max(0, held_bytes(0))
         said.append(
             f"a real step at {chosen} took {format_bytes(real)} "
             f"({real / max(1.0, predicted):.2f}x XLA's count)"

@@ -199,7 +199,7 @@ def _compiled(
             plan.replicas,
             host=host,
             held_batches=held,
-            input_bytes=share.input_bytes if share.measured else None,
+            held_bytes=share.held_bytes if share.measured else None,
         )
         # Read after the step's state is built (the optimizer's slots) and a
         # first compile (the compiled program, held while training), less
@@ -267,7 +267,7 @@ def _answer(
             chosen,
             seen,
             (free, kept, cap),
-            input_bytes=share.input_bytes if share.measured else None,
+            held_bytes=share.held_bytes if share.measured else None,
         )
         granularity = granule_at(chosen, ROUND_TO)
         chosen = round_down(chosen, ROUND_TO)
