@@ -139,7 +139,7 @@ def host_copy_seconds(width: int, repeats: int = 5) -> tuple[float, int]:
     seconds, nbytes = [], 0
     for _ in range(repeats):
         started = time.perf_counter()
-        snapshot = state_lib.snapshot(objects, state_lib.format_name())
+        snapshot = state_lib.snapshot(objects, state_lib.format_name()).ready()
         seconds.append(time.perf_counter() - started)
         nbytes = snapshot.nbytes
         del snapshot
@@ -197,9 +197,16 @@ def main() -> None:
     for kind in kinds:
         blocked = [b for r in runs[kind] for b in r["blocked"]]
         seconds = statistics.median(r["seconds"] for r in runs[kind])
+        # Each round's run against the plain run of the same round (the
+        # machine's pace drifts between rounds more than within one).
+        ratios = [
+            r["seconds"] / p["seconds"]
+            for r, p in zip(runs[kind], runs["plain"], strict=True)
+        ]
         rows[kind] = {
             "seconds": seconds,
-            "overhead": seconds / plain - 1,
+            "overhead": statistics.median(ratios) - 1,
+            "overheads": [x - 1 for x in ratios],
             "saves": len(blocked),
             "blocked_median": statistics.median(blocked) if blocked else None,
             "blocked_max": max(blocked) if blocked else None,

@@ -159,11 +159,7 @@ def test_a_kill_during_a_background_write_resumes_from_the_previous(
         timeout=240,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    saved_at, killed_at = next(
-        map(int, line.split()[1:])
-        for line in proc.stdout.splitlines()
-        if line.startswith("behind")
-    )
+    saved_at, killed_at = children.behind(proc.stdout)
     assert (saved_at, killed_at >= saved_at + 2) == (12, True)  # trained on
     found = store.scan(str(ckpt))
     assert (found[0].number, found[0].state) == (4, "leftover")

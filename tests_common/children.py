@@ -8,6 +8,7 @@ environment can import it (`pythonpath` in pyproject.toml's pytest section).
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -103,6 +104,15 @@ def interrupted(train, directory, step, **kwargs):
     raise AssertionError(f"the run ended before step {step}")
 
 
+def behind(stdout):
+    """(the save's step, the step at the kill) that `die_behind_training`
+    printed; the training thread prints its steps meanwhile, and a line of
+    either may begin inside the other's."""
+    found = re.search(r"behind (\d+) (\d+)", stdout)
+    assert found, stdout[-2000:]
+    return int(found.group(1)), int(found.group(2))
+
+
 def die_behind_training(store, nth, steps, ahead=2, timeout=60.0):
     """Makes this process SIGKILL itself inside its `nth` checkpoint write
     once training has gone `ahead` steps past the save (`steps[0]`: the
@@ -124,7 +134,8 @@ def die_behind_training(store, nth, steps, ahead=2, timeout=60.0):
                 deadline = time.monotonic() + timeout
                 while steps[0] < saved_at + ahead and time.monotonic() < deadline:
                     time.sleep(0.01)
-                print(f"behind {saved_at} {steps[0]}", flush=True)
+                sys.stdout.write(f"behind {saved_at} {steps[0]}\n")
+                sys.stdout.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
                 return hashed
 

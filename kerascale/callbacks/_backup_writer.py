@@ -6,11 +6,18 @@ Its design: docs/design/modules.md, `kerascale.callbacks._backup_writer`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
+
+# The writer's thread runs at this niceness (Linux schedules threads by it):
+# where training keeps every core busy, it yields to training, and a write
+# takes longer but still less than the seconds between saves.
+NICENESS = int(os.environ.get("KERASCALE_WRITER_NICENESS", "10"))
 
 # Every writer with a save in flight, for `wait_all`.
 _WRITERS: weakref.WeakSet[Writer] = weakref.WeakSet()
@@ -60,6 +67,7 @@ class Writer:
             raise RuntimeError("a save is still in flight: wait() for it first")
 
         def run() -> None:
+            _lower_priority()
             started = time.perf_counter()
             try:
                 path, error = write(), None
@@ -101,3 +109,12 @@ def wait_all() -> None:
         thread = writer._thread
         if thread is not None:
             thread.join()
+
+
+def _lower_priority() -> None:
+    """Lowers this thread's scheduling priority to `NICENESS` (Linux: a
+    thread's own; elsewhere the call is left out)."""
+    get_id = getattr(threading, "get_native_id", None)
+    if NICENESS and get_id is not None and hasattr(os, "setpriority"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, get_id(), NICENESS)

@@ -337,7 +337,7 @@ class FaultTolerantBackup(KerascaleCallback):
             # As it is now: the writer reads it after training has moved on
             # (the History, the input's record).
             meta = json.loads(json.dumps(meta))
-            frozen = state_lib.snapshot(objects, self._format)
+            frozen = state_lib.snapshot(objects, self._format, self._buffers)
             self.snapshot_bytes = frozen.nbytes
             write = frozen.write
         else:
@@ -458,6 +458,7 @@ class FaultTolerantBackup(KerascaleCallback):
         self.write_seconds: list[float] = []  # each published save's write
         self.failed_saves: list[int] = []  # the numbers of saves that failed
         self.snapshot_bytes = 0  # the last host copy's size, in bytes
+        self._buffers = state_lib.HostBuffers()  # where the copies go
         self._failed_in_a_row = 0
         self.restore_seconds = 0.0  # verifying and restoring, in seconds
 

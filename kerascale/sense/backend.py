@@ -50,6 +50,12 @@ class Traits:
             only when the model is built in its scope (`tf.distribute`), so
             that a plan may re-create your model (JAX lays out the variables
             of the model as it is).
+        copies_in_flight: Whether a host copy of the variables' values can
+            be started without waiting for the step that computes them
+            (`jax.device_put` is dispatched, and the next step's donated
+            buffers are reused only once it has read them), so that a save
+            behind training holds the step for the dispatch only; otherwise
+            the copy is made on the training thread.
     """
 
     name: str
@@ -65,6 +71,7 @@ class Traits:
     empties_variables: bool = False
     reads_to_build: bool = False
     places_by_scope: bool = False
+    copies_in_flight: bool = False
 
 
 _TRAITS = {
@@ -94,6 +101,7 @@ _TRAITS = {
         even_batches=True,
         empties_variables=True,
         reads_to_build=True,
+        copies_in_flight=True,
     ),
 }
 
