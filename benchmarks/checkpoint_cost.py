@@ -11,9 +11,11 @@ An MLP (1024 inputs, three hidden layers of equal width, 10 outputs) with
 Adam, trained on NumPy arrays; its width is set so that the model's and the
 optimizer's variables take `--state-mib` MiB (137: 12.0M parameters). A save
 comes every `--every` seconds of training (steps counted from a timed
-plain epoch), for about `--train` seconds a run. Each round runs plain fit and
-each contestant in one process, alternating; the figures are medians over
-rounds:
+plain epoch), for about `--train` seconds a run. Each round runs, in one
+process, plain fit before and after each contestant (plain, async, plain,
+sync, plain, keras, plain) and takes each contestant's time against the mean
+of the two plain runs beside it, which cancels the machine's drift; the
+figures are medians over rounds:
 
 - blocked: the seconds the training thread is held per save (for
   kerascale, `FaultTolerantBackup.save_seconds`: waiting for the save before,
@@ -21,7 +23,11 @@ rounds:
   method's own time);
 - overhead: the run's wall time over plain fit's, as a share of it;
 - the host copy of the state on its own (the floor of a save's blocked time)
-  and the background write's own time.
+  and the background write's own time;
+- with `--sigterm`, the seconds from SIGTERM to the exit with code 143 (the
+  save in flight finished, the final state saved and published) of a
+  training process, SIGTERMed just after a save began, against the time a
+  preemption notice gives.
 
 Writes benchmarks/results/checkpoint_cost_<backend>_<MiB>.json.
 """
@@ -33,7 +39,9 @@ import importlib.util
 import math
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -146,13 +154,82 @@ def host_copy_seconds(width: int, repeats: int = 5) -> tuple[float, int]:
     return statistics.median(seconds), nbytes
 
 
+class _Steps(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        print(f"step {int(self.model.optimizer.iterations)}", flush=True)
+
+
+def sigterm_child(directory: str, width: int, every: int) -> None:
+    """Trains with `FaultTolerantBackup` until SIGTERMed (run by `sigterm`)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(100 * BATCH, INPUTS)).astype("float32")
+    y = rng.integers(0, OUTPUTS, 100 * BATCH).astype("int32")
+    backup = FaultTolerantBackup(directory, save_freq=every, verbose=0)
+    make_model(width).fit(
+        x, y, batch_size=BATCH, epochs=100, verbose=0, callbacks=[backup, _Steps()]
+    )
+
+
+def sigterm(width: int, every: int, repeats: int = 3) -> list[dict]:
+    """SIGTERM a training process one step after a save began (its write in
+    flight), and time its exit."""
+    out = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="kerascale-sigterm-") as d:
+            cmd = [
+                sys.executable,
+                __file__,
+                "--sigterm-child",
+                d,
+                "--width",
+                str(width),
+            ]
+            cmd += ["--save-every-steps", str(every)]
+            proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            )
+            seen = 0
+            for line in proc.stdout:
+                if line.startswith("step"):
+                    seen = int(line.split()[1])
+                    if seen == 2 * every + 1:
+                        sent = time.perf_counter()
+                        proc.send_signal(signal.SIGTERM)
+                        break
+            proc.stdout.close()
+            code = proc.wait(timeout=600)
+            took = time.perf_counter() - sent
+            from kerascale.callbacks import checkpoint_store as store
+
+            _, meta = next(store.verified(store.scan(d)))
+            out.append(
+                {
+                    "seconds": took,
+                    "exit_code": code,
+                    "saved_step": meta["global_step"],
+                    "signalled_at": seen,
+                }
+            )
+            print(f"SIGTERM at step {seen}: exit {code} after {took:.2f} s", flush=True)
+    return out
+
+
 def main() -> None:
+    if "--sigterm-child" in sys.argv:
+        q = argparse.ArgumentParser()
+        q.add_argument("--sigterm-child")
+        q.add_argument("--width", type=int)
+        q.add_argument("--save-every-steps", type=int)
+        a = q.parse_args()
+        sigterm_child(a.sigterm_child, a.width, a.save_every_steps)
+        return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--state-mib", type=float, default=137.0)
     p.add_argument("--every", type=float, default=5.0, help="seconds between saves")
     p.add_argument("--train", type=float, default=30.0, help="seconds a run")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--kinds", default="async,sync,keras")
+    p.add_argument("--sigterm", action="store_true", help="time SIGTERM's exit")
     args = p.parse_args()
     backend = keras.backend.backend()
     width = width_for(args.state_mib)
@@ -183,30 +260,34 @@ def main() -> None:
     copy_seconds, nbytes = host_copy_seconds(width)
     print(f"host copy of the state: {nbytes / 2**20:.0f} MiB in {copy_seconds:.3f} s")
 
+    terms = sigterm(width, every) if args.sigterm else []
     runs: dict[str, list[dict]] = {k: [] for k in ["plain", *kinds]}
+    ratios: dict[str, list[float]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory(prefix="kerascale-ckpt-cost-") as tmp:
+
+        def timed(kind: str, r: int) -> float:
+            result = run(kind, width, (x, y), epochs, every, Path(tmp))
+            runs[kind].append(result)
+            print(f"round {r + 1} {kind}: {result['seconds']:.1f} s", flush=True)
+            return result["seconds"]
+
         for r in range(args.rounds):
-            order = ["plain", *kinds] if r % 2 == 0 else [*kinds, "plain"]
-            for kind in order:
-                result = run(kind, width, (x, y), epochs, every, Path(tmp))
-                runs[kind].append(result)
-                print(f"round {r + 1} {kind}: {result['seconds']:.1f} s", flush=True)
+            before = timed("plain", r)
+            for kind in kinds if r % 2 == 0 else kinds[::-1]:
+                seconds = timed(kind, r)
+                after = timed("plain", r)
+                ratios[kind].append(seconds / ((before + after) / 2))
+                before = after
 
     plain = statistics.median(r["seconds"] for r in runs["plain"])
     rows = {}
     for kind in kinds:
         blocked = [b for r in runs[kind] for b in r["blocked"]]
         seconds = statistics.median(r["seconds"] for r in runs[kind])
-        # Each round's run against the plain run of the same round (the
-        # machine's pace drifts between rounds more than within one).
-        ratios = [
-            r["seconds"] / p["seconds"]
-            for r, p in zip(runs[kind], runs["plain"], strict=True)
-        ]
         rows[kind] = {
             "seconds": seconds,
-            "overhead": statistics.median(ratios) - 1,
-            "overheads": [x - 1 for x in ratios],
+            "overhead": statistics.median(ratios[kind]) - 1,
+            "overheads": [x - 1 for x in ratios[kind]],
             "saves": len(blocked),
             "blocked_median": statistics.median(blocked) if blocked else None,
             "blocked_max": max(blocked) if blocked else None,
@@ -250,6 +331,7 @@ def main() -> None:
         steps_per_epoch=steps_per_epoch,
         host_copy_seconds=copy_seconds,
         plain_seconds=plain,
+        sigterm=terms,
         rows=rows,
         runs=runs,
     )

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from kerascale.callbacks import FaultTolerantBackup, Throughput
+from kerascale.callbacks import backup as backup_lib
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import CheckpointError, KerascaleWarning
 
@@ -76,20 +77,26 @@ def check_writes_run_behind_training(tmp_path, monkeypatch):
     on while a save is written (the steps move during writes), one save at
     a time, so a save that comes due waits for the one before, and
     `Throughput` says how long; after `fit` returns, the last save is
-    published and holds the end of training."""
+    published and holds the end of training. A wait longer than
+    `SLOW_WRITE_SECONDS` (0.2 s here) is said once, with what to do."""
     steps = _Steps()
     seen, flight = _slow_writes(monkeypatch, steps, 0.3)
+    monkeypatch.setattr(backup_lib, "SLOW_WRITE_SECONDS", 0.2)
     backup = FaultTolerantBackup(str(tmp_path), save_freq=2, verbose=0)
     throughput = Throughput(16)
     x, y = _data()
-    _model().fit(
-        x,
-        y,
-        batch_size=16,
-        epochs=EPOCHS,
-        verbose=0,
-        callbacks=[backup, throughput, steps],
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _model().fit(
+            x,
+            y,
+            batch_size=16,
+            epochs=EPOCHS,
+            verbose=0,
+            callbacks=[backup, throughput, steps],
+        )
+    said = [str(w.message) for w in caught if "Save less often" in str(w.message)]
+    assert len(said) == 1 and "save_freq=2" in said[0], said
     assert flight["most"] == 1
     assert any(end > began for began, end in seen), seen  # trained meanwhile
     assert len(backup.save_seconds) == len(seen) == STEPS * EPOCHS // 2
@@ -113,6 +120,7 @@ def check_writes_run_behind_training(tmp_path, monkeypatch):
     assert backup.last_checkpoint == newest.path
     assert (meta["global_step"], meta["finished"]) == (STEPS * EPOCHS, True)
     assert not backup.failed_saves
+    assert not backup._buffers._arrays  # the copy's memory is given back
 
 
 def check_a_failed_write_warns_and_the_next_is_tried(tmp_path):

@@ -51,6 +51,9 @@ logger = logging.getLogger("kerascale")
 # CheckpointError, as a failed synchronous save stops it: by then nothing
 # has protected the run for that many save intervals.
 MAX_FAILED_SAVES = 3
+# A save that waits this long for the one before it is said, once a run:
+# training is held while it waits, and saving less often lets it go on.
+SLOW_WRITE_SECONDS = 1.0
 
 
 def restore_errors() -> tuple[type[BaseException], ...]:
@@ -294,6 +297,7 @@ class FaultTolerantBackup(KerascaleCallback):
         `train_function` wrapper, and the initial epoch set for a resume."""
         self._s.active = False
         self._settle()  # the save in flight, before the lease goes
+        self._buffers = state_lib.HostBuffers()  # the copy's memory, given back
         self._coord.release()
         self._position.release()  # set in __init__
         wrapper, self._wrapper = self._wrapper, None
@@ -368,6 +372,15 @@ class FaultTolerantBackup(KerascaleCallback):
         self.waited_seconds.append(waited)
         paused(self.model, "checkpoint", blocked)
         paused(self.model, "checkpoint_wait", waited)
+        if waited > SLOW_WRITE_SECONDS and not self._said_slow:
+            self._said_slow = True
+            written = self.write_seconds[-1] if self.write_seconds else waited
+            warn(
+                f"FaultTolerantBackup: a save came due while the one before it was "
+                f"still being written, and training waited {waited:.1f}s for it "
+                f"(writing one took {written:.1f}s beside training). Save less "
+                f"often (save_freq={self.save_freq!r} now) to keep training going."
+            )
         if wait:
             self._collect(block=True, last=True)
 
@@ -460,6 +473,7 @@ class FaultTolerantBackup(KerascaleCallback):
         self.snapshot_bytes = 0  # the last host copy's size, in bytes
         self._buffers = state_lib.HostBuffers()  # where the copies go
         self._failed_in_a_row = 0
+        self._said_slow = False
         self.restore_seconds = 0.0  # verifying and restoring, in seconds
 
     # --- The resume: which checkpoint, restoring it, and the steps of the
