@@ -152,18 +152,8 @@ def test_a_kill_during_a_background_write_resumes_from_the_previous(
     3rd (step 9) verifies, and the rerun resumes from it to the
     uninterrupted run's weights."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.npz"
-    proc = subprocess.run(
-        child_cmd(ckpt, out, "--die-in-save", "behind:4", "--step-sleep", "0.01"),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    saved_at, killed_at = children.behind(proc.stdout)
-    assert (saved_at, killed_at >= saved_at + 2) == (12, True)  # trained on
-    found = store.scan(str(ckpt))
-    assert (found[0].number, found[0].state) == (4, "leftover")
-    assert store.verify(found[1])["global_step"] == 9
+    command = child_cmd(ckpt, out, "--die-in-save", "behind:4", "--step-sleep", "0.01")
+    children.killed_in_the_4th_save(command, store, ckpt, behind=True)
     result = run_child(ckpt, out)
     assert "ckpt-00000003" in result.stdout
     assert max_difference(load(out), reference) <= 1e-6

@@ -104,13 +104,24 @@ def interrupted(train, directory, step, **kwargs):
     raise AssertionError(f"the run ended before step {step}")
 
 
-def behind(stdout):
-    """(the save's step, the step at the kill) that `die_behind_training`
-    printed; the training thread prints its steps meanwhile, and a line of
-    either may begin inside the other's."""
-    found = re.search(r"behind (\d+) (\d+)", stdout)
-    assert found, stdout[-2000:]
-    return int(found.group(1)), int(found.group(2))
+def killed_in_the_4th_save(command, store, directory, *, behind):
+    """Runs `command`, a child saving every 3 steps that SIGKILLs itself
+    inside its 4th save (step 12), and checks what the kill left: that save
+    never became a checkpoint, and the 3rd (step 9) verifies. `behind`: the
+    child killed itself two steps after the save began (`die_behind_training`
+    printed both steps; the training thread prints its steps meanwhile, and a
+    line of either may begin inside the other's), so it trained on while the
+    save was written. `store`: kerascale's checkpoint_store."""
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    if behind:
+        found = re.search(r"behind (\d+) (\d+)", proc.stdout)
+        assert found, proc.stdout[-2000:]
+        saved_at, killed_at = int(found.group(1)), int(found.group(2))
+        assert (saved_at, killed_at >= saved_at + 2) == (12, True)  # trained on
+    checkpoints = store.scan(str(directory))
+    assert (checkpoints[0].number, checkpoints[0].state) == (4, "leftover")
+    assert store.verify(checkpoints[1])["global_step"] == 9
 
 
 def die_behind_training(store, nth, steps, ahead=2, timeout=60.0):

@@ -269,11 +269,19 @@ def snapshot(
 def _copy_in_flight(variable: Any) -> Any:
     """A copy of `variable`'s JAX value on the host's CPU device, started
     and not waited for (`jax.device_put`, a new buffer even where the value
-    lives there already)."""
+    lives there already). A value replicated over several processes is
+    copied from this process's first shard, which holds all of it (a
+    `device_put` of the global array to one device is refused); one split
+    over processes is read as a synchronous save reads it."""
     import jax
 
+    value = variable.value
+    if not getattr(value, "is_fully_addressable", True):
+        if not value.is_fully_replicated:
+            return _value_now(variable)
+        value = value.addressable_shards[0].data
     host = jax.local_devices(backend="cpu")[0]
-    return jax.device_put(variable.value, host, may_alias=False)
+    return jax.device_put(value, host, may_alias=False)
 
 
 def _value_now(variable: Any) -> np.ndarray:
