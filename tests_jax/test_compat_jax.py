@@ -238,3 +238,21 @@ def test_a_user_s_own_distribution_is_known_by_its_class():
         def distribute_dataset(self, dataset): ...
 
     assert not jax_rules.is_distribution(Lookalike())
+
+
+@pytest.mark.skipif(devices() < 2, reason="needs 2 devices")
+def test_device_put_without_alias_of_a_replicated_array_still_aliases():
+    """The upstream behaviour `_backup_state._copy_in_flight` works around
+    (jax 0.10.2; no upstream issue found, jax-ml/jax#38086 is the nearest, on
+    NumPy inputs): `device_put(x, d, may_alias=False)` of an array replicated
+    over several devices, d among them, returns d's buffer of x, not a copy.
+    When this fails, the copy is one and the shard detour can go."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.local_devices()[:2]), ("d",))
+    x = jax.device_put(np.ones((8, 4), "float32"), NamedSharding(mesh, P()))
+    y = jax.device_put(x, jax.local_devices()[0], may_alias=False)
+    x.delete()
+    with pytest.raises(RuntimeError, match="deleted"):
+        np.asarray(y)

@@ -269,17 +269,26 @@ def snapshot(
 def _copy_in_flight(variable: Any) -> Any:
     """A copy of `variable`'s JAX value on the host's CPU device, started
     and not waited for (`jax.device_put`, a new buffer even where the value
-    lives there already). A value replicated over several processes is
-    copied from this process's first shard, which holds all of it (a
-    `device_put` of the global array to one device is refused); one split
-    over processes is read as a synchronous save reads it."""
+    lives there already), which the next step's donation of the value
+    cannot delete.
+
+    A value replicated over several devices is copied from its first shard
+    here: `device_put(may_alias=False)` of the whole to one of its own
+    devices returns that device's buffer, not a copy (jax 0.10.2; pinned in
+    test_compat_jax), and the next step deletes it ("Array has been
+    deleted" at the write). That also covers a value replicated over
+    several processes, whose whole `device_put` refuses to move to one
+    device. A value split over processes is read as a synchronous save
+    reads it."""
     import jax
 
     value = variable.value
-    if not getattr(value, "is_fully_addressable", True):
-        if not value.is_fully_replicated:
+    sharding = getattr(value, "sharding", None)
+    if sharding is not None and len(sharding.device_set) > 1:
+        if value.is_fully_replicated:
+            value = value.addressable_shards[0].data
+        elif not value.is_fully_addressable:
             return _value_now(variable)
-        value = value.addressable_shards[0].data
     host = jax.local_devices(backend="cpu")[0]
     return jax.device_put(value, host, may_alias=False)
 
