@@ -1,7 +1,11 @@
 import gc
 import os
 
+import xla_flags
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# For JAX here and in the children: tests_common/xla_flags.py says why.
+os.environ["XLA_FLAGS"] = xla_flags.patient()
 
 import keras
 import numpy as np

@@ -7,7 +7,10 @@ import json
 import os
 
 os.environ["KERAS_BACKEND"] = "jax"
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = (
+    "--xla_force_host_platform_device_count=2"
+    " --xla_cpu_collective_call_terminate_timeout_seconds=300"
+)  # tests_common/xla_flags.py
 os.environ["KERASCALE_CPU_DEVICES_STAND_IN"] = "1"  # planned as 2 GPUs
 
 import keras

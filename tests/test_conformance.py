@@ -10,6 +10,7 @@ from pathlib import Path
 
 import conformance
 import pytest
+import xla_flags
 
 SCRIPT = Path(conformance.__file__)
 HERE = [
@@ -40,7 +41,7 @@ def test_promises_hold_in_a_child(backend, devices, tmp_path):
         KERAS_BACKEND=backend,
         KERASCALE_TEST_DEVICES=str(devices),
         KERASCALE_CACHE_DIR=str(tmp_path / "cache"),
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        XLA_FLAGS=xla_flags.forced_devices(devices),
     )
     proc = subprocess.run(
         [sys.executable, "-W", "ignore", str(SCRIPT), "--pairwise"],

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xla_flags
 from conftest import keras_hub_or_skip
 
 pytest.importorskip("jax")
@@ -55,7 +56,7 @@ def test_a_cache_kerascale_adds_sees_no_stray_read_on_two_devices():
     devices (data-parallel) as on 1: TensorFlow's warning that the cache
     was not fully read stays away."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    env["XLA_FLAGS"] = xla_flags.forced_devices(2)
     env["KERASCALE_CPU_DEVICES_STAND_IN"] = "1"  # as GPUs: data-parallel
     proc = subprocess.run(
         [sys.executable, str(CHILD.with_name("jax_with_tf_2dev_child.py"))],

@@ -6,11 +6,15 @@ and no TensorFlow (README, "Development"), on 1 and on 2 forced host devices
 import gc
 import os
 
+import xla_flags
+
 os.environ["KERAS_BACKEND"] = "jax"
 # The hardware seam: the forced CPU devices stand in for GPUs, so "auto" splits
 # over them as it would over accelerators (children inherit it). Without it
 # kerascale trains on one of them (test_jax_fit's test of the CPU default).
 os.environ["KERASCALE_CPU_DEVICES_STAND_IN"] = "1"
+# Before JAX starts: tests_common/xla_flags.py says why.
+os.environ["XLA_FLAGS"] = xla_flags.patient()
 
 import jax
 import keras

@@ -414,7 +414,7 @@ def test_a_searched_batch_that_runs_out_at_the_first_step_is_stepped_down(
 _RERUN = """
 import json, sys
 import numpy as np
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{here!r}, {common!r}]  # the tests and tests_common
 import kerascale
 from test_compiled_search import _mlp
 x = np.ones((20_000, 256), "float32")
@@ -428,7 +428,11 @@ print(json.dumps([r.batch_size, r.cached]))
 
 def _rerun(tmp_path, force=False):
     """The same script run again, in a process of its own, on one cache."""
-    code = _RERUN.format(here=str(Path(__file__).parent), force=force)
+    code = _RERUN.format(
+        here=str(Path(__file__).parent),
+        common=str(Path(__file__).parent.parent / "tests_common"),
+        force=force,
+    )
     env = {**os.environ, "KERASCALE_CACHE_DIR": str(tmp_path / "cache")}
     done = subprocess.run(
         [sys.executable, "-c", code],

@@ -11,6 +11,7 @@ import jax
 import keras
 import numpy as np
 import pytest
+import xla_flags
 from conftest import dense_model, devices, toy_data
 
 import kerascale
@@ -595,7 +596,7 @@ def test_the_jax_guide_s_quickstart_runs_on_two_devices(tmp_path):
     import start_up
 
     example = Path(__file__).resolve().parent.parent / "examples" / "quickstart_jax.py"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags.forced_devices(2)}
     env["KERASCALE_CACHE_DIR"] = str(tmp_path / "cache")
     done = subprocess.run(
         [sys.executable, str(example)],

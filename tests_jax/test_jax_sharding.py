@@ -13,6 +13,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+import xla_flags
 from conftest import devices
 
 import kerascale
@@ -125,9 +126,12 @@ def test_device_memory_is_checked_at_the_door():
         kerascale.plan(small_model(), x, y, device_memory="lots", verbose=0)
 
 
+COMMON = str(Path(__file__).resolve().parent.parent / "tests_common")
+
+
 @pytest.mark.skipif(devices() != 1, reason="run once, from the 1-device suite")
 def test_on_four_devices_too():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags.forced_devices(4)}
     here = Path(__file__)
     done = subprocess.run(
         [
@@ -184,7 +188,7 @@ def test_a_sharded_checkpoint_resumes_on_another_mesh_and_on_one_device(tmp_path
     # and on one device, in a process of its own: the checkpoint of epoch 3
     child = f"""
 import os, sys, json
-sys.path.insert(0, {str(Path(__file__).parent)!r})
+sys.path[:0] = [{str(Path(__file__).parent)!r}, {COMMON!r}]  # tests_common too
 import numpy as np, kerascale
 from test_jax_sharding import large_model, data
 x, y = data()
