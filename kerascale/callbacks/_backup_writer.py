@@ -54,6 +54,9 @@ class Writer:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._outcome: Outcome | None = None
+        # One collector at a time: a fit that raised is settled by the
+        # run's watcher thread while the next run may begin on the main one.
+        self._collecting = threading.Lock()
 
     @property
     def busy(self) -> bool:
@@ -90,13 +93,17 @@ class Writer:
 
     def wait(self) -> Outcome | None:
         """Waits for the save in flight and returns its outcome (collected
-        once), or None where none was started since the last collection."""
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return None
-        thread.join()
-        outcome, self._outcome = self._outcome, None
-        return outcome
+        once), or None where none was started since the last collection.
+        The thread stays this writer's until it has ended, so that
+        `wait_all` from another thread waits for it too."""
+        with self._collecting:
+            thread = self._thread
+            if thread is None:
+                return None
+            thread.join()
+            self._thread = None
+            outcome, self._outcome = self._outcome, None
+            return outcome
 
 
 def wait_all() -> None:
