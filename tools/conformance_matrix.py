@@ -33,7 +33,9 @@ def main() -> int:
             KERAS_BACKEND=backend,
             KERASCALE_TEST_DEVICES=str(devices),
             TF_CPP_MIN_LOG_LEVEL="3",
-            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            # Patient collectives: tests_common/xla_flags.py says why.
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} "
+            "--xla_cpu_collective_call_terminate_timeout_seconds=300",
         )
         python = ROOT / venv / "bin" / "python"
         proc = subprocess.run(
