@@ -94,6 +94,18 @@ _ARGUMENTS = """\
             it trains measurably faster than gradient accumulation alone
             (the plan's "recompute" row gives both figures). True: always;
             False: never. Defaults to "auto".
+        steps_per_execution: Training steps per call into the compiled
+            step (Keras's `compile(steps_per_execution=...)`, set on your
+            model for the run and put back after). "auto": where a step is
+            short, kerascale times the host's path between steps (fetching
+            the batch, the call, the callbacks' batch hooks) and runs
+            enough steps a call to make it a small share, keeping each call
+            under a second and a tenth of an epoch; it stays 1 where a
+            callback of yours (or one of Keras's) overrides a batch hook,
+            which Keras then calls once per call, and it divides an integer
+            `checkpoint_freq`. A value you gave `compile` is kept. An int:
+            that many, whatever the callbacks. The weights are those of one
+            step a call. Defaults to "auto".
         materialize: A folder: the deterministic part of your `tf.data`
             pipeline (decoding, parsing) is written there once as shards,
             and every epoch after reads them back in parallel, the random

@@ -69,6 +69,7 @@ def fit(
     time_budget: float | str | None = None,
     worker_timeout: float | str | None = None,
     recompute: bool | str = "auto",
+    steps_per_execution: int | str = "auto",
     materialize: str | os.PathLike | None = None,
     remeasure: bool = False,
     verbose: int | str = "auto",
@@ -122,6 +123,7 @@ def fit(
         time_budget=time_budget,
         worker_timeout=worker_timeout,
         recompute=recompute,
+        steps_per_execution=steps_per_execution,
         materialize=materialize,
         remeasure=remeasure,
         verbose=verbose,
@@ -234,6 +236,7 @@ def plan(
     time_budget: float | str | None = None,
     worker_timeout: float | str | None = None,
     recompute: bool | str = "auto",
+    steps_per_execution: int | str = "auto",
     materialize: str | os.PathLike | None = None,
     remeasure: bool = False,
     verbose: int | str = "auto",
@@ -285,6 +288,7 @@ def plan(
         time_budget=time_budget,
         worker_timeout=worker_timeout,
         recompute=recompute,
+        steps_per_execution=steps_per_execution,
         materialize=materialize,
         remeasure=remeasure,
         verbose=verbose,
@@ -474,6 +478,9 @@ class _Deciding:
             clustered=self.clustered,
             pinned=tuple(self.pinned),
             materialized=self.materialized,
+            steps_limit=fit_callbacks.steps_limit(
+                self.fit_kwargs.get("callbacks"), self.request.monitor
+            ),
         )
 
 

@@ -537,3 +537,35 @@ def test_a_snapshot_writes_the_checkpoint_the_objects_write(tmp_path):
         np.testing.assert_array_equal(saved, read.numpy())
     assert not np.array_equal(snapshot.groups["model"][0], model.variables[0].numpy())
     np.testing.assert_array_equal(next(fresh).numpy(), expected)
+
+
+def test_keras_still_gives_a_short_last_call_the_end_of_a_whole_one():
+    """`last_step_of_call` bounds the batch Keras gives `on_train_batch_end`
+    by the epoch's steps: an epoch of 5 steps at 2 a call ends with batch 5
+    (Keras 3.15), not 4. Fails when Keras reports the real end: then the
+    bound is no longer needed."""
+    import numpy as np
+
+    from kerascale import _keras_compat as keras_compat
+
+    ends = []
+
+    class Ends(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            ends.append((batch, keras_compat.last_step_of_call(self.params, batch)))
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", steps_per_execution=2)
+    x, y = np.zeros((10, 2), "float32"), np.zeros((10, 1), "float32")
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[Ends()])
+    assert ends == [(1, 1), (3, 3), (5, 4)], ends
+    assert int(model.optimizer.iterations) == 5
+
+
+def test_tensorboards_profile_window_is_still_where_kerascale_reads_it():
+    from kerascale import _keras_compat as keras_compat
+
+    assert keras_compat.tensorboard_profiles(
+        keras.callbacks.TensorBoard("/tmp/tb", profile_batch=(2, 4))
+    )
+    assert not keras_compat.tensorboard_profiles(keras.callbacks.TensorBoard("/tmp/tb"))

@@ -280,21 +280,43 @@ class Interrupt(Exception):
 
 
 class _RaiseAt(keras.callbacks.Callback):
+    """Acts once, after the call that ran step `step` (counted from 1 over
+    the run): Keras's hooks get a call's first step and its last, and a call
+    runs several where steps_per_execution is above 1."""
+
     def __init__(self, step):
         super().__init__()
-        self.step, self.seen = step, 0
+        self.step, self.seen, self.first, self.done = step, 0, 0, False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.first = batch
 
     def on_train_batch_end(self, batch, logs=None):
-        self.seen += 1
-        if self.seen == self.step:
-            raise Interrupt(self.step)
+        # Keras gives a short last call of an epoch the end a whole call
+        # would have: the epoch's length bounds it.
+        steps = (self.params or {}).get("steps")
+        last = min(batch, steps - 1) if steps else batch
+        self.seen += last - self.first + 1
+        if self.seen >= self.step and not self.done:
+            self.done = True
+            self.act()
+
+    def act(self):
+        raise Interrupt(self.step)
 
 
 class _SigtermAt(_RaiseAt):
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen += 1
-        if self.seen == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
+    def act(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def steps_asked() -> dict:
+    """`kerascale.fit`'s steps_per_execution for every cell where the
+    matrix runs at several steps a call (`KERASCALE_CONFORMANCE_STEPS=N`:
+    an epoch's 6 steps then run in calls of N and what is left), else
+    none: "auto", which these short runs keep at 1."""
+    n = os.environ.get("KERASCALE_CONFORMANCE_STEPS")
+    return {"steps_per_execution": int(n)} if n else {}
 
 
 def _ks_fit(
@@ -307,6 +329,7 @@ def _ks_fit(
     if dropout is not None:
         model.layers[1].rate = dropout
     x, y, kwargs = make_input(cell.input)
+    kwargs.update(steps_asked())
     kwargs.update(extra)
     if cell.backend == "tensorflow" and cell.devices > 1:
         # Logical CPUs stand in for GPUs, which kerascale would mirror over.
@@ -486,6 +509,7 @@ def _accumulation_equals_large_batch(cell, tmp_path, cache):
     model = model_without_dropout(plain=False)
     x, y, kwargs = make_input(cell.input, batch=32)
     kwargs["batch_size"] = 32
+    kwargs.update(steps_asked())
     if cell.backend == "tensorflow" and cell.devices > 1:
         kwargs["strategy"] = "mirrored"
     with warnings.catch_warnings(record=True) as caught:

@@ -256,3 +256,39 @@ def test_device_put_without_alias_of_a_replicated_array_still_aliases():
     x.delete()
     with pytest.raises(RuntimeError, match="deleted"):
         np.asarray(y)
+
+
+def test_super_batch_says_what_kerass_jax_iterator_reads_a_call():
+    """`keras_compat.super_batch` tells whether Keras stacks a call's
+    batches into one read of its JAX iterator (keras-nightly 3.16) or reads
+    one a step (Keras 3.15), and `steps_in_read` counts the steps a read
+    holds: over an epoch of 5 steps at 2 a call, they add up to 5 either
+    way. Fails where Keras changes how it reads and the detection misses it."""
+    import numpy as np
+
+    from kerascale import _keras_compat as keras_compat
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", steps_per_execution=2)
+    model.make_train_function()
+    real, seen = model.train_function, []
+
+    class Spy:
+        def __init__(self, iterator):
+            self.iterator = iterator
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            item = next(self.iterator)
+            seen.append(item)
+            return item
+
+    model.train_function = lambda state, iterator: real(state, Spy(iterator))
+    x, y = np.zeros((10, 2), "float32"), np.zeros((10, 1), "float32")
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    stacked = keras_compat.super_batch(model)
+    steps = [keras_compat.steps_in_read(item, stacked) for item in seen]
+    assert sum(steps) == 5, steps
+    assert len(seen) == (3 if stacked else 5), (stacked, steps)

@@ -381,6 +381,62 @@ def compile_token(model: Any) -> Any:
     return getattr(model, "_compile_config", None)
 
 
+def last_step_of_call(params: dict[str, Any] | None, batch: int) -> int:
+    """The index of the last step a call of the train (or test) function
+    ran, from the `batch` Keras's `on_*_batch_end` hook got. Keras gives
+    `begin + steps_per_execution - 1` even where the epoch ended sooner
+    (`EpochIterator._enumerate_iterator`, Keras 3.15: an epoch of 20 steps
+    at 8 a call ends with the hook's batch 23); `params["steps"]`, the
+    epoch's steps where known, bounds it. No upstream issue reports it;
+    `tests/test_compat.py` checks that Keras still does so."""
+    steps = (params or {}).get("steps")
+    if isinstance(steps, int) and steps > 0:
+        return min(batch, steps - 1)
+    return batch
+
+
+def super_batch(model: Any) -> int:
+    """The steps each read of Keras's JAX input iterator holds, where Keras
+    stacks a call's batches into one read (keras-nightly 3.16: with
+    `steps_per_execution=N` its JAX data adapters yield N batches stacked,
+    or a `PartialBatchList` of what is left, and its train function scans
+    them); 0 where a read is one batch (Keras 3.15, TensorFlow, one step a
+    call). Told by the adapters' `get_jax_iterator(super_batch=...)`."""
+    import inspect
+
+    if keras.backend.backend() != "jax":
+        return 0
+    n = getattr(model, "steps_per_execution", 1)
+    if not isinstance(n, int) or n <= 1:
+        return 0
+    from keras.src.trainers.data_adapters.data_adapter import DataAdapter
+
+    taken = inspect.signature(DataAdapter.get_jax_iterator).parameters
+    return n if "super_batch" in taken else 0
+
+
+def steps_in_read(item: Any, super_batch: int) -> int:
+    """The steps one read of Keras's JAX iterator holds (`super_batch`):
+    a stacked read's leading size, a `PartialBatchList`'s length; 1 where
+    reads are not stacked."""
+    if not super_batch:
+        return 1
+    if type(item).__name__ == "PartialBatchList":
+        return len(item)
+    leaves = [leaf for leaf in keras.tree.flatten(item) if hasattr(leaf, "shape")]
+    return int(leaves[0].shape[0]) if leaves and len(leaves[0].shape) else 1
+
+
+def tensorboard_profiles(callback: Any) -> bool:
+    """Whether Keras's `TensorBoard` callback profiles a window of batches
+    (`profile_batch`, kept only as `_start_batch`/`_stop_batch`; no public
+    reader, and no upstream issue asks for one): counted in calls where a
+    call runs several steps."""
+    return bool(
+        getattr(callback, "_start_batch", 0) or getattr(callback, "_stop_batch", 0)
+    )
+
+
 def compile_arguments(model: Any) -> dict[str, Any]:
     """The arguments the model's `compile` received, as objects."""
     return dict(model._compile_config.config)

@@ -22,6 +22,7 @@ from kerascale.apply import accumulation, remat
 from kerascale.apply import data as data_lib
 from kerascale.apply import model as model_lib
 from kerascale.apply import precision as precision_lib
+from kerascale.apply import steps as steps_lib
 from kerascale.apply import strategy as strategy_lib
 from kerascale.apply.jax import cluster as jax_cluster
 from kerascale.apply.jax import even_batches
@@ -144,6 +145,8 @@ class Session:
         if is_builder(model):
             new = model_lib.recreate(model, plan.precision, dist)
             self._recompute(new, plan)
+            if not copy:
+                self._steps(new, plan, builder=True)
             return new, dist
         change = precision_lib.layers_to_change(model)
         new = model
@@ -182,7 +185,17 @@ class Session:
         undo = precision_lib.apply(new, plan.precision, change, reuse=reuse)
         self.undo(f"the {plan.precision} policy set on the model", undo, outcome=True)
         self._recompute(new, plan)
+        if not copy:
+            self._steps(new, plan)
         return new, dist
+
+    def _steps(self, model: keras.Model, plan: Plan, *, builder: bool = False) -> None:
+        """The plan's steps per call set on the model that trains (not on a
+        measurement's copy, which times steps one a call), undone on exit."""
+        n = getattr(plan, "steps_per_execution", 1)
+        undo = steps_lib.apply(model, n, builder=builder)
+        if undo is not None:
+            self.undo(f"steps_per_execution={n} set on the model", undo, outcome=True)
 
     def _recompute(self, model: keras.Model, plan: Plan) -> None:
         """The plan's recomputation set on `model`'s layers, undone on exit."""
@@ -380,7 +393,10 @@ class _StepWatch:
         before_first: Callable[[], None] | None = None,
         after_first: Callable[[], None] | None = None,
     ) -> None:
-        self.started = self.done = 0
+        # Calls of the train function begun and done, and the steps done (a
+        # call runs steps_per_execution of them: Keras's hooks get the first
+        # step's index and the last's).
+        self.started = self.done = self.steps = self._first = 0
         watch = self
 
         class Begin(keras.callbacks.Callback):
@@ -388,6 +404,7 @@ class _StepWatch:
                 if not watch.started and before_first is not None:
                     before_first()
                 watch.started += 1
+                watch._first = batch
 
         class End(keras.callbacks.Callback):
             # Counting needs no step's logs: Keras may go on dispatching
@@ -396,6 +413,8 @@ class _StepWatch:
 
             def on_train_batch_end(self, batch, logs=None):
                 watch.done += 1
+                last = keras_compat.last_step_of_call(self.params, batch)
+                watch.steps += max(1, last - watch._first + 1)
                 if watch.done == 1 and after_first is not None:
                     after_first()
 
@@ -462,9 +481,9 @@ def train(
                 ) from e
             raise
     k = prepared.plan.accumulation_steps
-    if k > 1 and history.epoch and steps.done < k:
+    if k > 1 and history.epoch and steps.steps < k:
         raise ConfigurationError(
-            f"Training made no optimizer update: it ran {steps.done} "
+            f"Training made no optimizer update: it ran {steps.steps} "
             f"micro-batch(es) of {prepared.plan.micro_batch_size}, fewer than the "
             f"accumulation_steps={k} one update needs, so nothing was applied. "
             "Your data yields fewer batches than that: use a smaller "

@@ -123,6 +123,9 @@ class KerascaleCallback(keras.callbacks.Callback):
     (`self.run`, set by `start_run` in `on_train_begin`)."""
 
     run: FitRun | None = None
+    # Keeps its meaning where a call runs several steps (Keras's
+    # steps_per_execution): it counts the steps a call ran, not the calls.
+    steps_per_execution_safe = True
 
     def start_run(self) -> FitRun:
         """Releases what an earlier run of this callback left behind, and

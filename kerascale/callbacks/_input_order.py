@@ -19,6 +19,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from kerascale import _keras_compat as keras_compat
 from kerascale._keras_compat import epoch_order
 from kerascale.errors import warn
 
@@ -100,16 +101,17 @@ class Digests:
             self._reads = 0
             self._kept.clear()
 
-    def add(self, batch: Any) -> None:
-        """Keeps `batch`'s digest. Never raises: it runs where Keras reads the
-        batch, and a batch it cannot digest (a sparse matrix, say) trains as
-        in plain `fit`, with no digest for a resume to check."""
+    def add(self, batch: Any, steps: int = 1) -> None:
+        """Keeps `batch`'s digest, numbered by the steps read so far (a read
+        of stacked batches holds `steps`). Never raises: it runs where Keras
+        reads the batch, and a batch it cannot digest (a sparse matrix, say)
+        trains as in plain `fit`, with no digest for a resume to check."""
         try:
             digest: str | None = batch_digest(batch)
         except Exception:
             digest = None
         with self._lock:
-            self._reads += 1
+            self._reads += steps
             self._kept.append((self._reads, digest))
 
     def digest(self, number: int) -> str | None:
@@ -122,16 +124,17 @@ class Peek:
     """Keras's iterator as the step reads it (JAX), with the `Digests` of
     the batches read."""
 
-    def __init__(self, iterator: Any):
+    def __init__(self, iterator: Any, super_batch: int = 0):
         self.iterator = iterator
         self.digests = Digests()
+        self.super_batch = super_batch  # `keras_compat.super_batch`
 
     def __iter__(self) -> Peek:
         return self
 
     def __next__(self) -> Any:
         batch = next(self.iterator)
-        self.digests.add(batch)
+        self.digests.add(batch, keras_compat.steps_in_read(batch, self.super_batch))
         return batch
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kerascale import _tf_compat as tfc
-from kerascale._keras_compat import adapter_reads, epoch_order
+from kerascale._keras_compat import adapter_reads, epoch_order, steps_in_read
 from kerascale._tf import tf
 from kerascale.callbacks import _input_order as order
 from kerascale.callbacks._backup_meta import (
@@ -52,6 +52,9 @@ class _EpochPosition:
         self._epoch_steps = epoch_steps
         self._persistent = persistent
         self.keras_iterator: Any = None
+        # The steps a read of Keras's iterator holds, where it stacks a
+        # call's batches (`keras_compat.super_batch`); 0: one a read.
+        self.super_batch = 0
         self.consumed = 0
         self.exhausted = False
         self._new_this_epoch = False
@@ -214,9 +217,10 @@ class _EpochPosition:
             self._start_random = self._put_back_order(record) or self._start_random
             self._start_counter = epoch_order.counter(self.adapter)
         consumed = int(record["consumed"])  # read again and drop what was used
-        last = None
-        for _ in range(consumed):
+        last, read = None, 0
+        while read < consumed:
             last = next(iterator)
+            read += steps_in_read(last, self.super_batch)
         self.consumed = consumed
         order.check(record, last, written_with, carried=self._epoch_carried)
 
@@ -437,7 +441,7 @@ class HostInputPosition(_EpochPosition):
     _peek: order.Peek | None = None
 
     def new_iterator(self, iterator: Any) -> bool:
-        self._peek = order.Peek(iterator)
+        self._peek = order.Peek(iterator, self.super_batch)
         return self._started(iterator)
 
     def _last_digest(self) -> str | None:

@@ -167,6 +167,12 @@ class FaultTolerantBackup(KerascaleCallback):
 
     # --- Keras hooks ---------------------------------------------------------
 
+    @property
+    def save_every_updates(self) -> int | None:
+        """The optimizer updates between saves by count (`save_freq=N`), or
+        None (by epoch, or by time)."""
+        return self._every_steps
+
     def on_train_begin(self, logs=None):
         self.start_run()
         self._reset_run_state()
@@ -185,6 +191,7 @@ class FaultTolerantBackup(KerascaleCallback):
         # published before this run reads the directory.
         writer_lib.wait_all()
         self._s.read_run(self.model, self.params)
+        self._position.super_batch = keras_compat.super_batch(self.model)
         # Keras's data adapter (its epoch counter orders the shuffle from
         # Keras 3.16): found in the Keras fit that calls this hook.
         self._position.follow(epoch_order.adapter_of(epoch_order.fit_epoch_iterator()))
@@ -225,7 +232,14 @@ class FaultTolerantBackup(KerascaleCallback):
             self._read_metrics()
 
     def on_train_batch_end(self, batch, logs=None):
+        batch = keras_compat.last_step_of_call(self.params, batch)
+        ran = batch + 1 - self._s.step  # this call's steps
         self._s.step = batch + 1  # skipped steps count: they were applied before
+        if not self._s.last_call_skipped and ran != self._s.spe:
+            # An epoch's last call ran fewer steps than steps_per_execution
+            # (`_step_fn` counted a whole call).
+            self._position.consumed += ran - self._s.spe
+            self._s.global_step += ran - self._s.spe
         self._collect(block=False)  # a background save that ended: said now
         if self._s.last_call_skipped:
             return

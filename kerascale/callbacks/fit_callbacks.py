@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,9 @@ from kerascale.callbacks.profile import ProfileWindow
 from kerascale.callbacks.throughput import Throughput
 from kerascale.callbacks.time_budget import TimeBudget
 from kerascale.errors import ConfigurationError, warn
+from kerascale.plan import steps as steps_rules
 from kerascale.sense import backend as backend_lib
+from kerascale.sense import callback_hooks
 
 if TYPE_CHECKING:
     from kerascale.plan.plan import Plan
@@ -36,6 +39,22 @@ def validate_checkpointing(checkpoint_freq: Any, start_over: Any) -> None:
     `start_over`)."""
     parse_save_freq(checkpoint_freq, name="checkpoint_freq")
     v.boolean("start_over", start_over)
+
+
+def steps_limit(callbacks: Any, monitoring: Monitoring) -> steps_rules.StepsLimit:
+    """The bounds the run's callbacks (`fit`'s `callbacks`, with the run's
+    backup) and its monitoring put on an "auto" steps per call."""
+    callbacks = list(callbacks or [])
+    saves = [
+        c.save_every_updates
+        for c in callbacks
+        if isinstance(c, FaultTolerantBackup) and c.save_every_updates
+    ]
+    return steps_rules.for_run(
+        hook=callback_hooks.overridden_hook(callbacks),
+        save_every=math.gcd(*saves) if saves else None,
+        profile=monitoring.window,
+    )
 
 
 def backup_for(

@@ -47,6 +47,9 @@ class ProfileWindow(KerascaleCallback, keras.callbacks.TensorBoard):
     >>> model.fit(ds, callbacks=[ProfileWindow("logs", start_step=20, stop_step=25)])
     """
 
+    # Its window counts calls as steps (as Keras's TensorBoard does).
+    steps_per_execution_safe = False
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is ProfileWindow and backend_lib.name() == "jax":
             return JaxProfileWindow(*args, **kwargs)
@@ -142,6 +145,9 @@ class JaxProfileWindow(KerascaleCallback):
     profiling there altogether after segfaults (keras-team/keras#20450); the
     device and XLA host traces, which a step's time is in, are kept.
     """
+
+    # Its window counts calls as steps (as Keras's TensorBoard does).
+    steps_per_execution_safe = False
 
     def __init__(
         self, log_dir: str | os.PathLike, start_step: int = 10, stop_step: int = 15

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from kerascale import _keras_compat as keras_compat
 from kerascale import _validation as v
 from kerascale.apply import step_agreement as agreement_lib
 from kerascale.apply.model import accumulation_steps, core_optimizer
@@ -117,8 +118,11 @@ class TimeBudget(KerascaleCallback):
             else 0.8 * self._step_seconds + 0.2 * took
         )
         self._last_batch_end = now
+        # The steps this call ran: steps_per_execution, or fewer at an
+        # epoch's end.
+        batch = keras_compat.last_step_of_call(self.params, batch)
+        self._micro += max(1, batch + 1 - self._steps)
         self._steps = batch + 1
-        self._micro += self._spe
         agreed = self._agreement is not None
         if agreed and "stop" in self._agreement.at_step(self._epoch, batch):
             self._stop_owed = True

@@ -72,6 +72,7 @@ NAMES = {
     "data_changes": "the pipeline trials",
     "precision": "the precision trials",
     "recompute": "the weighing",
+    "steps_per_execution": "timing the host's path",
 }
 TRAIN_PER_FORWARD = 2.0  # a training step, in forward passes
 FORWARD_BATCH = 32  # timed, when a smaller first pass predicts it is quick

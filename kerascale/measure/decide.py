@@ -15,7 +15,7 @@ from kerascale import _tf
 from kerascale.apply import strategy as strategy_lib
 from kerascale.measure import batch as batch_lib
 from kerascale.measure import budget as budget_lib
-from kerascale.measure import engines, first_trace
+from kerascale.measure import engines, first_trace, host_path
 from kerascale.measure import recompute as recompute_lib
 from kerascale.measure import trials as trials_lib
 from kerascale.measure.batch_plan import (
@@ -38,6 +38,7 @@ from kerascale.plan.plan import Plan
 from kerascale.plan.planner import Planner
 from kerascale.plan.reasons import Reason
 from kerascale.plan.rules import searched_batch
+from kerascale.plan.steps import StepsLimit
 from kerascale.sense import data_facts, memory, samples
 from kerascale.sense import hardware as hardware_lib
 from kerascale.sense.hardware import Hardware
@@ -105,11 +106,13 @@ def decide(
     clustered: bool = False,
     pinned: tuple[str, ...] = (),
     materialized: str = "",
+    steps_limit: StepsLimit | None = None,
 ) -> Decided:
     """Facts, the first plan, then each measurement stage once, in order:
-    sharding, the batch search, the trials, recomputation, the cluster's
-    agreement, then what the run brings (a resumed checkpoint's pins, a
-    materialized input, the ladder's findings), and a TPU's core count.
+    sharding, the batch search, the trials, recomputation, the steps per
+    call (`host_path`), the cluster's agreement, then what the run brings
+    (a resumed checkpoint's pins, a materialized input, the ladder's
+    findings), and a TPU's core count.
     Each stage measures only where the run repays it, and the plan is made
     again from what it found. No stage retries: a failure that kerascale
     answers is raised as a `plan.fallback.Recoverable`, for the door's ladder.
@@ -132,6 +135,8 @@ def decide(
         pinned: Options set from a resumed checkpoint's plan (their reasons
             say so).
         materialized: Where the input was materialized to, or "".
+        steps_limit: The bounds the run's callbacks put on an "auto" steps
+            per call (None: none).
 
     Raises:
         plan.fallback.Recoverable: A failure that a rung of the ladder answers.
@@ -161,6 +166,15 @@ def decide(
         decided = _tried(decided, given, ladder, budget)
     if options.recompute == "auto":
         decided = _recomputed(decided, given, search, asked, budget)
+    cluster = hw.cluster
+    decided = host_path.chosen(
+        decided,
+        given,
+        steps_limit,
+        budget,
+        steps_per_epoch=steps_per_epoch,
+        on_cluster=clustered or (cluster is not None and cluster.is_multi_worker),
+    )
     if clustered:
         decided = agree(decided)
     brought = Measured(materialized=materialized)

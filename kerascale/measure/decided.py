@@ -41,6 +41,8 @@ class Decided:
             ("" where it ran, or none was wanted).
         measured: What planning found beyond the rules, in the plan's
             reasons and warnings.
+        host_path: The host's path between steps, timed
+            (`measure.host_path.HostPath`), where it was.
     """
 
     hardware: Hardware
@@ -55,6 +57,7 @@ class Decided:
     recomputed: Weighing | None = None
     search_skipped: str = ""
     measured: Measured = NOTHING
+    host_path: Any = None
 
     @property
     def planner(self) -> Planner:
@@ -79,4 +82,5 @@ class Decided:
         compiles' garbage and freed heap behind."""
         searched = self.search is not None and not self.search.cached
         tried = self.trials is not None and bool(self.trials.trials)
-        return searched or tried or self.recomputed is not None
+        timed = self.host_path is not None
+        return searched or tried or timed or self.recomputed is not None

@@ -275,7 +275,9 @@ class Prepared:
             steps = int(ds.cardinality())
             self.finite = steps >= 0
             self.feed = ((ds if self.finite else ds.repeat(),), {})
-        clock = self._fit(StepClock(WARMUP_STEPS, WARMUP_SECONDS, WINDOW_SECONDS / 2))
+        clock = self.fit_with(
+            StepClock(WARMUP_STEPS, WARMUP_SECONDS, WINDOW_SECONDS / 2)
+        )
         self.warm_speed = clock.speed(self.samples_per_step)
         # A short epoch is timed whole, with the start-up of its input
         # pipeline, as training runs it: a window that caught an epoch's
@@ -283,7 +285,9 @@ class Prepared:
         self.epoch_samples = data.num_samples or max(0, steps) * self.samples_per_step
         self.whole = self.finite and whole_epochs(self.epoch_samples, self.warm_speed)
 
-    def _fit(self, clock: StepClock) -> StepClock:
+    def fit_with(self, clock: Any) -> Any:
+        """Trains the candidate with `clock` as its one callback until the
+        clock stops it; returns the clock."""
         args, kwargs = self.feed
         self.model.fit(
             *args,
@@ -303,9 +307,11 @@ class Prepared:
         seconds) where an epoch is short, else steps within the first epoch
         after a new iterator's warm-up."""
         if self.whole:
-            clock = self._fit(_EpochClock(window))
+            clock = self.fit_with(_EpochClock(window))
             return clock.speed(self.epoch_samples)
-        clock = self._fit(StepClock(ROUND_WARMUP_STEPS, 0.0, window, MIN_WINDOW_STEPS))
+        clock = self.fit_with(
+            StepClock(ROUND_WARMUP_STEPS, 0.0, window, MIN_WINDOW_STEPS)
+        )
         return clock.speed(self.samples_per_step)
 
 

@@ -58,6 +58,9 @@ class Options:
     recompute: str = "auto"
     # Who chose an int batch_size, where not the user (`batch_chosen_by`).
     batch_chosen_by: str = ""
+    # Training steps per call into the compiled step (Keras's
+    # `steps_per_execution`): "auto" (measured, `measure.host_path`) or an int.
+    steps_per_execution: int | str = "auto"
 
     @classmethod
     def validate(
@@ -74,6 +77,7 @@ class Options:
         max_batch_size: Any = None,
         remeasure: Any = False,
         recompute: Any = "auto",
+        steps_per_execution: Any = "auto",
     ) -> Options:
         """Checks every option at the door; raises `ConfigurationError`."""
         if batch_size != "auto" or isinstance(batch_size, bool):
@@ -85,6 +89,13 @@ class Options:
         _validation.boolean_or_auto("optimize_data", optimize_data)
         _validation.boolean("remeasure", remeasure)
         recompute = recompute_request(recompute)
+        if steps_per_execution != "auto" or isinstance(steps_per_execution, bool):
+            _validation.positive_int(
+                "steps_per_execution",
+                steps_per_execution,
+                accepted="a positive int (training steps per call into the compiled "
+                'step) or "auto"',
+            )
         if isinstance(verbose, bool) or verbose not in VERBOSE_CHOICES:
             raise _validation.fail("verbose", verbose, '"auto", 0, 1 or 2')
         for name, value in (
@@ -117,6 +128,7 @@ class Options:
             remeasure=remeasure,
             recompute=recompute,
             batch_chosen_by=_BATCH_CHOSEN_BY.get() if batch_size != "auto" else "",
+            steps_per_execution=steps_per_execution,
         )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kerascale.errors import ConfigurationError
+from kerascale.plan import reasons as reasons_lib
 from kerascale.plan.data_changes import DataChanges
 from kerascale.sense import backend as backend_lib
 
@@ -51,6 +52,10 @@ class Plan:
             Where the batch wanted does not fit in one forward pass, it is
             weighed against gradient accumulation alone by measured
             throughput (`kerascale.measure.recompute`).
+        steps_per_execution: Training steps per call into the compiled step
+            (Keras's `steps_per_execution`), set on the model for the run.
+            The same updates in the same order as one step a call; Keras
+            calls the callbacks' batch hooks once per call.
     """
 
     strategy: str
@@ -69,6 +74,7 @@ class Plan:
     backend: str = "tensorflow"
     sharding: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     recompute: str = ""
+    steps_per_execution: int = 1
 
     def __post_init__(self):
         # Frozen means frozen: the reasons cannot be edited behind the plan's back.
@@ -189,6 +195,12 @@ class Plan:
                     self.reasons.get("recompute", ""),
                 )
             )
+        steps = self.reasons.get("steps_per_execution", "")
+        # Shown where it is not Keras's default left unmeasured.
+        if self.steps_per_execution != 1 or (
+            steps and reasons_lib.code(steps) not in ("steps.default", "")
+        ):
+            rows.append(("steps per call", str(self.steps_per_execution), steps))
         if self.lr_factor != 1.0:
             rows.append(
                 ("lr factor", f"{self.lr_factor:g}", self.reasons.get("lr_factor", ""))

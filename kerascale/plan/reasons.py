@@ -299,6 +299,27 @@ WORDS: dict[str, str | Callable[..., str]] = {
     "recompute.used": "{mode}: {figures}, and it trains faster ({measured})",
     "recompute.not_used": "not used: {figures}{why}",
     "recompute.chief": ("the chief's ({mode}), so that all workers compute alike"),
+    # steps_per_execution
+    "steps.asked": "steps_per_execution={n} you passed",
+    "steps.compiled": "yours: the model was compiled with steps_per_execution={n}",
+    "steps.default": "Keras's default ({why}); pass steps_per_execution= to set it",
+    "steps.measured": (
+        "the host path was {share:.0%} of a step ({t1:.2f} ms a step at 1, "
+        "{tk:.2f} ms at {k}); {n} a call: {limit}"
+    ),
+    "steps.not_worth": (
+        "the host path was {share:.0%} of a step ({t1:.2f} ms a step at 1, "
+        "{tk:.2f} ms at {k}): too little to gain"
+    ),
+    "steps.held": (
+        "{who} overrides {hook}, which Keras calls once per call, not per step; "
+        "pass steps_per_execution= to raise it anyway"
+    ),
+    "steps.profile": (
+        "profile={window} traces the steps it names, counting calls; pass "
+        "steps_per_execution= to raise it anyway"
+    ),
+    "steps.chief": "the chief's ({n}), so that all workers call alike",
     # precision, measured
     "precision.length_unknown": (
         "float32: the run's length is unknown (a dataset of unknown size), so "

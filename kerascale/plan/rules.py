@@ -88,6 +88,7 @@ def make_plan(
     data_changes = dataclasses.replace(data_changes, **split)
     warnings += split_warnings
     recompute = _recompute(options, reasons)
+    steps = _steps_per_execution(options, model, reasons)
     if measured.materialized:
         data_changes = dataclasses.replace(data_changes, materialized=True)
     reasons, stated = measured.stated(reasons, tuple(warnings))
@@ -108,6 +109,7 @@ def make_plan(
         backend=hardware.backend,
         sharding=sharding.plan_field(options.strategy),
         recompute=recompute,
+        steps_per_execution=steps,
     )
 
 
@@ -140,6 +142,24 @@ def _recompute(options: Options, reasons: dict[str, Reason]) -> str:
         return "activations"
     reasons["recompute"] = Reason("recompute.off")
     return ""
+
+
+def _steps_per_execution(
+    options: Options, model: ModelFacts, reasons: dict[str, Reason]
+) -> int:
+    """Training steps per call: yours (`fit`'s argument, then `compile`'s),
+    else one, its reason set in `reasons` ("auto" is measured later, by
+    `measure.host_path`, which sets the option and its reason)."""
+    asked = options.steps_per_execution
+    if isinstance(asked, int):
+        reasons["steps_per_execution"] = Reason("steps.asked", n=asked)
+        return asked
+    if model.steps_per_execution > 1:
+        n = model.steps_per_execution
+        reasons["steps_per_execution"] = Reason("steps.compiled", n=n)
+        return n
+    reasons["steps_per_execution"] = Reason("steps.default", why="not measured")
+    return 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,6 +48,8 @@ class ModelFacts:
         why_not_borrowable: The reason, when it cannot.
         unplaceable: Why its variables could not be laid out over the
             plan's devices, when an attempt failed (JAX); "" otherwise.
+        steps_per_execution: What you compiled it with (1: Keras's
+            default, or a builder's model, compiled later).
     """
 
     policy: str = "float32"
@@ -58,6 +60,7 @@ class ModelFacts:
     borrowable: bool = True
     why_not_borrowable: str = ""
     unplaceable: str = ""
+    steps_per_execution: int = 1
 
     @property
     def measurable(self) -> bool:
@@ -166,7 +169,15 @@ def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> Mode
         in_strategy_scope=in_scope,
         borrowable=not not_borrowable,
         why_not_borrowable=not_borrowable,
+        steps_per_execution=compiled_steps(model),
     )
+
+
+def compiled_steps(model: Any) -> int:
+    """The `steps_per_execution` `model` was compiled with (1 for Keras's
+    default, or where it has none)."""
+    value = getattr(model, "steps_per_execution", 1)
+    return value if isinstance(value, int) and value > 1 else 1
 
 
 def state_bytes(model: Any) -> int:

@@ -1,0 +1,66 @@
+"""The plan's steps per call (Keras's `steps_per_execution`), set in place
+on the model that trains and put back after.
+
+Keras reads `model.steps_per_execution` where it builds its train and test
+functions (TensorFlow loops the steps inside one `tf.function`; JAX calls its
+jitted step that many times per call) and where `fit` lays out its epoch's
+calls. Both backends keep the functions they built (`make_train_function`
+returns the one it has): the value is set with them cleared, and put back
+with the functions found here, so that a later `model.fit` reuses what it had
+traced at its own value. The functions Keras traced at the plan's value are
+kept on the model for the next run with the same value and the same
+functions beneath (a notebook cell run again traces once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kerascale import _keras_compat as keras_compat
+from kerascale.sense.model_facts import compiled_steps
+
+# The functions that run `steps_per_execution` steps a call (`predict` is
+# not `fit`'s: left as it is).
+_TRACED = ("train_function", "test_function")
+# Where a model keeps the functions Keras traced at kerascale's value.
+_CACHE = "_kerascale_steps_traced"
+
+
+def apply(
+    model: Any, n: int, *, builder: bool = False
+) -> Callable[[bool], None] | None:
+    """Sets `n` steps per call on `model`, and returns what puts back the
+    value and the functions found here (`undo(ok)`; `ok`: the run ended
+    without an exception, so what it traced is kept for the next); None
+    where nothing changes. `builder`: the model a builder made, which keeps
+    its own value where the plan's is Keras's default 1."""
+    before = getattr(model, "steps_per_execution", 1)
+    if n == before or (builder and n == 1):
+        return None
+    saved = {name: getattr(model, name, None) for name in _TRACED}
+    token = keras_compat.compile_token(model)
+    kept = model.__dict__.get(_CACHE)
+    model.steps_per_execution = n
+    reusable = (
+        kept is not None
+        and kept[0] == n
+        and kept[1] is token
+        and all(saved.values())
+        and all(kept[2][name] is saved[name] for name in _TRACED)
+    )
+    for name in _TRACED:
+        setattr(model, name, kept[3][name] if reusable else None)
+
+    def undo(ok: bool = True) -> None:
+        traced = {name: getattr(model, name, None) for name in _TRACED}
+        if ok and all(saved.values()) and all(traced.values()):
+            model.__dict__[_CACHE] = (n, token, saved, traced)
+        model.steps_per_execution = before
+        for name, fn in saved.items():
+            setattr(model, name, fn)
+
+    return undo
+
+
+__all__ = ["apply", "compiled_steps"]

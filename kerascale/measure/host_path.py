@@ -1,0 +1,261 @@
+"""The host's path between training steps, timed, and the steps per call
+(Keras's `steps_per_execution`) that make it a small share of a step.
+
+Between two steps Keras's `fit` goes back to Python: it takes the next
+batch, calls the compiled function, and runs the callbacks' batch hooks.
+Where a step is short that path is a large share of it; `compile(
+steps_per_execution=N)` pays it once per N steps. Keras 3 has no automatic
+value. Here a copy of the model (or the model itself, borrowed and put back)
+trains on the real data at one step a call and at `k` a call, in
+interleaved windows; the host's share per call is
+
+    h = (t1 - tk) * k / (k - 1)        (t1, tk: seconds a step)
+
+and, where it is at least `MIN_SHARE` of a step, the run takes the largest
+value its bounds allow (`plan.steps`): a call under `MAX_CALL_SECONDS` and a
+tenth of an epoch, landing on the steps the run's callbacks name. It runs
+only where the run repays it (`budget`), before training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import keras
+
+from kerascale import _keras_compat as keras_compat
+from kerascale.apply import model as model_lib
+from kerascale.apply import steps as steps_lib
+from kerascale.apply.session import Session
+from kerascale.measure import budget as budget_lib
+from kerascale.measure import trial_bench
+from kerascale.measure.request import Given
+from kerascale.plan import steps as steps_rules
+from kerascale.plan.measured import Measured
+from kerascale.plan.reasons import Reason
+from kerascale.sense.model_facts import gist
+
+if TYPE_CHECKING:
+    from kerascale.measure.decided import Decided
+
+# Below this share of a step, the host's path is left as Keras has it: the
+# gain would be within the windows' noise (2-5% on 2 cores).
+MIN_SHARE = 0.05
+# The steps a call of the timed comparison (at most the run's own bound).
+K = 16
+WINDOW_SECONDS = 0.25
+MIN_CALLS = 4  # in a window
+WARM_CALLS = 2  # a window's first calls (a new iterator; the trace at k)
+ROUNDS = 2  # each value timed twice, interleaved; the faster window counts
+# What the comparison costs before it is timed: a copy prepared and warmed
+# (the trials' guess), a second trace at k.
+PREPARE_SECONDS = trial_bench.PREPARE_GUESS_SECONDS
+TRACE_SECONDS = 0.5
+# The host's path per call before it is timed, for the budget's expected
+# gain (2 cores, the issue 59 MLP, plain fit: TensorFlow 0.6 ms, JAX 0.3 ms).
+HOST_GUESS = {"tensorflow": 6e-4, "jax": 3e-4}
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPath:
+    """The timed comparison: seconds a step at one step a call (`t1`) and
+    at `k` a call (`tk`)."""
+
+    t1: float
+    tk: float
+    k: int
+
+    @property
+    def per_call(self) -> float:
+        """The host's seconds per call (at least 0)."""
+        return max(0.0, (self.t1 - self.tk) * self.k / (self.k - 1))
+
+    @property
+    def share(self) -> float:
+        """The host's share of a step at one step a call."""
+        return min(1.0, self.per_call / self.t1) if self.t1 > 0 else 0.0
+
+
+def chosen(
+    decided: Decided,
+    given: Given,
+    limit: steps_rules.StepsLimit | None,
+    budget: budget_lib.RunBudget | None,
+    *,
+    steps_per_epoch: Any = None,
+    on_cluster: bool = False,
+) -> Decided:
+    """`decided` with its steps per call chosen where it is "auto" (and the
+    model was compiled with 1): measured where the run repays it, else 1
+    with why. A measurement that fails leaves 1, with why."""
+    options, plan = decided.options, decided.plan
+    if options.steps_per_execution != "auto" or decided.model.steps_per_execution > 1:
+        return decided
+    epoch = _epoch_steps(decided, steps_per_epoch)
+    why = _why_not(decided, limit, epoch, on_cluster)
+    if why is None and budget is not None:
+        why = _unpaid(decided, budget)
+    if why is not None:
+        return _one(decided, why)
+    try:
+        found = _timed(decided, given, min(K, _cap(epoch, limit, plan)))
+    except model_lib.CannotRecreate as e:
+        return _one(decided, f"not measured: the model cannot be copied ({e})")
+    except Exception as e:  # an optional figure: the run keeps Keras's 1
+        return _one(decided, f"not measured: {type(e).__name__}: {gist(e)}")
+    decided = dataclasses.replace(decided, host_path=found)
+    figures = dict(share=found.share, t1=found.t1 * 1e3, tk=found.tk * 1e3, k=found.k)
+    if found.share < MIN_SHARE:
+        return _decided(decided, 1, Reason("steps.not_worth", **figures))
+    by_time = max(1, int(steps_rules.MAX_CALL_SECONDS / max(found.tk, 1e-9)))
+    n, bound = min(steps_rules.MAX_STEPS, by_time), "under a second a call"
+    if n == steps_rules.MAX_STEPS:
+        bound = f"at most {steps_rules.MAX_STEPS}"
+    if epoch is not None and epoch // steps_rules.EPOCH_SHARE < n:
+        n, bound = epoch // steps_rules.EPOCH_SHARE, "a tenth of an epoch"
+    if limit is not None:
+        n, lowered = limit.largest(n, plan.accumulation_steps)
+        bound = lowered or bound
+    if n <= 1:
+        return _decided(decided, 1, Reason("steps.not_worth", **figures))
+    return _decided(decided, n, Reason("steps.measured", n=n, limit=bound, **figures))
+
+
+def _why_not(
+    decided: Decided,
+    limit: steps_rules.StepsLimit | None,
+    epoch: int | None,
+    on_cluster: bool,
+) -> str | Reason | None:
+    """Why the run keeps one step a call without a measurement, or None."""
+    if limit is not None and limit.held is not None:
+        return limit.held
+    if on_cluster:
+        return "not measured on a cluster, where each worker would time its own"
+    if decided.data.kind not in ("arrays", "dataset") or not decided.data.measurable:
+        what = decided.data.why_not_measurable or "input that is read only once"
+        return f"not measured: {what}"
+    if not decided.model.measurable:
+        return f"not measured: {decided.model.why_not_measurable}"
+    if epoch is None:
+        # Keras counts the last call of an epoch of unknown length as a
+        # whole call: the steps the callbacks see would be off.
+        return "not measured: the epoch's length is unknown"
+    if epoch // steps_rules.EPOCH_SHARE < 2:
+        return f"an epoch of {epoch} steps is too short to share out"
+    if _cap(epoch, limit, decided.plan) < 2:
+        return "the run's callbacks allow no other value"
+    return None
+
+
+def _cap(epoch: int | None, limit: steps_rules.StepsLimit | None, plan: Any) -> int:
+    """The largest value the epoch and the bounds allow, before timing."""
+    n = steps_rules.MAX_STEPS
+    if epoch is not None:
+        n = min(n, epoch // steps_rules.EPOCH_SHARE)
+    if limit is not None:
+        n = limit.largest(n, plan.accumulation_steps)[0]
+    return n
+
+
+def _epoch_steps(decided: Decided, steps_per_epoch: Any) -> int | None:
+    """Forward passes an epoch (Keras's steps), where known."""
+    plan, data = decided.plan, decided.data
+    if isinstance(steps_per_epoch, int) and steps_per_epoch > 0:
+        return steps_per_epoch * plan.accumulation_steps
+    if data.num_samples:
+        return math.ceil(data.num_samples / max(1, plan.step_batch_size))
+    return None
+
+
+def _unpaid(decided: Decided, budget: budget_lib.RunBudget) -> str | None:
+    """Why timing the host's path would cost this run more than it may
+    save, or None (also where the run's length or speed is unknown)."""
+    plan = decided.plan
+    samples = budget.samples(plan)
+    if samples is None or budget.per_sample is None:
+        return None
+    host = HOST_GUESS.get(plan.backend, HOST_GUESS["tensorflow"])
+    step = budget.per_sample * plan.step_batch_size
+    share = host / (host + step)
+    cost = PREPARE_SECONDS + TRACE_SECONDS + 2 * ROUNDS * WINDOW_SECONDS
+    run = samples * budget.per_sample
+    why = budget_lib.unpaid(cost, run, share, "steps_per_execution")
+    return f"not measured: {why}" if why else None
+
+
+def _one(decided: Decided, why: str | Reason) -> Decided:
+    reason = why if isinstance(why, Reason) else Reason("steps.default", why=why)
+    return _decided(decided, 1, reason)
+
+
+def _decided(decided: Decided, n: int, why: Reason) -> Decided:
+    options = dataclasses.replace(decided.options, steps_per_execution=n)
+    found = Measured().decided(steps_per_execution=why)
+    return decided.replanned(found, options=options)
+
+
+def _timed(decided: Decided, given: Given, k: int) -> HostPath:
+    """Seconds a step at one step a call and at `k`, on a copy of the model
+    training the real data under the plan (the faster of `ROUNDS`
+    interleaved windows each)."""
+    plan = decided.plan
+    with Session() as session:
+        session.enter(model_lib.preserved_state())
+        candidate = trial_bench.Prepared(
+            session,
+            given,
+            decided.data,
+            plan,
+            batch=plan.micro_batch_size,
+            policy=plan.precision,
+            optimize=decided.optimize_data,
+        )
+        at: dict[int, list[float]] = {1: [], k: []}
+        for _ in range(ROUNDS):
+            for n in (1, k):
+                undo = steps_lib.apply(candidate.model, n)
+                try:
+                    at[n].append(candidate.fit_with(_CallClock()).seconds_a_step())
+                finally:
+                    if undo is not None:
+                        undo(True)
+    return HostPath(min(at[1]), min(at[k]), k)
+
+
+class _CallClock(keras.callbacks.Callback):
+    """Times the steps of `WINDOW_SECONDS` (and `MIN_CALLS` calls) after
+    `WARM_CALLS` calls, counting the steps each call ran (Keras's hooks get
+    a call's first step and its last)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls, self.steps, self.first = 0, 0, 0
+        self.start: float | None = None
+        self.end = 0.0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.first = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        self.calls += 1
+        if self.calls == WARM_CALLS:
+            self.start = now
+            return
+        if self.start is None:
+            return
+        last = keras_compat.last_step_of_call(self.params, batch)
+        self.steps += last - self.first + 1
+        self.end = now
+        timed = self.calls - WARM_CALLS
+        if now - self.start >= WINDOW_SECONDS and timed >= MIN_CALLS:
+            self.model.stop_training = True
+
+    def seconds_a_step(self) -> float:
+        if self.start is None or not self.steps:
+            raise RuntimeError("no step was timed")
+        return (self.end - self.start) / self.steps

@@ -1,0 +1,111 @@
+"""The bounds on an "auto" steps per call (kerascale.plan.steps) and the
+callbacks that hold it at 1 (kerascale.sense.callback_hooks)."""
+
+import keras
+import pytest
+
+from kerascale.callbacks import FaultTolerantBackup, ProfileWindow, TimeBudget
+from kerascale.callbacks.fit_callbacks import Monitoring, steps_limit
+from kerascale.errors import ConfigurationError
+from kerascale.measure.host_path import HostPath
+from kerascale.plan import steps
+from kerascale.plan.options import Options
+from kerascale.sense.callback_hooks import overridden_hook
+
+
+def test_the_largest_value_divides_what_the_run_needs():
+    limit = steps.for_run(hook=None, save_every=50, profile=None)
+    assert limit.largest(25) == (25, "")
+    n, why = limit.largest(16)
+    assert n == 10 and "a save every 50 updates" in why
+    # With accumulation of 4 micro-batches, a save every 50 updates is one
+    # every 200 batches, and a call ends at an update's end.
+    assert limit.largest(16, accumulation=4)[0] == 8
+    n, why = steps.StepsLimit().largest(10, accumulation=4)
+    assert n == 8 and "accumulation window of 4" in why
+    assert steps.StepsLimit().largest(3, accumulation=4) == (
+        2,
+        "2, not 3, so that a call ends with an accumulation window of 4",
+    )
+
+
+def test_a_batch_hook_or_a_profile_window_holds_it_at_one():
+    held = steps.for_run(hook=("your X", "on_batch_end"), save_every=None, profile=None)
+    n, why = held.largest(64)
+    assert n == 1 and "your X overrides on_batch_end" in why
+    profiled = steps.for_run(hook=None, save_every=None, profile=(3, 5))
+    assert profiled.largest(64)[0] == 1 and "profile=(3, 5)" in profiled.largest(64)[1]
+
+
+class _Hooked(keras.callbacks.Callback):
+    def on_test_batch_begin(self, batch, logs=None):
+        pass
+
+
+class _EpochOnly(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        pass
+
+
+@pytest.mark.parametrize(
+    "callback, held",
+    [
+        (keras.callbacks.ProgbarLogger(), None),
+        (keras.callbacks.History(), None),
+        (keras.callbacks.EarlyStopping(), None),
+        (keras.callbacks.ModelCheckpoint("/tmp/m.keras"), None),
+        (
+            keras.callbacks.ModelCheckpoint("/tmp/m.keras", save_freq=5),
+            ("Keras's ModelCheckpoint", "on_train_batch_end"),
+        ),
+        (keras.callbacks.TensorBoard("/tmp/tb"), None),
+        (
+            keras.callbacks.TensorBoard("/tmp/tb", profile_batch=(2, 3)),
+            ("Keras's TensorBoard", "on_train_batch_begin"),
+        ),
+        (
+            keras.callbacks.TerminateOnNaN(),
+            ("Keras's TerminateOnNaN", "on_batch_end"),
+        ),
+        (
+            keras.callbacks.LambdaCallback(on_batch_end=lambda batch, logs: None),
+            ("Keras's LambdaCallback", "on_batch_end"),
+        ),
+        (keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None), None),
+        (_Hooked(), ("your _Hooked", "on_test_batch_begin")),
+        (_EpochOnly(), None),
+        (FaultTolerantBackup("/tmp/ckpt-hooks"), None),
+        (TimeBudget(60), None),
+        (
+            ProfileWindow("/tmp/tb", 2, 3),
+            ("kerascale's ProfileWindow", "on_train_batch_begin"),
+        ),
+    ],
+    ids=lambda v: type(v).__name__ if not isinstance(v, tuple | type(None)) else "",
+)
+def test_which_callbacks_hold_it_at_one(callback, held):
+    found = overridden_hook([callback])
+    assert found == held
+
+
+def test_a_backups_save_every_n_updates_bounds_it():
+    backups = [FaultTolerantBackup("/tmp/a", save_freq=12)]
+    limit = steps_limit(backups, Monitoring())
+    assert limit.largest(8)[0] == 6
+    assert steps_limit([FaultTolerantBackup("/tmp/b")], Monitoring()).largest(8) == (
+        8,
+        "",
+    )
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "4", None])
+def test_steps_per_execution_is_checked_at_the_door(bad):
+    with pytest.raises(ConfigurationError, match="steps_per_execution"):
+        Options.validate(steps_per_execution=bad)
+
+
+def test_the_host_share_comes_from_the_two_timings():
+    found = HostPath(t1=1e-3, tk=4e-4, k=16)
+    assert found.per_call == pytest.approx(6.4e-4)
+    assert found.share == pytest.approx(0.64)
+    assert HostPath(t1=1e-3, tk=1.1e-3, k=16).share == 0.0

@@ -1,0 +1,270 @@
+"""Steps per call (Keras's `steps_per_execution`, issue 59), on either
+backend: the suites' thin files (tests/test_steps_per_call.py,
+tests_jax/test_jax_steps_per_call.py) run these.
+
+The measurement is real here: a small MLP's step is short enough on any CPU
+that its host path is most of it (77% on TensorFlow, 34% on JAX, 2 cores),
+far above the 5% it takes to choose more than one step a call.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+import kerascale
+from kerascale.measure import budget as budget_lib
+from kerascale.plan import reasons as reasons_lib
+
+SAMPLES, BATCH = 2048, 32  # 64 steps an epoch: up to 6 a call (a tenth)
+
+
+def data(samples: int = SAMPLES):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(samples, 8)).astype("float32")
+    y = rng.integers(0, 4, size=samples)
+    return x, y
+
+
+def model(steps_per_execution: int = 1) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(4),
+        ]
+    )
+    m.compile(
+        keras.optimizers.Adam(1e-2),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=steps_per_execution,
+    )
+    return m
+
+
+def weights(m: keras.Model) -> list[np.ndarray]:
+    return [np.asarray(w) for w in m.get_weights()]
+
+
+def largest_difference(a, b) -> float:
+    return max(float(np.max(np.abs(p - q))) for p, q in zip(a, b, strict=True))
+
+
+class CallCount(keras.callbacks.Callback):
+    """A user's batch hook: counts its calls, and the value the model runs
+    with."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+        self.seen: set[int] = set()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.calls += 1
+        self.seen.add(self.model.steps_per_execution)
+
+
+class EpochWatch(keras.callbacks.Callback):
+    """No batch hook: sees the value the model runs with at each epoch."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[int] = set()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.add(self.model.steps_per_execution)
+
+
+def always_measure(monkeypatch) -> None:
+    """Every measurement repays its cost: the short runs here are timed."""
+    monkeypatch.setattr(budget_lib, "REPAY", 0.0)
+
+
+def an_int_trains_like_one_step_a_call_and_is_put_back(tmp_path) -> None:
+    """`steps_per_execution=5` over epochs of 64 steps (calls of 5 and a
+    last of 4): the same weights as plain `fit` at one step a call, the
+    model's own value back after, and the plan says whose it was."""
+    x, y = data()
+    plain = model()
+    plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    ours, watch = model(), EpochWatch()
+    history = kerascale.fit(
+        ours,
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=2,
+        shuffle=False,
+        precision="float32",
+        steps_per_execution=5,
+        callbacks=[watch],
+        verbose=0,
+    )
+    assert watch.seen == {5}
+    assert ours.steps_per_execution == 1
+    assert history.plan.steps_per_execution == 5
+    why = history.plan.reasons["steps_per_execution"]
+    assert reasons_lib.code(why) == "steps.asked", why
+    assert largest_difference(weights(ours), weights(plain)) <= 1e-6
+    assert int(ours.optimizer.iterations) == 2 * SAMPLES // BATCH
+    # The next plain fit runs one step a call, as before.
+    counter = CallCount()
+    ours.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[counter])
+    assert counter.calls == SAMPLES // BATCH and counter.seen == {1}
+
+
+def a_value_given_to_compile_is_kept() -> None:
+    x, y = data()
+    m = model(steps_per_execution=3)
+    history = kerascale.fit(
+        m, x, y, batch_size=BATCH, epochs=1, precision="float32", verbose=0
+    )
+    assert history.plan.steps_per_execution == 3
+    assert reasons_lib.code(history.plan.reasons["steps_per_execution"]) == (
+        "steps.compiled"
+    )
+    assert m.steps_per_execution == 3
+
+
+def auto_measures_and_raises_it_where_nothing_needs_each_step(monkeypatch) -> None:
+    """The real measurement chooses several steps a call for a step this
+    short, within a tenth of an epoch, and trains like plain `fit`."""
+    always_measure(monkeypatch)
+    x, y = data()
+    plain = model()
+    plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    ours, watch = model(), EpochWatch()
+    history = kerascale.fit(
+        ours,
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=2,
+        shuffle=False,
+        precision="float32",
+        callbacks=[watch],
+        verbose=0,
+    )
+    plan = history.plan
+    why = plan.reasons["steps_per_execution"]
+    assert reasons_lib.code(why) == "steps.measured", why
+    assert 1 < plan.steps_per_execution <= (SAMPLES // BATCH) // 10, plan
+    assert watch.seen == {plan.steps_per_execution}
+    assert "steps per call" in str(plan) and "host path" in plan.explain()
+    assert ours.steps_per_execution == 1
+    assert largest_difference(weights(ours), weights(plain)) <= 1e-5
+
+
+def a_batch_hook_sees_the_calls_it_sees_in_plain_fit(monkeypatch) -> None:
+    """A callback of the user's with a batch hook keeps one step a call:
+    it counts as many calls as under plain `fit`. (Fails where kerascale
+    raised the value under it: it would count a fifth of them or fewer.)"""
+    always_measure(monkeypatch)
+    x, y = data()
+    plain_count = CallCount()
+    model().fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[plain_count])
+    count = CallCount()
+    history = kerascale.fit(
+        model(),
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=2,
+        precision="float32",
+        callbacks=[count],
+        verbose=0,
+    )
+    assert count.calls == plain_count.calls == 2 * SAMPLES // BATCH
+    assert count.seen == {1}
+    why = history.plan.reasons["steps_per_execution"]
+    assert reasons_lib.code(why) == "steps.held", why
+    assert "CallCount" in why and "on_train_batch_end" in why
+
+
+def a_failed_run_puts_the_value_back() -> None:
+    x, y = data()
+    m = model()
+
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise RuntimeError("boom")
+
+    try:
+        kerascale.fit(
+            m,
+            x,
+            y,
+            batch_size=BATCH,
+            epochs=2,
+            precision="float32",
+            steps_per_execution=4,
+            callbacks=[Boom()],
+            verbose=0,
+        )
+    except RuntimeError as e:
+        assert str(e) == "boom"
+    else:
+        raise AssertionError("the callback's error did not reach the caller")
+    assert m.steps_per_execution == 1
+    counter = CallCount()
+    m.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[counter])
+    assert counter.calls == SAMPLES // BATCH
+
+
+def a_backup_resumes_exactly_at_several_steps_a_call(tmp_path) -> None:
+    """Interrupted mid-epoch at 4 steps a call (epochs of 64 steps: a last
+    call of 4... and saves every 8 updates), the rerun ends with the
+    uninterrupted run's weights and step count."""
+    from conformance import Interrupt, _RaiseAt
+
+    x, y = data(640)  # 20 steps an epoch: calls of 8, 8 and 4 at 8 a call
+    ref = model()
+    kerascale.fit(
+        ref,
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=3,
+        shuffle=False,
+        precision="float32",
+        steps_per_execution=8,
+        verbose=0,
+    )
+    first = model()
+    try:
+        kerascale.fit(
+            first,
+            x,
+            y,
+            batch_size=BATCH,
+            epochs=3,
+            shuffle=False,
+            precision="float32",
+            steps_per_execution=8,
+            checkpoint_dir=str(tmp_path / "ckpt"),
+            checkpoint_freq=8,
+            callbacks=[_RaiseAt(36)],  # epoch 2, after its second call
+            verbose=0,
+        )
+    except Interrupt:
+        pass
+    else:
+        raise AssertionError("the interruption did not happen")
+    again = model()
+    history = kerascale.fit(
+        again,
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=3,
+        shuffle=False,
+        precision="float32",
+        steps_per_execution=8,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_freq=8,
+        verbose=0,
+    )
+    assert int(again.optimizer.iterations) == int(ref.optimizer.iterations) == 60
+    assert history.epoch == [0, 1, 2]
+    assert largest_difference(weights(again), weights(ref)) <= 1e-6
