@@ -1,5 +1,7 @@
 """Steps per call (issue 59) on TensorFlow: tests_common/steps_per_call.py."""
 
+import conformance
+import pytest
 import steps_per_call as cases
 
 
@@ -25,3 +27,14 @@ def test_a_failed_run_puts_the_value_back():
 
 def test_a_backup_resumes_exactly_at_several_steps_a_call(tmp_path):
     cases.a_backup_resumes_exactly_at_several_steps_a_call(tmp_path)
+
+
+_CELLS = cases.cells_at_several_steps_a_call("tensorflow", 1)
+_CACHE: dict = {}
+
+
+@pytest.mark.parametrize("cell", _CELLS, ids=[c.id for c in _CELLS])
+def test_a_promise_holds_at_four_steps_a_call(cell, tmp_path, monkeypatch):
+    monkeypatch.setenv("KERASCALE_CONFORMANCE_STEPS", "4")
+    result = conformance.check(cell, tmp_path, _CACHE)
+    assert result == "ok" or result.startswith("dropped"), result

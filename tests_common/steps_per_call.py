@@ -268,3 +268,29 @@ def a_backup_resumes_exactly_at_several_steps_a_call(tmp_path) -> None:
     assert int(again.optimizer.iterations) == int(ref.optimizer.iterations) == 60
     assert history.epoch == [0, 1, 2]
     assert largest_difference(weights(again), weights(ref)) <= 1e-6
+
+
+def cells_at_several_steps_a_call(backend: str, devices: int) -> list:
+    """The conformance cells CI also runs at 4 steps a call (the whole
+    matrix runs so with `KERASCALE_CONFORMANCE_STEPS=4`,
+    tools/conformance_matrix.py): every promise that interrupts, resumes or
+    stops, on an input of each way of reading (Keras's own pipeline of
+    arrays, a `tf.data` pipeline where there is TensorFlow, a `PyDataset`),
+    an epoch's 6 steps in calls of 4 and 2."""
+    import conformance
+
+    inputs = ["arrays_shuffled", "pydataset"]
+    if backend != "jax":
+        inputs.append("tfdata_shuffled")
+    promises = [
+        "trains_like_fit",
+        "interrupt_and_rerun",
+        "sigterm_saves_and_exits",
+        "accumulation_equals_large_batch",
+        "time_budget_stops_with_checkpoint",
+    ]
+    return [
+        conformance.Cell(backend, devices, kind, "float32", promise)
+        for kind in inputs
+        for promise in promises
+    ]
