@@ -76,6 +76,9 @@ def data() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+CHOSEN: list[str] = []  # kerascale's steps per call and reason, each round
+
+
 def run(kind: str, x, y, epochs: int, spe: int) -> tuple[float, list[np.ndarray]]:
     """One run of `kind`: its seconds from the call to the return, and the
     weights it trained."""
@@ -85,7 +88,7 @@ def run(kind: str, x, y, epochs: int, spe: int) -> tuple[float, list[np.ndarray]
         with tempfile.TemporaryDirectory(prefix="kerascale-cache-") as cache:
             os.environ["KERASCALE_CACHE_DIR"] = cache
             started = time.perf_counter()
-            kerascale.fit(
+            history = kerascale.fit(
                 model,
                 x,
                 y,
@@ -95,6 +98,10 @@ def run(kind: str, x, y, epochs: int, spe: int) -> tuple[float, list[np.ndarray]
                 verbose=0,
             )
             seconds = time.perf_counter() - started
+            plan = history.plan
+            why = plan.reasons.get("steps_per_execution", "")
+            CHOSEN.append(f"{plan.steps_per_execution}: {why}")
+            print(f"  kerascale's steps per call {CHOSEN[-1]}", flush=True)
     else:
         started = time.perf_counter()
         model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=True, verbose=0)
@@ -157,6 +164,7 @@ def main() -> int:
         backend=backend,
         epochs=epochs,
         steps_per_execution=args.spe,
+        kerascale_chose=CHOSEN,
         seconds=times,
         largest_weight_difference=differences,
     )
