@@ -9,6 +9,10 @@ def test_an_int_trains_like_one_step_a_call_and_is_put_back(tmp_path):
     cases.an_int_trains_like_one_step_a_call_and_is_put_back(tmp_path)
 
 
+def test_throughput_counts_the_steps_not_the_calls():
+    cases.throughput_counts_the_steps_not_the_calls()
+
+
 def test_a_value_given_to_compile_is_kept():
     cases.a_value_given_to_compile_is_kept()
 

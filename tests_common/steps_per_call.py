@@ -114,6 +114,28 @@ def an_int_trains_like_one_step_a_call_and_is_put_back(tmp_path) -> None:
     assert counter.calls == SAMPLES // BATCH and counter.seen == {1}
 
 
+def throughput_counts_the_steps_not_the_calls() -> None:
+    """`Throughput` at 5 steps a call over epochs of 64 steps (a last call
+    of 4): steps per second times the epoch's seconds is the epoch's 64."""
+    from kerascale.callbacks import Throughput
+
+    x, y = data()
+    meter = Throughput(BATCH)
+    kerascale.fit(
+        model(),
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=2,
+        precision="float32",
+        steps_per_execution=5,
+        callbacks=[meter],
+        verbose=0,
+    )
+    for figures, seconds in zip(meter.epochs_seen, meter._epoch_seconds, strict=True):
+        assert round(figures["steps_per_second"] * seconds) == SAMPLES // BATCH
+
+
 def a_value_given_to_compile_is_kept() -> None:
     x, y = data()
     m = model(steps_per_execution=3)

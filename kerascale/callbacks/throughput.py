@@ -7,6 +7,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from kerascale import _keras_compat as keras_compat
 from kerascale import _tf
 from kerascale import _validation as v
 from kerascale.callbacks._base import KerascaleCallback, pauses
@@ -76,6 +77,7 @@ class Throughput(KerascaleCallback):
     def on_epoch_begin(self, epoch, logs=None):
         self._intervals: list[float] = []
         self._last = None
+        self._last_begin = 0
         self._epoch_start = self._clock()
         self._paused = pauses(self.model)
 
@@ -84,6 +86,7 @@ class Throughput(KerascaleCallback):
         if self._last is not None:
             self._intervals.append(now - self._last)
         self._last = now
+        self._last_begin = batch
 
     def on_epoch_end(self, epoch, logs=None):
         now = self._clock()
@@ -95,8 +98,10 @@ class Throughput(KerascaleCallback):
             return
         self._epoch_seconds.append(seconds)
         spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        # The steps the epoch ran: its last call may run fewer than spe.
+        last = keras_compat.last_step_of_call(self.params, self._last_begin + spe - 1)
         figures = {
-            "steps_per_second": steps * spe / seconds,
+            "steps_per_second": (last + 1) / seconds,
             "step_time_median": statistics.median(self._intervals) / spe,
             "step_time_p90": _quantile(self._intervals, 0.9) / spe,
         }

@@ -166,15 +166,16 @@ def decide(
         decided = _tried(decided, given, ladder, budget)
     if options.recompute == "auto":
         decided = _recomputed(decided, given, search, asked, budget)
-    cluster = hw.cluster
-    decided = host_path.chosen(
-        decided,
-        given,
-        steps_limit,
-        budget,
-        steps_per_epoch=steps_per_epoch,
-        on_cluster=clustered or (cluster is not None and cluster.is_multi_worker),
-    )
+    if epochs is not None:  # a run follows, whose steps per call it sets
+        cluster = hw.cluster
+        decided = host_path.chosen(
+            decided,
+            given,
+            steps_limit,
+            budget,
+            steps_per_epoch=steps_per_epoch,
+            on_cluster=clustered or (cluster is not None and cluster.is_multi_worker),
+        )
     if clustered:
         decided = agree(decided)
     brought = Measured(materialized=materialized)
