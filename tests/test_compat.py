@@ -569,3 +569,39 @@ def test_tensorboards_profile_window_is_still_where_kerascale_reads_it():
         keras.callbacks.TensorBoard("/tmp/tb", profile_batch=(2, 4))
     )
     assert not keras_compat.tensorboard_profiles(keras.callbacks.TensorBoard("/tmp/tb"))
+
+
+_MIRRORED_STEPS = """
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+import keras, numpy as np
+x, y = np.ones((64, 4), "float32"), np.ones((64, 1), "float32")
+with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    m.compile("sgd", "mse", steps_per_execution=2)
+try:
+    m.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    print("TRAINED")
+except tf.errors.InvalidArgumentError as e:
+    print("FAILED", "must feed a value for placeholder" in str(e))
+"""
+
+
+def test_keras_tf_fit_still_fails_at_several_steps_a_call_under_mirrored():
+    """Why the plan keeps one step a call under a `tf.distribute` strategy
+    of several replicas (rules._steps_per_execution): Keras's TensorFlow fit
+    fails there (keras-team/keras#19246). Fails when Keras trains it: then
+    the rule can go."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
+    out = subprocess.run(
+        [sys.executable, "-c", _MIRRORED_STEPS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    assert "FAILED True" in out.stdout, (out.stdout, out.stderr[-2000:])

@@ -13,6 +13,10 @@ def test_throughput_counts_the_steps_not_the_calls():
     cases.throughput_counts_the_steps_not_the_calls()
 
 
+def test_a_value_that_does_not_divide_steps_per_epoch_is_said():
+    cases.a_value_that_does_not_divide_steps_per_epoch_is_said()
+
+
 def test_a_value_given_to_compile_is_kept():
     cases.a_value_given_to_compile_is_kept()
 

@@ -25,7 +25,7 @@ def test_the_largest_value_divides_what_the_run_needs():
     assert n == 8 and "accumulation window of 4" in why
     assert steps.StepsLimit().largest(3, accumulation=4) == (
         2,
-        "2, not 3, so that a call ends with an accumulation window of 4",
+        "2, not 3, so that the calls fit an accumulation window of 4",
     )
 
 
@@ -109,3 +109,44 @@ def test_the_host_share_comes_from_the_two_timings():
     assert found.per_call == pytest.approx(6.4e-4)
     assert found.share == pytest.approx(0.64)
     assert HostPath(t1=1e-3, tk=1.1e-3, k=16).share == 0.0
+
+
+def test_auto_takes_a_divisor_of_steps_per_epoch():
+    """An iterator that runs on across epochs: only a divisor keeps each
+    epoch's steps (Keras runs a call whole past the epoch's end)."""
+    limit = steps.StepsLimit(divides=((6, "steps_per_epoch=6"),))
+    assert limit.largest(4) == (
+        3,
+        "3, not 4, so that the calls fit steps_per_epoch=6",
+    )
+
+
+def test_several_replicas_on_tensorflow_keep_one_step_a_call():
+    """keras-team/keras#19246: a value of yours is dropped with a warning."""
+    from test_reasons import gpu_box
+
+    from kerascale.plan import reasons
+    from kerascale.plan.rules import make_plan
+    from kerascale.sense.data_facts import DataFacts
+    from kerascale.sense.model_facts import ModelFacts
+
+    data = DataFacts(kind="dataset", batched=True, batch_size=64)
+    plan = make_plan(gpu_box(2), Options.validate(), ModelFacts(), data)
+    assert plan.steps_per_execution == 1
+    assert reasons.code(plan.reasons["steps_per_execution"]) == "steps.replicas"
+    assert not any("steps_per_execution" in w for w in plan.warnings)
+    asked = make_plan(
+        gpu_box(2), Options.validate(steps_per_execution=8), ModelFacts(), data
+    )
+    assert asked.steps_per_execution == 1
+    said = [w for w in asked.warnings if "steps_per_execution=8" in w]
+    assert len(said) == 1 and "keras-team/keras#19246" in said[0]
+    compiled = make_plan(
+        gpu_box(2), Options.validate(), ModelFacts(steps_per_execution=4), data
+    )
+    assert compiled.steps_per_execution == 1
+    assert any("steps_per_execution=4 (your compile's)" in w for w in compiled.warnings)
+    one = make_plan(
+        gpu_box(1), Options.validate(steps_per_execution=8), ModelFacts(), data
+    )
+    assert one.steps_per_execution == 8

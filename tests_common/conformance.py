@@ -310,13 +310,21 @@ class _SigtermAt(_RaiseAt):
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def steps_asked() -> dict:
+def steps_asked(kwargs: dict) -> dict:
     """`kerascale.fit`'s steps_per_execution for every cell where the
     matrix runs at several steps a call (`KERASCALE_CONFORMANCE_STEPS=N`:
     an epoch's 6 steps then run in calls of N and what is left), else
-    none: "auto", which these short runs keep at 1."""
-    n = os.environ.get("KERASCALE_CONFORMANCE_STEPS")
-    return {"steps_per_execution": int(n)} if n else {}
+    none: "auto", which these short runs keep at 1. With `steps_per_epoch`
+    (an iterator that runs on across epochs) the largest divisor of it up
+    to N, as kerascale chooses there: Keras runs a call whole past such an
+    epoch's end (and kerascale warns where you ask for that)."""
+    n = int(os.environ.get("KERASCALE_CONFORMANCE_STEPS") or 0)
+    if not n:
+        return {}
+    steps = kwargs.get("steps_per_epoch")
+    if steps:
+        n = max(d for d in range(1, n + 1) if steps % d == 0)
+    return {"steps_per_execution": n}
 
 
 def _ks_fit(
@@ -329,7 +337,7 @@ def _ks_fit(
     if dropout is not None:
         model.layers[1].rate = dropout
     x, y, kwargs = make_input(cell.input)
-    kwargs.update(steps_asked())
+    kwargs.update(steps_asked(kwargs))
     kwargs.update(extra)
     if cell.backend == "tensorflow" and cell.devices > 1:
         # Logical CPUs stand in for GPUs, which kerascale would mirror over.
@@ -509,7 +517,7 @@ def _accumulation_equals_large_batch(cell, tmp_path, cache):
     model = model_without_dropout(plain=False)
     x, y, kwargs = make_input(cell.input, batch=32)
     kwargs["batch_size"] = 32
-    kwargs.update(steps_asked())
+    kwargs.update(steps_asked(kwargs))
     if cell.backend == "tensorflow" and cell.devices > 1:
         kwargs["strategy"] = "mirrored"
     with warnings.catch_warnings(record=True) as caught:

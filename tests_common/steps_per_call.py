@@ -136,6 +136,39 @@ def throughput_counts_the_steps_not_the_calls() -> None:
         assert round(figures["steps_per_second"] * seconds) == SAMPLES // BATCH
 
 
+def a_value_that_does_not_divide_steps_per_epoch_is_said() -> None:
+    """Keras runs a call whole past the end of an epoch of an iterator that
+    runs on (`steps_per_epoch`): 4 a call over 6 steps trains 8 an epoch,
+    in `model.fit` too. kerascale keeps the value you gave and says so, once;
+    "auto" takes a divisor there."""
+    import warnings
+
+    x, y = data(96 * 4)
+
+    def batches():
+        while True:
+            for i in range(0, len(x), 16):
+                yield x[i : i + 16], y[i : i + 16]
+
+    plain = model(steps_per_execution=4)
+    plain.fit(batches(), steps_per_epoch=6, epochs=2, verbose=0)
+    ours = model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kerascale.fit(
+            ours,
+            batches(),
+            steps_per_epoch=6,
+            epochs=2,
+            precision="float32",
+            steps_per_execution=4,
+            verbose=0,
+        )
+    said = [str(w.message) for w in caught if "does not divide" in str(w.message)]
+    assert len(said) == 1 and "steps_per_epoch=6" in said[0], said
+    assert int(ours.optimizer.iterations) == int(plain.optimizer.iterations) == 16
+
+
 def a_value_given_to_compile_is_kept() -> None:
     x, y = data()
     m = model(steps_per_execution=3)

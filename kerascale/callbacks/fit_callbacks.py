@@ -50,10 +50,12 @@ def steps_limit(callbacks: Any, monitoring: Monitoring) -> steps_rules.StepsLimi
         for c in callbacks
         if isinstance(c, FaultTolerantBackup) and c.save_every_updates
     ]
+    backups = any(isinstance(c, FaultTolerantBackup) for c in callbacks)
     return steps_rules.for_run(
         hook=callback_hooks.overridden_hook(callbacks),
         save_every=math.gcd(*saves) if saves else None,
         profile=monitoring.window,
+        counts_steps="a FaultTolerantBackup" if backups else "",
     )
 
 

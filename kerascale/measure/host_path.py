@@ -33,6 +33,7 @@ from kerascale.apply.session import Session
 from kerascale.measure import budget as budget_lib
 from kerascale.measure import trial_bench
 from kerascale.measure.request import Given
+from kerascale.plan import reasons as reasons_lib
 from kerascale.plan import steps as steps_rules
 from kerascale.plan.measured import Measured
 from kerascale.plan.reasons import Reason
@@ -92,9 +93,26 @@ def chosen(
     model was compiled with 1): measured where the run repays it, else 1
     with why. A measurement that fails leaves 1, with why."""
     options, plan = decided.options, decided.plan
-    if options.steps_per_execution != "auto" or decided.model.steps_per_execution > 1:
-        return decided
+    if reasons_lib.code(plan.reasons.get("steps_per_execution", "")) == (
+        "steps.replicas"
+    ):
+        return decided  # the rule's 1 (keras-team/keras#19246)
     epoch = _epoch_steps(decided, steps_per_epoch)
+    if options.steps_per_execution != "auto" or decided.model.steps_per_execution > 1:
+        known = _keras_knows_epoch(decided, steps_per_epoch)
+        if plan.steps_per_execution > 1 and not known and limit and limit.counts_steps:
+            return _uncounted(decided, limit.counts_steps)
+        return _overrun_said(decided, steps_per_epoch)
+    if isinstance(steps_per_epoch, int) and steps_per_epoch > 0:
+        # One iterator runs on across epochs, and Keras runs a call whole
+        # past the epoch's end: only a divisor keeps the epoch's steps.
+        limit = dataclasses.replace(
+            limit or steps_rules.StepsLimit(),
+            divides=(
+                *(limit.divides if limit else ()),
+                (steps_per_epoch, f"steps_per_epoch={steps_per_epoch}"),
+            ),
+        )
     why = _why_not(decided, limit, epoch, on_cluster)
     if why is None and budget is not None:
         why = _unpaid(decided, budget)
@@ -122,6 +140,58 @@ def chosen(
     if n <= 1:
         return _decided(decided, 1, Reason("steps.not_worth", **figures))
     return _decided(decided, n, Reason("steps.measured", n=n, limit=bound, **figures))
+
+
+def _keras_knows_epoch(decided: Decided, steps_per_epoch: Any) -> bool:
+    """Whether Keras's fit knows the epoch's steps (its callbacks'
+    `params["steps"]`): `steps_per_epoch`, arrays, a `PyDataset`, a
+    `tf.data` pipeline of known length; not a generator or a grain loader."""
+    if isinstance(steps_per_epoch, int) and steps_per_epoch > 0:
+        return True
+    data = decided.data
+    return data.kind in ("arrays", "pydataset") or (
+        data.kind == "dataset" and bool(data.num_samples)
+    )
+
+
+def _uncounted(decided: Decided, who: str) -> Decided:
+    """One step a call, with a warning, where a value of yours would leave
+    `who` unable to count an epoch's steps: its length is unknown, and Keras
+    gives a short last call the end a whole call would have."""
+    n = decided.plan.steps_per_execution
+    words = (
+        f"steps_per_execution={n} was not applied: in an epoch of unknown "
+        f"length, Keras reports its short last call as {n} steps, and "
+        f"{who} would count them wrong and resume elsewhere. Trained at 1 "
+        "a call; pass steps_per_epoch= to train at yours."
+    )
+    why = Reason("steps.default", why=f"{who} in an epoch of unknown length")
+    options = dataclasses.replace(decided.options, steps_per_execution=1)
+    found = Measured().decided(steps_per_execution=why).warned(words)
+    return decided.replanned(found, options=options)
+
+
+def _overrun_said(decided: Decided, steps_per_epoch: Any) -> Decided:
+    """`decided`, with a warning where the steps per call you set do not
+    divide `steps_per_epoch`: Keras then runs each epoch's last call whole,
+    past the epoch's end, on the iterator that runs on across epochs (as
+    `model.fit` does with that `compile(steps_per_execution=...)`)."""
+    plan = decided.plan
+    n = plan.steps_per_execution
+    if not (isinstance(steps_per_epoch, int) and steps_per_epoch > 0) or n <= 1:
+        return decided
+    epoch = steps_per_epoch * plan.accumulation_steps
+    if epoch % n == 0:
+        return decided
+    ran = -(-epoch // n) * n
+    return decided.replanned(
+        Measured().warned(
+            f"steps_per_execution={n} does not divide the {epoch} steps of an "
+            f"epoch (steps_per_epoch={steps_per_epoch}): Keras runs each call "
+            f"whole, so an epoch trains {ran} steps, as model.fit does with "
+            "this value. Pass a divisor of it for epochs of exactly that many."
+        )
+    )
 
 
 def _why_not(

@@ -319,7 +319,10 @@ WORDS: dict[str, str | Callable[..., str]] = {
         "profile={window} traces the steps it names, counting calls; pass "
         "steps_per_execution= to raise it anyway"
     ),
-    "steps.chief": "the chief's ({n}), so that all workers call alike",
+    "steps.replicas": (
+        "one: Keras's TensorFlow fit fails at more under {strategy} with "
+        "{replicas} replicas (keras-team/keras#19246)"
+    ),
     # precision, measured
     "precision.length_unknown": (
         "float32: the run's length is unknown (a dataset of unknown size), so "

@@ -88,7 +88,9 @@ def make_plan(
     data_changes = dataclasses.replace(data_changes, **split)
     warnings += split_warnings
     recompute = _recompute(options, reasons)
-    steps = _steps_per_execution(options, model, reasons)
+    steps = _steps_per_execution(
+        options, model, reasons, warnings, where.strategy, replicas, hardware.backend
+    )
     if measured.materialized:
         data_changes = dataclasses.replace(data_changes, materialized=True)
     reasons, stated = measured.stated(reasons, tuple(warnings))
@@ -145,12 +147,35 @@ def _recompute(options: Options, reasons: dict[str, Reason]) -> str:
 
 
 def _steps_per_execution(
-    options: Options, model: ModelFacts, reasons: dict[str, Reason]
+    options: Options,
+    model: ModelFacts,
+    reasons: dict[str, Reason],
+    warnings: list[str],
+    strategy: str,
+    replicas: int,
+    backend: str,
 ) -> int:
     """Training steps per call: yours (`fit`'s argument, then `compile`'s),
     else one, its reason set in `reasons` ("auto" is measured later, by
-    `measure.host_path`, which sets the option and its reason)."""
+    `measure.host_path`, which sets the option and its reason). One under a
+    `tf.distribute` strategy of several replicas, where Keras's TensorFlow
+    fit fails at more (keras-team/keras#19246): a value of yours is then
+    dropped with a warning."""
     asked = options.steps_per_execution
+    yours = asked if isinstance(asked, int) else model.steps_per_execution
+    engine = backend_lib.traits(backend).engine
+    if engine == "tf.distribute" and replicas > 1:
+        why = Reason("steps.replicas", strategy=strategy, replicas=replicas)
+        reasons["steps_per_execution"] = why
+        if yours > 1:
+            where = "you passed" if isinstance(asked, int) else "your compile's"
+            warnings.append(
+                f"steps_per_execution={yours} ({where}) was not applied: Keras's "
+                f"TensorFlow fit fails at several steps a call under {strategy} "
+                f"with {replicas} replicas (keras-team/keras#19246). Trained at 1 "
+                "a call; strategy='one_device' trains at yours on one device."
+            )
+        return 1
     if isinstance(asked, int):
         reasons["steps_per_execution"] = Reason("steps.asked", n=asked)
         return asked

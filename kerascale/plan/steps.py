@@ -38,6 +38,10 @@ class StepsLimit:
 
     held: Reason | None = None
     divides: tuple[tuple[int, str], ...] = ()
+    # What counts each call's steps (a FaultTolerantBackup), which an epoch
+    # of unknown length at several steps a call leaves it unable to do:
+    # Keras gives a short last call the end a whole call would have.
+    counts_steps: str = ""
 
     def largest(self, n: int, accumulation: int = 1) -> tuple[int, str]:
         """The largest value up to `n` these bounds allow, and what lowered
@@ -62,7 +66,7 @@ def _lowered_by(
     whats = [what for d, what in divides if (d * accumulation) % n]
     if accumulation > 1 and n % accumulation and accumulation % n:
         whats.append(f"an accumulation window of {accumulation}")
-    return f"{m}, not {n}, so that a call ends with " + " and ".join(whats)
+    return f"{m}, not {n}, so that the calls fit " + " and ".join(whats)
 
 
 def for_run(
@@ -70,17 +74,24 @@ def for_run(
     hook: tuple[str, str] | None,
     save_every: int | None,
     profile: tuple[int, int] | None,
+    counts_steps: str = "",
 ) -> StepsLimit:
     """The bounds for a run: `hook` (a callback's name, the batch hook it
     overrides) holds it at 1; a backup's save every `save_every`
     updates needs a divisor of it; a profile window (Keras's TensorBoard and
-    kerascale's JAX trace count calls as steps) holds it at 1."""
+    kerascale's JAX trace count calls as steps) holds it at 1;
+    `counts_steps` names what counts each call's steps (a backup)."""
     if hook is not None:
         who, name = hook
-        return StepsLimit(held=Reason("steps.held", who=who, hook=name))
+        return StepsLimit(
+            held=Reason("steps.held", who=who, hook=name), counts_steps=counts_steps
+        )
     if profile is not None:
-        return StepsLimit(held=Reason("steps.profile", window=tuple(profile)))
+        return StepsLimit(
+            held=Reason("steps.profile", window=tuple(profile)),
+            counts_steps=counts_steps,
+        )
     divides = ()
     if save_every:
         divides = ((save_every, f"a save every {save_every} updates"),)
-    return StepsLimit(divides=divides)
+    return StepsLimit(divides=divides, counts_steps=counts_steps)
