@@ -69,7 +69,7 @@ def test_the_rules_codes_for_one_plan():
         "accumulation_steps": "accumulation.no_bound",
         "lr_factor": "lr.scaled",
         "data_changes": "data.pipeline",
-        "steps_per_execution": "steps.default",
+        "steps_per_execution": "steps.replicas",
     }
     assert plan.reasons["lr_factor"].details["factor"] == 4.0
 

@@ -196,9 +196,11 @@ class Plan:
                 )
             )
         steps = self.reasons.get("steps_per_execution", "")
-        # Shown where it is not Keras's default left unmeasured.
+        # Shown where it is not Keras's default left unmeasured (or kept by
+        # the several-replica rule, whose dropping of a value is a warning).
+        quiet = ("steps.default", "steps.replicas", "")
         if self.steps_per_execution != 1 or (
-            steps and reasons_lib.code(steps) not in ("steps.default", "")
+            steps and reasons_lib.code(steps) not in quiet
         ):
             rows.append(("steps per call", str(self.steps_per_execution), steps))
         if self.lr_factor != 1.0:
