@@ -55,3 +55,29 @@ def test_nothing_to_drop_is_the_models_own_error():
     bounded = Options.validate(batch_size=64, precision="float32")
     plan = make_plan(gpu_box(1), bounded, MODEL, DATA)
     assert _after(bounded, plan, searched=True, oom=True) is None
+
+
+def test_steps_per_call_kerascale_chose_go_back_to_the_models_own():
+    """A first step that fails at the steps per call kerascale measured
+    trains next at the model's own value, as plain `fit` would; a value of
+    yours (fit's or compile's) is the model's own error."""
+    options = Options.validate(precision="float32", strategy="default")
+    plan = dataclasses.replace(
+        make_plan(gpu_box(1), options, MODEL, DATA), steps_per_execution=16
+    )
+    step = _after(options, plan, searched=False, oom=False)
+    assert step.options.steps_per_execution == 1
+    why = step.measured.reasons["steps_per_execution"]
+    assert "16 steps a call" in why and "steps_per_execution=1" in why
+    asked = dataclasses.replace(options, steps_per_execution=16)
+    assert _after(asked, plan, searched=False, oom=False) is None
+    compiled = fallback.after_first_step(
+        options,
+        plan,
+        "float32",
+        searched=False,
+        out_of_memory=False,
+        error=RuntimeError("boom"),
+        model_steps=16,
+    )
+    assert compiled is None

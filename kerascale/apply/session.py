@@ -396,7 +396,7 @@ class _StepWatch:
         # Calls of the train function begun and done, and the steps done (a
         # call runs steps_per_execution of them: Keras's hooks get the first
         # step's index and the last's).
-        self.started = self.done = self.steps = self._first = 0
+        self.started = self.done = self.steps = self.first_step = 0
         watch = self
 
         class Begin(keras.callbacks.Callback):
@@ -404,7 +404,7 @@ class _StepWatch:
                 if not watch.started and before_first is not None:
                     before_first()
                 watch.started += 1
-                watch._first = batch
+                watch.first_step = batch
 
         class End(keras.callbacks.Callback):
             # Counting needs no step's logs: Keras may go on dispatching
@@ -414,7 +414,7 @@ class _StepWatch:
             def on_train_batch_end(self, batch, logs=None):
                 watch.done += 1
                 last = keras_compat.last_step_of_call(self.params, batch)
-                watch.steps += max(1, last - watch._first + 1)
+                watch.steps += max(1, last - watch.first_step + 1)
                 if watch.done == 1 and after_first is not None:
                     after_first()
 
@@ -478,6 +478,7 @@ def train(
                     policy=decided.model.policy,
                     searched=decided.search is not None,
                     out_of_memory=is_oom_exception(e),
+                    model_steps=decided.model.steps_per_execution,
                 ) from e
             raise
     k = prepared.plan.accumulation_steps

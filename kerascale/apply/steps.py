@@ -14,17 +14,37 @@ functions beneath (a notebook cell run again traces once).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from kerascale import _keras_compat as keras_compat
-from kerascale.sense.model_facts import compiled_steps
+from kerascale.sense.model_facts import steps_per_call
 
 # The functions that run `steps_per_execution` steps a call (`predict` is
 # not `fit`'s: left as it is).
 _TRACED = ("train_function", "test_function")
 # Where a model keeps the functions Keras traced at kerascale's value.
 _CACHE = "_kerascale_steps_traced"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Traced:
+    """What Keras traced at `n` steps a call, over the functions `beneath`
+    (those the run found, traced at the model's own value) of the model as
+    compiled then (`token`)."""
+
+    n: int
+    token: Any
+    beneath: dict[str, Any]
+    traced: dict[str, Any]
+
+    def fits(self, n: int, token: Any, beneath: dict[str, Any]) -> bool:
+        return (
+            self.n == n
+            and self.token is token
+            and all(self.beneath[name] is beneath[name] for name in _TRACED)
+        )
 
 
 def apply(
@@ -35,32 +55,23 @@ def apply(
     without an exception, so what it traced is kept for the next); None
     where nothing changes. `builder`: the model a builder made, which keeps
     its own value where the plan's is Keras's default 1."""
-    before = getattr(model, "steps_per_execution", 1)
-    if n == before or (builder and n == 1):
+    before = getattr(model, "steps_per_execution", 1)  # put back as found
+    if n == steps_per_call(model) or (builder and n == 1):
         return None
-    saved = {name: getattr(model, name, None) for name in _TRACED}
+    beneath = {name: getattr(model, name, None) for name in _TRACED}
     token = keras_compat.compile_token(model)
     kept = model.__dict__.get(_CACHE)
+    reuse = kept is not None and all(beneath.values()) and kept.fits(n, token, beneath)
     model.steps_per_execution = n
-    reusable = (
-        kept is not None
-        and kept[0] == n
-        and kept[1] is token
-        and all(saved.values())
-        and all(kept[2][name] is saved[name] for name in _TRACED)
-    )
     for name in _TRACED:
-        setattr(model, name, kept[3][name] if reusable else None)
+        setattr(model, name, kept.traced[name] if reuse else None)
 
     def undo(ok: bool = True) -> None:
         traced = {name: getattr(model, name, None) for name in _TRACED}
-        if ok and all(saved.values()) and all(traced.values()):
-            model.__dict__[_CACHE] = (n, token, saved, traced)
+        if ok and all(beneath.values()) and all(traced.values()):
+            model.__dict__[_CACHE] = _Traced(n, token, beneath, traced)
         model.steps_per_execution = before
-        for name, fn in saved.items():
+        for name, fn in beneath.items():
             setattr(model, name, fn)
 
     return undo
-
-
-__all__ = ["apply", "compiled_steps"]

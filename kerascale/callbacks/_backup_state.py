@@ -22,6 +22,7 @@ import numpy as np
 from kerascale import _tf
 from kerascale.apply.model import accumulation_steps
 from kerascale.sense import backend as backend_lib
+from kerascale.sense.model_facts import steps_per_call
 
 ARRAYS_FILE = ".npz"
 _MANIFEST = "__manifest__"
@@ -67,7 +68,7 @@ class RunState:
     def read_run(self, model: keras.Model, params: dict[str, Any]) -> None:
         """The run as Keras (`params`) and the model give it, at its start."""
         self.chief = is_chief(model)
-        self.spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        self.spe = steps_per_call(model)
         self.k = accumulation_steps(model)
         self.epochs = int(params.get("epochs") or 0)
         self.epoch_steps = params.get("steps")

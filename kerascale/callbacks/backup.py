@@ -232,14 +232,14 @@ class FaultTolerantBackup(KerascaleCallback):
             self._read_metrics()
 
     def on_train_batch_end(self, batch, logs=None):
+        # The steps this call ran: steps_per_execution, or fewer at an
+        # epoch's end.
         batch = keras_compat.last_step_of_call(self.params, batch)
-        ran = batch + 1 - self._s.step  # this call's steps
+        ran = batch + 1 - self._s.step
         self._s.step = batch + 1  # skipped steps count: they were applied before
-        if not self._s.last_call_skipped and ran != self._s.spe:
-            # An epoch's last call ran fewer steps than steps_per_execution
-            # (`_step_fn` counted a whole call).
-            self._position.consumed += ran - self._s.spe
-            self._s.global_step += ran - self._s.spe
+        if not self._s.last_call_skipped:
+            self._position.consumed += ran
+            self._s.global_step += ran
         self._collect(block=False)  # a background save that ended: said now
         if self._s.last_call_skipped:
             return
@@ -625,9 +625,7 @@ class FaultTolerantBackup(KerascaleCallback):
             # is published before it returns.
             self._settle()
             raise
-        self._position.consumed += self._s.spe
-        self._s.global_step += self._s.spe
-        return result
+        return result  # its steps are counted at the call's end
 
     def _on_new_iterator(self, iterator) -> None:
         first = self._position.new_iterator(iterator)

@@ -12,6 +12,7 @@ from kerascale import _tf
 from kerascale import _validation as v
 from kerascale.callbacks._base import KerascaleCallback, pauses
 from kerascale.callbacks._scalars import Scalars, optional_dir
+from kerascale.sense.model_facts import steps_per_call
 
 
 class Throughput(KerascaleCallback):
@@ -97,7 +98,7 @@ class Throughput(KerascaleCallback):
         if not steps or seconds <= 0:
             return
         self._epoch_seconds.append(seconds)
-        spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        spe = steps_per_call(self.model)
         # The steps the epoch ran: its last call may run fewer than spe.
         last = keras_compat.last_step_of_call(self.params, self._last_begin + spe - 1)
         figures = {

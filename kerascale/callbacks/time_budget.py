@@ -14,6 +14,7 @@ from kerascale.apply import step_agreement as agreement_lib
 from kerascale.apply.model import accumulation_steps, core_optimizer
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.errors import warn
+from kerascale.sense.model_facts import steps_per_call
 
 if TYPE_CHECKING:
     from kerascale.callbacks.backup import FaultTolerantBackup
@@ -94,7 +95,7 @@ class TimeBudget(KerascaleCallback):
         self._micro = (
             int(getattr(optimizer, "iterations", 0) or 0) if self._k > 1 else 0
         )
-        self._spe = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        self._spe = steps_per_call(self.model)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch

@@ -21,19 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from typing import TYPE_CHECKING, Any
 
-import keras
-
-from kerascale import _keras_compat as keras_compat
 from kerascale.apply import model as model_lib
 from kerascale.apply import steps as steps_lib
 from kerascale.apply.session import Session
 from kerascale.measure import budget as budget_lib
 from kerascale.measure import trial_bench
+from kerascale.measure.probe import StepClock
 from kerascale.measure.request import Given
-from kerascale.plan import reasons as reasons_lib
 from kerascale.plan import steps as steps_rules
 from kerascale.plan.measured import Measured
 from kerascale.plan.reasons import Reason
@@ -91,28 +87,19 @@ def chosen(
 ) -> Decided:
     """`decided` with its steps per call chosen where it is "auto" (and the
     model was compiled with 1): measured where the run repays it, else 1
-    with why. A measurement that fails leaves 1, with why."""
+    with why. A measurement that fails leaves 1, with why. A value of yours
+    is checked against what counts each call's steps (`_yours`)."""
     options, plan = decided.options, decided.plan
-    if reasons_lib.code(plan.reasons.get("steps_per_execution", "")) == (
-        "steps.replicas"
-    ):
-        return decided  # the rule's 1 (keras-team/keras#19246)
-    epoch = _epoch_steps(decided, steps_per_epoch)
+    if steps_rules.held_by_replicas(plan.backend, plan.replicas):
+        return decided  # the rule's 1
     if options.steps_per_execution != "auto" or decided.model.steps_per_execution > 1:
-        known = _keras_knows_epoch(decided, steps_per_epoch)
-        if plan.steps_per_execution > 1 and not known and limit and limit.counts_steps:
-            return _uncounted(decided, limit.counts_steps)
-        return _overrun_said(decided, steps_per_epoch)
+        return _yours(decided, limit, steps_per_epoch)
+    limit = limit or steps_rules.StepsLimit()
     if isinstance(steps_per_epoch, int) and steps_per_epoch > 0:
         # One iterator runs on across epochs, and Keras runs a call whole
         # past the epoch's end: only a divisor keeps the epoch's steps.
-        limit = dataclasses.replace(
-            limit or steps_rules.StepsLimit(),
-            divides=(
-                *(limit.divides if limit else ()),
-                (steps_per_epoch, f"steps_per_epoch={steps_per_epoch}"),
-            ),
-        )
+        limit = limit.dividing(steps_per_epoch, f"steps_per_epoch={steps_per_epoch}")
+    epoch = _epoch_steps(decided, steps_per_epoch)
     why = _why_not(decided, limit, epoch, on_cluster)
     if why is None and budget is not None:
         why = _unpaid(decided, budget)
@@ -125,21 +112,45 @@ def chosen(
     except Exception as e:  # an optional figure: the run keeps Keras's 1
         return _one(decided, f"not measured: {type(e).__name__}: {gist(e)}")
     decided = dataclasses.replace(decided, host_path=found)
+    n, why = _from_timing(found, epoch, limit, plan.accumulation_steps)
+    return _decided(decided, n, why)
+
+
+def _from_timing(
+    found: HostPath,
+    epoch: int | None,
+    limit: steps_rules.StepsLimit,
+    accumulation: int,
+) -> tuple[int, Reason]:
+    """The steps per call the timing asks for, within the bounds, and why:
+    the largest value the bounds allow where the host's share is at least
+    `MIN_SHARE`, else 1."""
     figures = dict(share=found.share, t1=found.t1 * 1e3, tk=found.tk * 1e3, k=found.k)
     if found.share < MIN_SHARE:
-        return _decided(decided, 1, Reason("steps.not_worth", **figures))
+        return 1, Reason("steps.not_worth", **figures)
     by_time = max(1, int(steps_rules.MAX_CALL_SECONDS / max(found.tk, 1e-9)))
     n, bound = min(steps_rules.MAX_STEPS, by_time), "under a second a call"
     if n == steps_rules.MAX_STEPS:
         bound = f"at most {steps_rules.MAX_STEPS}"
     if epoch is not None and epoch // steps_rules.EPOCH_SHARE < n:
         n, bound = epoch // steps_rules.EPOCH_SHARE, "a tenth of an epoch"
-    if limit is not None:
-        n, lowered = limit.largest(n, plan.accumulation_steps)
-        bound = lowered or bound
+    n, lowered = limit.largest(n, accumulation)
     if n <= 1:
-        return _decided(decided, 1, Reason("steps.not_worth", **figures))
-    return _decided(decided, n, Reason("steps.measured", n=n, limit=bound, **figures))
+        return 1, Reason("steps.not_worth", **figures)
+    return n, Reason("steps.measured", n=n, limit=lowered or bound, **figures)
+
+
+def _yours(
+    decided: Decided, limit: steps_rules.StepsLimit | None, steps_per_epoch: Any
+) -> Decided:
+    """A value of yours (fit's or compile's), as Keras trains it; one a call
+    where it would leave a backup unable to count an epoch's steps
+    (`_uncounted`), and said where it does not divide `steps_per_epoch`."""
+    known = _keras_knows_epoch(decided, steps_per_epoch)
+    several = decided.plan.steps_per_execution > 1
+    if several and not known and limit is not None and limit.counts_steps:
+        return _uncounted(decided, limit.counts_steps)
+    return _overrun_said(decided, steps_per_epoch)
 
 
 def _keras_knows_epoch(decided: Decided, steps_per_epoch: Any) -> bool:
@@ -196,12 +207,12 @@ def _overrun_said(decided: Decided, steps_per_epoch: Any) -> Decided:
 
 def _why_not(
     decided: Decided,
-    limit: steps_rules.StepsLimit | None,
+    limit: steps_rules.StepsLimit,
     epoch: int | None,
     on_cluster: bool,
 ) -> str | Reason | None:
     """Why the run keeps one step a call without a measurement, or None."""
-    if limit is not None and limit.held is not None:
+    if limit.held is not None:
         return limit.held
     if on_cluster:
         return "not measured on a cluster, where each worker would time its own"
@@ -221,14 +232,12 @@ def _why_not(
     return None
 
 
-def _cap(epoch: int | None, limit: steps_rules.StepsLimit | None, plan: Any) -> int:
+def _cap(epoch: int | None, limit: steps_rules.StepsLimit, plan: Any) -> int:
     """The largest value the epoch and the bounds allow, before timing."""
     n = steps_rules.MAX_STEPS
     if epoch is not None:
         n = min(n, epoch // steps_rules.EPOCH_SHARE)
-    if limit is not None:
-        n = limit.largest(n, plan.accumulation_steps)[0]
-    return n
+    return limit.largest(n, plan.accumulation_steps)[0]
 
 
 def _epoch_steps(decided: Decided, steps_per_epoch: Any) -> int | None:
@@ -289,43 +298,12 @@ def _timed(decided: Decided, given: Given, k: int) -> HostPath:
             for n in (1, k):
                 undo = steps_lib.apply(candidate.model, n)
                 try:
-                    at[n].append(candidate.fit_with(_CallClock()).seconds_a_step())
+                    clock = StepClock(WARM_CALLS, 0.0, WINDOW_SECONDS, MIN_CALLS)
+                    per_second = candidate.fit_with(clock).speed(1)
+                    if not per_second:
+                        raise RuntimeError("no step was timed")
+                    at[n].append(1 / per_second)
                 finally:
                     if undo is not None:
                         undo(True)
     return HostPath(min(at[1]), min(at[k]), k)
-
-
-class _CallClock(keras.callbacks.Callback):
-    """Times the steps of `WINDOW_SECONDS` (and `MIN_CALLS` calls) after
-    `WARM_CALLS` calls, counting the steps each call ran (Keras's hooks get
-    a call's first step and its last)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls, self.steps, self.first = 0, 0, 0
-        self.start: float | None = None
-        self.end = 0.0
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.first = batch
-
-    def on_train_batch_end(self, batch, logs=None):
-        now = time.perf_counter()
-        self.calls += 1
-        if self.calls == WARM_CALLS:
-            self.start = now
-            return
-        if self.start is None:
-            return
-        last = keras_compat.last_step_of_call(self.params, batch)
-        self.steps += last - self.first + 1
-        self.end = now
-        timed = self.calls - WARM_CALLS
-        if now - self.start >= WINDOW_SECONDS and timed >= MIN_CALLS:
-            self.model.stop_training = True
-
-    def seconds_a_step(self) -> float:
-        if self.start is None or not self.steps:
-            raise RuntimeError("no step was timed")
-        return (self.end - self.start) / self.steps

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
+from kerascale import _keras_compat as keras_compat
 from kerascale.apply import model as model_lib
 from kerascale.apply.session import Session
 from kerascale.measure.probe_data import decode_structure, synthetic_batch
@@ -245,9 +246,10 @@ def _fit_arrays(
 
 
 class StepClock(keras.callbacks.Callback):
-    """Marks each batch's end; stops training `window` seconds (and at least
-    `min_steps` steps) after a warm-up of `warm_steps` steps and
-    `warm_seconds`. Steps are timed between batch ends inside one `fit`, so
+    """Marks each call's end (a call runs `steps_per_execution` steps, the
+    last of an epoch perhaps fewer); stops training `window` seconds (and at
+    least `min_steps` calls) after a warm-up of `warm_steps` calls and
+    `warm_seconds`. Steps are timed between call ends inside one `fit`, so
     that a `fit` call's own start (its iterator, its callbacks) is not
     counted as training."""
 
@@ -256,11 +258,19 @@ class StepClock(keras.callbacks.Callback):
         self.warm_steps, self.warm_seconds = warm_steps, warm_seconds
         self.window, self.min_steps = window, min_steps
         self.marks: list[float] = []
+        self.steps: list[int] = []  # the steps run by each mark
         self.start: int | None = None
+        self._first = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._first = batch
 
     def on_train_batch_end(self, batch, logs=None):
         marks = self.marks
         marks.append(time.perf_counter())
+        last = keras_compat.last_step_of_call(self.params, batch)
+        ran = max(1, last - self._first + 1)
+        self.steps.append((self.steps[-1] if self.steps else 0) + ran)
         if self.start is None:
             warm = marks[-1] - marks[0] >= self.warm_seconds
             if len(marks) >= self.warm_steps and warm:
@@ -275,7 +285,7 @@ class StepClock(keras.callbacks.Callback):
         """Samples/s over the timed steps."""
         marks = self.marks
         first = self.start if self.start is not None else len(marks) - 1
-        steps = len(marks) - 1 - first
+        steps = self.steps[-1] - self.steps[first] if marks else 0
         seconds = marks[-1] - marks[first] if steps > 0 else 0.0
         return steps * samples_per_step / seconds if seconds > 0 else 0.0
 

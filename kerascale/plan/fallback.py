@@ -87,6 +87,7 @@ class FirstStepFailed(Recoverable):
         policy: The model's own precision.
         searched: Whether kerascale searched the plan's batch.
         out_of_memory: Whether `error` means memory ran out.
+        model_steps: The steps per call the model was compiled with.
     """
 
     rung = "first_step"
@@ -99,10 +100,12 @@ class FirstStepFailed(Recoverable):
         policy: str,
         searched: bool,
         out_of_memory: bool,
+        model_steps: int = 1,
     ):
         super().__init__(f"{type(error).__name__}: {error}")
         self.error, self.plan, self.policy = error, plan, policy
         self.searched, self.out_of_memory = searched, out_of_memory
+        self.model_steps = model_steps
 
     def unanswered(self) -> BaseException:
         return self.error
@@ -203,6 +206,7 @@ def _answer(attempt: Attempt, failure: Recoverable) -> Attempt | None:
         searched=failure.searched,
         out_of_memory=failure.out_of_memory,
         error=failure.error,
+        model_steps=failure.model_steps,
     )
     if step is None:
         return None
@@ -234,6 +238,7 @@ _FIELDS = {
     "precision": "precision",
     "optimize_data": "data_changes",
     "recompute": "recompute",
+    "steps_per_execution": "steps_per_execution",
 }
 
 
@@ -245,6 +250,7 @@ def after_first_step(
     searched: bool,
     out_of_memory: bool,
     error: BaseException,
+    model_steps: int = 1,
 ) -> Fallback | None:
     """The attempt after `plan` failed at its first training step with
     `error`, or None where nothing failed that kerascale chose (the error is
@@ -259,7 +265,7 @@ def after_first_step(
         if smaller is not None:
             bounded, why = smaller
             return Fallback(bounded, Measured().warned(f"{why} ({failure})"))
-    plainer, what = plain(options, plan, model_policy)
+    plainer, what = plain(options, plan, model_policy, model_steps)
     if not what:
         return None
     # The arguments that skip each attempt, as the user writes them.
@@ -268,6 +274,7 @@ def after_first_step(
         "precision": plainer.precision,
         "optimize_data": plainer.optimize_data,
         "recompute": False,
+        "steps_per_execution": plainer.steps_per_execution,
     }
     changed = [k for k in _FIELDS if getattr(plainer, k) != getattr(options, k)]
     why = Reason(
@@ -280,12 +287,22 @@ def after_first_step(
     return Fallback(plainer, measured)
 
 
-def plain(options: Options, plan: Plan, model_policy: str) -> tuple[Options, str]:
+def plain(
+    options: Options, plan: Plan, model_policy: str, model_steps: int = 1
+) -> tuple[Options, str]:
     """`options` with the choices kerascale made on its own, in `plan`, set
-    to what plain `model.fit` does (the model's own precision, the data as
-    given); and those choices, in words ("" when there are none)."""
+    to what plain `model.fit` does (the model's own precision and steps per
+    call, the data as given); and those choices, in words ("" when there are
+    none)."""
     changes: dict[str, Any] = {}
     said = []
+    # kerascale raises an "auto" value only above a compiled 1 (it keeps
+    # yours, or lowers it where Keras fails at it).
+    if options.steps_per_execution == "auto" and plan.steps_per_execution > max(
+        1, model_steps
+    ):
+        changes["steps_per_execution"] = model_steps
+        said.append(f"{plan.steps_per_execution} steps a call")
     if options.precision == "auto" and plan.precision != model_policy:
         changes["precision"] = model_policy
         said.append(f"precision {plan.precision}")

@@ -14,6 +14,7 @@ from kerascale.plan import accumulation as accumulation_rules
 from kerascale.plan import batch_split, device_split
 from kerascale.plan import model_sharding as sharding
 from kerascale.plan import precision as precision_rules
+from kerascale.plan import steps as steps_rules
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.choice import StrategyChoice
 from kerascale.plan.data_changes import DataChanges
@@ -163,8 +164,7 @@ def _steps_per_execution(
     dropped with a warning."""
     asked = options.steps_per_execution
     yours = asked if isinstance(asked, int) else model.steps_per_execution
-    engine = backend_lib.traits(backend).engine
-    if engine == "tf.distribute" and replicas > 1:
+    if steps_rules.held_by_replicas(backend, replicas):
         why = Reason("steps.replicas", strategy=strategy, replicas=replicas)
         reasons["steps_per_execution"] = why
         if yours > 1:

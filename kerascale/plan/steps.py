@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from kerascale.plan.reasons import Reason
+from kerascale.sense import backend as backend_lib
 
 # The most steps one call runs, whatever the measurement asks: a call is
 # also the unit a time budget stops at and a save waits for (a step of
@@ -23,6 +24,13 @@ MAX_STEPS = 128
 # A call stays under this, and under a tenth of an epoch.
 MAX_CALL_SECONDS = 1.0
 EPOCH_SHARE = 10
+
+
+def held_by_replicas(backend: str, replicas: int) -> bool:
+    """Whether one step a call is all Keras trains at: its TensorFlow fit
+    fails at more under a `tf.distribute` strategy of several replicas
+    (keras-team/keras#19246; `tests/test_compat.py` checks it still does)."""
+    return backend_lib.traits(backend).engine == "tf.distribute" and replicas > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +50,10 @@ class StepsLimit:
     # of unknown length at several steps a call leaves it unable to do:
     # Keras gives a short last call the end a whole call would have.
     counts_steps: str = ""
+
+    def dividing(self, steps: int, what: str) -> StepsLimit:
+        """These bounds, and a value that divides `steps` (`what` needs it)."""
+        return dataclasses.replace(self, divides=(*self.divides, (steps, what)))
 
     def largest(self, n: int, accumulation: int = 1) -> tuple[int, str]:
         """The largest value up to `n` these bounds allow, and what lowered

@@ -169,13 +169,14 @@ def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> Mode
         in_strategy_scope=in_scope,
         borrowable=not not_borrowable,
         why_not_borrowable=not_borrowable,
-        steps_per_execution=compiled_steps(model),
+        steps_per_execution=steps_per_call(model),
     )
 
 
-def compiled_steps(model: Any) -> int:
-    """The `steps_per_execution` `model` was compiled with (1 for Keras's
-    default, or where it has none)."""
+def steps_per_call(model: Any) -> int:
+    """The training steps per call `model` runs (Keras's
+    `steps_per_execution`: what it was compiled with, or what a run set);
+    1 for Keras's default, or where it has none."""
     value = getattr(model, "steps_per_execution", 1)
     return value if isinstance(value, int) and value > 1 else 1
 
