@@ -1,6 +1,7 @@
 """Steps per call (Keras's `steps_per_execution`, issue 59), on either
 backend: the suites' thin files (tests/test_steps_per_call.py,
-tests_jax/test_jax_steps_per_call.py) run these.
+tests_jax/test_jax_steps_per_call.py) import these tests, and give the
+conformance cells at 4 a call their backend and device count.
 
 The measurement is real here: a small MLP's step is short enough on any CPU
 that its host path is most of it (77% on TensorFlow, 34% on JAX, 2 cores),
@@ -76,12 +77,20 @@ class EpochWatch(keras.callbacks.Callback):
         self.seen.add(self.model.steps_per_execution)
 
 
+def fit(m: keras.Model, x, y=None, **kwargs):
+    """`kerascale.fit` as these tests call it: float32, quiet, and arrays at
+    `BATCH`."""
+    if isinstance(x, np.ndarray):
+        kwargs.setdefault("batch_size", BATCH)
+    return kerascale.fit(m, x, y, precision="float32", verbose=0, **kwargs)
+
+
 def always_measure(monkeypatch) -> None:
     """Every measurement repays its cost: the short runs here are timed."""
     monkeypatch.setattr(budget_lib, "REPAY", 0.0)
 
 
-def an_int_trains_like_one_step_a_call_and_is_put_back(tmp_path) -> None:
+def test_an_int_trains_like_one_step_a_call_and_is_put_back(tmp_path) -> None:
     """`steps_per_execution=5` over epochs of 64 steps (calls of 5 and a
     last of 4): the same weights as plain `fit` at one step a call, the
     model's own value back after, and the plan says whose it was."""
@@ -89,17 +98,14 @@ def an_int_trains_like_one_step_a_call_and_is_put_back(tmp_path) -> None:
     plain = model()
     plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     ours, watch = model(), EpochWatch()
-    history = kerascale.fit(
+    history = fit(
         ours,
         x,
         y,
-        batch_size=BATCH,
         epochs=2,
         shuffle=False,
-        precision="float32",
         steps_per_execution=5,
         callbacks=[watch],
-        verbose=0,
     )
     assert watch.seen == {5}
     assert ours.steps_per_execution == 1
@@ -114,29 +120,26 @@ def an_int_trains_like_one_step_a_call_and_is_put_back(tmp_path) -> None:
     assert counter.calls == SAMPLES // BATCH and counter.seen == {1}
 
 
-def throughput_counts_the_steps_not_the_calls() -> None:
+def test_throughput_counts_the_steps_not_the_calls() -> None:
     """`Throughput` at 5 steps a call over epochs of 64 steps (a last call
     of 4): steps per second times the epoch's seconds is the epoch's 64."""
     from kerascale.callbacks import Throughput
 
     x, y = data()
     meter = Throughput(BATCH)
-    kerascale.fit(
+    fit(
         model(),
         x,
         y,
-        batch_size=BATCH,
         epochs=2,
-        precision="float32",
         steps_per_execution=5,
         callbacks=[meter],
-        verbose=0,
     )
     for figures, seconds in zip(meter.epochs_seen, meter._epoch_seconds, strict=True):
         assert round(figures["steps_per_second"] * seconds) == SAMPLES // BATCH
 
 
-def a_value_that_does_not_divide_steps_per_epoch_is_said() -> None:
+def test_a_value_that_does_not_divide_steps_per_epoch_is_said() -> None:
     """Keras runs a call whole past the end of an epoch of an iterator that
     runs on (`steps_per_epoch`): 4 a call over 6 steps trains 8 an epoch,
     in `model.fit` too. kerascale keeps the value you gave and says so, once;
@@ -155,26 +158,22 @@ def a_value_that_does_not_divide_steps_per_epoch_is_said() -> None:
     ours = model()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        kerascale.fit(
+        fit(
             ours,
             batches(),
             steps_per_epoch=6,
             epochs=2,
-            precision="float32",
             steps_per_execution=4,
-            verbose=0,
         )
     said = [str(w.message) for w in caught if "does not divide" in str(w.message)]
     assert len(said) == 1 and "steps_per_epoch=6" in said[0], said
     assert int(ours.optimizer.iterations) == int(plain.optimizer.iterations) == 16
 
 
-def a_value_given_to_compile_is_kept() -> None:
+def test_a_value_given_to_compile_is_kept() -> None:
     x, y = data()
     m = model(steps_per_execution=3)
-    history = kerascale.fit(
-        m, x, y, batch_size=BATCH, epochs=1, precision="float32", verbose=0
-    )
+    history = fit(m, x, y, epochs=1)
     assert history.plan.steps_per_execution == 3
     assert reasons_lib.code(history.plan.reasons["steps_per_execution"]) == (
         "steps.compiled"
@@ -182,7 +181,7 @@ def a_value_given_to_compile_is_kept() -> None:
     assert m.steps_per_execution == 3
 
 
-def auto_measures_and_raises_it_where_nothing_needs_each_step(monkeypatch) -> None:
+def test_auto_measures_and_raises_it_where_nothing_needs_each_step(monkeypatch) -> None:
     """The real measurement chooses several steps a call for a step this
     short, within a tenth of an epoch, and trains like plain `fit`."""
     always_measure(monkeypatch)
@@ -193,16 +192,13 @@ def auto_measures_and_raises_it_where_nothing_needs_each_step(monkeypatch) -> No
     plain = model()
     plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     ours, watch = model(), EpochWatch()
-    history = kerascale.fit(
+    history = fit(
         ours,
         x,
         y,
-        batch_size=BATCH,
         epochs=2,
         shuffle=False,
-        precision="float32",
         callbacks=[watch],
-        verbose=0,
     )
     plan = history.plan
     why = plan.reasons["steps_per_execution"]
@@ -214,7 +210,7 @@ def auto_measures_and_raises_it_where_nothing_needs_each_step(monkeypatch) -> No
     assert largest_difference(weights(ours), weights(plain)) <= 1e-5
 
 
-def a_batch_hook_sees_the_calls_it_sees_in_plain_fit(monkeypatch) -> None:
+def test_a_batch_hook_sees_the_calls_it_sees_in_plain_fit(monkeypatch) -> None:
     """A callback of the user's with a batch hook keeps one step a call:
     it counts as many calls as under plain `fit`. (Fails where kerascale
     raised the value under it: it would count a fifth of them or fewer.)"""
@@ -223,15 +219,12 @@ def a_batch_hook_sees_the_calls_it_sees_in_plain_fit(monkeypatch) -> None:
     plain_count = CallCount()
     model().fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[plain_count])
     count = CallCount()
-    history = kerascale.fit(
+    history = fit(
         model(),
         x,
         y,
-        batch_size=BATCH,
         epochs=2,
-        precision="float32",
         callbacks=[count],
-        verbose=0,
     )
     assert count.calls == plain_count.calls == 2 * SAMPLES // BATCH
     assert count.seen == {1}
@@ -240,7 +233,7 @@ def a_batch_hook_sees_the_calls_it_sees_in_plain_fit(monkeypatch) -> None:
     assert "CallCount" in why and "on_train_batch_end" in why
 
 
-def a_failed_run_puts_the_value_back() -> None:
+def test_a_failed_run_puts_the_value_back() -> None:
     x, y = data()
     m = model()
 
@@ -249,16 +242,13 @@ def a_failed_run_puts_the_value_back() -> None:
             raise RuntimeError("boom")
 
     try:
-        kerascale.fit(
+        fit(
             m,
             x,
             y,
-            batch_size=BATCH,
             epochs=2,
-            precision="float32",
             steps_per_execution=4,
             callbacks=[Boom()],
-            verbose=0,
         )
     except RuntimeError as e:
         assert str(e) == "boom"
@@ -270,7 +260,7 @@ def a_failed_run_puts_the_value_back() -> None:
     assert counter.calls == SAMPLES // BATCH
 
 
-def a_backup_resumes_exactly_at_several_steps_a_call(tmp_path) -> None:
+def test_a_backup_resumes_exactly_at_several_steps_a_call(tmp_path) -> None:
     """Interrupted mid-epoch at 4 steps a call (epochs of 64 steps: a last
     call of 4... and saves every 8 updates), the rerun ends with the
     uninterrupted run's weights and step count."""
@@ -278,50 +268,41 @@ def a_backup_resumes_exactly_at_several_steps_a_call(tmp_path) -> None:
 
     x, y = data(640)  # 20 steps an epoch: calls of 8, 8 and 4 at 8 a call
     ref = model()
-    kerascale.fit(
+    fit(
         ref,
         x,
         y,
-        batch_size=BATCH,
         epochs=3,
         shuffle=False,
-        precision="float32",
         steps_per_execution=8,
-        verbose=0,
     )
     first = model()
     try:
-        kerascale.fit(
+        fit(
             first,
             x,
             y,
-            batch_size=BATCH,
             epochs=3,
             shuffle=False,
-            precision="float32",
             steps_per_execution=8,
             checkpoint_dir=str(tmp_path / "ckpt"),
             checkpoint_freq=8,
             callbacks=[_RaiseAt(36)],  # epoch 2, after its second call
-            verbose=0,
         )
     except Interrupt:
         pass
     else:
         raise AssertionError("the interruption did not happen")
     again = model()
-    history = kerascale.fit(
+    history = fit(
         again,
         x,
         y,
-        batch_size=BATCH,
         epochs=3,
         shuffle=False,
-        precision="float32",
         steps_per_execution=8,
         checkpoint_dir=str(tmp_path / "ckpt"),
         checkpoint_freq=8,
-        verbose=0,
     )
     assert int(again.optimizer.iterations) == int(ref.optimizer.iterations) == 60
     assert history.epoch == [0, 1, 2]
@@ -356,3 +337,16 @@ def cells_at_several_steps_a_call(backend: str, devices: int) -> list:
         # to the whole matrix (tools/conformance_matrix.py) until it is fixed.
         if (kind, promise) != ("tfdata_shuffled", "sigterm_saves_and_exits")
     ]
+
+
+_CACHE: dict = {}
+
+
+def promise_holds_at_four_steps_a_call(cell, tmp_path, monkeypatch) -> None:
+    """A conformance cell (`cells_at_several_steps_a_call`), its runs at 4
+    steps a call."""
+    import conformance
+
+    monkeypatch.setenv("KERASCALE_CONFORMANCE_STEPS", "4")
+    result = conformance.check(cell, tmp_path, _CACHE)
+    assert result == "ok" or result.startswith("dropped"), result
