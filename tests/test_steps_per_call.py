@@ -21,3 +21,26 @@ _CELLS = cases.cells_at_several_steps_a_call("tensorflow", 1)
 @pytest.mark.parametrize("cell", _CELLS, ids=[c.id for c in _CELLS])
 def test_a_promise_holds_at_four_steps_a_call(cell, tmp_path, monkeypatch):
     cases.promise_holds_at_four_steps_a_call(cell, tmp_path, monkeypatch)
+
+
+def test_auto_measures_a_tf_data_pipeline_too(monkeypatch):
+    """The measurement on a batched `tf.data` pipeline of known length (the
+    trials' copy of the pipeline): several steps a call, the weights of
+    plain `fit` on the same pipeline."""
+    import tensorflow as tf
+
+    cases.always_measure(monkeypatch)
+    x, y = cases.data(8192)
+
+    def pipeline():
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(cases.BATCH)
+
+    plain = cases.model()
+    plain.fit(pipeline(), epochs=2, verbose=0)
+    ours = cases.model()
+    history = cases.fit(ours, pipeline(), epochs=2)
+    plan = history.plan
+    assert plan.steps_per_execution > 1, plan.reasons["steps_per_execution"]
+    assert ours.steps_per_execution == 1
+    difference = cases.largest_difference(cases.weights(ours), cases.weights(plain))
+    assert difference <= 1e-5
