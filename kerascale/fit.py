@@ -479,7 +479,7 @@ class _Deciding:
             pinned=tuple(self.pinned),
             materialized=self.materialized,
             steps_limit=fit_callbacks.steps_limit(
-                self.fit_kwargs.get("callbacks"), self.request.monitor
+                self.fit_kwargs.get("callbacks"), self.request.monitor, self.x
             ),
         )
 

@@ -88,6 +88,21 @@ def test_which_callbacks_hold_it_at_one(callback, held):
     assert found == held
 
 
+def test_a_backup_of_a_reshuffled_tf_data_pipeline_holds_it_at_one():
+    """Its resume at several steps a call takes another epoch order now and
+    then on TensorFlow (the open finding in docs/conformance.md)."""
+    import numpy as np
+    import tensorflow as tf
+
+    samples = tf.data.Dataset.from_tensor_slices(np.zeros((64, 2), "float32"))
+    shuffled, in_order = samples.shuffle(64, seed=1).batch(8), samples.batch(8)
+    backups = [FaultTolerantBackup("/tmp/c")]
+    n, why = steps_limit(backups, Monitoring(), shuffled).largest(8)
+    assert n == 1 and "reshuffles each epoch" in why, why
+    assert steps_limit([], Monitoring(), shuffled).largest(8)[0] == 8
+    assert steps_limit(backups, Monitoring(), in_order).largest(8)[0] == 8
+
+
 def test_a_backups_save_every_n_updates_bounds_it():
     backups = [FaultTolerantBackup("/tmp/a", save_freq=12)]
     limit = steps_limit(backups, Monitoring())

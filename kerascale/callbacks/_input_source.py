@@ -26,7 +26,7 @@ class InputSource:
     """
 
     def __init__(self, x: Any, *, host_iterated: bool):
-        self._dataset = x if host_iterated and _draws_seeds(x) else None
+        self._dataset = x if host_iterated and draws_seeds(x) else None
         self._py = x if _reshuffles(x) else None
         # Read again in the same order from the same random state: Keras
         # reads a PyDataset or a generator in Python, whatever the backend.
@@ -83,7 +83,9 @@ class InputSource:
             self._states = saved[: max(done, len(saved))]
 
 
-def _draws_seeds(x: Any) -> bool:
+def draws_seeds(x: Any) -> bool:
+    """Whether `x` is a `tf.data` pipeline whose iterators draw new seeds
+    (a reshuffling shuffle, `Dataset.random`)."""
     from kerascale.sense import data_facts
 
     if not data_facts.is_dataset(x):

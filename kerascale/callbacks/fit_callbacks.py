@@ -14,6 +14,7 @@ import keras
 
 from kerascale import _tf
 from kerascale import _validation as v
+from kerascale.callbacks._input_source import draws_seeds
 from kerascale.callbacks._save_schedule import parse_save_freq
 from kerascale.callbacks._scalars import optional_dir
 from kerascale.callbacks.backup import FaultTolerantBackup
@@ -41,9 +42,12 @@ def validate_checkpointing(checkpoint_freq: Any, start_over: Any) -> None:
     v.boolean("start_over", start_over)
 
 
-def steps_limit(callbacks: Any, monitoring: Monitoring) -> steps_rules.StepsLimit:
+def steps_limit(
+    callbacks: Any, monitoring: Monitoring, x: Any = None
+) -> steps_rules.StepsLimit:
     """The bounds the run's callbacks (`fit`'s `callbacks`, with the run's
-    backup) and its monitoring put on an "auto" steps per call."""
+    backup), its monitoring and its input `x` put on an "auto" steps per
+    call."""
     callbacks = list(callbacks or [])
     saves = [
         c.save_every_updates
@@ -56,6 +60,9 @@ def steps_limit(callbacks: Any, monitoring: Monitoring) -> steps_rules.StepsLimi
         save_every=math.gcd(*saves) if saves else None,
         profile=monitoring.window,
         counts_steps="a FaultTolerantBackup" if backups else "",
+        reshuffled_backup=backups
+        and backend_lib.name() == "tensorflow"
+        and draws_seeds(x),
     )
 
 

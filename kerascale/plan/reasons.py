@@ -319,6 +319,11 @@ WORDS: dict[str, str | Callable[..., str]] = {
         "profile={window} traces the steps it names, counting calls; pass "
         "steps_per_execution= to raise it anyway"
     ),
+    "steps.reshuffle": (
+        "one: a checkpoint of a tf.data pipeline that reshuffles each epoch "
+        "resumes exactly only at one on TensorFlow (an open finding, "
+        "docs/conformance.md); pass steps_per_execution= to raise it anyway"
+    ),
     "steps.replicas": (
         "one: Keras's TensorFlow fit fails at more under {strategy} with "
         "{replicas} replicas (keras-team/keras#19246)"

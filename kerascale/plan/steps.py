@@ -87,12 +87,17 @@ def for_run(
     save_every: int | None,
     profile: tuple[int, int] | None,
     counts_steps: str = "",
+    reshuffled_backup: bool = False,
 ) -> StepsLimit:
     """The bounds for a run: `hook` (a callback's name, the batch hook it
     overrides) holds it at 1; a backup's save every `save_every`
     updates needs a divisor of it; a profile window (Keras's TensorBoard and
     kerascale's JAX trace count calls as steps) holds it at 1;
-    `counts_steps` names what counts each call's steps (a backup)."""
+    `counts_steps` names what counts each call's steps (a backup);
+    `reshuffled_backup`: a backup of a TensorFlow run on a `tf.data`
+    pipeline that draws new shuffle seeds each epoch holds it at 1 (its
+    resume at several a call is not exact yet: the open finding in
+    docs/conformance.md)."""
     if hook is not None:
         who, name = hook
         return StepsLimit(
@@ -103,6 +108,8 @@ def for_run(
             held=Reason("steps.profile", window=tuple(profile)),
             counts_steps=counts_steps,
         )
+    if reshuffled_backup:
+        return StepsLimit(held=Reason("steps.reshuffle"), counts_steps=counts_steps)
     divides = ()
     if save_every:
         divides = ((save_every, f"a save every {save_every} updates"),)
