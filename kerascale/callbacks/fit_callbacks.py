@@ -60,8 +60,10 @@ def steps_limit(
         save_every=math.gcd(*saves) if saves else None,
         profile=monitoring.window,
         counts_steps="a FaultTolerantBackup" if backups else "",
+        # A backup that checkpoints the tf.data iterator itself (TensorFlow's
+        # state format; JAX's reads the batches again).
         reshuffled_backup=backups
-        and backend_lib.name() == "tensorflow"
+        and backend_lib.traits().state_format == "tf"
         and draws_seeds(x),
     )
 
