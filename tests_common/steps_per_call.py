@@ -1,7 +1,8 @@
 """Steps per call (Keras's `steps_per_execution`, issue 59), on either
 backend: the suites' thin files (tests/test_steps_per_call.py,
-tests_jax/test_jax_steps_per_call.py) import these tests, and give the
-conformance cells at 4 a call their backend and device count.
+tests_jax/test_jax_steps_per_call.py) import the tests `__all__` names, so
+that pytest collects them there, and make the conformance cells' test at 4 a
+call for their backend and device count (`promise_test`).
 
 The measurement is real here: a small MLP's step is short enough on any CPU
 that its host path is most of it (77% on TensorFlow, 34% on JAX, 2 cores),
@@ -16,6 +17,17 @@ import numpy as np
 import kerascale
 from kerascale.measure import budget as budget_lib
 from kerascale.plan import reasons as reasons_lib
+
+__all__ = [
+    "test_a_backup_resumes_exactly_at_several_steps_a_call",
+    "test_a_batch_hook_sees_the_calls_it_sees_in_plain_fit",
+    "test_a_failed_run_puts_the_value_back",
+    "test_a_value_given_to_compile_is_kept",
+    "test_a_value_that_does_not_divide_steps_per_epoch_is_said",
+    "test_an_int_trains_like_one_step_a_call_and_is_put_back",
+    "test_auto_measures_and_raises_it_where_nothing_needs_each_step",
+    "test_throughput_counts_the_steps_not_the_calls",
+]
 
 SAMPLES, BATCH = 2048, 32  # 64 steps an epoch: up to 6 a call (a tenth)
 
@@ -342,11 +354,19 @@ def cells_at_several_steps_a_call(backend: str, devices: int) -> list:
 _CACHE: dict = {}
 
 
-def promise_holds_at_four_steps_a_call(cell, tmp_path, monkeypatch) -> None:
-    """A conformance cell (`cells_at_several_steps_a_call`), its runs at 4
-    steps a call."""
-    import conformance
+def promise_test(backend: str, devices: int):
+    """The test of the conformance cells at 4 steps a call
+    (`cells_at_several_steps_a_call`) on a lane's backend and devices."""
+    import pytest
 
-    monkeypatch.setenv("KERASCALE_CONFORMANCE_STEPS", "4")
-    result = conformance.check(cell, tmp_path, _CACHE)
-    assert result == "ok" or result.startswith("dropped"), result
+    cells = cells_at_several_steps_a_call(backend, devices)
+
+    @pytest.mark.parametrize("cell", cells, ids=[c.id for c in cells])
+    def test_a_promise_holds_at_four_steps_a_call(cell, tmp_path, monkeypatch):
+        import conformance
+
+        monkeypatch.setenv("KERASCALE_CONFORMANCE_STEPS", "4")
+        result = conformance.check(cell, tmp_path, _CACHE)
+        assert result == "ok" or result.startswith("dropped"), result
+
+    return test_a_promise_holds_at_four_steps_a_call

@@ -395,6 +395,12 @@ def last_step_of_call(params: dict[str, Any] | None, batch: int) -> int:
     return batch
 
 
+def steps_of_call(params: dict[str, Any] | None, first: int, batch: int) -> int:
+    """The steps a call ran that began at step `first` and whose end hook
+    got `batch` (`last_step_of_call`), at least 1."""
+    return max(1, last_step_of_call(params, batch) - first + 1)
+
+
 def super_batch(model: Any) -> int:
     """The steps each read of Keras's JAX input iterator holds, where Keras
     stacks a call's batches into one read (keras-nightly 3.16: with

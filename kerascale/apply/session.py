@@ -413,8 +413,9 @@ class _StepWatch:
 
             def on_train_batch_end(self, batch, logs=None):
                 watch.done += 1
-                last = keras_compat.last_step_of_call(self.params, batch)
-                watch.steps += max(1, last - watch.first_step + 1)
+                watch.steps += keras_compat.steps_of_call(
+                    self.params, watch.first_step, batch
+                )
                 if watch.done == 1 and after_first is not None:
                     after_first()
 

@@ -268,8 +268,7 @@ class StepClock(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         marks = self.marks
         marks.append(time.perf_counter())
-        last = keras_compat.last_step_of_call(self.params, batch)
-        ran = max(1, last - self._first + 1)
+        ran = keras_compat.steps_of_call(self.params, self._first, batch)
         self.steps.append((self.steps[-1] if self.steps else 0) + ran)
         if self.start is None:
             warm = marks[-1] - marks[0] >= self.warm_seconds

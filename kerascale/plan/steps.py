@@ -98,18 +98,16 @@ def for_run(
     pipeline that draws new shuffle seeds each epoch holds it at 1 (its
     resume at several a call is not exact yet: the open finding in
     docs/conformance.md)."""
+    held = None
     if hook is not None:
         who, name = hook
-        return StepsLimit(
-            held=Reason("steps.held", who=who, hook=name), counts_steps=counts_steps
-        )
-    if profile is not None:
-        return StepsLimit(
-            held=Reason("steps.profile", window=tuple(profile)),
-            counts_steps=counts_steps,
-        )
-    if reshuffled_backup:
-        return StepsLimit(held=Reason("steps.reshuffle"), counts_steps=counts_steps)
+        held = Reason("steps.held", who=who, hook=name)
+    elif profile is not None:
+        held = Reason("steps.profile", window=tuple(profile))
+    elif reshuffled_backup:
+        held = Reason("steps.reshuffle")
+    if held is not None:
+        return StepsLimit(held=held, counts_steps=counts_steps)
     divides = ()
     if save_every:
         divides = ((save_every, f"a save every {save_every} updates"),)
