@@ -21,6 +21,7 @@ from kerascale._tf import tf
 from kerascale._units import parse_bytes
 from kerascale.errors import DataError
 from kerascale.plan.plan import Plan
+from kerascale.sense import backend as backend_lib
 from kerascale.sense.data_facts import (
     DataFacts,
     cacheable,
@@ -103,6 +104,34 @@ def prepare(
             )
             ds = ds.with_options(options)
     return ds
+
+
+def one_iterator(
+    prepared: tf.data.Dataset, plan: Plan, steps_per_call: int
+) -> int | None:
+    """The batches an epoch of `prepared` where the run may read it with one
+    iterator over its epochs (`prepared.repeat()`, these batches as
+    `steps_per_epoch`), else None.
+
+    Keras's `fit` makes a new iterator of a dataset each epoch (and one more
+    at each epoch's end). Each starts with its buffers empty, and on
+    TensorFlow 2.21 dropping the one before takes about half a second, now
+    and then, while the new one runs (the autotuning thread's end): a tenth
+    to a third of an epoch of a second. One iterator over the epochs reads
+    the same batches in the same order where each epoch reads the same
+    elements, so it is taken only where the pipeline draws no new seeds each
+    epoch (a reshuffling shuffle would take another order than plain
+    `fit`'s), its length is known, one replica trains, and the steps per
+    call divide the epoch (Keras would run a call on past its end).
+    """
+    if not backend_lib.traits(plan.backend).reads_one_iterator or plan.replicas != 1:
+        return None
+    if tfc.draws_seeds(prepared):
+        return None
+    batches = int(prepared.cardinality())
+    if batches <= 0 or batches % max(1, steps_per_call):
+        return None  # unknown or infinite, or calls that would cross epochs
+    return batches
 
 
 def rebatch(ds: tf.data.Dataset, batch: int) -> tf.data.Dataset:

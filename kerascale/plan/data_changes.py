@@ -19,6 +19,7 @@ SHARD = {
 READ_AHEAD = "read ahead on a thread"  # where a callback waits on each step
 BY_PROCESS = "each process reads its block of every global batch"
 CUT_AS_READ = "each batch cut to a multiple of the devices as it is read"
+ONE_ITERATOR = "one iterator over the epochs (repeat)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,10 @@ class DataChanges:
             devices cannot split the last batch.
         cut_as_read: On JAX, each batch is cut to a multiple of the devices
             as it is read.
+        one_iterator: A `tf.data` input is read by one iterator over the
+            run's epochs (`repeat()`, with its batches an epoch as
+            `steps_per_epoch`), not a new one each epoch: set where the run
+            is prepared (`apply.data.one_iterator`).
     """
 
     materialized: bool = False
@@ -58,6 +63,7 @@ class DataChanges:
     by_process: bool = False
     left_out: int = 0
     cut_as_read: bool = False
+    one_iterator: bool = False
 
     def __post_init__(self):
         if self.shard not in ("", *SHARD):
@@ -75,6 +81,7 @@ class DataChanges:
             or self.cache
             or bool(self.shard)
             or self.read_ahead
+            or self.one_iterator
         )
 
     @property
@@ -90,6 +97,7 @@ class DataChanges:
         out += [PARALLEL_MAP] if self.parallel_map else []
         out += [PREFETCH] if self.prefetch else []
         out += [CACHE] if self.cache else []
+        out += [ONE_ITERATOR] if self.one_iterator else []
         out += [SHARD[self.shard]] if self.shard else []
         out += [READ_AHEAD] if self.read_ahead else []
         out += [BY_PROCESS] if self.by_process else []
@@ -139,6 +147,7 @@ def _from_old_words(words: list[str]) -> DataChanges:
         CACHE: "cache",
         BY_PROCESS: "by_process",
         CUT_AS_READ: "cut_as_read",
+        ONE_ITERATOR: "one_iterator",
     }
     for word in words:
         if word in flags:

@@ -56,6 +56,11 @@ class Traits:
             buffers are reused only once it has read them), so that a save
             behind training holds the step for the dispatch only; otherwise
             the copy is made on the training thread.
+        reads_one_iterator: Whether a `tf.data` input that kerascale
+            prepares may be read by one iterator over the run's epochs
+            (`repeat()`, with the epoch's batches as `steps_per_epoch`),
+            where Keras's `fit` makes a new one each epoch: measured on
+            TensorFlow's (the input row of docs/tour.md).
     """
 
     name: str
@@ -72,6 +77,7 @@ class Traits:
     reads_to_build: bool = False
     places_by_scope: bool = False
     copies_in_flight: bool = False
+    reads_one_iterator: bool = False
 
 
 _TRAITS = {
@@ -87,6 +93,7 @@ _TRAITS = {
         joins_tf_clusters=True,
         even_batches=False,
         places_by_scope=True,
+        reads_one_iterator=True,
     ),
     "jax": Traits(
         name="jax",
