@@ -44,6 +44,9 @@ def test_tf_data_checkpoints_and_event_files_on_the_jax_backend(tmp_path):
     # fit(materialize=...) on JAX: the map written once, trained as plain fit.
     assert found["materialized_changes"]["materialized"]
     np.testing.assert_allclose(found["materialized"], found["theirs"], rtol=1e-6)
+    # Without a backup, one iterator reads the epochs: plain fit's losses.
+    assert found["one_changes"]["one_iterator"]
+    np.testing.assert_allclose(found["one"], found["theirs"], rtol=1e-6)
     assert found["warnings"] == []
     # Keras's JAX fit reads a batch to build the loss and metrics, from an
     # iterator it drops: a cache() kerascale added must not see that read.

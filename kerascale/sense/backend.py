@@ -59,8 +59,8 @@ class Traits:
         reads_one_iterator: Whether a `tf.data` input that kerascale
             prepares may be read by one iterator over the run's epochs
             (`repeat()`, with the epoch's batches as `steps_per_epoch`),
-            where Keras's `fit` makes a new one each epoch: measured on
-            TensorFlow's (the input row of docs/tour.md).
+            where Keras's `fit` makes a new one each epoch (the input row
+            of docs/tour.md).
     """
 
     name: str
@@ -109,6 +109,7 @@ _TRAITS = {
         empties_variables=True,
         reads_to_build=True,
         copies_in_flight=True,
+        reads_one_iterator=True,
     ),
 }
 
