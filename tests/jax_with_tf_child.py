@@ -68,7 +68,7 @@ def main(directory):
             verbose=0,
             materialize=os.path.join(directory, "shards"),
         )
-        # No backup: one iterator over the epochs, as on TensorFlow.
+        # No backup: on JAX, still a new iterator each epoch (as plain fit).
         one = kerascale.fit(model(), data(), epochs=3, verbose=0)
     theirs = model().fit(data(), epochs=3, verbose=0)
     events = [

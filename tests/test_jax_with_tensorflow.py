@@ -44,8 +44,9 @@ def test_tf_data_checkpoints_and_event_files_on_the_jax_backend(tmp_path):
     # fit(materialize=...) on JAX: the map written once, trained as plain fit.
     assert found["materialized_changes"]["materialized"]
     np.testing.assert_allclose(found["materialized"], found["theirs"], rtol=1e-6)
-    # Without a backup, one iterator reads the epochs: plain fit's losses.
-    assert found["one_changes"]["one_iterator"]
+    # Without a backup, JAX keeps Keras's new iterator each epoch (the one
+    # iterator's end stalled there): plain fit's losses.
+    assert not found["one_changes"].get("one_iterator")
     np.testing.assert_allclose(found["one"], found["theirs"], rtol=1e-6)
     assert found["warnings"] == []
     # Keras's JAX fit reads a batch to build the loss and metrics, from an

@@ -1,5 +1,5 @@
-"""One iterator over the epochs (TensorFlow here; JAX in
-tests/jax_with_tf_child.py): a `tf.data` input that
+"""One iterator over the epochs (TensorFlow; JAX keeps Keras's new
+iterator each epoch, tests/jax_with_tf_child.py): a `tf.data` input that
 kerascale prepares is read with `repeat()` and its batches an epoch as
 `steps_per_epoch`, where that reads the same batches in the same order as
 plain `fit`'s new iterator each epoch."""
@@ -158,7 +158,7 @@ def kept(x, y):
         (lambda: augmented().filter(kept).batch(BATCH), plan_with(), 1, None),
         (lambda: augmented().batch(BATCH).repeat(), plan_with(), 1, None),
         (lambda: augmented().batch(BATCH), plan_with(replicas=2, batch=32), 1, None),
-        (lambda: augmented().batch(BATCH), plan_with(backend="jax"), 1, 6),
+        (lambda: augmented().batch(BATCH), plan_with(backend="jax"), 1, None),
         (lambda: augmented().batch(BATCH), plan_with(backend="torch"), 1, None),
         (lambda: augmented().shuffle(8).batch(BATCH), plan_with(), 1, None),
     ],

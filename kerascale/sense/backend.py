@@ -60,7 +60,10 @@ class Traits:
             prepares may be read by one iterator over the run's epochs
             (`repeat()`, with the epoch's batches as `steps_per_epoch`),
             where Keras's `fit` makes a new one each epoch (the input row
-            of docs/tour.md).
+            of docs/tour.md). Not on JAX: there the one iterator's end,
+            in Keras's JAX adapter, waited 8-15 s at the end of a
+            one-minute run, more than the epochs' starts it saved
+            (benchmarks/README.md, "One iterator over the epochs").
     """
 
     name: str
@@ -109,7 +112,6 @@ _TRAITS = {
         empties_variables=True,
         reads_to_build=True,
         copies_in_flight=True,
-        reads_one_iterator=True,
     ),
 }
 
