@@ -9,7 +9,7 @@ from kerascale.sense import data_facts
 from kerascale.sense.data_facts import DataFacts
 
 
-def plan_with(batch, replicas=1):
+def plan_with(batch, replicas=1, backend="tensorflow"):
     return Plan(
         "default",
         ("/cpu:0",) * replicas,
@@ -18,6 +18,7 @@ def plan_with(batch, replicas=1):
         batch // replicas,
         1,
         batch,
+        backend=backend,
     )
 
 

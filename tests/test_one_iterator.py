@@ -10,26 +10,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_data import plan_with
 
 import kerascale
 from kerascale.apply import data as apply_data
 from kerascale.plan.data_changes import ONE_ITERATOR
-from kerascale.plan.plan import Plan
 
 EPOCHS, SAMPLES, BATCH = 3, 96, 16
-
-
-def plan_with(batch=BATCH, replicas=1, backend="tensorflow"):
-    return Plan(
-        "default",
-        ("/cpu:0",) * replicas,
-        replicas,
-        "float32",
-        batch // replicas,
-        1,
-        batch,
-        backend=backend,
-    )
 
 
 def samples(n=SAMPLES):
@@ -151,16 +138,16 @@ def kept(x, y):
 @pytest.mark.parametrize(
     "make, plan, steps, expected",
     [
-        (lambda: augmented().batch(BATCH), plan_with(), 1, 6),
-        (lambda: augmented().batch(BATCH), plan_with(), 3, 6),
+        (lambda: augmented().batch(BATCH), plan_with(BATCH), 1, 6),
+        (lambda: augmented().batch(BATCH), plan_with(BATCH), 3, 6),
         # Keras would run the third call of 4 on into the next epoch.
-        (lambda: augmented().batch(BATCH), plan_with(), 4, None),
-        (lambda: augmented().filter(kept).batch(BATCH), plan_with(), 1, None),
-        (lambda: augmented().batch(BATCH).repeat(), plan_with(), 1, None),
+        (lambda: augmented().batch(BATCH), plan_with(BATCH), 4, None),
+        (lambda: augmented().filter(kept).batch(BATCH), plan_with(BATCH), 1, None),
+        (lambda: augmented().batch(BATCH).repeat(), plan_with(BATCH), 1, None),
         (lambda: augmented().batch(BATCH), plan_with(replicas=2, batch=32), 1, None),
-        (lambda: augmented().batch(BATCH), plan_with(backend="jax"), 1, None),
-        (lambda: augmented().batch(BATCH), plan_with(backend="torch"), 1, None),
-        (lambda: augmented().shuffle(8).batch(BATCH), plan_with(), 1, None),
+        (lambda: augmented().batch(BATCH), plan_with(BATCH, backend="jax"), 1, None),
+        (lambda: augmented().batch(BATCH), plan_with(BATCH, backend="torch"), 1, None),
+        (lambda: augmented().shuffle(8).batch(BATCH), plan_with(BATCH), 1, None),
     ],
     ids=[
         "one",
@@ -179,7 +166,7 @@ def test_where_one_iterator_is_taken(make, plan, steps, expected):
 
 
 def test_the_plans_words_round_trip():
-    changes = dataclasses.replace(plan_with().data_changes, one_iterator=True)
+    changes = dataclasses.replace(plan_with(BATCH).data_changes, one_iterator=True)
     assert ONE_ITERATOR in changes.words()
     assert type(changes).from_saved(changes.to_dict()) == changes
     assert type(changes).from_saved(list(changes.words())) == changes
