@@ -185,8 +185,6 @@ def _train(
             deciding.y,
             decided,
             fit_kwargs=deciding.fit_kwargs,
-            # A backup checkpoints the iterator Keras makes each epoch.
-            one_iterator=deciding.backup is None,
         )
         plan = prepared.plan
         _install_callbacks(

@@ -68,8 +68,6 @@ def main(directory):
             verbose=0,
             materialize=os.path.join(directory, "shards"),
         )
-        # No backup: on JAX, still a new iterator each epoch (as plain fit).
-        one = kerascale.fit(model(), data(), epochs=3, verbose=0)
     theirs = model().fit(data(), epochs=3, verbose=0)
     events = [
         os.path.join(root, name)
@@ -93,8 +91,6 @@ def main(directory):
                 "theirs": theirs.history["loss"],
                 "materialized": materialized.history["loss"],
                 "materialized_changes": materialized.plan.data_changes.to_dict(),
-                "one": one.history["loss"],
-                "one_changes": one.plan.data_changes.to_dict(),
                 "event_files": len(events),
                 "state_files": sorted(
                     name

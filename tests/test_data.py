@@ -9,7 +9,7 @@ from kerascale.sense import data_facts
 from kerascale.sense.data_facts import DataFacts
 
 
-def plan_with(batch, replicas=1, backend="tensorflow"):
+def plan_with(batch, replicas=1):
     return Plan(
         "default",
         ("/cpu:0",) * replicas,
@@ -18,7 +18,7 @@ def plan_with(batch, replicas=1, backend="tensorflow"):
         batch // replicas,
         1,
         batch,
-        backend=backend,
+        backend="tensorflow",
     )
 
 

@@ -265,9 +265,14 @@ def test_batch_must_divide_across_replicas():
 
 def test_optimize_data_changes_are_recorded():
     p = plan_for(CPU_ONLY, data=DataFacts("dataset", True, 32))
-    assert p.data_changes == DataChanges(prefetch=True)  # no map to parallelize
+    # No map to parallelize.
+    assert p.data_changes == DataChanges(prefetch=True, autotune_off=True)
     p = plan_for(CPU_ONLY, data=DataFacts("dataset", True, 32, sequential_map=True))
-    assert p.data_changes == DataChanges(parallel_map=True, prefetch=True)
+    expected = DataChanges(parallel_map=True, prefetch=True, autotune_off=True)
+    assert p.data_changes == expected
+    # Your pipeline's own autotuning option is kept: not turned off.
+    p = plan_for(CPU_ONLY, data=DataFacts("dataset", True, 32, autotune_set=True))
+    assert p.data_changes == DataChanges(prefetch=True)
     p = plan_for(gpu_box(2), data=DataFacts("dataset", True, 32))
     assert p.data_changes.shard == "data"
     p = plan_for(gpu_box(2), data=DataFacts("dataset", True, 32, from_files=True))
@@ -288,12 +293,14 @@ def test_data_changes_read_as_the_plan_has_always_printed_them():
         by_process=True,
         left_out=3,
         cut_as_read=True,
+        autotune_off=True,
     )
     assert every.words() == (
         "materialized",
         "rebatch(16 -> 64)",
         "map parallelization",
         "prefetch(AUTOTUNE)",
+        "autotuning off (parallel calls at the cores, up to 16)",
         "cache()",
         "shard by file (by data if fewer files than workers)",
         "read ahead on a thread",

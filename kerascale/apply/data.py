@@ -20,10 +20,11 @@ from kerascale import _validation
 from kerascale._tf import tf
 from kerascale._units import parse_bytes
 from kerascale.errors import DataError
+from kerascale.plan.data_changes import AUTOTUNE_OFF
 from kerascale.plan.plan import Plan
-from kerascale.sense import backend as backend_lib
 from kerascale.sense.data_facts import (
     DataFacts,
+    autotune_set,
     cacheable,
     chain,
     inspect,
@@ -93,7 +94,8 @@ def prepare(
         ds = rebatch(ds, batch)
     if optimize:
         cache = facts.cacheable and not read_in_part
-        ds, _ = _finish(ds, cache=cache, deterministic=None)
+        autotune_off = not facts.autotune_set
+        ds, _ = _finish(ds, cache=cache, deterministic=None, autotune_off=autotune_off)
         if plan.replicas > 1:
             options = tf.data.Options()
             policy = tf.data.experimental.AutoShardPolicy
@@ -104,34 +106,6 @@ def prepare(
             )
             ds = ds.with_options(options)
     return ds
-
-
-def one_iterator(
-    prepared: tf.data.Dataset, plan: Plan, steps_per_call: int
-) -> int | None:
-    """The batches an epoch of `prepared` where the run may read it with one
-    iterator over its epochs (`prepared.repeat()`, these batches as
-    `steps_per_epoch`), else None.
-
-    Keras's `fit` makes a new iterator of a dataset each epoch (and one more
-    at each epoch's end). Each starts with its buffers empty, and on
-    TensorFlow 2.21 dropping the one before takes about half a second, now
-    and then, while the new one runs (the autotuning thread's end): a tenth
-    to a third of an epoch of a second. One iterator over the epochs reads
-    the same batches in the same order where each epoch reads the same
-    elements, so it is taken only where the pipeline draws no new seeds each
-    epoch (a reshuffling shuffle would take another order than plain
-    `fit`'s), its length is known, one replica trains, and the steps per
-    call divide the epoch (Keras would run a call on past its end).
-    """
-    if not backend_lib.traits(plan.backend).reads_one_iterator or plan.replicas != 1:
-        return None
-    if tfc.draws_seeds(prepared):
-        return None
-    batches = int(prepared.cardinality())
-    if batches <= 0 or batches % max(1, steps_per_call):
-        return None  # unknown or infinite, or calls that would cross epochs
-    return batches
 
 
 def rebatch(ds: tf.data.Dataset, batch: int) -> tf.data.Dataset:
@@ -185,6 +159,9 @@ def optimize(
       random or Python ops), the length is known, and the size, from the
       element shapes, fits in `memory_budget`.
     - `prefetch(AUTOTUNE)` at the end.
+    - tf.data's autotuning off, unless `ds`'s options set it: parallel
+      calls at the cores (up to 16), and no wait when an iterator of it is
+      dropped (Keras drops one each epoch).
     - The order of elements is kept unless `deterministic=False`.
 
     What it changed is logged, and returned by `optimize_report`.
@@ -239,20 +216,41 @@ def _optimize(
             changes.append(f"no cache(): {why}")
     elif cache:
         changes.append("cache() (as asked)")
-    out, more = _finish(parallel, cache=bool(cache), deterministic=deterministic)
+    out, more = _finish(
+        parallel,
+        cache=bool(cache),
+        deterministic=deterministic,
+        autotune_off=not autotune_set(ds),
+    )
     return out, changes + more
 
 
 def _finish(
-    ds: tf.data.Dataset, *, cache: bool, deterministic: bool | None
+    ds: tf.data.Dataset, *, cache: bool, deterministic: bool | None, autotune_off: bool
 ) -> tuple[tf.data.Dataset, list[str]]:
-    """Caches, sets the options and prefetches the top of a pipeline."""
+    """Caches, sets the options and prefetches the top of a pipeline.
+
+    `autotune_off`: tf.data's autotuning is turned off. Its parallel calls
+    then run at the cores (up to 16: `AUTOTUNE` starts there, and on a
+    2-core CPU it settles there too), and a prefetch of `AUTOTUNE` still
+    grows its buffer whenever it runs dry (its own tuner, not autotuning's).
+    What it spares: dropping an iterator waits for the autotuning thread,
+    the longer the iterator lived. On TensorFlow 2.21, an iterator that
+    lived 30 or 60 s took 11 and 22 s to drop in some runs, at the same
+    speed with it off and 0.2 s to drop; Keras drops one each epoch, and
+    one at the end of `fit` (28.8 s at the end of a 5-minute run). Found by
+    experiment (benchmarks/README.md, "tf.data's autotuning"); no upstream
+    issue found.
+    """
     changes = []
     if cache and not caches(ds):
         ds = ds.cache()
         changes.append("cache()")
     options = tf.data.Options()
     options.experimental_optimization.map_parallelization = True
+    if autotune_off:
+        options.autotune.enabled = False
+        changes.append(AUTOTUNE_OFF)
     if deterministic is not None:
         options.deterministic = deterministic
         if not deterministic:

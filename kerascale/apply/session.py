@@ -261,7 +261,6 @@ def prepare(
     as_dataset: bool = False,
     fit_kwargs: dict[str, Any] | None = None,
     read_in_part: bool = False,
-    one_iterator: bool = False,
 ) -> Prepared:
     """Sets up what trains under `decided.plan`, inside `session`.
 
@@ -278,10 +277,6 @@ def prepare(
         read_in_part: The data is read for some steps of its first epoch
             only (`diagnose`'s rates): a dataset is then not cached, since
             TensorFlow throws a cache() read in part away, with a warning.
-        one_iterator: The run may read a `tf.data` input with one iterator
-            over its epochs, where `apply.data.one_iterator` finds it reads
-            the same batches (no backup checkpoints the iterator Keras makes
-            each epoch).
 
     Returns:
         `Prepared`.
@@ -301,8 +296,6 @@ def prepare(
     x, y, kwargs, quiet = _prepare_data(
         x, y, decided, plan, fit_kwargs, as_dataset, read_in_part=read_in_part
     )
-    if one_iterator and not copy:
-        x, kwargs, plan = _read_on(x, decided, plan, kwargs, train_model)
     if backend_lib.traits(plan.backend).engine == "tf.distribute":
         # Keras skips a racy number of a generator's first batches under a
         # strategy of several replicas: read so that none is skipped.
@@ -370,27 +363,6 @@ def _prepare_data(
         # Keras counts forward passes; steps_per_epoch means updates.
         kwargs["steps_per_epoch"] *= plan.accumulation_steps
     return x, y, kwargs, quiet
-
-
-def _read_on(
-    x: Any, decided: Decision, plan: Plan, kwargs: dict[str, Any], model: keras.Model
-) -> tuple[Any, dict[str, Any], Plan]:
-    """A prepared `tf.data` input read by one iterator over the epochs, where
-    `apply.data.one_iterator` allows it and `fit` has no `steps_per_epoch`
-    of yours: `x.repeat()`, its batches an epoch as `steps_per_epoch`, and
-    the plan's data changes saying so."""
-    if (
-        decided.data.kind != "dataset"
-        or not decided.optimize_data
-        or kwargs.get("steps_per_epoch") is not None
-    ):
-        return x, kwargs, plan
-    batches = data_lib.one_iterator(x, plan, model.steps_per_execution)
-    if batches is None:
-        return x, kwargs, plan
-    changes = dataclasses.replace(plan.data_changes, one_iterator=True)
-    kwargs = {**kwargs, "steps_per_epoch": batches}
-    return x.repeat(), kwargs, dataclasses.replace(plan, data_changes=changes)
 
 
 # The JAX distributions kerascale builds itself (a user's own is theirs).

@@ -19,7 +19,7 @@ SHARD = {
 READ_AHEAD = "read ahead on a thread"  # where a callback waits on each step
 BY_PROCESS = "each process reads its block of every global batch"
 CUT_AS_READ = "each batch cut to a multiple of the devices as it is read"
-ONE_ITERATOR = "one iterator over the epochs (repeat)"
+AUTOTUNE_OFF = "autotuning off (parallel calls at the cores, up to 16)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +46,12 @@ class DataChanges:
             devices cannot split the last batch.
         cut_as_read: On JAX, each batch is cut to a multiple of the devices
             as it is read.
-        one_iterator: A `tf.data` input is read by one iterator over the
-            run's epochs (`repeat()`, with its batches an epoch as
-            `steps_per_epoch`), not a new one each epoch: set where the run
-            is prepared (`apply.data.one_iterator`).
+        autotune_off: tf.data's autotuning is off on a `tf.data` input
+            kerascale prepares (`options.autotune.enabled=False`): its
+            parallel calls run at the number of cores (up to 16, tf.data's
+            starting parallelism), its prefetch buffer grows as it runs dry,
+            and dropping an iterator does not wait on the autotuning thread
+            (`apply.data.prepare`).
     """
 
     materialized: bool = False
@@ -63,7 +65,7 @@ class DataChanges:
     by_process: bool = False
     left_out: int = 0
     cut_as_read: bool = False
-    one_iterator: bool = False
+    autotune_off: bool = False
 
     def __post_init__(self):
         if self.shard not in ("", *SHARD):
@@ -81,7 +83,7 @@ class DataChanges:
             or self.cache
             or bool(self.shard)
             or self.read_ahead
-            or self.one_iterator
+            or self.autotune_off
         )
 
     @property
@@ -96,8 +98,8 @@ class DataChanges:
         out += self._batching()
         out += [PARALLEL_MAP] if self.parallel_map else []
         out += [PREFETCH] if self.prefetch else []
+        out += [AUTOTUNE_OFF] if self.autotune_off else []
         out += [CACHE] if self.cache else []
-        out += [ONE_ITERATOR] if self.one_iterator else []
         out += [SHARD[self.shard]] if self.shard else []
         out += [READ_AHEAD] if self.read_ahead else []
         out += [BY_PROCESS] if self.by_process else []
@@ -130,9 +132,12 @@ class DataChanges:
         """From `to_dict`'s form; or from the list of words a plan saved in
         a checkpoint before this type existed (kerascale 0.1.0 until
         2026-11-28), read once here so that such a checkpoint still pins its
-        choices when resumed."""
+        choices when resumed. A field this kerascale has no more (a saved
+        plan's `one_iterator`, from 2026-12-05's kerascale) is dropped: the
+        resumed run decides without it."""
         if isinstance(saved, Mapping):
-            return cls(**saved)
+            known = {f.name for f in dataclasses.fields(cls)}
+            return cls(**{k: v for k, v in saved.items() if k in known})
         return _from_old_words(list(saved))
 
 
@@ -147,7 +152,6 @@ def _from_old_words(words: list[str]) -> DataChanges:
         CACHE: "cache",
         BY_PROCESS: "by_process",
         CUT_AS_READ: "cut_as_read",
-        ONE_ITERATOR: "one_iterator",
     }
     for word in words:
         if word in flags:

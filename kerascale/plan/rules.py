@@ -525,6 +525,7 @@ def _pipeline_changes(
             changes,
             parallel_map=data.sequential_map,
             prefetch=True,
+            autotune_off=not data.autotune_set,
             cache=data.cacheable,
             # TF's AUTO tries files first and warns when it falls back to
             # data; saying which one applies is quieter and shows in the plan.

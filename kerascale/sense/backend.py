@@ -56,14 +56,6 @@ class Traits:
             buffers are reused only once it has read them), so that a save
             behind training holds the step for the dispatch only; otherwise
             the copy is made on the training thread.
-        reads_one_iterator: Whether a `tf.data` input that kerascale
-            prepares may be read by one iterator over the run's epochs
-            (`repeat()`, with the epoch's batches as `steps_per_epoch`),
-            where Keras's `fit` makes a new one each epoch (the input row
-            of docs/tour.md). Not on JAX: there the one iterator's end,
-            in Keras's JAX adapter, waited 8-15 s at the end of a
-            one-minute run, more than the epochs' starts it saved
-            (benchmarks/README.md, "One iterator over the epochs").
     """
 
     name: str
@@ -80,7 +72,6 @@ class Traits:
     reads_to_build: bool = False
     places_by_scope: bool = False
     copies_in_flight: bool = False
-    reads_one_iterator: bool = False
 
 
 _TRAITS = {
@@ -96,7 +87,6 @@ _TRAITS = {
         joins_tf_clusters=True,
         even_batches=False,
         places_by_scope=True,
-        reads_one_iterator=True,
     ),
     "jax": Traits(
         name="jax",

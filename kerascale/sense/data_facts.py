@@ -65,6 +65,9 @@ class DataFacts:
             time (a `map` without `num_parallel_calls`), which tf.data's
             map parallelization then runs in parallel.
         steps_given: Whether `fit` has `steps_per_epoch` (arrays).
+        autotune_set: Whether a dataset's own options set tf.data's
+            autotuning (`options.autotune.enabled`): kerascale then leaves
+            it as set.
     """
 
     kind: str
@@ -79,6 +82,7 @@ class DataFacts:
     held_out: int = 0
     sequential_map: bool = False
     steps_given: bool = False
+    autotune_set: bool = False
 
     @property
     def measurable(self) -> bool:
@@ -313,6 +317,7 @@ def _inspect_dataset(
         cacheable=cacheable(ds)[0],
         unsplittable=f"your data holds a {composite[0]}" if composite else "",
         sequential_map=sequential_map(ds),
+        autotune_set=autotune_set(ds),
     )
 
 
@@ -427,6 +432,11 @@ def is_sequential_map(node: Any) -> bool:
     """Whether one dataset of a chain is a `map` without `num_parallel_calls`
     (its class is `_MapDataset`; a parallel one's is `_ParallelMapDataset`)."""
     return type(node).__name__ == "_MapDataset"
+
+
+def autotune_set(ds: tf.data.Dataset) -> bool:
+    """Whether `ds`'s options set tf.data's autotuning, on or off."""
+    return ds.options().autotune.enabled is not None
 
 
 def sequential_map(x: Any) -> bool:
