@@ -18,7 +18,6 @@ def plan_with(batch, replicas=1):
         batch // replicas,
         1,
         batch,
-        backend="tensorflow",
     )
 
 

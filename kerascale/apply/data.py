@@ -231,8 +231,8 @@ def _finish(
     """Caches, sets the options and prefetches the top of a pipeline.
 
     `autotune_off`: tf.data's autotuning is turned off. Its parallel calls
-    then run at the cores (up to 16: `AUTOTUNE` starts there, and on a
-    2-core CPU it settles there too), and a prefetch of `AUTOTUNE` still
+    then run at the cores (up to 16, where `AUTOTUNE` starts: TensorFlow's
+    `GetAutotuneDefaultParallelism`), and a prefetch of `AUTOTUNE` still
     grows its buffer whenever it runs dry (its own tuner, not autotuning's).
     What it spares: dropping an iterator waits for the autotuning thread,
     the longer the iterator lived. On TensorFlow 2.21, an iterator that
