@@ -22,3 +22,8 @@ def pytest_collection_finish(session):
     (tests/memory_regions.py)."""
     gc.collect()
     gc.freeze()
+
+
+# The lanes' plugin (tests_common, on pytest's pythonpath): the order tests are
+# handed out in and the quick lane's selection, from recorded durations.
+pytest_plugins = ["lanes"]

@@ -101,59 +101,6 @@ def gpu_box(n=1, name="NVIDIA A100", cc=(8, 0), memory=40 << 30):
     return Hardware(cpu=CPU, gpus=tuple(GPUInfo(i, name, memory, cc) for i in range(n)))
 
 
-# Tests that time something (trials, the diagnosis's verdicts, a time budget):
-# README runs them alone (`-m serial`). Tests that start real clusters or wait
-# on a lease (heartbeats, a worker's timeout) run two at a time among
-# themselves (`-m cluster`: their processes wait more than they compute, 55%
-# of 2 cores alone), never beside the rest. Then the rest run two at a time
-# (`-n 2`). A module maps to its tests' names, or to None where all of them
-# are.
-SERIAL = {
-    "test_budget.py": {
-        "test_a_short_fit_trains_at_kerass_default_without_searching",
-        "test_the_search_runs_when_the_run_pays_for_it",
-        "test_a_bound_the_user_gave_is_always_searched_under",
-        "test_a_cached_search_is_used_whatever_the_run",
-        "test_the_ladder_runs_in_the_children_the_cost_counts",
-    },
-    "test_diagnosis.py": {
-        "test_input_bound_workload",
-        "test_compute_bound_workload",
-        "test_cli_diagnose_prints_json",
-        "test_a_decode_bound_pipeline_is_told_to_materialize_with_the_decode_share",
-    },
-    "test_monitoring.py": {
-        "test_time_budget_real_short_budget_stops_in_time",
-        "test_fit_installs_monitoring_and_resumes_after_its_time_budget",
-    },
-    "test_trials.py": {
-        "test_real_trials_time_copies_and_leave_the_model_alone",
-        "test_fit_on_a_bf16_cpu_measures_and_says_so",
-    },
-}
-CLUSTER = {
-    "test_compat.py": {"test_two_workers_train_like_one_process"},
-    "test_lease.py": None,
-    "test_multiworker.py": None,
-}
-
-
-def _listed(item, table) -> bool:
-    names = table.get(item.path.name, ())
-    return names is None or item.originalname in names
-
-
-def pytest_collection_modifyitems(config, items):
-    from longest import longest_first  # a child importing conftest lacks it
-
-    longest_first(items)  # handed out first (longest.py)
-    for item in items:
-        if _listed(item, SERIAL):
-            item.add_marker(pytest.mark.serial)
-        elif _listed(item, CLUSTER):
-            item.add_marker(pytest.mark.cluster)
-
-
 def keras_hub_or_skip():
     """keras-hub, or the test skipped with why: a keras-hub release that
     cannot import on this Keras (keras-hub 0.32.0 on Keras 3.16 imports

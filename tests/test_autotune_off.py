@@ -5,6 +5,7 @@ pipeline whose own options set autotuning keeps it as set."""
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from test_data import plan_with
 
@@ -12,6 +13,9 @@ import kerascale
 from kerascale.apply import data as apply_data
 from kerascale.plan.data_changes import AUTOTUNE_OFF, DataChanges
 from kerascale.sense import data_facts
+
+# Also run on the next Keras (the nightly lanes).
+pytestmark = pytest.mark.nightly
 
 EPOCHS, SAMPLES, BATCH = 2, 96, 16
 

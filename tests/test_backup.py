@@ -23,6 +23,9 @@ from kerascale.callbacks import checkpoint_store as store
 from kerascale.callbacks._save_schedule import SaveSchedule
 from kerascale.errors import CheckpointError, ConfigurationError
 
+# Also run on the next Keras (the nightly lanes).
+pytestmark = pytest.mark.nightly
+
 CHILD = children.TrainingChild(Path(__file__).with_name("backup_child.py"))
 STEPS_PER_EPOCH = 32  # 512 samples, batch 16
 EPOCHS = 5

@@ -143,6 +143,7 @@ def test_no_estimate_where_the_model_cannot_be_called_on_its_inputs():
     assert budget.train_seconds_per_sample(dense_model, x, y, data) is None
 
 
+@pytest.mark.serial
 def test_a_short_fit_trains_at_kerass_default_without_searching(monkeypatch):
     """One epoch of 256 samples on the real estimate: no child is started,
     the batch is Keras's default, and the plan says why and how to search."""
@@ -164,6 +165,7 @@ def test_a_short_fit_trains_at_kerass_default_without_searching(monkeypatch):
 @pytest.mark.parametrize(
     "per_sample, searched", [(1e-2, True), (1e-5, False), (None, True)]
 )
+@pytest.mark.serial
 def test_the_search_runs_when_the_run_pays_for_it(monkeypatch, per_sample, searched):
     """50 epochs of 256 samples: at 10 ms a sample a 128 s run, of which the
     25% a search is expected to save repays one child's ladder (about 4 s);
@@ -179,6 +181,7 @@ def test_the_search_runs_when_the_run_pays_for_it(monkeypatch, per_sample, searc
     assert ("batch search skipped" in why) is not searched
 
 
+@pytest.mark.serial
 def test_a_bound_the_user_gave_is_always_searched_under(monkeypatch):
     """memory_limit= (or max_batch_size=) asks for a bound Keras's default
     batch might break: a run of any length searches under it."""
@@ -196,6 +199,7 @@ def test_a_bound_the_user_gave_is_always_searched_under(monkeypatch):
     assert plan.global_batch_size <= 16
 
 
+@pytest.mark.serial
 def test_a_cached_search_is_used_whatever_the_run(monkeypatch, no_budget):
     x, y = toy_data(256)
     kerascale.plan(dense_model(), x, y, verbose=0, precision="float32")
@@ -262,6 +266,7 @@ def test_peeking_at_variable_shapes_leaves_the_order_alone():
         (4096, [[32, 64, 128, 256, 512, 1024], [2048, 4096]]),
     ],
 )
+@pytest.mark.serial
 def test_the_ladder_runs_in_the_children_the_cost_counts(cap, chunks):
     """The budget counts a child per LADDER_CHUNK rungs (search_seconds):
     the ladder sweeps exactly those chunks, the cap in its chunk."""

@@ -10,6 +10,7 @@ import kerascale
 from kerascale import cli
 
 
+@pytest.mark.nightly  # the doctor reports this Keras's fixes
 def test_doctor_prints_hardware_and_decisions(capsys, monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert cli.main(["doctor"]) == 0
@@ -26,6 +27,7 @@ def test_doctor_prints_hardware_and_decisions(capsys, monkeypatch):
     assert "memory:" in out and "cache:" in out and "For a bug report" in out
 
 
+@pytest.mark.nightly  # the doctor reports this Keras's fixes
 def test_doctor_json(capsys, monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert cli.main(["doctor", "--json"]) == 0
@@ -246,6 +248,7 @@ def test_doctor_starts_without_tensorflow_s_cpu_banner():
         assert banner == shown, (level, proc.stderr[-2000:])
 
 
+@pytest.mark.nightly  # the doctor reports this Keras's fixes
 def test_doctor_says_which_keras_and_each_fix_s_status(capsys, monkeypatch):
     """Issue 56: the Keras here, the ones the suite passed on, and whether
     each Keras fix is active, not needed or unknown (text and JSON)."""
@@ -280,6 +283,7 @@ def test_doctor_says_which_keras_and_each_fix_s_status(capsys, monkeypatch):
     assert status.fixes(tf_distribute=False)[0]["status"] == "unknown"
 
 
+@pytest.mark.nightly  # the doctor reports this Keras's fixes
 def test_a_keras_newer_than_any_tested_is_told_apart():
     from kerascale._keras_compat import status
 

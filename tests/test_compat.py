@@ -18,6 +18,9 @@ from test_multiworker import load, max_diff, run_cluster_and_single
 
 from kerascale import _keras_compat as compat
 
+# Also run on the next Keras (the nightly lanes).
+pytestmark = pytest.mark.nightly
+
 
 def test_upstream_code_is_the_code_the_fix_replaces():
     """Fails when Keras changes the patched functions: revisit
@@ -26,6 +29,7 @@ def test_upstream_code_is_the_code_the_fix_replaces():
     assert compat.upstream_changed() == []
 
 
+@pytest.mark.cluster
 def test_two_workers_train_like_one_process(tmp_path):
     """Plain `model.fit` under a MultiWorkerMirroredStrategy the user made,
     with only the compat fix: as a user who brings their own strategy runs."""

@@ -41,6 +41,7 @@ def small_model():
     return model
 
 
+@pytest.mark.serial
 def test_input_bound_workload():
     d = kerascale.diagnose(
         small_model(),
@@ -77,6 +78,7 @@ def compute_bound_workload():
     return model, ds.batch(32).cache()
 
 
+@pytest.mark.serial
 def test_compute_bound_workload():
     model, ds = compute_bound_workload()
     d = kerascale.diagnose(
@@ -168,6 +170,7 @@ def test_diagnose_validates_steps():
         kerascale.diagnose(small_model(), input_bound_data(), steps=0)
 
 
+@pytest.mark.serial
 def test_cli_diagnose_prints_json(tmp_path):
     path = tmp_path / "m.keras"
     small_model().save(path)
@@ -199,6 +202,7 @@ def test_cli_diagnose_prints_json(tmp_path):
     assert out["recommendations"]
 
 
+@pytest.mark.serial
 def test_a_decode_bound_pipeline_is_told_to_materialize_with_the_decode_share(
     tmp_path,
 ):

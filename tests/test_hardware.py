@@ -305,3 +305,27 @@ def test_cores_capped_by_cgroup_quota(monkeypatch):
         lambda path: "100000 100000" if path.endswith("cpu.max") else real(path),
     )
     assert kerascale.detect_hardware(nvml=False).cpu.cores == 1
+
+
+def test_the_cpu_seam_replaces_what_this_machine_says(monkeypatch):
+    """KERASCALE_CPU_SEAM runs the suite as on another host (CONTRIBUTING.md):
+    each key it gives replaces this machine's, and a malformed one is an
+    error that names the variable, the value and the fix."""
+    import json
+
+    from kerascale.errors import ConfigurationError
+    from kerascale.sense import hardware
+
+    model = "Intel(R) Xeon(R) Platinum 8488C Processor with a name that runs long"
+    seam = {"model": model, "cores": 4, "bf16": False}
+    monkeypatch.setenv(hardware.CPU_SEAM_VARIABLE, json.dumps(seam))
+    cpu = hardware.detect_hardware(nvml=False).cpu
+    assert (cpu.model, cpu.cores, cpu.bf16, cpu.bf16_flags) == (model, 4, False, ())
+    monkeypatch.setenv(hardware.CPU_SEAM_VARIABLE, '{"bf16": true}')
+    cpu = hardware.detect_hardware(nvml=False).cpu
+    assert cpu.bf16 and cpu.bf16_flags
+    for bad in ('{"cores": 0}', '{"threads": 2}', "[1]", "four"):
+        monkeypatch.setenv(hardware.CPU_SEAM_VARIABLE, bad)
+        with pytest.raises(ConfigurationError, match="KERASCALE_CPU_SEAM") as e:
+            hardware.detect_hardware(nvml=False)
+        assert repr(bad) in str(e.value)

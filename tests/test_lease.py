@@ -22,6 +22,9 @@ from kerascale.callbacks import checkpoint_store as store
 from kerascale.callbacks._base import FitRun
 from kerascale.callbacks.backup import FaultTolerantBackup
 
+# Real clusters or a lease's waits: the cluster lane, two at a time.
+pytestmark = pytest.mark.cluster
+
 
 def small_fit(directory, epochs=2, **kwargs):
     keras.utils.set_random_seed(0)

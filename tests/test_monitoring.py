@@ -223,6 +223,7 @@ def test_time_budget_stops_before_the_deadline_with_a_fake_clock():
     assert {w.filename for w in ours} == {__file__}
 
 
+@pytest.mark.serial
 def test_time_budget_real_short_budget_stops_in_time():
     budget = TimeBudget(4.0, reserve=0.5)
 
@@ -281,6 +282,7 @@ def test_accepted_durations():
     assert TimeBudget(2.5).budget == 2.5
 
 
+@pytest.mark.serial
 def test_fit_installs_monitoring_and_resumes_after_its_time_budget(tmp_path):
     log_dir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
     data = small_data(n=256)

@@ -31,6 +31,9 @@ from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import ClusterInfo, Hardware
 from kerascale.sense.model_facts import ModelFacts
 
+# Real clusters or a lease's waits: the cluster lane, two at a time.
+pytestmark = pytest.mark.cluster
+
 CHILD = Path(__file__).with_name("multiworker_child.py")
 LONG_EPOCHS = 6  # the "long" run's, as multiworker_child.py has it
 ENV = {

@@ -2,6 +2,7 @@
 TensorFlow: the shared cases are tests_common/resume_order.py's; what this
 backend records is this file's."""
 
+import pytest
 from resume_order import *  # noqa: F403
 from resume_order import (
     ORDER,
@@ -12,6 +13,9 @@ from resume_order import (
     same_weights,
     saved_data_record,
 )
+
+# Also run on the next Keras (the nightly lanes).
+pytestmark = pytest.mark.nightly
 
 
 def test_a_pydataset_save_records_its_last_batch_and_arrays_their_iterator(tmp_path):

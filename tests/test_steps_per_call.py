@@ -2,8 +2,12 @@
 (imported, so pytest collects them here), and the conformance cells at 4
 steps a call on this lane's backend and device count."""
 
+import pytest
 import steps_per_call as cases
 from steps_per_call import *  # noqa: F403  (its __all__: collected by pytest here)
+
+# Also run on the next Keras (the nightly lanes).
+pytestmark = pytest.mark.nightly
 
 test_a_promise_holds_at_four_steps_a_call = cases.promise_test("tensorflow", 1)
 

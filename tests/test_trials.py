@@ -316,6 +316,7 @@ def test_without_a_first_estimate_the_first_candidate_gives_one(monkeypatch):
     assert m.prepared == [] and not again.measured("precision")
 
 
+@pytest.mark.serial
 def test_real_trials_time_copies_and_leave_the_model_alone():
     model = dense_model()
     before = [w.copy() for w in model.get_weights()]
@@ -342,6 +343,7 @@ def test_real_trials_time_copies_and_leave_the_model_alone():
     assert not model.optimizer.built or int(model.optimizer.iterations) == 0
 
 
+@pytest.mark.serial
 def test_fit_on_a_bf16_cpu_measures_and_says_so(monkeypatch, capsys, no_budget):
     monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: BF16_HOST)
     model = dense_model()

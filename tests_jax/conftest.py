@@ -47,12 +47,9 @@ def devices() -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-    """README runs this suite on 1 and on 2 devices; a test marked `once`
-    tests nothing the device count changes, so it runs on 1 only. The
-    longest tests are handed out first (`longest.py`)."""
-    from longest import longest_first  # a child importing conftest lacks it
-
-    longest_first(items)
+    """The suite runs on 1 and on 2 devices (noxfile.py's jax and jax_2dev
+    lanes); a test marked `once` tests nothing the device count changes, so
+    it runs on 1 only."""
     if devices() == 1:
         return
     skip = pytest.mark.skip(reason="marked once: it runs in the 1-device suite")

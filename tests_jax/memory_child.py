@@ -5,9 +5,10 @@ tests_jax/test_compiled_search.py and benchmarks/jax_batch_search.py).
         kerascale.find_batch_size under memory_limit=LIMIT: prints JSON with
         the batch found, the bracket, the compiles and their seconds.
     python memory_child.py search-then-step MODEL POLICY LIMIT_BYTES
-        the same search, then one real step at the batch found in this same
-        process (as fit trains after planning): adds its peak resident
-        memory (VmHWM) to the JSON as "peak".
+        the same search, then `kerascale.plan`'s check of the batch found
+        ("plan_steps": its accumulation steps) and one real step at it in
+        this same process (as fit trains after planning): adds its peak
+        resident memory (VmHWM) to the JSON as "peak".
     python memory_child.py step MODEL POLICY BATCH [STOP_ABOVE]
         two real training steps at BATCH (Keras's own fit on the arrays, the
         policy set as kerascale sets it: in place), then prints JSON with the
@@ -114,6 +115,19 @@ def main(mode, name, policy, value, stop=None):
         if mode == "search-then-step":
             from kerascale.sense import memory
 
+            # The guide's next line (docs/batch-search.md): fit's check of
+            # the answer, as a dry run, before the step at it.
+            checked = kerascale.plan(
+                model,
+                x,
+                y,
+                batch_size=r.batch_size,
+                precision=policy,
+                memory_limit=int(value),
+                verbose=0,
+            )
+            answer["plan_steps"] = checked.accumulation_steps
+            answer["plan_explained"] = checked.explain()
             memory.release_freed()  # as fit does before it trains
             answer["peak"] = step(model, x, y, policy, r.per_replica_batch_size)
         print(json.dumps(answer))

@@ -10,6 +10,9 @@ from conftest import dense_model, devices, toy_data
 
 from kerascale import _keras_compat as keras_compat
 
+# Also run on the next Keras (the nightly lanes).
+pytestmark = pytest.mark.nightly
+
 
 def test_jax_variables_have_the_layout_hooks_kerascale_sets():
     v = keras.Variable(np.zeros((2, 2), "float32"))

@@ -6,6 +6,9 @@ import conformance
 import pytest
 from conftest import devices
 
+# Also run on the next Keras (the nightly lanes).
+pytestmark = pytest.mark.nightly
+
 HERE = [
     c
     for c in conformance.covered_cells()

@@ -22,6 +22,9 @@ from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import CheckpointError
 
+# Also run on the next Keras (the nightly lanes).
+pytestmark = pytest.mark.nightly
+
 CHILD = children.TrainingChild(Path(__file__).with_name("backup_child.py"))
 STEPS_PER_EPOCH = 20  # 320 samples, batch 16
 EPOCHS = 4

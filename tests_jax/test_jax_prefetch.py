@@ -16,6 +16,9 @@ import kerascale
 from kerascale.callbacks import FaultTolerantBackup, Prefetch
 from kerascale.plan.data_changes import DataChanges
 
+# Also run on the next Keras (the nightly lanes).
+pytestmark = pytest.mark.nightly
+
 
 class Batches(keras.utils.PyDataset):
     """Batches of 16 of (x, y); `delay` seconds of host work per batch, and

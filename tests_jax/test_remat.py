@@ -2,7 +2,6 @@
 the model as it is, by XLA's count less memory, the same training to float
 noise, and the model as it was afterwards."""
 
-import jax
 import keras
 import numpy as np
 import pytest
@@ -128,43 +127,3 @@ def test_find_batch_size_reports_the_bound_with_and_without_recomputation():
     )
     assert plain.recompute_batch_size is None
     assert plain.batch_size == found.batch_size
-
-
-@pytest.mark.skipif(
-    len(jax.local_devices()) < 2,
-    reason="runs in the 2-device suite, the shorter phase: its child is a "
-    "user's process of one device either way",
-)
-def test_the_guide_sample_returns_its_bound_under_a_real_limit():
-    """docs/batch-search.md's first sample on a 2-conv CNN under a real 1 GiB
-    limit, in a process of its own (issue 55): the bound XLA's count found
-    comes back, with recomputation's beside it. (TensorFlow's test also
-    trains at it in the same process; here that doubles the test's 40 s.)"""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import guide_sample
-
-    # A user's process: one CPU device, not the suite's forced ones.
-    drop = ("XLA_FLAGS", "KERASCALE_CPU_DEVICES_STAND_IN")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    done = subprocess.run(
-        [sys.executable, str(Path(guide_sample.__file__)), "1GiB", "search"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert found["fails"] is not None  # memory bound the search
-    assert found["batch"] <= 0.97 * found["fits"]
-    assert found["recompute_batch"] is not None and found["recompute_batch"] > 1
-    assert found["reasons"]["recompute"].startswith("with recomputation")
-    # fit's check of the answer, the guide's next line, keeps it whole (it
-    # split it in 2 on JAX in about half the runs, its real steps' figures
-    # varying by more than the margin): it reads the answer.
-    assert found["plan_steps"] == 1, found["plan_explained"]

@@ -11,6 +11,9 @@ from resume_order import (
     saved_data_record,
 )
 
+# Also run on the next Keras (the nightly lanes).
+pytestmark = pytest.mark.nightly
+
 
 @pytest.mark.once
 @pytest.mark.parametrize("kind", ["arrays", "pydataset", "pydataset_workers"])

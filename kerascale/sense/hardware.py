@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import logging
 import os
 import platform
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kerascale import _validation
+from kerascale.errors import ConfigurationError
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import jax_devices, jax_processes
 from kerascale.sense import nvml as nvml_lib
@@ -46,6 +48,10 @@ _TPU_ENV_VARS = (
 # it set to 1, JAX's CPU devices of one process (XLA_FLAGS=
 # --xla_force_host_platform_device_count=N) are planned as GPUs would be.
 STAND_IN_VARIABLE = "KERASCALE_CPU_DEVICES_STAND_IN"
+# The hardware seam for the CPU itself, to run the suite as on another host
+# (CONTRIBUTING.md): a JSON object whose keys "model", "cores" and "bf16"
+# replace what this machine says, in this process and the children it starts.
+CPU_SEAM_VARIABLE = "KERASCALE_CPU_SEAM"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,12 +346,38 @@ def _detect_cpu(notes: list[str], *, logical_devices: int = 1) -> CPUInfo:
             "bf16 support is assumed absent."
         )
     found = tuple(f for f in BF16_CPU_FLAGS if f in flags)
-    return CPUInfo(
+    cpu = CPUInfo(
         cores=_cpu_cores(),
         model=model or platform.processor(),
         bf16=bool(found),
         bf16_flags=found,
         logical_devices=logical_devices,
+    )
+    seam = os.environ.get(CPU_SEAM_VARIABLE)
+    return _as_seam_says(cpu, seam) if seam else cpu
+
+
+def _as_seam_says(cpu: CPUInfo, seam: str) -> CPUInfo:
+    """`cpu` with what `CPU_SEAM_VARIABLE`'s JSON replaces."""
+    try:
+        said = json.loads(seam)
+        if not isinstance(said, dict) or set(said) - {"model", "cores", "bf16"}:
+            raise ValueError("not an object of model, cores, bf16")
+        cores = int(said.get("cores", cpu.cores))
+        bf16 = bool(said.get("bf16", cpu.bf16))
+        model = str(said.get("model", cpu.model))
+        if cores < 1:
+            raise ValueError("cores below 1")
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(
+            f"{CPU_SEAM_VARIABLE} must be a JSON object with any of the keys "
+            f'"model" (a str), "cores" (an int >= 1) and "bf16" (a bool), or '
+            f"unset to read this machine ({e}). Received: {CPU_SEAM_VARIABLE}="
+            f"{seam!r}"
+        ) from None
+    flags = (cpu.bf16_flags or ("amx_bf16",)) if bf16 else ()
+    return dataclasses.replace(
+        cpu, model=model, cores=cores, bf16=bf16, bf16_flags=flags
     )
 
 

@@ -1,0 +1,189 @@
+"""The suite's lanes, one nox session each.
+
+    nox -l                                  the lanes
+    nox                                     every lane, in the order CI runs them
+    nox -s tf -- tests/test_backup.py -k resume    one file of one lane
+    nox -s quick                            the inner loop: both backends' fast tests
+
+A lane selects tests by their markers (pyproject.toml; CONTRIBUTING.md says
+which marker a new test needs) and runs them in one of two environments that
+the lanes share, made with uv and updated when pyproject.toml changes:
+`.venv` (TensorFlow, and JAX beside it) and `.venv-jax` (JAX without
+TensorFlow: a JAX user's install). The nightly lanes put keras-nightly first on
+PYTHONPATH over each environment's Keras (`.keras-next`). Arguments after `--`
+replace the lane's paths and its workers (`-n 2`): a file, `-k`, `-x`, ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import nox
+
+nox.options.reuse_venv = "yes"
+nox.options.default_venv_backend = "uv"
+
+ROOT = Path(__file__).resolve().parent
+# The next Keras the nightly lanes test (kerascale/_keras_compat/status.py's
+# TESTED names it too).
+KERAS_NEXT = "keras-nightly==3.16.0.dev2026102704"
+RUFF = "ruff==0.17.6"
+# Two workers: the machine CI runs on has 2 cores, and the suite is bound by
+# them (a third worker took longer).
+WORKERS = ("-n", "2")
+ENVIRONMENTS = {"tf": (".venv", "test"), "jax": (".venv-jax", "test-jax")}
+
+
+def _uv() -> str:
+    from uv import find_uv_bin  # nox[uv] brings it
+
+    return find_uv_bin()
+
+
+def environment(session: nox.Session, name: str) -> str:
+    """The shared environment `name`'s python, made or updated first where
+    pyproject.toml changed since it was installed (a stamp file says)."""
+    folder, extra = ENVIRONMENTS[name]
+    venv = ROOT / folder
+    python = venv / "bin" / "python"
+    stamp = venv / ".kerascale-installed"
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    wanted = f"{extra} {digest}"
+    if not python.exists():
+        base = os.path.realpath(sys.executable)  # nox's own interpreter, not its venv
+        session.run(_uv(), "venv", "-q", "--python", base, str(venv), external=True)
+    if not stamp.exists() or stamp.read_text() != wanted:
+        session.run(
+            _uv(), "pip", "install", "-q", "--python", str(python),
+            "--compile-bytecode", "-e", f".[{extra}]", external=True,
+        )  # fmt: skip
+        stamp.write_text(wanted)
+    return str(python)
+
+
+def keras_next(session: nox.Session, python: str) -> dict[str, str]:
+    """keras-nightly in `.keras-next` (no dependencies: each environment's
+    own serve it), and the environment that puts it first in this process and
+    every child; tests_common/keras_lane.py stops a run that imported another."""
+    target = ROOT / ".keras-next"
+    version = KERAS_NEXT.split("==")[1]
+    if not list(target.glob(f"keras_nightly-{version}.dist-info")):
+        session.run(
+            _uv(), "pip", "install", "-q", "--python", python, "--no-deps",
+            "--compile-bytecode", "--target", str(target), KERAS_NEXT, external=True,
+        )  # fmt: skip
+    return {"PYTHONPATH": str(target), "KERASCALE_EXPECT_KERAS": version}
+
+
+def pytest(
+    session: nox.Session,
+    env: str,
+    marks: str | None,
+    *args: str,
+    paths: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+    python: str | None = None,
+    replace: bool = True,
+) -> None:
+    """pytest in environment `env`, on the tests marked `marks`: the lane's
+    `paths` and `args`, or the arguments after `--` in their place (added to
+    them where not `replace`)."""
+    python = python or environment(session, env)
+    chosen = [*args, *paths]
+    if session.posargs:
+        chosen = session.posargs if replace else [*chosen, *session.posargs]
+    selection = ["-m", marks] if marks else []
+    session.run(
+        python, "-m", "pytest", *selection, *chosen,
+        env={"TF_CPP_MIN_LOG_LEVEL": "2", "KERASCALE_LANE": session.name,
+             **(extra_env or {})},
+        external=True,
+    )  # fmt: skip
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: the lint rules and the formatting (pyproject.toml's [tool.ruff])."""
+    session.install(RUFF)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=False)
+def tf_serial(session: nox.Session) -> None:
+    """TensorFlow: the tests that time something (marked serial), alone."""
+    pytest(session, "tf", "serial", paths=("tests",))
+
+
+@nox.session(python=False)
+def tf_cluster(session: nox.Session) -> None:
+    """TensorFlow: real clusters and leases (marked cluster), two at a time."""
+    pytest(session, "tf", "cluster", *WORKERS, "--dist", "load", paths=("tests",))
+
+
+@nox.session(python=False)
+def tf(session: nox.Session) -> None:
+    """TensorFlow (JAX beside it): every other test of tests/, two files at a time."""
+    marks = "not serial and not cluster and not docs"
+    pytest(session, "tf", marks, *WORKERS, "--dist", "loadfile", paths=("tests",))
+
+
+@nox.session(python=False)
+def jax(session: nox.Session) -> None:
+    """JAX without TensorFlow, on 1 CPU device."""
+    pytest(session, "jax", None, *WORKERS, "--dist", "load", paths=("tests_jax",))
+
+
+@nox.session(python=False)
+def jax_2dev(session: nox.Session) -> None:
+    """JAX without TensorFlow, on 2 forced CPU devices (tests marked once skip)."""
+    two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    pytest(
+        session, "jax", None, *WORKERS, "--dist", "load",
+        paths=("tests_jax",), extra_env=two,
+    )  # fmt: skip
+
+
+@nox.session(python=False)
+def nightly_jax(session: nox.Session) -> None:
+    """keras-nightly on JAX (no TensorFlow): the tests marked nightly, no kills."""
+    python = environment(session, "jax")
+    pytest(
+        session, "jax", "nightly and not kill", *WORKERS, "--dist", "load",
+        paths=("tests_jax",), extra_env=keras_next(session, python), python=python,
+    )  # fmt: skip
+
+
+@nox.session(python=False)
+def nightly_tf(session: nox.Session) -> None:
+    """keras-nightly on TensorFlow: the tests marked nightly, no kills."""
+    python = environment(session, "tf")
+    pytest(
+        session, "tf", "nightly and not serial and not cluster and not kill",
+        *WORKERS, "--dist", "load", paths=("tests",),
+        extra_env=keras_next(session, python), python=python,
+    )  # fmt: skip
+
+
+@nox.session(python=False)
+def docs(session: nox.Session) -> None:
+    """The documentation site builds with --strict (tests marked docs)."""
+    # Keras on JAX (in .venv beside TensorFlow): the site imports kerascale to
+    # read its docstrings, and nothing here needs TensorFlow's 5 s start.
+    jax = {"KERAS_BACKEND": "jax"}
+    pytest(session, "tf", "docs", paths=("tests/test_docs_site.py",), extra_env=jax)
+
+
+@nox.session(python=False, default=False)
+def quick(session: nox.Session) -> None:
+    """The inner loop, under 3 minutes: both backends' fast tests.
+
+    The tests recorded under 1 s, none that times, starts a cluster or kills
+    (tests_common/lanes.py).
+    Arguments after `--` are added to both runs (`-x`, `-k plan`)."""
+    fast = ("--quick", *WORKERS)
+    pytest(session, "tf", "not docs", *fast, paths=("tests",), replace=False)
+    pytest(session, "jax", None, *fast, paths=("tests_jax",), replace=False)

@@ -1,0 +1,132 @@
+"""The suite's lanes (issue 77): a test's lane is its markers; the order
+tests are handed out in and the quick lane's selection come from recorded
+durations (tests_common/lanes.py), and README, .ci/run and noxfile.py agree."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import lanes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Item:
+    """What lanes.py reads of a pytest item."""
+
+    def __init__(self, nodeid, *marks):
+        self.nodeid = nodeid
+        self.path = Path(nodeid.split("::")[0])
+        self.marks = marks
+
+    def get_closest_marker(self, name):
+        return name if name in self.marks else None
+
+
+def test_long_tests_are_handed_out_first_and_the_rest_keep_their_order():
+    items = [Item(f"t.py::{n}") for n in "abcde"]
+    seconds = {"t.py::b": 6.0, "t.py::d": 30.0, "t.py::e": 4.9, "t.py::x": 99.0}
+    lanes.handed_out_order(items, seconds, "load")
+    assert [i.nodeid[-1] for i in items] == ["d", "b", "a", "c", "e"]
+
+
+def test_whole_files_are_handed_out_longest_first_under_loadfile():
+    items = [Item(n) for n in ("a.py::1", "a.py::2", "b.py::1", "c.py::1")]
+    seconds = {"a.py::1": 2.0, "a.py::2": 2.0, "b.py::1": 9.0, "c.py::1": 1.0}
+    lanes.handed_out_order(items, seconds, "loadfile")
+    assert [i.nodeid for i in items] == ["b.py::1", "a.py::1", "a.py::2", "c.py::1"]
+
+
+def test_quick_is_recorded_under_a_second_and_never_marked_slow():
+    seconds = {"t.py::fast": 0.2, "t.py::slow": 3.0}
+    assert lanes.is_quick(Item("t.py::fast"), seconds)
+    assert lanes.is_quick(Item("t.py::new"), seconds)  # not recorded yet
+    assert not lanes.is_quick(Item("t.py::slow"), seconds)
+    for mark in lanes.NOT_QUICK:
+        assert not lanes.is_quick(Item("t.py::fast", mark), seconds)
+
+
+def test_a_lane_s_own_durations_count_over_another_s(tmp_path, monkeypatch):
+    table = {"jax": {"t.py::a": 1.0}, "jax_2dev": {"t.py::a": 8.0, "t.py::b": 2.0}}
+    assert lanes.longest(table) == {"t.py::a": 8.0, "t.py::b": 2.0}
+    durations = tmp_path / "durations.json"
+    durations.write_text(json.dumps(table))
+    monkeypatch.setattr(lanes, "DURATIONS", durations)
+    assert lanes.recorded() == table
+    durations.write_text("{not json")
+    assert lanes.recorded() == {}
+
+
+def test_a_run_records_its_lane_s_durations_and_keeps_the_others(tmp_path):
+    """`--record-durations` writes this lane's part of durations.json (in a
+    pytest run of its own, on a test file written here)."""
+    (tmp_path / "test_two.py").write_text(
+        "import time\n\n"
+        "def test_sleeps():\n    time.sleep(0.3)\n\n"
+        "def test_returns():\n    pass\n"
+    )
+    durations = tmp_path / "durations.json"
+    durations.write_text(json.dumps({"other": {"x.py::y": 1.0}}))
+    plugin = tmp_path / "lanes_here.py"
+    source = Path(lanes.__file__).read_text()
+    plugin.write_text(source.replace(
+        'Path(__file__).with_name("durations.json")', f"Path({str(durations)!r})"
+    ))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "lanes_here", "--record-durations",
+         "-q", "-p", "no:cacheprovider", "test_two.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(tmp_path), "KERASCALE_LANE": "mine",
+             "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    table = json.loads(durations.read_text())
+    assert table["other"] == {"x.py::y": 1.0}
+    assert set(table["mine"]) == {
+        "test_two.py::test_sleeps",
+        "test_two.py::test_returns",
+    }
+    assert table["mine"]["test_two.py::test_sleeps"] >= 0.3
+
+
+def test_no_table_of_test_names_decides_a_lane():
+    """Lanes are markers on the tests: the conftests and the lanes' plugin
+    hold no list of test names (a renamed test would leave its lane
+    silently), and add no lane's marker themselves."""
+    for path in [
+        ROOT / "conftest.py",
+        ROOT / "tests" / "conftest.py",
+        ROOT / "tests_jax" / "conftest.py",
+        Path(lanes.__file__),
+    ]:
+        text = path.read_text()
+        for mark in ("serial", "cluster", "nightly", "kill", "once", "docs"):
+            assert f"add_marker(pytest.mark.{mark}" not in text, (path, mark)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert not node.value.startswith("test_") or " " in node.value, (
+                    f"{path.name} names a test: {node.value!r}"
+                )
+
+
+def test_every_lane_marker_is_registered_and_noxfile_lists_the_lanes():
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    ini = config["tool"]["pytest"]["ini_options"]
+    assert "--strict-markers" in ini["addopts"]
+    registered = {m.split(":")[0] for m in ini["markers"]}
+    assert {"serial", "cluster", "kill", "once", "nightly", "docs"} <= registered
+    noxfile = ast.parse((ROOT / "noxfile.py").read_text())
+    sessions = {
+        f.name
+        for f in noxfile.body
+        if isinstance(f, ast.FunctionDef)
+        and any("session" in ast.unparse(d) for d in f.decorator_list)
+    }
+    assert sessions == {
+        "lint", "tf_serial", "tf_cluster", "tf", "jax", "jax_2dev",
+        "nightly_jax", "nightly_tf", "docs", "quick",
+    }  # fmt: skip
