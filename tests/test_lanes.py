@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import lanes
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -130,3 +131,15 @@ def test_every_lane_marker_is_registered_and_noxfile_lists_the_lanes():
         "lint", "tf_serial", "tf_cluster", "tf", "jax", "jax_2dev",
         "nightly_jax", "nightly_tf", "docs", "quick",
     }  # fmt: skip
+
+
+def test_a_child_that_hangs_is_dumped_before_it_is_killed():
+    """tests_common/stuck.py: the failure names where the child waits."""
+    import stuck
+
+    sleeper = [sys.executable, "-c", "import time\ntime.sleep(60)"]
+    with pytest.raises(stuck.Stuck, match="did not end in 1 s") as e:
+        stuck.run(sleeper, timeout=1)
+    assert "sleep" in str(e.value) and "MainThread" in str(e.value), str(e.value)
+    done = stuck.run([sys.executable, "-c", "print('ok')"], timeout=60)
+    assert (done.returncode, done.stdout) == (0, "ok\n")
