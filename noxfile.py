@@ -32,8 +32,10 @@ ROOT = Path(__file__).resolve().parent
 KERAS_NEXT = "keras-nightly==3.16.0.dev2026102704"
 RUFF = "ruff==0.17.6"
 # Two workers: the machine CI runs on has 2 cores, and the suite is bound by
-# them (a third worker took longer).
-WORKERS = ("-n", "2")
+# them (a third worker took longer). Tests are handed out one at a time, the
+# long ones first (tests_common/lanes.py), but those that share a module's
+# fixture or cache are marked `xdist_group` and stay on one worker.
+WORKERS = ("-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder")
 ENVIRONMENTS = {"tf": (".venv", "test"), "jax": (".venv-jax", "test-jax")}
 
 
@@ -123,20 +125,20 @@ def tf_cluster(session: nox.Session) -> None:
     """TensorFlow: real clusters and leases (marked cluster), two at a time."""
     # Three at a time took as long (133 s against 135 s): the tests slowed,
     # and a module's fixture was made once a worker.
-    pytest(session, "tf", "cluster", *WORKERS, "--dist", "load", paths=("tests",))
+    pytest(session, "tf", "cluster", *WORKERS, paths=("tests",))
 
 
 @nox.session(python=False)
 def tf(session: nox.Session) -> None:
-    """TensorFlow (JAX beside it): every other test of tests/, two files at a time."""
+    """TensorFlow (JAX beside it): every other test of tests/, two at a time."""
     marks = "not serial and not cluster and not docs"
-    pytest(session, "tf", marks, *WORKERS, "--dist", "loadfile", paths=("tests",))
+    pytest(session, "tf", marks, *WORKERS, paths=("tests",))
 
 
 @nox.session(python=False)
 def jax(session: nox.Session) -> None:
     """JAX without TensorFlow, on 1 CPU device."""
-    pytest(session, "jax", None, *WORKERS, "--dist", "load", paths=("tests_jax",))
+    pytest(session, "jax", None, *WORKERS, paths=("tests_jax",))
 
 
 @nox.session(python=False)
@@ -144,7 +146,7 @@ def jax_2dev(session: nox.Session) -> None:
     """JAX without TensorFlow, on 2 forced CPU devices (tests marked once skip)."""
     two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     pytest(
-        session, "jax", None, *WORKERS, "--dist", "load",
+        session, "jax", None, *WORKERS,
         paths=("tests_jax",), extra_env=two,
     )  # fmt: skip
 
@@ -154,7 +156,7 @@ def nightly_jax(session: nox.Session) -> None:
     """keras-nightly on JAX (no TensorFlow): the tests marked nightly, no kills."""
     python = environment(session, "jax")
     pytest(
-        session, "jax", "nightly and not kill", *WORKERS, "--dist", "load",
+        session, "jax", "nightly and not kill", *WORKERS,
         paths=("tests_jax",), extra_env=keras_next(session, python), python=python,
     )  # fmt: skip
 
@@ -165,7 +167,7 @@ def nightly_tf(session: nox.Session) -> None:
     python = environment(session, "tf")
     pytest(
         session, "tf", "nightly and not serial and not cluster and not kill",
-        *WORKERS, "--dist", "load", paths=("tests",),
+        *WORKERS, paths=("tests",),
         extra_env=keras_next(session, python), python=python,
     )  # fmt: skip
 

@@ -24,7 +24,9 @@ from kerascale.callbacks._save_schedule import SaveSchedule
 from kerascale.errors import CheckpointError, ConfigurationError
 
 # Also run on the next Keras (the nightly lanes).
-pytestmark = pytest.mark.nightly
+# One worker runs this module: its module-scoped fixtures or its cache
+# of reference runs are made once (`--dist loadgroup`).
+pytestmark = [pytest.mark.nightly, pytest.mark.xdist_group("tests/test_backup")]
 
 CHILD = children.TrainingChild(Path(__file__).with_name("backup_child.py"))
 STEPS_PER_EPOCH = 32  # 512 samples, batch 16

@@ -12,6 +12,10 @@ import conformance
 import pytest
 import xla_flags
 
+# One worker runs this module: its module-scoped fixtures or its cache
+# of reference runs are made once (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("tests/test_conformance")
+
 SCRIPT = Path(conformance.__file__)
 HERE = [
     c

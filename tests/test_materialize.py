@@ -18,6 +18,10 @@ from materialize_child import N, pipeline, then
 import kerascale
 from kerascale.data import materialized
 
+# One worker runs this module: its module-scoped fixtures or its cache
+# of reference runs are made once (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("tests/test_materialize")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

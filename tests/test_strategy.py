@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 
+# One worker runs this module: its module-scoped fixtures or its cache
+# of reference runs are made once (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("tests/test_strategy")
+
 HERE = Path(__file__).parent
 
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 DURATIONS = Path(__file__).with_name("durations.json")
-# pytest-xdist hands tests (`--dist load`) or whole files (`--dist loadfile`)
-# to its two workers in collection order: a long test handed out last keeps
-# one worker busy while the other has nothing left. Tests of at least LONG
-# seconds go first, longest first; the rest keep their order, so that a
-# module's tests stay together and its module-scoped fixtures are made once.
+# pytest-xdist hands out tests in collection order (noxfile.py runs it with
+# `--dist loadgroup --no-loadscope-reorder`: a test at a time, but the tests
+# of one `xdist_group` together): a long test handed out last keeps one worker
+# busy while the other has nothing left. Tests (or groups) of at least LONG
+# seconds go first, longest first; the rest keep their order.
 LONG = 5.0
 # The quick lane: tests recorded under QUICK seconds in every lane, and none
 # that starts processes, times something or kills (those are marked).
@@ -73,23 +73,31 @@ def longest(table: dict[str, dict[str, float]]) -> dict[str, float]:
     return most
 
 
-def handed_out_order(items: list, seconds: dict[str, float], dist: str) -> None:
-    """Sorts `items` in place: under `--dist loadfile` whole files, longest
-    file first; otherwise the tests of at least LONG seconds first, longest
-    first, the rest in their order (the sort is stable)."""
+def scope(item, dist: str) -> str:
+    """What xdist hands out whole: under `loadfile` the file, under
+    `loadgroup` the test's `xdist_group` (or the test alone)."""
     if dist == "loadfile":
-        per_file: dict[Path, float] = {}
-        for item in items:
-            s = seconds.get(item.nodeid, 0.0)
-            per_file[item.path] = per_file.get(item.path, 0.0) + s
-        items.sort(key=lambda item: -per_file[item.path])
-    else:
+        return str(item.path)
+    group = item.get_closest_marker("xdist_group") if dist == "loadgroup" else None
+    if group is not None:
+        return str(group.kwargs.get("name", group.args[0] if group.args else ""))
+    return item.nodeid
 
-        def rank(item) -> float:
-            s = seconds.get(item.nodeid, 0.0)
-            return -s if s >= LONG else 0.0
 
-        items.sort(key=rank)
+def handed_out_order(items: list, seconds: dict[str, float], dist: str) -> None:
+    """Sorts `items` in place: what xdist hands out whole (`scope`) of at
+    least LONG seconds first, longest first; the rest in their order (the
+    sort is stable)."""
+    total: dict[str, float] = {}
+    for item in items:
+        key = scope(item, dist)
+        total[key] = total.get(key, 0.0) + seconds.get(item.nodeid, 0.0)
+
+    def rank(item) -> float:
+        s = total[scope(item, dist)]
+        return -s if s >= LONG else 0.0
+
+    items.sort(key=rank)
 
 
 def is_quick(item, seconds: dict[str, float]) -> bool:

@@ -7,7 +7,12 @@ import pytest
 from conftest import devices
 
 # Also run on the next Keras (the nightly lanes).
-pytestmark = pytest.mark.nightly
+# One worker runs this module: its module-scoped fixtures or its cache
+# of reference runs are made once (`--dist loadgroup`).
+pytestmark = [
+    pytest.mark.nightly,
+    pytest.mark.xdist_group("tests_jax/test_conformance"),
+]
 
 HERE = [
     c

@@ -23,7 +23,9 @@ from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import CheckpointError
 
 # Also run on the next Keras (the nightly lanes).
-pytestmark = pytest.mark.nightly
+# One worker runs this module: its module-scoped fixtures or its cache
+# of reference runs are made once (`--dist loadgroup`).
+pytestmark = [pytest.mark.nightly, pytest.mark.xdist_group("tests_jax/test_jax_backup")]
 
 CHILD = children.TrainingChild(Path(__file__).with_name("backup_child.py"))
 STEPS_PER_EPOCH = 20  # 320 samples, batch 16

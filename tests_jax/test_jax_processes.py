@@ -18,6 +18,10 @@ from conftest import devices
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.sense import jax_processes
 
+# The tests that compare with `straight`'s runs share one worker, which makes
+# them once (`--dist loadgroup`).
+STRAIGHT = pytest.mark.xdist_group("tests_jax/test_jax_processes::straight")
+
 CHILD = Path(__file__).with_name("processes_child.py")
 
 
@@ -141,6 +145,7 @@ def test_a_pydataset_generator_or_grain_across_two_processes_trains_as_one_proce
 
 
 @several_processes
+@STRAIGHT
 def test_sigterm_to_one_process_saves_on_all_at_one_step_and_exits_143(
     tmp_path, straight
 ):
@@ -203,6 +208,7 @@ def straight_shuffled(tmp_path_factory):
 
 
 @several_processes
+@STRAIGHT
 def test_a_kill_of_every_process_mid_epoch_resumes_bit_identical(
     tmp_path, straight, straight_shuffled
 ):
@@ -238,6 +244,7 @@ def test_a_kill_of_every_process_mid_epoch_resumes_bit_identical(
 
 
 @several_processes
+@STRAIGHT
 def test_a_killed_process_stops_the_other_within_worker_timeout_and_a_restart_resumes(
     tmp_path, straight
 ):
