@@ -9,6 +9,14 @@ import kerascale
 from kerascale.sense import hardware
 from kerascale.sense.hardware import ClusterInfo, CPUInfo, GPUInfo, Hardware, TPUInfo
 
+
+@pytest.fixture(autouse=True)
+def _this_machine(monkeypatch):
+    """This module tests how the machine itself is read (/proc/cpuinfo, the
+    cgroup's quota), which the CPU seam replaces when the suite runs as on
+    another host (KERASCALE_CPU_SEAM): the seam is off here."""
+    monkeypatch.delenv(hardware.CPU_SEAM_VARIABLE, raising=False)
+
 CPUINFO_BF16 = """processor\t: 0
 model name\t: Intel(R) Xeon(R) Platinum 8480+
 flags\t\t: fpu vme sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile
