@@ -17,6 +17,7 @@ def _this_machine(monkeypatch):
     another host (KERASCALE_CPU_SEAM): the seam is off here."""
     monkeypatch.delenv(hardware.CPU_SEAM_VARIABLE, raising=False)
 
+
 CPUINFO_BF16 = """processor\t: 0
 model name\t: Intel(R) Xeon(R) Platinum 8480+
 flags\t\t: fpu vme sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile

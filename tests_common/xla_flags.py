@@ -2,11 +2,11 @@
 
 XLA's CPU runtime (jax 0.10.2) aborts the process when a participant of an
 in-process collective has not joined it within 40 s
-(`xla_cpu_collective_call_terminate_timeout_seconds`). On a loaded 2-core
-runner a device's thread can be starved that long: the suite's one known
-flake (CONTRIBUTING.md), which took a 2-device quickstart down in CI. The
-tests wait 300 s instead; a collective that never completes still fails,
-later.
+(`xla_cpu_collective_call_terminate_timeout_seconds`). The tests wait 300 s
+instead, so that a starved device's thread on a loaded 2-core runner is not
+taken for a hang; a collective that never completes still fails, later, and
+its child's stacks are dumped (tests_common/stuck.py; the known flake,
+CONTRIBUTING.md).
 """
 
 import os
