@@ -136,9 +136,17 @@ def tf(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def jax_serial(session: nox.Session) -> None:
+    """JAX without TensorFlow: the tests that time something, alone, 1 and 2 devices."""
+    pytest(session, "jax", "serial", paths=("tests_jax",))
+    two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    pytest(session, "jax", "serial", paths=("tests_jax",), extra_env=two)
+
+
+@nox.session(python=False)
 def jax(session: nox.Session) -> None:
     """JAX without TensorFlow, on 1 CPU device."""
-    pytest(session, "jax", None, *WORKERS, paths=("tests_jax",))
+    pytest(session, "jax", "not serial", *WORKERS, paths=("tests_jax",))
 
 
 @nox.session(python=False)
@@ -146,7 +154,7 @@ def jax_2dev(session: nox.Session) -> None:
     """JAX without TensorFlow, on 2 forced CPU devices (tests marked once skip)."""
     two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     pytest(
-        session, "jax", None, *WORKERS,
+        session, "jax", "not serial", *WORKERS,
         paths=("tests_jax",), extra_env=two,
     )  # fmt: skip
 
@@ -166,7 +174,7 @@ def nightly_tf(session: nox.Session) -> None:
     """keras-nightly on TensorFlow: the tests marked nightly, no kills."""
     python = environment(session, "tf")
     pytest(
-        session, "tf", "nightly and not serial and not cluster and not kill",
+        session, "tf", "nightly and not cluster and not kill",
         *WORKERS, paths=("tests",),
         extra_env=keras_next(session, python), python=python,
     )  # fmt: skip
@@ -190,4 +198,4 @@ def quick(session: nox.Session) -> None:
     Arguments after `--` are added to both runs (`-x`, `-k plan`)."""
     fast = ("--quick", *WORKERS)
     pytest(session, "tf", "not docs", *fast, paths=("tests",), replace=False)
-    pytest(session, "jax", None, *fast, paths=("tests_jax",), replace=False)
+    pytest(session, "jax", "not serial", *fast, paths=("tests_jax",), replace=False)

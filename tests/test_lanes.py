@@ -146,7 +146,7 @@ def test_every_lane_marker_is_registered_and_noxfile_lists_the_lanes():
         and any("session" in ast.unparse(d) for d in f.decorator_list)
     }
     assert sessions == {
-        "lint", "tf_serial", "tf_cluster", "tf", "jax", "jax_2dev",
+        "lint", "tf_serial", "tf_cluster", "tf", "jax_serial", "jax", "jax_2dev",
         "nightly_jax", "nightly_tf", "docs", "quick",
     }  # fmt: skip
 
