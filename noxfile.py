@@ -17,6 +17,7 @@ replace the lane's paths and its workers (`-n 2`): a file, `-k`, `-x`, ...
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -37,6 +38,9 @@ RUFF = "ruff==0.17.6"
 # fixture or cache are marked `xdist_group` and stay on one worker.
 WORKERS = ("-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder")
 ENVIRONMENTS = {"tf": (".venv", "test"), "jax": (".venv-jax", "test-jax")}
+# Each lane adds its counts here (tests_common/lanes.py); `tally`, the last
+# session, sums this run's into one closing line.
+TALLY = ROOT / ".nox" / f"tally-{os.getpid()}.jsonl"
 
 
 def _uv() -> str:
@@ -101,7 +105,7 @@ def pytest(
     session.run(
         python, "-m", "pytest", *selection, *chosen,
         env={"TF_CPP_MIN_LOG_LEVEL": "2", "KERASCALE_LANE": session.name,
-             **(extra_env or {})},
+             "KERASCALE_TALLY": str(TALLY), **(extra_env or {})},
         external=True,
     )  # fmt: skip
 
@@ -183,10 +187,27 @@ def nightly_tf(session: nox.Session) -> None:
 @nox.session(python=False)
 def docs(session: nox.Session) -> None:
     """The documentation site builds with --strict (tests marked docs)."""
-    # Keras on JAX (in .venv beside TensorFlow): the site imports kerascale to
-    # read its docstrings, and nothing here needs TensorFlow's 5 s start.
+    # Keras on JAX (in .venv beside TensorFlow): this pytest process then
+    # starts without TensorFlow's 5 s import (mkdocs, in its own process,
+    # still imports it while reading kerascale's docstrings).
     jax = {"KERAS_BACKEND": "jax"}
     pytest(session, "tf", "docs", paths=("tests/test_docs_site.py",), extra_env=jax)
+
+
+@nox.session(python=False)
+def tally(session: nox.Session) -> None:
+    """The run's tests over every lane, in one closing line (last in a bare run)."""
+    lanes = []
+    if TALLY.exists():
+        lanes = [json.loads(line) for line in TALLY.read_text().splitlines()]
+        TALLY.unlink()
+    total = {k: sum(r[k] for r in lanes) for k in ("passed", "failed", "skipped")}
+    session.log(f"{len(lanes)} pytest runs: " + ", ".join(r["lane"] for r in lanes))
+    print(
+        f"suite: {total['passed']} passed, {total['failed']} failed, "
+        f"{total['skipped']} skipped",
+        flush=True,
+    )
 
 
 @nox.session(python=False, default=False)

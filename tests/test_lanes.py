@@ -88,17 +88,18 @@ def test_a_run_records_its_lane_s_durations_and_keeps_the_others(tmp_path):
     )
     durations = tmp_path / "durations.json"
     durations.write_text(json.dumps({"other": {"x.py::y": 1.0}}))
-    plugin = tmp_path / "lanes_here.py"
-    source = Path(lanes.__file__).read_text()
-    plugin.write_text(source.replace(
-        'Path(__file__).with_name("durations.json")', f"Path({str(durations)!r})"
-    ))  # fmt: skip
+    (tmp_path / "conftest.py").write_text(
+        "from pathlib import Path\n\nimport lanes\n\n"
+        f"lanes.DURATIONS = Path({str(durations)!r})\n"
+        'pytest_plugins = ["lanes"]\n'
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "lanes_here", "--record-durations",
+        [sys.executable, "-m", "pytest", "--record-durations",
          "-q", "-p", "no:cacheprovider", "test_two.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(tmp_path), "KERASCALE_LANE": "mine",
-             "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(Path(lanes.__file__).parent),
+             "KERASCALE_LANE": "mine", "PATH": "/usr/bin:/bin",
+             "KERASCALE_TALLY": str(tmp_path / "tally.jsonl")},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     table = json.loads(durations.read_text())
@@ -108,6 +109,9 @@ def test_a_run_records_its_lane_s_durations_and_keeps_the_others(tmp_path):
         "test_two.py::test_returns",
     }
     assert table["mine"]["test_two.py::test_sleeps"] >= 0.3
+    # Its counts for the run's closing line (noxfile.py's tally session).
+    tally = json.loads((tmp_path / "tally.jsonl").read_text())
+    assert tally == {"lane": "mine", "passed": 2, "failed": 0, "skipped": 0}
 
 
 def test_no_table_of_test_names_decides_a_lane():
@@ -147,7 +151,7 @@ def test_every_lane_marker_is_registered_and_noxfile_lists_the_lanes():
     }
     assert sessions == {
         "lint", "tf_serial", "tf_cluster", "tf", "jax_serial", "jax", "jax_2dev",
-        "nightly_jax", "nightly_tf", "docs", "quick",
+        "nightly_jax", "nightly_tf", "docs", "tally", "quick",
     }  # fmt: skip
 
 

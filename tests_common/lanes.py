@@ -88,13 +88,14 @@ def handed_out_order(items: list, seconds: dict[str, float], dist: str) -> None:
     """Sorts `items` in place: what xdist hands out whole (`scope`) of at
     least LONG seconds first, longest first; the rest in their order (the
     sort is stable)."""
+    scopes = {id(item): scope(item, dist) for item in items}
     total: dict[str, float] = {}
     for item in items:
-        key = scope(item, dist)
+        key = scopes[id(item)]
         total[key] = total.get(key, 0.0) + seconds.get(item.nodeid, 0.0)
 
     def rank(item) -> float:
-        s = total[scope(item, dist)]
+        s = total[scopes[id(item)]]
         return -s if s >= LONG else 0.0
 
     items.sort(key=rank)
@@ -149,3 +150,16 @@ class _Recorder:
         mine.update({node: round(s, 2) for node, s in self.seconds.items()})
         table[lane()] = dict(sorted(mine.items()))
         DURATIONS.write_text(json.dumps(dict(sorted(table.items())), indent=1) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Adds this lane's counts to the run's tally (KERASCALE_TALLY, a file
+    noxfile.py names), which its last session sums into one closing line."""
+    tally = os.environ.get("KERASCALE_TALLY")
+    if not tally or hasattr(config, "workerinput"):
+        return
+    stats = terminalreporter.stats
+    counts = {k: len(stats.get(k, ())) for k in ("passed", "failed", "skipped")}
+    counts["failed"] += len(stats.get("error", ()))
+    with open(tally, "a") as f:
+        f.write(json.dumps({"lane": lane(), **counts}) + "\n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 
 import kerascale
 from kerascale.measure import budget as budget_lib
@@ -193,6 +194,9 @@ def test_a_value_given_to_compile_is_kept() -> None:
     assert m.steps_per_execution == 3
 
 
+# It times the host's path between steps: alone, in the serial lanes (it failed
+# beside a busy loop, issue 77).
+@pytest.mark.serial
 def test_auto_measures_and_raises_it_where_nothing_needs_each_step(monkeypatch) -> None:
     """The real measurement chooses several steps a call for a step this
     short, within a tenth of an epoch, and trains like plain `fit`."""
@@ -357,7 +361,6 @@ _CACHE: dict = {}
 def promise_test(backend: str, devices: int):
     """The test of the conformance cells at 4 steps a call
     (`cells_at_several_steps_a_call`) on a lane's backend and devices."""
-    import pytest
 
     cells = cells_at_several_steps_a_call(backend, devices)
 

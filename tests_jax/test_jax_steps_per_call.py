@@ -11,12 +11,6 @@ from steps_per_call import *  # noqa: F403  (its __all__: collected by pytest he
 # Also run on the next Keras (the nightly lanes).
 pytestmark = pytest.mark.nightly
 
-# It times the host's path between steps: alone, in the serial lanes (it failed
-# beside a busy loop, issue 77).
-test_auto_measures_and_raises_it_where_nothing_needs_each_step = pytest.mark.serial(
-    cases.test_auto_measures_and_raises_it_where_nothing_needs_each_step
-)
-
 test_a_promise_holds_at_four_steps_a_call = cases.promise_test(
     conformance.this_backend(), devices()
 )
