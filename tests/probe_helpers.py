@@ -47,14 +47,3 @@ def small_convnet(side=32):
     model = keras.Model(inputs, outputs)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     return model
-
-
-def wide_mlp(features=64, width=16384):
-    """Activations dominate its memory (64 KiB a sample) for little compute:
-    a real memory limit is reached at a batch whose probes run in seconds."""
-    inputs = keras.Input((features,))
-    h = keras.layers.Dense(width, activation="relu")(inputs)
-    outputs = keras.layers.Dense(10, activation="softmax")(h)
-    model = keras.Model(inputs, outputs)
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    return model

@@ -23,10 +23,12 @@ from kerascale.callbacks import checkpoint_store as store
 from kerascale.callbacks._save_schedule import SaveSchedule
 from kerascale.errors import CheckpointError, ConfigurationError
 
-# Also run on the next Keras (the nightly lanes).
+# The tests marked nightly check Keras's side (its state, fit loop, optimizer)
+# and also run on the next Keras; those of kerascale's own files, threads and
+# measurements run on the pinned Keras alone.
 # One worker runs this module: its module-scoped fixtures or its cache
 # of reference runs are made once (`--dist loadgroup`).
-pytestmark = [pytest.mark.nightly, pytest.mark.xdist_group("tests/test_backup")]
+pytestmark = [pytest.mark.xdist_group("tests/test_backup")]
 
 CHILD = children.TrainingChild(Path(__file__).with_name("backup_child.py"))
 STEPS_PER_EPOCH = 32  # 512 samples, batch 16
@@ -92,6 +94,7 @@ def reference_here():
     return backup_child.train(None, no_backup=True)
 
 
+@pytest.mark.nightly
 def test_three_interruptions_in_one_run_give_the_same_result(reference_here, tmp_path):
     stops = sorted(random.sample(range(5, EPOCHS * STEPS_PER_EPOCH - 5), 3))
     for step in stops:
@@ -102,6 +105,7 @@ def test_three_interruptions_in_one_run_give_the_same_result(reference_here, tmp
 
 
 @pytest.mark.parametrize("freq", ["epoch", str(STEPS_PER_EPOCH)])
+@pytest.mark.nightly
 def test_checkpoints_at_epoch_ends_resume_exactly(reference_here, tmp_path, freq):
     """Also every 32 batches, which lands each save on an epoch's last batch
     (that save waits for the epoch's end). The saves at epoch ends change
@@ -181,6 +185,7 @@ def test_sigterm_saves_exits_143_chains_the_handler_and_resumes(reference, tmp_p
     assert max_difference(load(out), reference) <= 1e-6
 
 
+@pytest.mark.nightly
 def test_kerascale_fit_resumes_with_the_checkpoints_plan(tmp_path):
     # The first kerascale.fit of a model on a CPU times its choices on the data
     # (then cached), which draws on the dataset's shuffle seeds: warm up first,
@@ -198,6 +203,7 @@ def test_kerascale_fit_resumes_with_the_checkpoints_plan(tmp_path):
     assert meta["plan"]["global_batch_size"] == 16 and meta["finished"]
 
 
+@pytest.mark.nightly
 def test_changed_configuration_is_a_clear_error(tmp_path):
     interrupted(tmp_path / "ckpt", 40)
     for extra, named in (
@@ -329,6 +335,7 @@ def test_nothing_valid_left_raises_and_deletes_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
+@pytest.mark.nightly
 def test_start_over_trains_from_scratch_and_keeps_old_until_replaced(tmp_path):
     two_checkpoints(tmp_path)
     model = small_model(units=6)  # a different model: would be an error otherwise
@@ -339,6 +346,7 @@ def test_start_over_trains_from_scratch_and_keeps_old_until_replaced(tmp_path):
     assert numbers == [3, 2]  # the new one, and one older kept
 
 
+@pytest.mark.nightly
 def test_finished_run_is_not_trained_again(tmp_path):
     two_checkpoints(tmp_path)
     model = small_model()
@@ -452,6 +460,7 @@ PIPELINES = {
 
 
 @pytest.mark.parametrize("kind", sorted(PIPELINES))
+@pytest.mark.nightly
 def test_a_non_reproducible_data_order_is_reported_once(tmp_path, kind):
     shape, reason = PIPELINES[kind]
     model = small_model()
@@ -469,6 +478,7 @@ def test_a_non_reproducible_data_order_is_reported_once(tmp_path, kind):
         assert len(warned) == 1 and reason in warned[0]
 
 
+@pytest.mark.nightly
 def test_resume_inside_an_accumulation_window_with_loss_scaling(tmp_path):
     """Stopped after 6 batches with 4 per update: the accumulators hold 2
     micro-batches, and the loss scale has its own state; both come back."""
@@ -536,6 +546,7 @@ class _Unwritable:
 
 
 @pytest.mark.parametrize("fails", ["copy", "read"])
+@pytest.mark.nightly
 def test_an_epoch_end_copy_that_fails_leaves_training_as_it_is(
     tmp_path, monkeypatch, fails
 ):
@@ -574,6 +585,7 @@ def test_an_epoch_end_copy_that_fails_leaves_training_as_it_is(
     assert store.verify(store.scan(str(tmp_path))[0])["finished"]
 
 
+@pytest.mark.nightly
 def test_the_finished_run_hint_names_what_fit_takes_and_following_it_trains(
     tmp_path, caplog
 ):
@@ -609,6 +621,7 @@ def test_the_finished_run_hint_names_what_fit_takes_and_following_it_trains(
         ({"start_over": True, "checkpoint_dir": None}, "start_over needs"),
     ],
 )
+@pytest.mark.nightly
 def test_fits_checkpoint_arguments_are_named_as_fit_names_them(tmp_path, kwargs, named):
     """An error names the argument the user passed to `kerascale.fit`, not the
     backup's own (`save_freq`), and comes before anything is planned."""
@@ -641,6 +654,7 @@ def test_async_save_is_validated(tmp_path):
 # --- the host copy counts where the batch search answers (issue 58) ----------
 
 
+@pytest.mark.nightly
 def test_state_bytes_counts_the_model_and_the_optimizers_slots():
     from kerascale.sense.model_facts import state_bytes
 

@@ -105,18 +105,17 @@ def _free_ports(n):
             return port
 
 
-@pytest.mark.parametrize("connect", ["import", "explicit"])
-def test_connect_cluster_on_jax_joins_jax_distributed_and_never_starts_tf(
-    tmp_path, connect
-):
+def test_connect_cluster_on_jax_joins_jax_distributed_and_never_starts_tf(tmp_path):
     """README's cluster script on the JAX backend with TensorFlow installed:
     TF_CONFIG describes two processes, and the script calls
-    kerascale.connect_cluster() (after the import joined them, or itself).
-    It joins jax.distributed alone: TensorFlow's MultiWorkerMirroredStrategy
-    would bind the port JAX's coordinator holds, and abort both."""
+    kerascale.connect_cluster(): process 0 after the import joined the
+    cluster, process 1 with KERASCALE_AUTO_CONNECT=0, joining it there (one
+    cluster checks both ways in). It joins jax.distributed alone:
+    TensorFlow's MultiWorkerMirroredStrategy would bind the port JAX's
+    coordinator holds, and abort both."""
     port = _free_ports(2)
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "XLA_FLAGS")}
-    env.update(CONNECT=connect, KERASCALE_CACHE_DIR=str(tmp_path))
+    env.update(KERASCALE_CACHE_DIR=str(tmp_path))
     procs = [
         subprocess.Popen(
             [
@@ -132,9 +131,9 @@ def test_connect_cluster_on_jax_joins_jax_distributed_and_never_starts_tf(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=env,
+            env={**env, "CONNECT": connect},
         )
-        for i in range(2)
+        for i, connect in enumerate(("import", "explicit"))
     ]
     for p in procs:
         out, _ = p.communicate(timeout=300)

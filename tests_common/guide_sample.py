@@ -69,6 +69,7 @@ def main(limit: str, fit: bool = True) -> None:
                 "batch": result.batch_size,
                 "fits": result.largest_fitting,
                 "fails": result.smallest_failing,
+                "granularity": result.granularity,
                 "precision": result.precision,
                 "recompute_batch": result.recompute_batch_size,
                 "reasons": {k: str(v) for k, v in result.reasons.items()},

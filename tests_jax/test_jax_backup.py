@@ -22,10 +22,12 @@ from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import CheckpointError
 
-# Also run on the next Keras (the nightly lanes).
+# The tests marked nightly check Keras's side (its state, fit loop, optimizer)
+# and also run on the next Keras; those of kerascale's own files, threads and
+# measurements run on the pinned Keras alone.
 # One worker runs this module: its module-scoped fixtures or its cache
 # of reference runs are made once (`--dist loadgroup`).
-pytestmark = [pytest.mark.nightly, pytest.mark.xdist_group("tests_jax/test_jax_backup")]
+pytestmark = [pytest.mark.xdist_group("tests_jax/test_jax_backup")]
 
 CHILD = children.TrainingChild(Path(__file__).with_name("backup_child.py"))
 STEPS_PER_EPOCH = 20  # 320 samples, batch 16
@@ -72,6 +74,7 @@ def references():
 # one device however many there are: `once` (README's 2-device run repeats
 # only what the device count changes; kerascale.fit's runs below are not).
 @pytest.mark.once
+@pytest.mark.nightly
 def test_checkpointing_does_not_change_training(references):
     assert_same_run(references["arrays"], references["plain"])
 
@@ -105,6 +108,7 @@ def interrupted(directory, step, **kwargs):
     children.interrupted(backup_child.train, directory, step, **kwargs)
 
 
+@pytest.mark.nightly
 def test_three_interruptions_of_a_generator_run_through_kerascale_fit(
     references, tmp_path
 ):
@@ -125,6 +129,7 @@ def test_three_interruptions_of_a_generator_run_through_kerascale_fit(
 
 
 @pytest.mark.once
+@pytest.mark.nightly
 def test_an_interrupted_pydataset_run_resumes_bit_identical(references, tmp_path):
     """A PyDataset shuffled from Python's random in `on_epoch_end`."""
     interrupted(tmp_path / "ckpt", STEPS_PER_EPOCH + 7, input="pydataset")
@@ -135,6 +140,7 @@ def test_an_interrupted_pydataset_run_resumes_bit_identical(references, tmp_path
 
 
 @pytest.mark.once
+@pytest.mark.nightly
 def test_checkpoints_at_epoch_ends_resume_exactly(references, tmp_path):
     interrupted(tmp_path / "ckpt", 2 * STEPS_PER_EPOCH + 3, save_freq="epoch")
     meta = store.verify(store.scan(str(tmp_path / "ckpt"))[0])
@@ -228,6 +234,7 @@ def test_a_second_process_on_the_directory_stops_with_the_lease(tmp_path):
 
 
 @pytest.mark.once
+@pytest.mark.nightly
 def test_bfloat16_variables_round_trip_through_the_state_file(tmp_path):
     layer = keras.layers.Dense(3, dtype="bfloat16")
     layer.build((None, 2))
@@ -249,6 +256,7 @@ def test_bfloat16_variables_round_trip_through_the_state_file(tmp_path):
 
 
 @pytest.mark.once
+@pytest.mark.nightly
 def test_a_checkpoint_of_another_optimizer_is_a_clear_error(tmp_path):
     from conftest import dense_model, toy_data
 
@@ -268,6 +276,7 @@ def test_a_checkpoint_of_another_optimizer_is_a_clear_error(tmp_path):
         )
 
 
+@pytest.mark.nightly
 def test_kerascale_fit_with_checkpoint_dir_trains_and_resumes_in_process(tmp_path):
     from conftest import dense_model, toy_data
 
@@ -335,6 +344,7 @@ def test_the_compiled_search_counts_the_checkpoints_host_copy(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("layout", ["one device", "replicated", "split"])
+@pytest.mark.nightly
 def test_a_snapshot_outlives_the_values_the_next_step_donates(tmp_path, layout):
     """The copy behind the step is the save's own: the step after it
     donates (deletes) the variables' buffers, and the snapshot still writes

@@ -16,8 +16,9 @@ import kerascale
 from kerascale.callbacks import FaultTolerantBackup, Prefetch
 from kerascale.plan.data_changes import DataChanges
 
-# Also run on the next Keras (the nightly lanes).
-pytestmark = pytest.mark.nightly
+# The tests marked nightly check Keras's side (its state, fit loop, optimizer)
+# and also run on the next Keras; those of kerascale's own files, threads and
+# measurements run on the pinned Keras alone.
 
 
 class Batches(keras.utils.PyDataset):
@@ -65,6 +66,7 @@ def no_reader_threads():
 
 @pytest.mark.once  # plain fit and the callback: one device
 @pytest.mark.parametrize("kind", ["arrays", "pydataset", "generator"])
+@pytest.mark.nightly
 def test_the_same_batches_in_the_same_order_as_plain_fit(kind):
     x, y = toy_data(n=160)
     if kind == "arrays":
@@ -141,6 +143,7 @@ def test_the_hosts_time_is_hidden_behind_the_steps():
 
 
 @pytest.mark.once  # plain fit and the callback: one device
+@pytest.mark.nightly
 def test_an_error_in_the_data_reaches_the_user_as_in_plain_fit_and_nothing_stays():
     x, y = toy_data(n=160)
     model = dense_model()
@@ -172,6 +175,7 @@ class Quiet(Spy):
     async_safe = True
 
 
+@pytest.mark.nightly
 def test_kerascale_fit_reads_ahead_where_a_callback_waits_on_each_step():
     x, y = toy_data(n=160)
     spy = Spy()
@@ -203,6 +207,7 @@ def test_kerascale_fit_reads_ahead_where_a_callback_waits_on_each_step():
 
 @pytest.mark.once  # plain fit and the callback: one device
 @pytest.mark.parametrize("prefetch_first", [True, False])
+@pytest.mark.nightly
 def test_a_resume_under_a_backup_is_exact_in_either_order(tmp_path, prefetch_first):
     x, y = toy_data(n=160)
     reference = train((x, y), batch_size=16)
@@ -235,6 +240,7 @@ def test_depth_is_validated():
 
 
 @pytest.mark.once  # plain fit and the callback: one device
+@pytest.mark.nightly
 def test_a_fast_input_goes_back_to_the_callers_thread_in_order():
     """A thread costs a handoff per batch; where reading takes less, the
     reader hands back what it read, in order, and reads inline."""
