@@ -165,20 +165,20 @@ def jax_2dev(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def nightly_jax(session: nox.Session) -> None:
-    """keras-nightly on JAX (no TensorFlow): the tests marked nightly, no kills."""
+    """keras-nightly on JAX (no TensorFlow): the tests marked nightly, no kills or timings."""
     python = environment(session, "jax")
     pytest(
-        session, "jax", "nightly and not kill", *WORKERS,
+        session, "jax", "nightly and not kill and not serial", *WORKERS,
         paths=("tests_jax",), extra_env=keras_next(session, python), python=python,
     )  # fmt: skip
 
 
 @nox.session(python=False)
 def nightly_tf(session: nox.Session) -> None:
-    """keras-nightly on TensorFlow: the tests marked nightly, no kills."""
+    """keras-nightly on TensorFlow: the tests marked nightly, no kills or timings."""
     python = environment(session, "tf")
     pytest(
-        session, "tf", "nightly and not cluster and not kill",
+        session, "tf", "nightly and not cluster and not kill and not serial",
         *WORKERS, paths=("tests",),
         extra_env=keras_next(session, python), python=python,
     )  # fmt: skip

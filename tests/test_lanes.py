@@ -80,14 +80,24 @@ def test_a_lane_s_own_durations_count_over_another_s(tmp_path, monkeypatch):
 
 def test_a_run_records_its_lane_s_durations_and_keeps_the_others(tmp_path):
     """`--record-durations` writes this lane's part of durations.json (in a
-    pytest run of its own, on a test file written here)."""
+    pytest run of its own, on a test file written here), forgetting the
+    tests of the files it ran that are gone."""
     (tmp_path / "test_two.py").write_text(
         "import time\n\n"
         "def test_sleeps():\n    time.sleep(0.3)\n\n"
         "def test_returns():\n    pass\n"
     )
     durations = tmp_path / "durations.json"
-    durations.write_text(json.dumps({"other": {"x.py::y": 1.0}}))
+    # A test of test_two.py that is gone (renamed), and one of a file that
+    # did not run: the first is dropped, the second kept.
+    durations.write_text(
+        json.dumps(
+            {
+                "other": {"x.py::y": 1.0},
+                "mine": {"test_two.py::test_gone": 9.0, "z.py::w": 2.0},
+            }
+        )
+    )
     (tmp_path / "conftest.py").write_text(
         "from pathlib import Path\n\nimport lanes\n\n"
         f"lanes.DURATIONS = Path({str(durations)!r})\n"
@@ -107,6 +117,7 @@ def test_a_run_records_its_lane_s_durations_and_keeps_the_others(tmp_path):
     assert set(table["mine"]) == {
         "test_two.py::test_sleeps",
         "test_two.py::test_returns",
+        "z.py::w",
     }
     assert table["mine"]["test_two.py::test_sleeps"] >= 0.3
     # Its counts for the run's closing line (noxfile.py's tally session).

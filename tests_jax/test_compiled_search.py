@@ -425,17 +425,22 @@ x = np.ones((20_000, 256), "float32")
 y = np.zeros(20_000, "int32")
 once = dict(memory_limit="1GiB", isolate=False, recompute=False, verbose=0,
             precision="float32")
-r = kerascale.find_batch_size(_mlp(), x, y, remeasure={force}, **once)
-print(json.dumps([r.batch_size, r.cached]))
+r = kerascale.find_batch_size(_mlp(), x, y, **once)
+again = None
+if {then_remeasure}:  # and then remeasure=True, in the same process
+    again = kerascale.find_batch_size(_mlp(), x, y, remeasure=True, **once).cached
+print(json.dumps([r.batch_size, r.cached, again]))
 """
 
 
-def _rerun(tmp_path, force=False):
-    """The same script run again, in a process of its own, on one cache."""
+def _rerun(tmp_path, then_remeasure=False):
+    """The same script run again, in a process of its own, on one cache:
+    (its batch, whether it was read from the cache, and whether a search
+    with remeasure=True that followed was, where `then_remeasure`)."""
     code = _RERUN.format(
         here=str(Path(__file__).parent),
         common=str(Path(__file__).parent.parent / "tests_common"),
-        force=force,
+        then_remeasure=then_remeasure,
     )
     env = {**os.environ, "KERASCALE_CACHE_DIR": str(tmp_path / "cache")}
     done = subprocess.run(
@@ -455,11 +460,11 @@ def test_a_second_run_of_the_script_reads_the_cache(tmp_path):
     answer found for that process is read back; `remeasure` searches anew. (In
     one process, a second search holds the first's leftovers, and a
     process that holds more than the answer was found for searches again.)"""
-    first_batch, first_cached = _rerun(tmp_path)
-    again_batch, again_cached = _rerun(tmp_path)
+    first_batch, first_cached, _ = _rerun(tmp_path)
+    again_batch, again_cached, remeasured = _rerun(tmp_path, then_remeasure=True)
     assert not first_cached and again_cached
     assert again_batch == first_batch
-    assert _rerun(tmp_path, force=True)[1] is False
+    assert remeasured is False
 
 
 @pytest.mark.once
