@@ -165,7 +165,8 @@ def jax_2dev(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def nightly_jax(session: nox.Session) -> None:
-    """keras-nightly on JAX (no TensorFlow): the tests marked nightly, no kills or timings."""
+    """keras-nightly on JAX (no TensorFlow): the tests marked nightly, no kills
+    or timings."""
     python = environment(session, "jax")
     pytest(
         session, "jax", "nightly and not kill and not serial", *WORKERS,
