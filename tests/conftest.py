@@ -7,11 +7,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # For JAX here and in the children: tests_common/xla_flags.py says why.
 os.environ["XLA_FLAGS"] = xla_flags.patient()
 
-import keras
+import lazy
 import numpy as np
 import pytest
 
-from kerascale.sense.hardware import CPUInfo, GPUInfo, Hardware
+# Imported on first use: xdist's controller imports this file and runs no
+# test (tests_common/lazy.py).
+keras = lazy.module("keras")
 
 
 @pytest.fixture(autouse=True)
@@ -93,12 +95,27 @@ def toy_data(n=64, inputs=4, classes=2, seed=0):
     return x, y
 
 
-CPU = CPUInfo(cores=8, model="Test CPU", bf16=False)
-CPU_BF16 = CPUInfo(cores=8, model="Test CPU", bf16=True, bf16_flags=("amx_bf16",))
+def __getattr__(name):
+    """CPU and CPU_BF16, fake CPUs, made when a test first imports them."""
+    if name not in ("CPU", "CPU_BF16"):  # pytest looks for its hooks here too
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from kerascale.sense.hardware import CPUInfo
+
+    cpus = {
+        "CPU": CPUInfo(cores=8, model="Test CPU", bf16=False),
+        "CPU_BF16": CPUInfo(
+            cores=8, model="Test CPU", bf16=True, bf16_flags=("amx_bf16",)
+        ),
+    }
+    globals()[name] = cpus[name]
+    return cpus[name]
 
 
 def gpu_box(n=1, name="NVIDIA A100", cc=(8, 0), memory=40 << 30):
-    return Hardware(cpu=CPU, gpus=tuple(GPUInfo(i, name, memory, cc) for i in range(n)))
+    from kerascale.sense.hardware import GPUInfo, Hardware
+
+    gpus = tuple(GPUInfo(i, name, memory, cc) for i in range(n))
+    return Hardware(cpu=globals().get("CPU") or __getattr__("CPU"), gpus=gpus)
 
 
 def keras_hub_or_skip():
@@ -124,4 +141,5 @@ def keras_hub_or_skip():
 def pytest_sessionstart(session):
     import keras_lane
 
-    keras_lane.check()
+    if not lazy.in_controller(session.config):  # its workers check
+        keras_lane.check()
