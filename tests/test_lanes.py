@@ -176,3 +176,61 @@ def test_a_child_that_hangs_is_dumped_before_it_is_killed():
     assert "Thread " in str(e.value) and "time_sleep" in str(e.value), str(e.value)
     done = stuck.run([sys.executable, "-c", "print('ok')"], timeout=60)
     assert (done.returncode, done.stdout) == (0, "ok\n")
+
+
+def test_xdist_s_controller_leaves_what_the_conftests_import_lazily(tmp_path):
+    """A conftest's `lazy.module` is imported where a test first reads it, in
+    xdist's worker, never in its controller (which runs no test), and
+    `lazy.in_controller` tells them apart: a real `pytest -n 1` run, laid out
+    as this repository is (a root conftest, the suite's own in tests/)."""
+    suite = tmp_path / "tests"
+    suite.mkdir()
+    (tmp_path / "conftest.py").write_text('"""The root conftest."""\n')
+    (tmp_path / "heavy.py").write_text(
+        "import os\nfrom pathlib import Path\n\n"
+        "Path(f'imported-in-{os.getpid()}').touch()\nVALUE = 3\n"
+    )
+    (suite / "conftest.py").write_text(
+        "import os\nfrom pathlib import Path\n\nimport lazy\n\n"
+        'heavy = lazy.module("heavy")\n\n\n'
+        "def pytest_sessionstart(session):\n"
+        "    role = 'controller' if lazy.in_controller(session.config) else 'worker'\n"
+        "    Path(f'{role}-{os.getpid()}').touch()\n"
+    )
+    (suite / "test_one.py").write_text(
+        "from conftest import heavy\n\n\n"
+        "def test_reads_it():\n    assert heavy.VALUE == 3\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "1", "-q", "-p", "no:cacheprovider",
+         "tests"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": f"{tmp_path}:{Path(lanes.__file__).parent}",
+             "PATH": "/usr/bin:/bin", "KERASCALE_TALLY": str(tmp_path / "t")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    roles = ("controller-", "worker-", "imported-in-")
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(roles))
+    assert len(names) == 3, names  # one each: imported once
+    made = dict(name.rsplit("-", 1) for name in names)  # role: its process id
+    assert made["imported-in"] == made["worker"] != made["controller"]
+
+
+def test_a_lazy_module_is_the_module_once_read(tmp_path, monkeypatch):
+    import lazy
+
+    (tmp_path / "lazily_read.py").write_text(
+        "import sys\nsys.lazily_ran = True\nX = 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delattr(sys, "lazily_ran", raising=False)
+    found = lazy.module("lazily_read")
+    try:
+        assert not hasattr(sys, "lazily_ran")  # found, not run
+        assert found.X == 1 and sys.lazily_ran
+        assert lazy.module("lazily_read") is found is sys.modules["lazily_read"]
+        with pytest.raises(ModuleNotFoundError, match="no_such_module_here"):
+            lazy.module("no_such_module_here")
+    finally:
+        sys.modules.pop("lazily_read", None)
+        monkeypatch.delattr(sys, "lazily_ran", raising=False)

@@ -3,7 +3,10 @@
 pytest-xdist's controller imports the conftests but runs no test: with Keras
 (and TensorFlow or JAX) imported there, each lane started 5 s later on 2
 cores. A module from `module()` is imported when one of its attributes is
-first read (in a worker, or a run without workers: at collection)."""
+first read (in a worker, or a run without workers: at collection). It holds
+for the conftests under tests/ and tests_jax/ (tests/test_lanes.py checks
+it); a conftest in the rootdir was read in the controller too, in some runs:
+the root conftest imports nothing heavy at all."""
 
 from __future__ import annotations
 
