@@ -38,6 +38,8 @@ RUFF = "ruff==0.17.6"
 # fixture or cache are marked `xdist_group` and stay on one worker.
 WORKERS = ("-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder")
 ENVIRONMENTS = {"tf": (".venv", "test"), "jax": (".venv-jax", "test-jax")}
+# JAX on 2 forced CPU devices (the jax_serial and jax_2dev lanes).
+TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 # Each lane adds its counts here (tests_common/lanes.py); `tally`, the last
 # session, sums this run's into one closing line.
 TALLY = ROOT / ".nox" / f"tally-{os.getpid()}.jsonl"
@@ -143,8 +145,7 @@ def tf(session: nox.Session) -> None:
 def jax_serial(session: nox.Session) -> None:
     """JAX without TensorFlow: the tests that time something, alone, 1 and 2 devices."""
     pytest(session, "jax", "serial", paths=("tests_jax",))
-    two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    pytest(session, "jax", "serial", paths=("tests_jax",), extra_env=two)
+    pytest(session, "jax", "serial", paths=("tests_jax",), extra_env=TWO_DEVICES)
 
 
 @nox.session(python=False)
@@ -156,10 +157,9 @@ def jax(session: nox.Session) -> None:
 @nox.session(python=False)
 def jax_2dev(session: nox.Session) -> None:
     """JAX without TensorFlow, on 2 forced CPU devices (tests marked once skip)."""
-    two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     pytest(
         session, "jax", "not serial", *WORKERS,
-        paths=("tests_jax",), extra_env=two,
+        paths=("tests_jax",), extra_env=TWO_DEVICES,
     )  # fmt: skip
 
 

@@ -1,3 +1,4 @@
+import functools
 import gc
 import os
 
@@ -95,27 +96,32 @@ def toy_data(n=64, inputs=4, classes=2, seed=0):
     return x, y
 
 
-def __getattr__(name):
-    """CPU and CPU_BF16, fake CPUs, made when a test first imports them."""
-    if name not in ("CPU", "CPU_BF16"):  # pytest looks for its hooks here too
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+@functools.cache
+def fake_cpus():
+    """{"CPU", "CPU_BF16"}: fake CPUs, made on first use (kerascale's import
+    waits for a test)."""
     from kerascale.sense.hardware import CPUInfo
 
-    cpus = {
+    return {
         "CPU": CPUInfo(cores=8, model="Test CPU", bf16=False),
         "CPU_BF16": CPUInfo(
             cores=8, model="Test CPU", bf16=True, bf16_flags=("amx_bf16",)
         ),
     }
-    globals()[name] = cpus[name]
-    return cpus[name]
+
+
+def __getattr__(name):
+    """`from conftest import CPU` (or CPU_BF16), PEP 562."""
+    if name in ("CPU", "CPU_BF16"):  # pytest looks for its hooks here too
+        return fake_cpus()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def gpu_box(n=1, name="NVIDIA A100", cc=(8, 0), memory=40 << 30):
     from kerascale.sense.hardware import GPUInfo, Hardware
 
     gpus = tuple(GPUInfo(i, name, memory, cc) for i in range(n))
-    return Hardware(cpu=globals().get("CPU") or __getattr__("CPU"), gpus=gpus)
+    return Hardware(cpu=fake_cpus()["CPU"], gpus=gpus)
 
 
 def keras_hub_or_skip():

@@ -23,9 +23,7 @@ from kerascale.callbacks import checkpoint_store as store
 from kerascale.callbacks._save_schedule import SaveSchedule
 from kerascale.errors import CheckpointError, ConfigurationError
 
-# The tests marked nightly check Keras's side (its state, fit loop, optimizer)
-# and also run on the next Keras; those of kerascale's own files, threads and
-# measurements run on the pinned Keras alone.
+# Tests marked nightly one by one: Keras's side only (CONTRIBUTING.md).
 # One worker runs this module: its module-scoped fixtures or its cache
 # of reference runs are made once (`--dist loadgroup`).
 pytestmark = [pytest.mark.xdist_group("tests/test_backup")]

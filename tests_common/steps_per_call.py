@@ -361,7 +361,6 @@ _CACHE: dict = {}
 def promise_test(backend: str, devices: int):
     """The test of the conformance cells at 4 steps a call
     (`cells_at_several_steps_a_call`) on a lane's backend and devices."""
-
     cells = cells_at_several_steps_a_call(backend, devices)
 
     @pytest.mark.parametrize("cell", cells, ids=[c.id for c in cells])

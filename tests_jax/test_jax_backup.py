@@ -22,9 +22,7 @@ from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import CheckpointError
 
-# The tests marked nightly check Keras's side (its state, fit loop, optimizer)
-# and also run on the next Keras; those of kerascale's own files, threads and
-# measurements run on the pinned Keras alone.
+# Tests marked nightly one by one: Keras's side only (CONTRIBUTING.md).
 # One worker runs this module: its module-scoped fixtures or its cache
 # of reference runs are made once (`--dist loadgroup`).
 pytestmark = [pytest.mark.xdist_group("tests_jax/test_jax_backup")]

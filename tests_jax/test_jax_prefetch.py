@@ -16,9 +16,7 @@ import kerascale
 from kerascale.callbacks import FaultTolerantBackup, Prefetch
 from kerascale.plan.data_changes import DataChanges
 
-# The tests marked nightly check Keras's side (its state, fit loop, optimizer)
-# and also run on the next Keras; those of kerascale's own files, threads and
-# measurements run on the pinned Keras alone.
+# Tests marked nightly one by one: Keras's side only (CONTRIBUTING.md).
 
 
 class Batches(keras.utils.PyDataset):
