@@ -58,6 +58,7 @@ def test_callbacks_and_data_are_public():
     assert sorted(kerascale.callbacks.__all__) == [
         "FaultTolerantBackup",
         "GPUMonitor",
+        "NoiseScale",
         "PREEMPTED_EXIT_CODE",
         "Prefetch",
         "ProfileWindow",

@@ -10,10 +10,13 @@ nothing behind when `fit` raises (see `kerascale.callbacks._base`).
 - `ProfileWindow`: Keras's TensorBoard profiler for a window of steps, which
   also stops when `fit` raises.
 - `Prefetch` (JAX): reads the next batches on a thread while the step runs.
+- `NoiseScale`: the gradient noise scale at each epoch's end: whether a
+  larger batch would pay.
 """
 
 from kerascale.callbacks.backup import PREEMPTED_EXIT_CODE, FaultTolerantBackup
 from kerascale.callbacks.gpu_monitor import GPUMonitor
+from kerascale.callbacks.noise_scale import NoiseScale
 from kerascale.callbacks.prefetch import Prefetch
 from kerascale.callbacks.profile import ProfileWindow
 from kerascale.callbacks.throughput import Throughput
@@ -23,6 +26,7 @@ __all__ = [
     "PREEMPTED_EXIT_CODE",
     "FaultTolerantBackup",
     "GPUMonitor",
+    "NoiseScale",
     "Prefetch",
     "ProfileWindow",
     "Throughput",

@@ -1,0 +1,73 @@
+"""The gradient noise scale of a model on its data, at its weights: the
+gradients of `parts` micro-batches of `small` samples, whose mean is the
+gradient of their union (McCandlish et al. 2018, appendix A).
+
+Its design: docs/design/modules.md, `kerascale.measure.gradient_noise`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import keras
+import numpy as np
+
+from kerascale.plan.goodput import NoiseSample
+
+
+def sample(
+    model: Any,
+    x: Any,
+    y: Any = None,
+    sample_weight: Any = None,
+    *,
+    small: int,
+    parts: int = 8,
+    start: int = 0,
+) -> NoiseSample:
+    """One `NoiseSample` of a compiled `model` on arrays: the gradients of
+    `parts` consecutive micro-batches of `small` samples from `start`, in
+    training mode, with the model's loss (a mean over the batch, as Keras's
+    losses reduce by default). It costs one training step's forward and
+    backward passes at `small * parts` (no update), and leaves the model,
+    its optimizer and every random state as they were."""
+    for name, value, least in (("small", small, 1), ("parts", parts, 2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(
+                f"{name} must be an int >= {least}. Received: {name}={value!r}"
+            )
+    if not model.trainable_variables:
+        raise ValueError(
+            "A noise sample needs trainable weights; the model has none. "
+            "Build the model and leave some weights trainable."
+        )
+    n = len(keras.tree.flatten(x)[0])
+    if start < 0 or start + small * parts > n:
+        raise ValueError(
+            f"A noise sample of {parts} x {small} samples from {start} needs "
+            f"{start + small * parts} samples; x has {n}. Pass a smaller small "
+            "or parts."
+        )
+
+    def cut(data: Any, j: int) -> Any:
+        if data is None:
+            return None
+        begin = start + j * small
+        return keras.tree.map_structure(lambda a: a[begin : begin + small], data)
+
+    chunks = ((cut(x, j), cut(y, j), cut(sample_weight, j)) for j in range(parts))
+    if keras.backend.backend() == "jax":
+        from kerascale.measure.jax.gradients import gradients
+    else:
+        from kerascale.measure.tensorflow.gradients import gradients
+    total: np.ndarray | None = None
+    squares = []
+    with contextlib.closing(gradients(model, chunks)) as each:
+        for g in each:
+            g = g.astype(np.float64)
+            squares.append(float(g @ g))
+            total = g if total is None else total + g
+    mean = total / parts
+    big_sq = float(mean @ mean)
+    return NoiseSample(small, float(np.mean(squares)), small * parts, big_sq)

@@ -1,0 +1,229 @@
+"""The batch that trains best per second (issue 78): the gradient noise
+scale, statistical efficiency, goodput, and the learning-rate rule of each
+Keras optimizer. The measurement's TensorFlow half; tests_jax/test_jax_goodput.py
+is JAX's."""
+
+import math
+
+import keras
+import noise_cases
+import numpy as np
+import pytest
+
+from kerascale.measure import gradient_noise
+from kerascale.plan import goodput
+from kerascale.plan.goodput import NoiseSample, NoiseScale
+
+
+def test_the_two_batch_estimates_are_unbiased_on_known_gradients():
+    """Per-sample gradients drawn from N(G, Sigma) with G and Sigma known:
+    averaged over many draws, |G|^2 and tr(Sigma) come out right, and so
+    does B_noise (McCandlish et al., appendix A)."""
+    rng = np.random.default_rng(0)
+    dim, small, parts = 6, 4, 8
+    g = rng.normal(size=dim)
+    scales = rng.uniform(0.5, 3.0, size=dim)  # Sigma = diag(scales^2)
+    gradient_sq, trace = [], []
+    for _ in range(4000):
+        per_sample = g + rng.normal(size=(small * parts, dim)) * scales
+        micro = per_sample.reshape(parts, small, dim).mean(axis=1)
+        s = NoiseSample(
+            small,
+            float(np.mean(np.sum(micro**2, axis=1))),
+            small * parts,
+            float(np.sum(micro.mean(axis=0) ** 2)),
+        )
+        gradient_sq.append(s.gradient_sq)
+        trace.append(s.trace)
+    assert np.mean(gradient_sq) == pytest.approx(g @ g, rel=0.05)
+    assert np.mean(trace) == pytest.approx(np.sum(scales**2), rel=0.05)
+
+
+def test_the_noise_scale_averages_its_estimates_apart_and_waits_for_a_gradient():
+    scale = NoiseScale(smoothing=0.5)
+    assert scale.value is None
+    # |G|^2 estimated below zero: the noise swamps the gradient, no value yet.
+    scale.add(NoiseSample(8, 1.0, 64, 0.1))
+    assert scale.samples == 1 and scale.value is None
+    scale.add(NoiseSample(8, 2.0, 64, 1.5))
+    first = NoiseSample(8, 1.0, 64, 0.1)
+    second = NoiseSample(8, 2.0, 64, 1.5)
+    g2 = 0.5 * first.gradient_sq + 0.5 * second.gradient_sq
+    tr = 0.5 * first.trace + 0.5 * second.trace
+    assert g2 > 0
+    assert scale.value == pytest.approx(tr / g2)
+    scale.add(NoiseSample(8, math.inf, 64, 1.0))  # an overflowed gradient
+    assert scale.samples == 2
+
+
+@pytest.mark.parametrize(
+    "small, big", [(0, 8), (8, 8), (16, 8)], ids=["zero", "equal", "reversed"]
+)
+def test_a_noise_sample_needs_two_batch_sizes(small, big):
+    with pytest.raises(ValueError, match=f"small={small}, big={big}"):
+        NoiseSample(small, 1.0, big, 0.5)
+
+
+def test_goodput_chooses_where_throughput_outruns_the_lost_efficiency():
+    """At noise scale 100, batch 128 trains fastest per second to a loss,
+    though 2000 has 20x the samples per second: each of its samples is
+    worth (100 + 32) / (100 + 2000) = 0.063 of one at 32."""
+    speeds = {32: 1000.0, 64: 1900.0, 128: 3400.0, 256: 5000.0, 2000: 20000.0}
+    choice = goodput.choose(speeds, base=32, noise=100.0)
+    assert choice.batch == 128
+    assert choice.goodput[2000] == pytest.approx(20000 * 132 / 2100)
+    assert choice.gain == pytest.approx(3400 * 132 / 228 / 1000)
+    # Where the noise scale is large, the largest batch is worth its speed.
+    assert goodput.choose(speeds, base=32, noise=1e6).batch == 2000
+    # Where it is small, Keras's batch is kept.
+    assert goodput.choose(speeds, base=32, noise=1.0).batch == 32
+
+
+def test_a_larger_batch_must_beat_the_smaller_by_more_than_the_timing_spread():
+    speeds = {32: 1000.0, 64: 2000.0}
+    noise = (64 * 1.02 - 2 * 32) / (2 - 1.02)
+    assert goodput.choose(speeds, 32, noise).gain == 1.0
+    assert goodput.choose(speeds, 32, noise, tolerance=0.01).batch == 64
+
+
+def test_choose_validates_its_inputs():
+    with pytest.raises(ValueError, match="base batch 32"):
+        goodput.choose({64: 1.0}, base=32, noise=1.0)
+    with pytest.raises(ValueError, match="Received: nan"):
+        goodput.choose({32: 1.0}, base=32, noise=float("nan"))
+
+
+def test_every_keras_optimizer_has_a_rule_or_is_named_as_keeping_its_batch():
+    """A Keras optimizer added upstream fails here until it is classified."""
+    names = {
+        n
+        for n in dir(keras.optimizers)
+        if isinstance(getattr(keras.optimizers, n), type)
+        and issubclass(getattr(keras.optimizers, n), keras.optimizers.Optimizer)
+    } - {"Optimizer", "LossScaleOptimizer"}
+    assert names <= set(goodput.RULES) | set(goodput.NO_RULE), (
+        names - set(goodput.RULES) - set(goodput.NO_RULE)
+    )
+
+
+def test_each_family_gets_its_rule():
+    sgd = goodput.rule_of(keras.optimizers.SGD(0.1, momentum=0.9))
+    assert (sgd.scaling, sgd.warmup) == ("linear", True)
+    assert sgd.factor(256, 32) == 8
+    adam = goodput.rule_of(keras.optimizers.AdamW(1e-3))
+    assert (adam.scaling, adam.warmup) == ("sqrt", False)
+    assert adam.factor(128, 32) == 2
+    wrapped = keras.optimizers.LossScaleOptimizer(keras.optimizers.RMSprop())
+    assert goodput.rule_of(wrapped) is goodput.SQRT
+    assert goodput.rule_of(keras.optimizers.Lion()) is None
+
+    class MyAdam(keras.optimizers.Adam):
+        pass
+
+    assert goodput.rule_of(MyAdam()) is goodput.SQRT
+
+
+def test_the_measured_noise_scale_of_a_linear_model_is_the_analytic_one():
+    model, x, y, truth = noise_cases.linear_case()
+    measured = noise_cases.measured_noise_scale(model, x, y)
+    assert measured == pytest.approx(truth, rel=0.15), (measured, truth)
+
+
+def test_a_noise_sample_leaves_no_trace_in_training():
+    """The same seed trains the same weights whether or not a sample was
+    taken: batch statistics, the dropout's seed and the loss tracker are
+    put back."""
+    plain = noise_cases.trained_weights(measure=False)
+    measured = noise_cases.trained_weights(measure=True)
+    for a, b in zip(plain, measured, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_noise_sample_names_what_it_needs():
+    model, x, y, _ = noise_cases.linear_case(samples=100)
+    with pytest.raises(ValueError, match="needs 128 samples; x has 100"):
+        gradient_noise.sample(model, x, y, small=16, parts=8)
+    with pytest.raises(
+        ValueError, match=r"parts must be an int >= 2\. Received: parts=1"
+    ):
+        gradient_noise.sample(model, x, y, small=16, parts=1)
+    with pytest.raises(ValueError, match=r"small must be an int >= 1\. .*small=True"):
+        gradient_noise.sample(model, x, y, small=True)
+
+
+def test_the_callback_records_the_noise_scale_in_model_fit_and_kerascale_fit():
+    import kerascale
+
+    noise, history, truth = noise_cases.callback_run(
+        lambda model, *a, **k: model.fit(*a, **k)
+    )
+    noise_cases.check_callback_run(noise, history, truth)
+    noise, history, truth = noise_cases.callback_run(kerascale.fit)
+    noise_cases.check_callback_run(noise, history, truth)
+
+
+def test_the_callback_leaves_no_trace_in_training():
+    """The same weights as a run without it, dropout and batch statistics
+    included."""
+    import kerascale
+
+    def run(with_callback):
+        model, x, y = noise_cases.model_with_state()
+        extra = [kerascale.callbacks.NoiseScale(x, y, small=16, parts=4)]
+        model.fit(
+            x, y, batch_size=32, epochs=2, shuffle=False, verbose=0,
+            callbacks=extra if with_callback else [],
+        )  # fmt: skip
+        return [np.asarray(w) for w in model.variables]
+
+    for a, b in zip(run(False), run(True), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"small": 0}, "small must be a positive int. Received: small=0"),
+        ({"parts": 1}, "parts must be an int >= 2. Received: parts=1"),
+        ({"every": True}, "every must be a positive int. Received: every=True"),
+        ({"smoothing": 1.0}, r"smoothing must be a number in \[0, 1\)"),
+        ({"in_logs": "yes"}, "in_logs must be"),
+        (
+            {"small": 64, "parts": 8},
+            "at least small \\* parts = 512 samples. Received: 100",
+        ),
+    ],
+)
+def test_the_callback_validates_its_arguments(kwargs, message):
+    import kerascale
+    from kerascale.errors import ConfigurationError
+
+    x = np.zeros((100, 4), "float32")
+    with pytest.raises(ConfigurationError, match=message):
+        kerascale.callbacks.NoiseScale(x, np.zeros((100, 1)), **kwargs)
+
+
+def test_the_callback_names_data_that_is_not_arrays_or_does_not_match():
+    import kerascale
+    from kerascale.errors import ConfigurationError
+
+    x = np.zeros((100, 4), "float32")
+    with pytest.raises(ConfigurationError, match="y must have as many samples as x"):
+        kerascale.callbacks.NoiseScale(x, np.zeros((99, 1)))
+    with pytest.raises(ConfigurationError, match="x must be arrays"):
+        kerascale.callbacks.NoiseScale(iter([x]))
+    with pytest.raises(ConfigurationError, match="x's arrays must have one length"):
+        kerascale.callbacks.NoiseScale({"a": x, "b": x[:50]})
+
+
+def test_the_callback_survives_a_deep_copy_and_a_second_fit():
+    """keras-tuner copies callbacks per trial; one instance serves several
+    fits, each from a fresh average."""
+    import copy
+
+    noise, _, _ = noise_cases.callback_run(lambda model, *a, **k: model.fit(*a, **k))
+    clone = copy.deepcopy(noise)
+    assert clone.epochs_seen == noise.epochs_seen
+    model, x, y, _ = noise_cases.linear_case(samples=4096)
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[noise])
+    assert [e["epoch"] for e in noise.epochs_seen] == [0]
