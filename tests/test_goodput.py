@@ -10,7 +10,7 @@ import noise_cases
 import numpy as np
 import pytest
 
-from kerascale.measure import gradient_noise
+from kerascale.apply import gradient_noise
 from kerascale.plan import goodput
 from kerascale.plan.goodput import NoiseSample, NoiseScale
 

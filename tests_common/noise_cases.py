@@ -4,7 +4,7 @@
 import keras
 import numpy as np
 
-from kerascale.measure import gradient_noise
+from kerascale.apply import gradient_noise
 
 FEATURES = 8
 NOISE = 1.0  # the targets' noise, sigma

@@ -26,6 +26,18 @@ def backend_module(plan: Plan) -> ModuleType:
     return strategy
 
 
+def gradients_of(name: str) -> Any:
+    """Backend `name`'s gradients of micro-batches, as its train step
+    computes them (`kerascale.apply.gradient_noise` reads them)."""
+    if name == "jax":
+        from kerascale.apply.jax.gradients import gradients
+
+        return gradients
+    from kerascale.apply.tensorflow.gradients import gradients
+
+    return gradients
+
+
 def join_at_import() -> None:
     """What `import kerascale` does: joins the cluster (TensorFlow) or the
     processes (JAX) that the environment describes, on this process's

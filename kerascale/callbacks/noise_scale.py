@@ -8,9 +8,9 @@ import keras
 import numpy as np
 
 from kerascale import _validation as v
+from kerascale.apply import gradient_noise
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.errors import ConfigurationError
-from kerascale.measure import gradient_noise
 from kerascale.plan import goodput
 
 

@@ -2,7 +2,7 @@
 stateless loss (`compute_loss_and_updates`, what Keras's JAX train step
 differentiates): no variable is assigned.
 
-Its design: docs/design/modules.md, `kerascale.measure.gradient_noise`.
+Its design: docs/design/modules.md, `kerascale.apply.gradient_noise`.
 """
 
 from __future__ import annotations

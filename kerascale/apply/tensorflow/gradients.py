@@ -2,7 +2,7 @@
 step computes them (a `GradientTape` over the forward pass and
 `compute_loss`), with every variable the pass moves put back after.
 
-Its design: docs/design/modules.md, `kerascale.measure.gradient_noise`.
+Its design: docs/design/modules.md, `kerascale.apply.gradient_noise`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 gradients of `parts` micro-batches of `small` samples, whose mean is the
 gradient of their union (McCandlish et al. 2018, appendix A).
 
-Its design: docs/design/modules.md, `kerascale.measure.gradient_noise`.
+Its design: docs/design/modules.md, `kerascale.apply.gradient_noise`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from typing import Any
 import keras
 import numpy as np
 
+from kerascale.apply import strategy
 from kerascale.plan.goodput import NoiseSample
+from kerascale.sense import backend as backend_lib
 
 
 def sample(
@@ -57,10 +59,7 @@ def sample(
         return keras.tree.map_structure(lambda a: a[begin : begin + small], data)
 
     chunks = ((cut(x, j), cut(y, j), cut(sample_weight, j)) for j in range(parts))
-    if keras.backend.backend() == "jax":
-        from kerascale.measure.jax.gradients import gradients
-    else:
-        from kerascale.measure.tensorflow.gradients import gradients
+    gradients = strategy.gradients_of(backend_lib.name())
     total: np.ndarray | None = None
     squares = []
     with contextlib.closing(gradients(model, chunks)) as each:
