@@ -19,12 +19,14 @@ _ARGUMENTS = """\
             skipped.
         y: Target arrays when `x` is arrays; None for a dataset.
         batch_size: Samples per optimizer update (Keras's meaning). "auto":
-            your batched dataset's batch size; for unbatched data, the batch
-            that the batch-size search finds for this hardware (the largest
-            that fits on accelerators, the fastest on CPU; cached, see
-            `find_batch_size`). An int larger than what fits in memory is
-            reached with gradient accumulation: micro x replicas x
-            accumulation_steps = batch_size. Defaults to "auto".
+            your batched dataset's batch size; for unbatched data, on GPUs
+            and TPUs the largest batch that fits (cached, see
+            `find_batch_size`), on a CPU Keras's 32 (checked against
+            `memory_limit` where you give one): a CPU's fastest batch in
+            samples per second is not its fastest to an accuracy. An int
+            larger than what fits in memory is reached with gradient
+            accumulation: micro x replicas x accumulation_steps =
+            batch_size. Defaults to "auto".
         strategy: "auto", "default", "one_device", "mirrored",
             "multi_worker", "tpu", or a `tf.distribute.Strategy`. "auto"
             trains across the cluster that TF_CONFIG, Vertex AI's

@@ -66,10 +66,13 @@ def test_published_model_shapes_train_as_with_model_fit(kind):
 
 def test_a_gan_with_its_own_train_step_trains_as_it_is():
     model, x, _, _ = make("gan")
+    # memory_limit: a CPU's "auto" batch (Keras's 32) would be checked by a
+    # probe, which a model with its own train_step cannot run.
     with pytest.warns(kerascale.KerascaleWarning) as said:
-        history = kerascale.fit(model, x, epochs=1, verbose=0)
+        history = kerascale.fit(model, x, epochs=1, verbose=0, memory_limit="4GiB")
     texts = " ".join(str(w.message) for w in said)
-    assert "No batch search" in texts and "its own train_step (GAN)" in texts
+    assert "not checked against memory" in texts, texts
+    assert "its own train_step (GAN)" in texts, texts
     assert history.plan.global_batch_size == 32  # Keras's default
     assert not history.plan.rebuild and model.built
     # bf16 set in place, the generator's and discriminator's outputs float32
@@ -163,7 +166,8 @@ def test_a_broken_step_raises_as_plain_for_every_input(kind):
 
 def test_a_failing_search_probe_is_tried_again_in_float32(no_budget, bf16_cpu):
     model, x, y, _ = make("noisy")
-    history = kerascale.fit(model, x, y, epochs=1, verbose=0)
+    # memory_limit: a CPU's "auto" batch (Keras's 32) is checked by a probe.
+    history = kerascale.fit(model, x, y, epochs=1, verbose=0, memory_limit="4GiB")
     why = history.plan.reasons["precision"]
     assert why.startswith("float32: mixed_bfloat16 failed in the batch search")
     assert history.plan.reasons["global_batch_size"].code == "batch.searched"
@@ -483,10 +487,12 @@ def how(plan):
 def test_a_partial_builder_trains_and_two_lambdas_get_their_own_answers():
     x, y = regression(256)
     kerascale.fit(functools.partial(builder, 2), x, y, epochs=1, verbose=0)
-    first = kerascale.plan(lambda: builder(1), x, y, verbose=0)
-    second = kerascale.plan(lambda: builder(1, bias=False), x, y, verbose=0)
+    # memory_limit: a CPU's "auto" batch (Keras's 32) is checked, and cached.
+    bound = {"memory_limit": "4GiB", "verbose": 0}
+    first = kerascale.plan(lambda: builder(1), x, y, **bound)
+    second = kerascale.plan(lambda: builder(1, bias=False), x, y, **bound)
     assert how(second) != "cached search"
-    again = kerascale.plan(lambda: builder(1), x, y, verbose=0)
+    again = kerascale.plan(lambda: builder(1), x, y, **bound)
     assert how(again) == "cached search"
     assert again.global_batch_size == first.global_batch_size
 
@@ -502,15 +508,18 @@ def test_pipelines_are_keyed_by_their_functions_and_size():
 
 
 def test_remeasure_and_clear_cache(no_budget):
+    """On a CPU an "auto" batch is Keras's 32, and memory_limit checks it: the
+    check's answer is what is cached."""
     x, y = regression(256)
     model = small_model()
-    kerascale.plan(model, x, y, precision="float32", verbose=0)
-    cached = kerascale.plan(model, x, y, precision="float32", verbose=0)
+    bound = {"precision": "float32", "memory_limit": "4GiB", "verbose": 0}
+    kerascale.plan(model, x, y, **bound)
+    cached = kerascale.plan(model, x, y, **bound)
     assert how(cached) == "cached search"
-    fresh = kerascale.plan(model, x, y, precision="float32", remeasure=True, verbose=0)
+    fresh = kerascale.plan(model, x, y, remeasure=True, **bound)
     assert how(fresh) != "cached search"
     assert kerascale.clear_cache() >= 1
-    after = kerascale.plan(model, x, y, precision="float32", verbose=0)
+    after = kerascale.plan(model, x, y, **bound)
     assert how(after) != "cached search"
     with pytest.raises(kerascale.ConfigurationError, match="remeasure=1"):
         kerascale.fit(model, x, y, remeasure=1)

@@ -519,17 +519,28 @@ def test_model_whose_re_creation_fails_late_still_trains():
     )
 
 
-def test_auto_batch_of_unbatched_data_is_searched_and_cached(capsys, no_budget):
+def test_auto_batch_of_unbatched_data_on_a_cpu_is_keras_s(capsys, no_budget):
+    """On a CPU the fastest batch in samples per second is not the fastest
+    to an accuracy (issue 78: batch 800 cost a sequence model 0.04 of its
+    accuracy): an "auto" batch of unbatched data is Keras's 32, nothing is
+    probed however long the run, the plan says why and what to do, and
+    float32 training gives `model.fit`'s weights."""
     x, y = toy_data(256)
+    keras.utils.set_random_seed(0)
     model = dense_model()
     history = kerascale.fit(model, x, y, epochs=1, verbose=0, precision="float32")
     p = history.plan
-    assert p.reasons["global_batch_size"].code == "batch.searched"
-    assert 1 <= p.global_batch_size <= 256 // 8  # an epoch keeps 8 updates
+    assert p.global_batch_size == 32
+    assert p.reasons["global_batch_size"].code == "batch.keras_default"
+    said = " ".join(p.explain().split())  # the same words, unwrapped
+    assert "not the fastest to an accuracy" in said, said
+    assert "kerascale.callbacks.NoiseScale" in said, said
     assert capsys.readouterr().out == ""  # verbose=0: no progress lines either
-    again = kerascale.plan(model, x, y, precision="float32", verbose=0)
-    assert again.reasons["global_batch_size"].details["how"] == "cached search"
-    assert again.global_batch_size == p.global_batch_size
+    keras.utils.set_random_seed(0)
+    plain = dense_model()
+    plain.fit(x, y, epochs=1, verbose=0)
+    for a, b in zip(model.get_weights(), plain.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
 
 
 def test_memory_limit_that_cannot_be_used_is_not_silently_ignored():

@@ -34,8 +34,9 @@ def test_a_probe_that_fails_under_bf16_is_a_rung_and_decides_again(
 ):
     model, x, y, _ = _noisy()
     attempts = attempts_lib.record(monkeypatch)
+    # memory_limit: a CPU's "auto" batch (Keras's 32) is checked by a probe.
     with pytest.warns(kerascale.KerascaleWarning, match="failed in the batch search"):
-        history = kerascale.fit(model, x, y, epochs=1, verbose=0)
+        history = kerascale.fit(model, x, y, epochs=1, verbose=0, memory_limit="4GiB")
     why = history.plan.reasons["precision"]
     assert why.startswith("float32: mixed_bfloat16 failed in the batch search"), why
     assert history.plan.reasons["global_batch_size"].code == "batch.searched"

@@ -47,6 +47,11 @@ class SearchUnavailable(SearchSkipped):
     """The search cannot answer here (this backend, this device); says why."""
 
 
+class SearchDeclined(SearchSkipped):
+    """The search's answer would not serve the run: Keras's batch is kept;
+    says why."""
+
+
 def auto_mode(hw: Hardware) -> str:
     """What `fit`'s own search looks for: on a CPU the fastest batch that
     fits ("throughput": it times the batches), elsewhere the largest ("max")."""

@@ -345,7 +345,7 @@ def _batch_searched(
     `FailedInProbe`; otherwise the search is dropped (the real run then
     raises the model's error, as `model.fit` would)."""
     hw, facts, data = planner.hardware, planner.model, planner.data
-    skipped, unavailable = "", False
+    skipped, unavailable, declined = "", False, False
     try:
         result, ladder, note = batch_for_plan(
             given,
@@ -359,6 +359,7 @@ def _batch_searched(
     except batch_lib.SearchSkipped as e:
         result, ladder, note, skipped = None, False, "", str(e)
         unavailable = isinstance(e, batch_lib.SearchUnavailable)
+        declined = isinstance(e, batch_lib.SearchDeclined)
     except ProbeFailed as e:
         if options.precision == "auto" and plan.precision != facts.policy:
             raise FailedInProbe(
@@ -371,7 +372,14 @@ def _batch_searched(
         )
     found = found.warned(note)
     if skipped:
-        hint = "pass batch_size= to choose" if unavailable else _search_anyway(hw)
+        hint = (
+            "pass batch_size= to choose one (kerascale.callbacks.NoiseScale "
+            "measures whether a larger one would pay)"
+            if declined
+            else "pass batch_size= to choose"
+            if unavailable
+            else _search_anyway(hw)
+        )
         found = found.noted(
             "global_batch_size", f"batch search skipped: {skipped}; {hint}"
         )
