@@ -155,30 +155,30 @@ def test_a_short_fit_trains_at_kerass_default_without_searching(monkeypatch):
     plan = history.plan
     assert plan.global_batch_size == 32
     why = plan.reasons["global_batch_size"]
-    assert "Keras's default 32 per replica (batch search skipped: the search" in why
-    # What the skipped search would have picked on a CPU: the fastest batch.
-    hint = "pass batch_size=kerascale.find_batch_size(model, data, mode='throughput')"
-    assert hint in why
+    assert "Keras's default 32 per replica (batch search skipped: on a CPU" in why
+    assert "pass batch_size= to choose one" in why
     assert history.history["loss"]  # it trained
 
 
-@pytest.mark.parametrize(
-    "per_sample, searched", [(1e-2, True), (1e-5, False), (None, True)]
-)
+@pytest.mark.parametrize("per_sample", [1e-2, 1e-5, None])
 @pytest.mark.serial
-def test_the_search_runs_when_the_run_pays_for_it(monkeypatch, per_sample, searched):
-    """50 epochs of 256 samples: at 10 ms a sample a 128 s run, of which the
-    25% a search is expected to save repays one child's ladder (about 4 s);
-    at 10 us a 0.1 s run, which does not; with no estimate the run may be
-    long: searched."""
+def test_a_cpus_auto_batch_is_not_searched_however_long_the_run(
+    monkeypatch, per_sample
+):
+    """50 epochs of 256 samples at 10 ms a sample (a 128 s run), at 10 us, or
+    with no estimate: a CPU's "auto" batch is Keras's 32 whatever the run
+    would repay (issue 78: the fastest batch in samples per second is not
+    the fastest to an accuracy), and no child is started. The budget still
+    gates the searches of GPUs and TPUs (`budget.unpaid`, above)."""
+    no_children(monkeypatch)
     monkeypatch.setattr(budget, "train_seconds_per_sample", lambda *a, **k: per_sample)
     x, y = toy_data(256)
     plan = kerascale.plan(
         dense_model(), x, y, epochs=50, verbose=0, precision="float32"
     )
     why = plan.reasons["global_batch_size"]
-    assert why.startswith("searched (") is searched
-    assert ("batch search skipped" in why) is not searched
+    assert why.code == "batch.keras_default"
+    assert "batch search skipped: on a CPU" in why
 
 
 @pytest.mark.serial
@@ -201,11 +201,13 @@ def test_a_bound_the_user_gave_is_always_searched_under(monkeypatch):
 
 @pytest.mark.serial
 def test_a_cached_search_is_used_whatever_the_run(monkeypatch, no_budget):
+    """A CPU's Keras batch checked under a bound (max_batch_size), cached."""
     x, y = toy_data(256)
-    kerascale.plan(dense_model(), x, y, verbose=0, precision="float32")
+    bound = {"verbose": 0, "precision": "float32", "max_batch_size": 16}
+    kerascale.plan(dense_model(), x, y, **bound)
     monkeypatch.setattr(budget, "REPAY", 1.0)
     no_children(monkeypatch)
-    plan = kerascale.plan(dense_model(), x, y, verbose=0, precision="float32")
+    plan = kerascale.plan(dense_model(), x, y, **bound)
     assert plan.reasons["global_batch_size"].details["how"] == "cached search"
 
 
