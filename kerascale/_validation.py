@@ -26,6 +26,24 @@ def positive_int(name: str, value: Any, *, accepted: str | None = None) -> int:
     return value
 
 
+def int_at_least(name: str, value: Any, least: int) -> int:
+    """Returns ``value`` if it is an int >= ``least``; ``bool`` is rejected."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise fail(name, value, f"an int >= {least}")
+    return value
+
+
+def fraction_below_one(name: str, value: Any) -> float:
+    """Returns ``value`` if it is a number in [0, 1); ``bool`` is rejected."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 <= value < 1
+    ):
+        raise fail(name, value, "a number in [0, 1)")
+    return value
+
+
 def one_of(name: str, value: Any, choices: Iterable[str]) -> str:
     """Returns ``value`` if it is one of the string ``choices``."""
     choices = tuple(choices)

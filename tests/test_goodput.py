@@ -123,12 +123,16 @@ def test_each_family_gets_its_rule():
     assert goodput.rule_of(MyAdam()) is goodput.SQRT
 
 
+# Keras's side: its train step's loss and gradients (CONTRIBUTING.md).
+@pytest.mark.nightly
 def test_the_measured_noise_scale_of_a_linear_model_is_the_analytic_one():
     model, x, y, truth = noise_cases.linear_case()
     measured = noise_cases.measured_noise_scale(model, x, y)
     assert measured == pytest.approx(truth, rel=0.15), (measured, truth)
 
 
+# Keras's side: its train step's loss and gradients (CONTRIBUTING.md).
+@pytest.mark.nightly
 def test_a_noise_sample_leaves_no_trace_in_training():
     """The same seed trains the same weights whether or not a sample was
     taken: batch statistics, the dropout's seed and the loss tracker are
@@ -162,6 +166,8 @@ def test_the_callback_records_the_noise_scale_in_model_fit_and_kerascale_fit():
     noise_cases.check_callback_run(noise, history, truth)
 
 
+# Keras's side: its train step's loss and gradients (CONTRIBUTING.md).
+@pytest.mark.nightly
 def test_the_callback_leaves_no_trace_in_training():
     """The same weights as a run without it, dropout and batch statistics
     included."""

@@ -6,12 +6,16 @@ import numpy as np
 import pytest
 
 
+# Keras's side: its train step's loss and gradients (CONTRIBUTING.md).
+@pytest.mark.nightly
 def test_the_measured_noise_scale_of_a_linear_model_is_the_analytic_one():
     model, x, y, truth = noise_cases.linear_case()
     measured = noise_cases.measured_noise_scale(model, x, y)
     assert measured == pytest.approx(truth, rel=0.15), (measured, truth)
 
 
+# Keras's side: its train step's loss and gradients (CONTRIBUTING.md).
+@pytest.mark.nightly
 def test_a_noise_sample_leaves_no_trace_in_training():
     plain = noise_cases.trained_weights(measure=False)
     measured = noise_cases.trained_weights(measure=True)

@@ -13,6 +13,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from kerascale import _validation as v
 from kerascale.apply import strategy
 from kerascale.plan.goodput import NoiseSample
 from kerascale.sense import backend as backend_lib
@@ -34,11 +35,8 @@ def sample(
     losses reduce by default). It costs one training step's forward and
     backward passes at `small * parts` (no update), and leaves the model,
     its optimizer and every random state as they were."""
-    for name, value, least in (("small", small, 1), ("parts", parts, 2)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(
-                f"{name} must be an int >= {least}. Received: {name}={value!r}"
-            )
+    v.int_at_least("small", small, 1)
+    v.int_at_least("parts", parts, 2)
     if not model.trainable_variables:
         raise ValueError(
             "A noise sample needs trainable weights; the model has none. "

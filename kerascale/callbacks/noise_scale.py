@@ -69,14 +69,8 @@ class NoiseScale(KerascaleCallback):
         super().__init__()
         v.positive_int("small", small)
         v.positive_int("every", every)
-        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 2:
-            raise v.fail("parts", parts, "an int >= 2")
-        if (
-            isinstance(smoothing, bool)
-            or not isinstance(smoothing, (int, float))
-            or not 0 <= smoothing < 1
-        ):
-            raise v.fail("smoothing", smoothing, "a number in [0, 1)")
+        v.int_at_least("parts", parts, 2)
+        v.fraction_below_one("smoothing", smoothing)
         v.boolean("in_logs", in_logs)
         self.samples = _samples(x, y, sample_weight)
         if self.samples < small * parts:

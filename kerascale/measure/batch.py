@@ -40,21 +40,32 @@ HARD_CAP = 65536
 
 
 class SearchSkipped(Exception):
-    """The search would cost more than the run it tunes can repay; says why."""
+    """The search would cost more than the run it tunes can repay; says why.
+    `hint`: what the user can do instead (None: search anyway, by hand)."""
+
+    hint: str | None = None
 
 
 class SearchUnavailable(SearchSkipped):
     """The search cannot answer here (this backend, this device); says why."""
+
+    hint = "pass batch_size= to choose"
 
 
 class SearchDeclined(SearchSkipped):
     """The search's answer would not serve the run: Keras's batch is kept;
     says why."""
 
+    hint = (
+        "pass batch_size= to choose one (kerascale.callbacks.NoiseScale "
+        "measures whether a larger one would pay)"
+    )
+
 
 def auto_mode(hw: Hardware) -> str:
-    """What `fit`'s own search looks for: on a CPU the fastest batch that
-    fits ("throughput": it times the batches), elsewhere the largest ("max")."""
+    """What an "auto" search looks for: on a CPU the fastest batch that fits
+    ("throughput": it times the batches; `fit` keeps Keras's 32 there, see
+    `batch_plan.CPU_KEEPS_KERAS`), elsewhere the largest ("max")."""
     return "throughput" if hw.accelerator == "cpu" else "max"
 
 

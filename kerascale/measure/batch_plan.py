@@ -99,9 +99,7 @@ def batch_for_plan(
             search = dataclasses.replace(search, mode="ladder")
             # A bound you gave (memory_limit, max_batch_size) is always
             # searched under: Keras's default batch might break it.
-            bounded = search is not None and (
-                search.memory_limit or search.max_batch_size
-            )
+            bounded = search.memory_limit or search.max_batch_size
             run["budget"] = None if bounded else budget
         request = SearchRequest(given, data, plan, hw, search, **run)
         return searched(request), ladder, ""

@@ -345,7 +345,7 @@ def _batch_searched(
     `FailedInProbe`; otherwise the search is dropped (the real run then
     raises the model's error, as `model.fit` would)."""
     hw, facts, data = planner.hardware, planner.model, planner.data
-    skipped, unavailable, declined = "", False, False
+    skipped, hint = "", None
     try:
         result, ladder, note = batch_for_plan(
             given,
@@ -357,9 +357,7 @@ def _batch_searched(
             budget=budget,
         )
     except batch_lib.SearchSkipped as e:
-        result, ladder, note, skipped = None, False, "", str(e)
-        unavailable = isinstance(e, batch_lib.SearchUnavailable)
-        declined = isinstance(e, batch_lib.SearchDeclined)
+        result, ladder, note, skipped, hint = None, False, "", str(e), e.hint
     except ProbeFailed as e:
         if options.precision == "auto" and plan.precision != facts.policy:
             raise FailedInProbe(
@@ -372,14 +370,7 @@ def _batch_searched(
         )
     found = found.warned(note)
     if skipped:
-        hint = (
-            "pass batch_size= to choose one (kerascale.callbacks.NoiseScale "
-            "measures whether a larger one would pay)"
-            if declined
-            else "pass batch_size= to choose"
-            if unavailable
-            else _search_anyway(hw)
-        )
+        hint = hint or _search_anyway(hw)
         found = found.noted(
             "global_batch_size", f"batch search skipped: {skipped}; {hint}"
         )

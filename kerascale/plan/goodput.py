@@ -11,6 +11,8 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
+from kerascale import _validation as v
+
 # The estimates' moving average keeps this much of the past at each update
 # (McCandlish et al. average |G|^2 and tr(Sigma) apart, then divide).
 SMOOTHING = 0.9
@@ -64,11 +66,7 @@ class NoiseScale:
     is taken of the averages."""
 
     def __init__(self, smoothing: float = SMOOTHING):
-        if not 0 <= smoothing < 1:
-            raise ValueError(
-                f"smoothing must be in [0, 1). Received: smoothing={smoothing}"
-            )
-        self.smoothing = smoothing
+        self.smoothing = v.fraction_below_one("smoothing", smoothing)
         self.samples = 0
         self._gradient_sq = 0.0
         self._trace = 0.0
