@@ -22,8 +22,10 @@ import keras
 
 from kerascale import _validation
 from kerascale._fit_docs import documented as _documented
+from kerascale.apply import batch_growth
 from kerascale.apply import materialize as materialize_lib
 from kerascale.apply import session as session_lib
+from kerascale.apply.controller import Controller
 from kerascale.apply.tensorflow import cluster
 from kerascale.callbacks import fit_callbacks
 from kerascale.callbacks._base import KerascaleCallback
@@ -32,9 +34,11 @@ from kerascale.callbacks.backup import FaultTolerantBackup
 from kerascale.errors import warn
 from kerascale.measure.decide import Decided, decide, validate_options
 from kerascale.measure.request import SearchOptions
-from kerascale.plan import fallback
+from kerascale.plan import fallback, goodput
+from kerascale.plan import reasons as reasons_lib
 from kerascale.plan.options import Options, pin
 from kerascale.plan.plan import Plan
+from kerascale.plan.reasons import Reason
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts, first_batch
 from kerascale.sense import hardware as hardware_lib
@@ -186,10 +190,15 @@ def _train(
             decided,
             fit_kwargs=deciding.fit_kwargs,
         )
-        plan = prepared.plan
         _install_callbacks(
             session, prepared, request.monitor, deciding.backup, deciding.x
         )
+        controller, why = _controller(deciding, decided, prepared)
+        plan = prepared.plan
+        if why:
+            plan = dataclasses.replace(
+                plan, reasons={**plan.reasons, "batch_growth": why}
+            )
         if request.options.verbose != 0:
             # verbose=2 (one line per epoch): every reason in full.
             full = request.options.verbose == 2
@@ -204,7 +213,10 @@ def _train(
                 warn(w)
 
         history = session_lib.train(
-            prepared, verbose=request.options.verbose, after_first_step=after_first_step
+            prepared,
+            verbose=request.options.verbose,
+            after_first_step=after_first_step,
+            controller=controller,
         )
     if not is_builder(model):
         history.set_model(model)
@@ -297,7 +309,68 @@ def plan(
     decided = fallback.attempted(deciding.decide, deciding.options)
     for w in decided.plan.warnings:
         warn(w)
-    return decided.plan
+    why = _growth_reason(deciding, decided, model, deciding.fit_kwargs)
+    if why is None:
+        return decided.plan
+    reasons = {**decided.plan.reasons, "batch_growth": why}
+    return dataclasses.replace(decided.plan, reasons=reasons)
+
+
+def _controller(
+    deciding: _Deciding, decided: Decided, prepared: session_lib.Prepared
+) -> tuple[Controller | None, Reason | None]:
+    """The run's controller, where a lever can change a setting in it, and
+    the plan's reason for the batch growing or not (None where the batch is
+    not kerascale's to grow: yours, a batched dataset's, a device's)."""
+    plan, data, kwargs = prepared.plan, decided.data, prepared.fit_kwargs
+    why = _growth_reason(deciding, decided, prepared.model, kwargs)
+    if why is None or reasons_lib.code(why) != "growth.in_run":
+        return None, why
+    verbose = deciding.options.verbose
+    lever = batch_growth.BatchGrowth(
+        deciding.x,
+        deciding.y,
+        kwargs.get("sample_weight"),
+        samples=data.num_samples,
+        batch=plan.step_batch_size,
+        ceiling=deciding.options.max_batch_size or data.num_samples,
+        say=None if verbose == 0 else print,
+    )
+    return Controller([lever], list(kwargs.get("callbacks") or [])), why
+
+
+def _growth_reason(
+    deciding: _Deciding, decided: Decided, model: Any, fit_kwargs: dict[str, Any]
+) -> Reason | None:
+    """Whether the batch grows in the run, as the plan's reason: None where
+    the batch is not kerascale's to grow (yours, a batched dataset's, a
+    GPU's or TPU's search's, one split over replicas or micro-batches)."""
+    plan, data, hardware = decided.plan, decided.data, decided.hardware
+    if (
+        deciding.options.batch_size != "auto"
+        or data.kind != "arrays"
+        or hardware.gpus
+        or hardware.tpu is not None
+        or plan.replicas != 1
+        or plan.accumulation_steps != 1
+        or deciding.clustered
+        or is_builder(model)
+    ):
+        return None
+    if deciding.backup is not None:
+        why = "a checkpoint_dir resumes at the plan's batch"
+        return Reason("growth.kept", why=why)
+    why = batch_growth.wanted(
+        model,
+        batch=plan.step_batch_size,
+        samples=data.num_samples,
+        fit_kwargs=fit_kwargs,
+        callbacks=list(fit_kwargs.get("callbacks") or []),
+    )
+    if why:
+        return Reason("growth.kept", why=why)
+    rule = goodput.rule_of(model.optimizer)
+    return Reason("growth.in_run", scaling=rule.scaling, family=rule.why)
 
 
 def _install_callbacks(

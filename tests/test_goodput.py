@@ -233,3 +233,93 @@ def test_the_callback_survives_a_deep_copy_and_a_second_fit():
     model, x, y, _ = noise_cases.linear_case(samples=4096)
     model.fit(x, y, epochs=1, verbose=0, callbacks=[noise])
     assert [e["epoch"] for e in noise.epochs_seen] == [0]
+
+
+# --- Growing the batch inside the run (goodput.grow, EpochTimes) ---------------
+
+
+def _grow(current, noise, seconds, **kwargs):
+    options = {"ceiling": 1024, "remaining_samples": 10**6, "switch_seconds": 0.0}
+    return goodput.grow(current, 32, noise, seconds, **{**options, **kwargs})
+
+
+def test_growth_waits_for_a_noise_scale():
+    growth = _grow(32, None, {32: 1e-3})
+    assert growth.batch == 32 and "no noise scale" in growth.why
+
+
+def test_growth_doubles_where_the_predicted_goodput_pays():
+    # One batch timed: a doubling's step is predicted sqrt(2) longer, so
+    # its samples/s is x sqrt(2); at a noise scale of 1000 efficiency barely
+    # falls.
+    growth = _grow(32, 1000.0, {32: 1e-3})
+    assert growth.batch == 64 and growth.predicted == 64
+    assert growth.speeds[64] == pytest.approx(64 / (1e-3 * math.sqrt(2)))
+    assert growth.gain == pytest.approx(math.sqrt(2) * (1032 / 1064), rel=1e-6)
+
+
+def test_growth_stays_where_the_noise_scale_is_below_the_batch():
+    # Noise scale 8: doubling halves the efficiency, and sqrt(2) speed
+    # does not make it up.
+    assert _grow(32, 8.0, {32: 1e-3}).batch == 32
+
+
+def test_growth_predicts_from_the_line_through_two_timed_batches():
+    # 32 at 1 ms, 64 at 1.5 ms: 128 predicted at 2.5 ms, 1.2x 64's
+    # samples/s.
+    growth = _grow(64, 10_000.0, {32: 1e-3, 64: 1.5e-3})
+    assert growth.predicted == 128
+    assert growth.speeds[128] == pytest.approx(128 / 2.5e-3)
+    assert growth.batch == 128
+
+
+def test_growth_stays_where_goodput_is_best():
+    # 64 timed at 1.2 ms, 128 predicted at 1.6 ms: 128's x1.5 samples/s is
+    # lost to efficiency at a noise scale of 64.
+    growth = _grow(64, 64.0, {32: 1e-3, 64: 1.2e-3})
+    assert growth.batch == 64 and growth.why == "goodput is best here"
+
+
+def test_growth_goes_back_to_a_timed_batch_that_was_faster():
+    # 64 was predicted faster and timed slower than 32.
+    growth = _grow(64, 1000.0, {32: 1e-3, 64: 3e-3})
+    assert growth.batch == 32
+
+
+def test_growth_to_an_untimed_batch_must_save_more_than_it_costs():
+    seconds = {32: 1e-3}
+    # Saving over 3,200 samples: 100 steps of 1 ms -> 50 steps of 1.41 ms.
+    assert _grow(32, 1e6, seconds, remaining_samples=3200, switch_seconds=0.5).why
+    assert (
+        _grow(32, 1e6, seconds, remaining_samples=10**6, switch_seconds=0.5).batch == 64
+    )
+
+
+def test_growth_stays_under_the_ceiling():
+    assert _grow(32, 1e6, {32: 1e-3}, ceiling=63).batch == 32
+
+
+def test_growth_needs_the_current_and_base_batches_timed():
+    with pytest.raises(ValueError, match="must time the current batch 64"):
+        _grow(64, 100.0, {32: 1e-3})
+
+
+def test_epoch_times_take_a_batch_s_steady_step_from_its_later_epochs():
+    from kerascale.apply.batch_growth import EpochTimes
+
+    times = EpochTimes()
+    # Base: 100 steps, the first call 0.5 s (compiling), then 1 ms a step.
+    times.add(32, 0.501 + 0.099, 100, 0.501, 1)
+    assert times.settled(32, 32) and times.steady() == {32: pytest.approx(1e-3)}
+    assert times.switch_seconds() == pytest.approx(0.5)
+    # A new batch: its first epoch (compiling twice) is not its steady step.
+    times.add(64, 1.2, 50, 0.6, 1)
+    assert not times.settled(64, 32)
+    times.add(64, 0.1, 50, 0.002, 1)
+    times.add(64, 0.09, 50, 0.002, 1)  # a quieter epoch: the fastest counts
+    assert times.settled(64, 32)
+    assert times.steady()[64] == pytest.approx(0.09 / 50)
+    assert times.switch_seconds() == pytest.approx(1.2 - 50 * 0.09 / 50)
+    # An epoch with too few steady steps is not timed.
+    times.add(128, 0.1, 3, 0.05, 1)
+    assert 128 not in times.steady()

@@ -24,6 +24,7 @@ from kerascale.apply import model as model_lib
 from kerascale.apply import precision as precision_lib
 from kerascale.apply import steps as steps_lib
 from kerascale.apply import strategy as strategy_lib
+from kerascale.apply.controller import Controller
 from kerascale.apply.jax import cluster as jax_cluster
 from kerascale.apply.jax import even_batches
 from kerascale.apply.tensorflow import cluster
@@ -431,11 +432,13 @@ def train(
     *,
     verbose: Any,
     after_first_step: Callable[[], None] | None = None,
+    controller: Controller | None = None,
 ) -> keras.callbacks.History:
     """Keras's own `fit` on what `prepare` set up. A peer lost on a cluster
     becomes `WorkerLostError`; a failure inside the very first training step
     becomes `FirstStepFailed`; every other error is Keras's, unchanged.
-    `after_first_step` runs once the first step is done."""
+    `after_first_step` runs once the first step is done. A `controller`
+    runs `fit` in segments where its levers change a setting."""
     # Keras's JAX fit empties the model's variables while it trains, and
     # leaves them empty when it raises: they are put back here.
     guard = None
@@ -446,7 +449,10 @@ def train(
         guard.before_first_step if guard is not None else None, after_first_step
     )
     kwargs = dict(prepared.fit_kwargs)
-    kwargs["callbacks"] = [steps.end, *(kwargs.get("callbacks") or []), steps.begin]
+    callbacks = kwargs.get("callbacks") or []
+    if controller is not None:
+        callbacks = controller.wrapped(callbacks)
+    kwargs["callbacks"] = [steps.end, *callbacks, steps.begin]
     # Where a step consumes its state (JAX donates it) and kerascale chose the
     # batch, the state is kept to go back to if the first step fails.
     restore = None
@@ -460,10 +466,22 @@ def train(
     with warnings.catch_warnings():
         if prepared.quiet_end_of_data:
             warnings.filterwarnings("ignore", "Your input ran out of data")
-        try:
-            history = prepared.model.fit(
-                prepared.x, prepared.y, verbose=verbose, **kwargs
+
+        def fit(arguments: dict[str, Any]) -> keras.callbacks.History:
+            return prepared.model.fit(
+                prepared.x, prepared.y, verbose=verbose, **arguments
             )
+
+        try:
+            if controller is None:
+                history = fit(kwargs)
+            else:
+                history = controller.run(
+                    fit,
+                    kwargs,
+                    keep=guard.before_first_step if guard is not None else None,
+                    recover=guard.recover if guard is not None else None,
+                )
         except Exception as e:
             recovered = guard is None or guard.recover()
             lost = cluster.translate_error(e)

@@ -172,6 +172,11 @@ class Plan:
                 ),
             ),
         ]
+        growth = self.reasons.get("batch_growth")
+        if growth:
+            in_run = reasons_lib.code(growth) == "growth.in_run"
+            value = "in the run" if in_run else "no"
+            rows.append(("batch growth", value, growth))
         updates = self.reasons.get("updates_per_epoch")
         if updates:  # its figures from its details (words alone from JSON)
             d = getattr(updates, "details", {})

@@ -255,6 +255,13 @@ WORDS: dict[str, str | Callable[..., str]] = {
         "replica"
     ),
     "batch.capped": "{why}, capped at the data's {samples} samples",
+    # batch_growth (a run on arrays at a batch kerascale chose, on a CPU)
+    "growth.in_run": (
+        "grows in the run where goodput rises (noise scale and step time "
+        "measured at each epoch's end, at most x2 an epoch); learning rate "
+        "{scaling} ({family})"
+    ),
+    "growth.kept": "the batch stays: {why}",
     # accumulation_steps
     "accumulation.fits": "the batch fits in one forward pass",
     "accumulation.no_bound": "no memory bound known: one forward pass per update",

@@ -1,0 +1,210 @@
+"""One place that watches a run and changes its settings at epoch ends:
+Keras's `fit` runs in segments, one per setting, that your callbacks see as
+one run.
+
+Each setting is a `Lever`: a callback that measures inside the run and, at
+an epoch's end, may ask for new `fit` arguments for the rest of it. The
+controller then ends that `fit` at the epoch's end (as `EarlyStopping`
+does) and calls it again from the next epoch with the new arguments. Your
+callbacks get `on_train_begin` once, before the first epoch, and
+`on_train_end` once, after the last, as in one `fit`; `History` is one,
+holding every epoch. A stop that any callback asks for ends the run: no
+lever asks once the model is stopping, nor at the run's last epoch.
+
+Its design: docs/design/modules.md, `kerascale.apply.controller`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import keras
+
+from kerascale.errors import warn
+
+_QUIET_HOOKS = ("on_train_begin", "on_train_end")
+
+
+class Lever(keras.callbacks.Callback):
+    """A setting that the run itself measures. Subclasses measure in the
+    hooks they need and answer `propose` at each epoch's end."""
+
+    # Its hooks only read clocks and the epoch's logs: no step waits on them.
+    async_safe = True
+
+    def propose(self, epoch: int, logs: dict | None) -> Mapping[str, Any] | None:
+        """`fit` arguments for the epochs after `epoch` (the batch, say),
+        or None to keep the run as it is."""
+        return None
+
+    def changed(self, arguments: Mapping[str, Any]) -> None:
+        """The run goes on with `arguments` (this lever's proposal)."""
+
+    def undone(self, arguments: Mapping[str, Any], error: BaseException) -> str:
+        """The first step under `arguments` (this lever's last change) raised
+        `error`, and the run goes on as it was before it: put back what
+        `changed` did, propose nothing more, and say in words what was
+        dropped."""
+        return f"{dict(arguments)} failed ({type(error).__name__}: {error})"
+
+    def finish(self) -> None:
+        """The run is over, however it ended: put back whatever the lever
+        changed outside `fit`'s arguments (a learning rate)."""
+
+
+class Controller:
+    """Runs `fit` in segments at the levers' asking.
+
+    Args:
+        levers: The levers, asked in order at each epoch's end.
+        callbacks: The run's other callbacks, which see one run.
+    """
+
+    def __init__(self, levers: list[Lever], callbacks: list[Any]):
+        self.levers = list(levers)
+        # Those that see one run: the levers too keep what they measured.
+        self.callbacks = [*callbacks, *levers]
+        self.pending: tuple[int, Lever, Mapping[str, Any]] | None = None
+        self.changes: list[tuple[int, Mapping[str, Any]]] = []
+        # Steps begun (by the tail, right before each step) and ended (by
+        # the head, right after) in the current segment.
+        self.begun = self.ended = 0
+        # Called at each segment's start: keeps what `recover` puts back.
+        self.keep: Callable[[], Any] | None = None
+        controller = self
+
+        class Head(keras.callbacks.Callback):
+            """First in the list: its `on_train_end` runs before the
+            others', and quiets theirs where the run goes on."""
+
+            async_safe = True
+
+            def on_train_begin(self, logs=None):
+                controller.begun = controller.ended = 0
+                if controller.keep is not None:
+                    controller.keep()
+
+            def on_epoch_begin(self, epoch, logs=None):
+                controller._speak("on_train_begin")
+
+            def on_train_batch_end(self, batch, logs=None):
+                controller.ended += 1
+
+            def on_train_end(self, logs=None):
+                if controller.pending is not None:
+                    controller._quiet("on_train_end")
+
+        class Tail(keras.callbacks.Callback):
+            """Last in the list: its `on_epoch_end` sees every other
+            callback's decision (a stop) before asking the levers."""
+
+            async_safe = True
+
+            def on_train_batch_begin(self, batch, logs=None):
+                controller.begun += 1
+
+            def on_epoch_end(self, epoch, logs=None):
+                controller._ask(self.model, self.params, epoch, logs)
+
+        self.head, self.tail = Head(), Tail()
+
+    def wrapped(self, callbacks: list[Any]) -> list[Any]:
+        """`callbacks` (the run's, as `fit` gets them) with the controller's
+        own around them and the levers before the tail."""
+        return [self.head, *callbacks, *self.levers, self.tail]
+
+    def _ask(self, model: Any, params: dict, epoch: int, logs: dict | None) -> None:
+        if model.stop_training or epoch + 1 >= params.get("epochs", 0):
+            return
+        for lever in self.levers:
+            proposal = lever.propose(epoch, logs)
+            if proposal:
+                self.pending = (epoch + 1, lever, dict(proposal))
+                model.stop_training = True
+                return
+
+    def run(
+        self,
+        fit: Callable[[dict[str, Any]], Any],
+        arguments: dict[str, Any],
+        *,
+        keep: Callable[[], Any] | None = None,
+        recover: Callable[[], Any] | None = None,
+    ) -> Any:
+        """Calls `fit(arguments)`, then again from the next epoch with each
+        change a lever asks for; returns one `History` of every epoch (also
+        the model's `history`).
+
+        Where the first step after a change raises (a larger batch that
+        does not fit, say), `recover` puts the model's state back (as
+        `keep` kept it at the segment's start), the
+        change is undone with one warning, and the run goes on from the
+        same epoch as it was: a change of kerascale's never ends a run
+        that `fit` alone would have trained."""
+        self.keep = keep
+        history = None
+        undo: tuple[Lever, Mapping[str, Any], dict[str, Any]] | None = None
+        try:
+            while True:
+                try:
+                    segment = fit(arguments)
+                except Exception as e:
+                    if undo is None or (self.begun, self.ended) != (1, 0):
+                        raise  # not the first step at the new setting
+                    if recover is not None:
+                        recover()
+                    lever, change, arguments = undo
+                    warn(lever.undone(change, e))
+                    self.changes.pop()
+                    self._speak("on_train_begin")
+                    self._quiet("on_train_begin")
+                    undo = None
+                    continue
+                history = segment if history is None else _joined(history, segment)
+                self._speak("on_train_end")
+                if self.pending is None:
+                    break
+                start, lever, change = self.pending
+                self.pending = None
+                self.changes.append((start, change))
+                lever.changed(change)
+                before = {**arguments, "initial_epoch": start}
+                undo = (lever, change, before)
+                arguments = {**before, **change}
+                self._quiet("on_train_begin")
+        finally:
+            self._speak("on_train_begin")
+            self._speak("on_train_end")
+            self.pending = None
+            for lever in self.levers:
+                lever.finish()
+        if history is not None and history.model is not None:
+            history.model.history = history
+        return history
+
+    def _quiet(self, hook: str) -> None:
+        for callback in self.callbacks:
+            vars(callback)[hook] = _quiet
+
+    def _speak(self, hook: str) -> None:
+        for callback in self.callbacks:
+            if vars(callback).get(hook) is _quiet:
+                del vars(callback)[hook]
+
+
+def _quiet(*args: Any, **kwargs: Any) -> None:
+    """Stands in for a callback's `on_train_begin` or `on_train_end` between
+    two segments of one run."""
+
+
+def _joined(first: Any, later: Any) -> Any:
+    """`first` History with `later`'s epochs after its own."""
+    nan = float("nan")
+    for key in set(first.history) | set(later.history):
+        before = first.history.setdefault(key, [])
+        before.extend([nan] * (len(first.epoch) - len(before)))
+        before.extend(later.history.get(key, [nan] * len(later.epoch)))
+    first.epoch.extend(later.epoch)
+    first.params = later.params
+    return first

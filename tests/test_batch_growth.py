@@ -1,0 +1,127 @@
+"""The run's controller and the batch that grows inside the run (issue 78),
+on TensorFlow; tests_jax/test_jax_batch_growth.py runs the same cases on
+JAX. The decision itself (`goodput.grow`) is tests/test_goodput.py's."""
+
+import growth_cases
+import keras
+import pytest
+
+from kerascale.apply import batch_growth
+
+
+def test_callbacks_see_one_run_across_two_changes():
+    growth_cases.check_one_run_across_changes()
+
+
+def test_early_stopping_keeps_its_patience_across_a_change():
+    growth_cases.check_early_stopping_keeps_its_patience()
+
+
+def test_a_csv_logger_writes_one_file_across_changes(tmp_path):
+    growth_cases.check_csv_logger_writes_one_file(tmp_path / "log.csv")
+
+
+def test_an_error_in_a_later_segment_leaves_the_callbacks_as_they_were():
+    growth_cases.check_an_error_leaves_the_callbacks_as_they_were()
+
+
+def test_the_learning_rate_follows_the_batch_and_is_put_back(monkeypatch):
+    growth_cases.check_the_learning_rate_follows_the_batch(monkeypatch)
+
+
+def test_a_kept_batch_trains_model_fit_s_weights(monkeypatch):
+    growth_cases.check_a_kept_batch_trains_model_fit_s_weights(monkeypatch)
+
+
+def test_a_real_run_records_its_batch_and_noise_scale_each_epoch():
+    growth_cases.check_a_real_run_grows_or_says_why()
+
+
+def _why(m=None, fit_kwargs=None, callbacks=(), samples=4096):
+    kwargs = {"epochs": 5, **(fit_kwargs or {})}
+    return batch_growth.wanted(
+        m or growth_cases.model(),
+        batch=32,
+        samples=samples,
+        fit_kwargs=kwargs,
+        callbacks=list(callbacks),
+    )
+
+
+class _OwnStep(keras.Sequential):
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+def _own_step_model():
+    m = _OwnStep([keras.Input((8,)), keras.layers.Dense(1)])
+    m.compile("adam", "mse")
+    return m
+
+
+class _PerBatch(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        (lambda: _why(growth_cases.model(keras.optimizers.Lion())), "Lion"),
+        (
+            lambda: _why(
+                growth_cases.model(
+                    keras.optimizers.Adam(
+                        keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.9)
+                    )
+                )
+            ),
+            "schedule",
+        ),
+        (lambda: _why(_own_step_model()), "train_step"),
+        (lambda: _why(fit_kwargs={"steps_per_epoch": 10}), "steps_per_epoch"),
+        (lambda: _why(fit_kwargs={"class_weight": {0: 1.0, 1: 2.0}}), "class_weight"),
+        (lambda: _why(fit_kwargs={"epochs": 2}), "fewer than 3 epochs"),
+        (lambda: _why(samples=1000), "no larger batch"),
+        (lambda: _why(callbacks=[_PerBatch()]), "on_train_batch_end"),
+        (
+            lambda: _why(
+                callbacks=[keras.callbacks.LearningRateScheduler(lambda e, lr: lr)]
+            ),
+            "LearningRateScheduler",
+        ),
+        (
+            lambda: _why(callbacks=[keras.callbacks.BackupAndRestore("/tmp/unused")]),
+            "BackupAndRestore",
+        ),
+    ],
+)
+def test_a_run_the_lever_cannot_measure_keeps_its_batch_and_says_why(case, words):
+    assert words in case()
+
+
+def test_a_run_it_can_measure_is_wanted():
+    assert _why() == ""
+    sgd = growth_cases.model(keras.optimizers.SGD(0.01))
+    assert _why(sgd) == ""
+
+
+def test_plan_says_what_fit_will_do_with_the_batch():
+    import kerascale
+
+    x, y = growth_cases.data(samples=4096)
+    fixed = {"precision": "float32", "steps_per_execution": 1, "verbose": 0}
+    grows = kerascale.plan(growth_cases.model(), x, y, epochs=5, **fixed)
+    assert grows.reasons["batch_growth"].code == "growth.in_run"
+    row = next(r for r in grows.describe().splitlines() if "batch growth" in r)
+    assert row.split()[2:5] == ["in", "the", "run"]
+    short = kerascale.plan(growth_cases.model(), x, y, epochs=2, **fixed)
+    assert short.reasons["batch_growth"].code == "growth.kept"
+    assert "fewer than 3 epochs" in short.describe(full=True)
+    # A batch of yours is yours: no row at all.
+    yours = kerascale.plan(growth_cases.model(), x, y, epochs=5, batch_size=32, **fixed)
+    assert "batch_growth" not in yours.reasons
+
+
+def test_a_change_whose_first_step_fails_is_undone_with_one_warning():
+    growth_cases.check_a_change_whose_first_step_fails_is_undone_with_one_warning()

@@ -1,0 +1,264 @@
+"""The run's controller and its batch lever, checked on both backends
+(tests/test_batch_growth.py, tests_jax/test_jax_batch_growth.py)."""
+
+import csv
+
+import keras
+import numpy as np
+
+import kerascale
+from kerascale.apply import batch_growth
+from kerascale.apply.controller import Controller, Lever
+from kerascale.errors import KerascaleWarning
+from kerascale.plan import goodput
+
+SAMPLES = 256
+
+
+def data(samples=SAMPLES, features=8, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(samples, features)).astype("float32")
+    y = (x @ rng.normal(size=(features, 1)) > 0).astype("float32")
+    return x, y
+
+
+def model(optimizer=None, seed=0):
+    keras.utils.set_random_seed(seed)
+    m = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+    m.compile(optimizer or keras.optimizers.Adam(1e-3), "binary_crossentropy")
+    return m
+
+
+class Scripted(Lever):
+    """Proposes the batches of `script` (epoch -> batch) and notes when it
+    was asked: a deterministic stand-in for a measurement."""
+
+    def __init__(self, script):
+        super().__init__()
+        self.script, self.asked, self.finished = dict(script), [], 0
+
+    def propose(self, epoch, logs):
+        self.asked.append(epoch)
+        batch = self.script.get(epoch)
+        return None if batch is None else {"batch_size": batch}
+
+    def finish(self):
+        self.finished += 1
+
+
+class Recorder(keras.callbacks.Callback):
+    """What a callback of the user's sees of the run."""
+
+    def __init__(self):
+        super().__init__()
+        self.begins = self.ends = 0
+        self.epochs, self.steps, self.rates = [], [], []
+
+    def on_train_begin(self, logs=None):
+        self.begins += 1
+
+    def on_train_end(self, logs=None):
+        self.ends += 1
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append(epoch)
+        self.steps.append(self.params["steps"])
+        rate = self.model.optimizer.learning_rate
+        self.rates.append(float(keras.ops.convert_to_numpy(rate)))
+
+
+def controlled_fit(m, x, y, callbacks, levers, in_step=(), **kwargs):
+    """`m.fit` under a controller, as kerascale's run calls it; `in_step`:
+    callbacks after the controller's own, whose `on_train_batch_begin` is
+    then inside the step as the controller counts it."""
+    controller = Controller(levers, callbacks)
+    arguments = {"batch_size": 32, "verbose": 0, **kwargs}
+    arguments["callbacks"] = [*controller.wrapped(callbacks), *in_step]
+    history = controller.run(lambda a: m.fit(x, y, **a), arguments)
+    return history, controller
+
+
+def check_one_run_across_changes():
+    x, y = data()
+    seen, lever = Recorder(), Scripted({0: 64, 2: 128})
+    history, controller = controlled_fit(model(), x, y, [seen], [lever], epochs=5)
+    assert (seen.begins, seen.ends) == (1, 1)
+    assert seen.epochs == [0, 1, 2, 3, 4]
+    assert seen.steps == [8, 4, 4, 2, 2]  # 256 samples at 32, 64, 128
+    assert history.epoch == [0, 1, 2, 3, 4]
+    assert len(history.history["loss"]) == 5
+    assert history.model.history is history
+    assert [start for start, _ in controller.changes] == [1, 3]
+    assert lever.asked == [0, 1, 2, 3]  # never at the last epoch
+    assert lever.finished == 1
+    assert not any(hook in vars(seen) for hook in ("on_train_begin", "on_train_end"))
+
+
+def check_early_stopping_keeps_its_patience():
+    """`EarlyStopping` counts its patience over the whole run: reset at a
+    change, it would stop two epochs later than in one `fit`."""
+    x, y = data()
+
+    def stopper():  # the loss falls: in "max" mode it never improves
+        return keras.callbacks.EarlyStopping(monitor="loss", mode="max", patience=2)
+
+    plain = model().fit(x, y, batch_size=32, epochs=8, verbose=0, callbacks=[stopper()])
+    lever = Scripted({0: 64, 1: 128})
+    history, _ = controlled_fit(model(), x, y, [stopper()], [lever], epochs=8)
+    assert len(plain.epoch) == 3
+    assert history.epoch == plain.epoch
+    # The stopping epoch asked no lever.
+    assert lever.asked == [0, 1]
+
+
+def check_csv_logger_writes_one_file(path):
+    x, y = data()
+    logger = keras.callbacks.CSVLogger(str(path))
+    controlled_fit(model(), x, y, [logger], [Scripted({0: 64, 1: 128})], epochs=4)
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 2, 3]
+
+
+def check_an_error_leaves_the_callbacks_as_they_were():
+    x, y = data()
+
+    class Fails(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2:
+                raise RuntimeError("the user's callback failed")
+
+    seen, fails, lever = Recorder(), Fails(), Scripted({0: 64, 1: 128})
+    try:
+        controlled_fit(model(), x, y, [seen, fails], [lever], epochs=4)
+    except RuntimeError as e:
+        assert "failed" in str(e)
+    else:
+        raise AssertionError("the error was swallowed")
+    for callback in (seen, fails, lever):
+        assert "on_train_begin" not in vars(callback)
+        assert "on_train_end" not in vars(callback)
+    assert lever.finished == 1
+
+
+def forced(monkeypatch, script):
+    """`goodput.grow` answers `script` (epoch -> batch) and "stay" at any
+    other epoch: the lever's decisions made deterministic."""
+    calls = []
+
+    def grow(current, base, noise, step_seconds, **kwargs):
+        calls.append(current)
+        batch = script.get(len(calls) - 1, current)
+        return goodput.Growth(batch, noise or 0.0, {}, None, 1.0)
+
+    monkeypatch.setattr(goodput, "grow", grow)
+    monkeypatch.setattr(batch_growth, "TIMED_STEPS", 1)
+    return calls
+
+
+def check_the_learning_rate_follows_the_batch(monkeypatch):
+    """Adam at 1e-3 grows 32 -> 64 -> 128: the rate is x sqrt(2) then x 2
+    of yours, a `ReduceLROnPlateau`'s cuts are kept through both, and the
+    rate after the run is yours with the cuts."""
+    x, y = data(samples=2048)
+    calls = forced(monkeypatch, {0: 64, 1: 128})
+    seen = Recorder()
+    plateau = keras.callbacks.ReduceLROnPlateau(
+        monitor="loss", mode="max", factor=0.5, patience=1, min_lr=0.0
+    )
+    m = model()
+    history = kerascale.fit(
+        m,
+        x,
+        y,
+        epochs=5,
+        callbacks=[plateau, seen],
+        verbose=0,
+        precision="float32",
+        steps_per_execution=1,
+    )
+    assert history.plan.reasons["batch_growth"].code == "growth.in_run"
+    # A new batch is asked again once timed past its first epoch.
+    assert calls == [32, 64]
+    assert history.history["batch_size"] == [32, 64, 64, 128, 128]
+    # "max" on a falling loss: a cut at every epoch's end from the second.
+    lr, root = 1e-3, 2**0.5
+    expected = [lr, lr * root, lr * root / 2, lr * 2 / 4, lr * 2 / 8]
+    np.testing.assert_allclose(seen.rates, expected, rtol=1e-5)
+    rate = float(keras.ops.convert_to_numpy(m.optimizer.learning_rate))
+    np.testing.assert_allclose(rate, lr / 16, rtol=1e-5)
+    assert (seen.begins, seen.ends) == (1, 1)
+
+
+def check_a_kept_batch_trains_model_fit_s_weights(monkeypatch):
+    """Where the lever measures and keeps the batch, the weights are plain
+    `fit`'s: its measurements leave no trace."""
+    x, y = data(samples=2048)
+    calls = forced(monkeypatch, {})
+    plain = model()
+    plain.fit(x, y, batch_size=32, epochs=3, verbose=0, shuffle=False)
+    grown = model()
+    history = kerascale.fit(
+        grown, x, y, epochs=3, verbose=0, shuffle=False, precision="float32"
+    )
+    assert calls == [32, 32]  # asked at two epochs' ends
+    assert history.plan.reasons["batch_growth"].code == "growth.in_run"
+    for a, b in zip(plain.get_weights(), grown.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def check_a_real_run_grows_or_says_why():
+    """The lever unforced on a run long enough to measure: every epoch's
+    batch and noise scale in `History`, a batch that only grows from
+    Keras's 32 by doublings, and your learning rate back after."""
+    x, y = data(samples=4096)
+    m = model()
+    history = kerascale.fit(m, x, y, epochs=4, verbose=0, validation_split=0.25)
+    batches = history.history["batch_size"]
+    assert len(batches) == 4 and batches[0] == 32
+    assert all(b in (32, 64, 128, 256) for b in batches)
+    noise = history.history["noise_scale"]
+    assert len(noise) == 4 and all(np.isnan(n) or n >= 0 for n in noise)
+    rate = float(keras.ops.convert_to_numpy(m.optimizer.learning_rate))
+    np.testing.assert_allclose(rate, 1e-3, rtol=1e-6)
+    assert history.plan.reasons["batch_growth"].code == "growth.in_run"
+
+
+class FailsAtBatch(keras.callbacks.Callback):
+    """Raises at the first step of an epoch of `steps` steps: a stand-in for
+    a batch that does not fit (a deterministic OOM threshold)."""
+
+    def __init__(self, steps):
+        super().__init__()
+        self.steps = steps
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.params["steps"] == self.steps:
+            raise MemoryError("the seam: this batch does not fit")
+
+
+def check_a_change_whose_first_step_fails_is_undone_with_one_warning():
+    import warnings
+
+    x, y = data()
+    seen, lever = Recorder(), Scripted({0: 64, 1: 128})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history, controller = controlled_fit(
+            model(), x, y, [seen], [lever], in_step=[FailsAtBatch(4)], epochs=4
+        )
+    said = [str(w.message) for w in caught if w.category is KerascaleWarning]
+    assert len(said) == 1 and "MemoryError" in said[0] and "64" in said[0]
+    # Epoch 1 began at 64 (4 steps), failed, and ran again at 32; the lever
+    # then asked for 128 at epoch 1's end, which trained.
+    assert seen.epochs == [0, 1, 1, 2, 3]
+    assert seen.steps == [8, 4, 8, 2, 2]
+    assert history.epoch == [0, 1, 2, 3]
+    assert [change for _, change in controller.changes] == [{"batch_size": 128}]
+    assert (seen.begins, seen.ends) == (1, 1)
