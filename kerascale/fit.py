@@ -31,6 +31,7 @@ from kerascale.callbacks import fit_callbacks
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._input_source import InputSource
 from kerascale.callbacks.backup import FaultTolerantBackup
+from kerascale.callbacks.throughput import Throughput
 from kerascale.errors import warn
 from kerascale.measure.decide import Decided, decide, validate_options
 from kerascale.measure.request import SearchOptions
@@ -334,9 +335,24 @@ def _controller(
         samples=data.num_samples,
         batch=plan.step_batch_size,
         ceiling=deciding.options.max_batch_size or data.num_samples,
+        validation=kwargs.get("validation_batch_size"),
+        stoppers=tuple(
+            c
+            for c in kwargs.get("callbacks") or ()
+            if isinstance(c, keras.callbacks.EarlyStopping)
+        ),
         say=None if verbose == 0 else print,
     )
-    return Controller([lever], list(kwargs.get("callbacks") or [])), why
+    callbacks = list(kwargs.get("callbacks") or [])
+    controller = Controller([lever], callbacks)
+    for callback in callbacks:
+        if isinstance(callback, Throughput):  # counts samples at the batch
+            controller.followers.append(
+                lambda arguments, c=callback: setattr(
+                    c, "batch_size", arguments["batch_size"]
+                )
+            )
+    return controller, why
 
 
 def _growth_reason(

@@ -125,3 +125,49 @@ def test_plan_says_what_fit_will_do_with_the_batch():
 
 def test_a_change_whose_first_step_fails_is_undone_with_one_warning():
     growth_cases.check_a_change_whose_first_step_fails_is_undone_with_one_warning()
+
+
+def test_a_noise_scale_that_cannot_be_measured_drops_growth_with_one_warning(
+    monkeypatch,
+):
+    growth_cases.check_a_noise_scale_that_cannot_be_measured_drops_growth_with_one_warning(
+        monkeypatch
+    )
+
+
+def test_a_grown_batch_keeps_validation_at_the_run_s_first_batch(monkeypatch):
+    """Validation stays at the batch the run began with (its val_loss the
+    same figures for EarlyStopping, its compiled step reused), or at your
+    validation_batch_size."""
+    x, y = growth_cases.data(samples=2048)
+    for yours, expected in ((None, 32), (100, 100)):
+        growth_cases.forced(monkeypatch, {0: 64})
+        lever = batch_growth.BatchGrowth(
+            x, y, None, samples=2048, batch=32, ceiling=2048, validation=yours
+        )
+        lever.set_model(growth_cases.model())
+        lever.set_params({"epochs": 5, "steps": 64})
+        for _ in range(2):
+            lever.timings.add(32, 0.1, 64)
+        assert lever.propose(1, {}) == {
+            "batch_size": 64,
+            "validation_batch_size": expected,
+        }
+
+
+def test_a_run_too_short_to_repay_a_compile_measures_nothing(monkeypatch):
+    growth_cases.check_a_run_too_short_to_repay_a_compile_measures_nothing(monkeypatch)
+
+
+def test_the_rest_of_the_run_ends_where_early_stopping_could_stop_it():
+    x, y = growth_cases.data(samples=2048)
+    stopper = keras.callbacks.EarlyStopping(patience=3)
+    lever = batch_growth.BatchGrowth(
+        x, y, None, samples=2048, batch=32, ceiling=2048, stoppers=(stopper,)
+    )
+    lever.set_params({"epochs": 20, "steps": 64})
+    stopper.wait = 1  # one epoch without improvement: it could stop in 2
+    assert lever._epochs_left(5) == 2
+    stopper.wait = 0
+    assert lever._epochs_left(5) == 3
+    assert lever._epochs_left(18) == 1  # the run's end comes first

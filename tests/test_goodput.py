@@ -308,18 +308,24 @@ def test_epoch_times_take_a_batch_s_steady_step_from_its_later_epochs():
     from kerascale.apply.batch_growth import EpochTimes
 
     times = EpochTimes()
-    # Base: 100 steps, the first call 0.5 s (compiling), then 1 ms a step.
-    times.add(32, 0.501 + 0.099, 100, 0.501, 1)
-    assert times.settled(32, 32) and times.steady() == {32: pytest.approx(1e-3)}
-    assert times.switch_seconds() == pytest.approx(0.5)
-    # A new batch: its first epoch (compiling twice) is not its steady step.
-    times.add(64, 1.2, 50, 0.6, 1)
-    assert not times.settled(64, 32)
-    times.add(64, 0.1, 50, 0.002, 1)
-    times.add(64, 0.09, 50, 0.002, 1)  # a quieter epoch: the fastest counts
-    assert times.settled(64, 32)
-    assert times.steady()[64] == pytest.approx(0.09 / 50)
-    assert times.switch_seconds() == pytest.approx(1.2 - 50 * 0.09 / 50)
-    # An epoch with too few steady steps is not timed.
-    times.add(128, 0.1, 3, 0.05, 1)
+    # Base: 100 steps; the first epoch 0.9 s (compiling), then 0.15 s.
+    times.add(32, 0.9, 100)
+    assert not times.settled(32) and times.steady() == {}
+    assert times.switch_seconds() == 0.0  # not known before a second epoch
+    times.add(32, 0.15, 100)
+    assert times.settled(32) and times.steady() == {32: pytest.approx(1.5e-3)}
+    assert times.switch_seconds() == pytest.approx(0.9 - 0.15)
+    # A new batch: its first epoch is not its steady time; the fastest later
+    # epoch is (a busy machine only slows one).
+    times.add(64, 1.5, 50)
+    assert not times.settled(64) and 64 not in times.steady()
+    times.add(64, 0.14, 50)
+    times.add(64, 0.12, 50)
+    assert times.settled(64)
+    assert times.steady()[64] == pytest.approx(0.12 / 50)
+    assert times.switch_seconds() == pytest.approx(1.5 - 0.12)
+    assert times.seconds() == pytest.approx(0.9 + 0.15 + 1.5 + 0.14 + 0.12)
+    # An epoch of too few steps is not timed.
+    times.add(128, 0.1, 3)
+    times.add(128, 0.1, 3)
     assert 128 not in times.steady()

@@ -73,11 +73,13 @@ class Recorder(keras.callbacks.Callback):
         self.rates.append(float(keras.ops.convert_to_numpy(rate)))
 
 
-def controlled_fit(m, x, y, callbacks, levers, in_step=(), **kwargs):
+def controlled_fit(m, x, y, callbacks, levers, in_step=(), told=None, **kwargs):
     """`m.fit` under a controller, as kerascale's run calls it; `in_step`:
     callbacks after the controller's own, whose `on_train_batch_begin` is
     then inside the step as the controller counts it."""
     controller = Controller(levers, callbacks)
+    if told is not None:
+        controller.followers.append(lambda a: told.append(a["batch_size"]))
     arguments = {"batch_size": 32, "verbose": 0, **kwargs}
     arguments["callbacks"] = [*controller.wrapped(callbacks), *in_step]
     history = controller.run(lambda a: m.fit(x, y, **a), arguments)
@@ -86,8 +88,11 @@ def controlled_fit(m, x, y, callbacks, levers, in_step=(), **kwargs):
 
 def check_one_run_across_changes():
     x, y = data()
-    seen, lever = Recorder(), Scripted({0: 64, 2: 128})
-    history, controller = controlled_fit(model(), x, y, [seen], [lever], epochs=5)
+    seen, lever, told = Recorder(), Scripted({0: 64, 2: 128}), []
+    history, controller = controlled_fit(
+        model(), x, y, [seen], [lever], told=told, epochs=5
+    )
+    assert told == [64, 128]  # each later segment's batch, to its followers
     assert (seen.begins, seen.ends) == (1, 1)
     assert seen.epochs == [0, 1, 2, 3, 4]
     assert seen.steps == [8, 4, 4, 2, 2]  # 256 samples at 32, 64, 128
@@ -177,22 +182,24 @@ def check_the_learning_rate_follows_the_batch(monkeypatch):
         m,
         x,
         y,
-        epochs=5,
+        epochs=6,
         callbacks=[plateau, seen],
         verbose=0,
         precision="float32",
         steps_per_execution=1,
     )
     assert history.plan.reasons["batch_growth"].code == "growth.in_run"
-    # A new batch is asked again once timed past its first epoch.
+    # A batch is asked about once timed past its first epoch: the base at
+    # epoch 1's end, 64 at epoch 3's.
     assert calls == [32, 64]
-    assert history.history["batch_size"] == [32, 64, 64, 128, 128]
+    assert history.history["batch_size"] == [32, 32, 64, 64, 128, 128]
     # "max" on a falling loss: a cut at every epoch's end from the second.
     lr, root = 1e-3, 2**0.5
-    expected = [lr, lr * root, lr * root / 2, lr * 2 / 4, lr * 2 / 8]
+    expected = [lr, lr, lr * root / 2, lr * root / 4, lr / 4, lr / 8]
     np.testing.assert_allclose(seen.rates, expected, rtol=1e-5)
+    # Five cuts, and kerascale's factor (2 at 128) taken out.
     rate = float(keras.ops.convert_to_numpy(m.optimizer.learning_rate))
-    np.testing.assert_allclose(rate, lr / 16, rtol=1e-5)
+    np.testing.assert_allclose(rate, lr / 32, rtol=1e-5)
     assert (seen.begins, seen.ends) == (1, 1)
 
 
@@ -202,12 +209,12 @@ def check_a_kept_batch_trains_model_fit_s_weights(monkeypatch):
     x, y = data(samples=2048)
     calls = forced(monkeypatch, {})
     plain = model()
-    plain.fit(x, y, batch_size=32, epochs=3, verbose=0, shuffle=False)
+    plain.fit(x, y, batch_size=32, epochs=4, verbose=0, shuffle=False)
     grown = model()
     history = kerascale.fit(
-        grown, x, y, epochs=3, verbose=0, shuffle=False, precision="float32"
+        grown, x, y, epochs=4, verbose=0, shuffle=False, precision="float32"
     )
-    assert calls == [32, 32]  # asked at two epochs' ends
+    assert calls == [32, 32]  # asked at epoch 1's and 2's ends
     assert history.plan.reasons["batch_growth"].code == "growth.in_run"
     for a, b in zip(plain.get_weights(), grown.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -250,9 +257,11 @@ def check_a_change_whose_first_step_fails_is_undone_with_one_warning():
     seen, lever = Recorder(), Scripted({0: 64, 1: 128})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        told = []
         history, controller = controlled_fit(
-            model(), x, y, [seen], [lever], in_step=[FailsAtBatch(4)], epochs=4
+            model(), x, y, [seen], [lever], [FailsAtBatch(4)], told, epochs=4
         )
+    assert told == [64, 32, 128]  # the undone change told too
     said = [str(w.message) for w in caught if w.category is KerascaleWarning]
     assert len(said) == 1 and "MemoryError" in said[0] and "64" in said[0]
     # Epoch 1 began at 64 (4 steps), failed, and ran again at 32; the lever
@@ -262,3 +271,50 @@ def check_a_change_whose_first_step_fails_is_undone_with_one_warning():
     assert history.epoch == [0, 1, 2, 3]
     assert [change for _, change in controller.changes] == [{"batch_size": 128}]
     assert (seen.begins, seen.ends) == (1, 1)
+
+
+def check_a_noise_scale_that_cannot_be_measured_drops_growth_with_one_warning(
+    monkeypatch,
+):
+    import warnings
+
+    from kerascale.apply import gradient_noise
+
+    def fails(*args, **kwargs):
+        raise ValueError("the seam: no gradient here")
+
+    monkeypatch.setattr(gradient_noise, "sample", fails)
+    # Compiles made free: a run this short measures.
+    monkeypatch.setattr(batch_growth.EpochTimes, "switch_seconds", lambda self: 0.0)
+    x, y = data(samples=2048)
+    m = model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = kerascale.fit(m, x, y, epochs=4, verbose=0, precision="float32")
+    said = [str(w.message) for w in caught if w.category is KerascaleWarning]
+    assert len(said) == 1 and "measuring the noise scale failed" in said[0]
+    assert history.history["batch_size"] == [32, 32, 32, 32]
+    assert all(np.isnan(history.history["noise_scale"]))
+    assert history.plan.reasons["batch_growth"].code == "growth.in_run"
+    assert len(history.epoch) == 4
+
+
+def check_a_run_too_short_to_repay_a_compile_measures_nothing(monkeypatch):
+    """Where even a free doubling (half the rest of the run saved) would
+    not repay two compiles, no gradient is taken: the run costs what
+    `model.fit` costs."""
+    from kerascale.apply import gradient_noise
+
+    taken = []
+    real = gradient_noise.sample
+    monkeypatch.setattr(
+        gradient_noise, "sample", lambda *a, **k: taken.append(1) or real(*a, **k)
+    )
+    monkeypatch.setattr(batch_growth.EpochTimes, "switch_seconds", lambda self: 1e6)
+    x, y = data(samples=2048)
+    history = kerascale.fit(model(), x, y, epochs=5, verbose=0, precision="float32")
+    assert history.plan.reasons["batch_growth"].code == "growth.in_run"
+    assert taken == [] and history.history["batch_size"] == [32] * 5
+    monkeypatch.setattr(batch_growth.EpochTimes, "switch_seconds", lambda self: 0.0)
+    kerascale.fit(model(), x, y, epochs=5, verbose=0, precision="float32")
+    assert taken  # the same run, compiles free: measured

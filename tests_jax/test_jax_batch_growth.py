@@ -89,3 +89,15 @@ def test_a_grown_batch_that_fails_to_compile_goes_back_with_the_weights(monkeypa
     rate = float(keras.ops.convert_to_numpy(m.optimizer.learning_rate))
     np.testing.assert_allclose(rate, 1e-3, rtol=1e-6)
     assert m.predict(x[:4], verbose=0).shape == (4, 1)
+
+
+def test_a_noise_scale_that_cannot_be_measured_drops_growth_with_one_warning(
+    monkeypatch,
+):
+    growth_cases.check_a_noise_scale_that_cannot_be_measured_drops_growth_with_one_warning(
+        monkeypatch
+    )
+
+
+def test_a_run_too_short_to_repay_a_compile_measures_nothing(monkeypatch):
+    growth_cases.check_a_run_too_short_to_repay_a_compile_measures_nothing(monkeypatch)

@@ -1,8 +1,8 @@
 """The batch that trains best per second, grown inside the run: a `Lever`
 of the run's controller (issue 78).
 
-At each epoch's end it times the epoch's steady steps (the first call,
-which compiles, left out), measures the gradient noise scale on the
+At each epoch's end it times the epoch (a batch's first, which compiles,
+apart), measures the gradient noise scale on the
 training arrays (`gradient_noise.sample`: no trace in training), and asks
 `goodput.grow` for the batch of the rest of the run. A new batch starts at
 the next epoch, its learning rate scaled by the optimizer's rule
@@ -30,13 +30,14 @@ from kerascale import _keras_compat as keras_compat
 from kerascale.apply import gradient_noise
 from kerascale.apply.controller import Lever
 from kerascale.apply.model import core_optimizer
+from kerascale.errors import warn
 from kerascale.plan import goodput
 from kerascale.sense import callback_hooks
 from kerascale.sense.model_facts import borrow_problem
 
 # Micro-batches of each noise measurement (of the base batch each).
 PARTS = 8
-# Steady steps an epoch needs for its time to count.
+# Steps an epoch needs for its time to count.
 TIMED_STEPS = 4
 # The noise measurements may take at most this share of the run's training
 # time so far (the first is always taken): an epoch's end skips one beyond
@@ -104,6 +105,9 @@ class BatchGrowth(Lever):
         samples: Training samples an epoch (after `validation_split`).
         batch: The batch the run starts at (the base of goodput).
         ceiling: The largest batch it may grow to.
+        validation: The validation's batch (yours, or the run's first).
+        stoppers: The run's `EarlyStopping` callbacks: the rest of the run
+            is counted to the earliest epoch one could stop it at.
         say: Where a change is told (`print`, or nothing).
     """
 
@@ -116,12 +120,16 @@ class BatchGrowth(Lever):
         samples: int,
         batch: int,
         ceiling: int,
+        validation: int | None = None,
+        stoppers: tuple[Any, ...] = (),
         say: Any = None,
     ):
         super().__init__()
         self.x, self.y, self.sample_weight = x, y, sample_weight
         self.samples, self.base, self.batch = samples, batch, batch
         self.ceiling = min(ceiling, samples // goodput.MIN_UPDATES)
+        self.validation = validation or batch
+        self.stoppers = tuple(stoppers)
         self.say = say
         self.scale = goodput.NoiseScale()
         self.timings = EpochTimes()
@@ -129,48 +137,31 @@ class BatchGrowth(Lever):
         self.factor = 1.0
         self.stopped = False
         self.measure_seconds = 0.0
+        self.compute_seconds: float | None = None
         self._before = batch
         self.taken = 0
         self._rule = None
-        self._epoch_start = self._first_end = self._train_end = None
-        self._first_steps = 0
+        self._epoch_start = 0.0
 
     def on_train_begin(self, logs=None):
         self._rule = goodput.rule_of(self.model.optimizer)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start, self._first_end, self._train_end = (
-            time.perf_counter(),
-            None,
-            None,
-        )
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self._first_end is None:
-            self._first_end = time.perf_counter()
-            self._first_steps = batch + 1
-
-    def on_test_begin(self, logs=None):
-        if self._train_end is None:
-            self._train_end = time.perf_counter()
+        self._epoch_start = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._first_end is not None:
-            end = self._train_end or time.perf_counter()
-            self.timings.add(
-                self.batch,
-                end - self._epoch_start,
-                self.params.get("steps") or 0,
-                self._first_end - self._epoch_start,
-                self._first_steps,
-            )
+        # The whole epoch, validation in: on JAX the steps are dispatched
+        # ahead, and only the epoch's end waits for them all.
+        steps = self.params.get("steps") or 0
+        self.timings.add(self.batch, time.perf_counter() - self._epoch_start, steps)
         if self._measures(epoch):
             began = time.perf_counter()
             span = self.base * PARTS
             start = (self.taken * span) % (self.samples - span + 1)
             self.taken += 1
-            self.scale.add(
-                gradient_noise.sample(
+            chunks: list[float] = []
+            try:
+                sample = gradient_noise.sample(
                     self.model,
                     self.x,
                     self.y,
@@ -178,8 +169,23 @@ class BatchGrowth(Lever):
                     small=self.base,
                     parts=PARTS,
                     start=start,
+                    seconds=chunks,
                 )
-            )
+            except Exception as e:  # the run trains on at its batch
+                self.stopped = True
+                warn(
+                    f"Not applied: batch growth, because measuring the noise "
+                    f"scale failed ({type(e).__name__}: {str(e)[:200]}): the "
+                    f"batch stays {self.batch} for the rest of the run. To "
+                    "choose the batch yourself, pass batch_size=."
+                )
+            else:
+                self.scale.add(sample)
+                # A micro-batch's forward and backward passes at the base
+                # batch (the first of a sample may compile: left out).
+                fastest = min(chunks[1:])
+                if self.compute_seconds is None or fastest < self.compute_seconds:
+                    self.compute_seconds = fastest
             self.measure_seconds += time.perf_counter() - began
         if logs is not None:
             logs["batch_size"] = self.batch
@@ -187,23 +193,39 @@ class BatchGrowth(Lever):
             logs["noise_scale"] = math.nan if noise is None else noise
 
     def _measures(self, epoch: int) -> bool:
-        """Whether to measure the noise scale at `epoch`'s end: not at the
-        run's last, nor once the batch can grow no more, nor while the
-        measurements are over `MEASURE_SHARE` of the training time."""
+        """Whether to measure the noise scale at `epoch`'s end: once the
+        base batch is timed past its first epoch, where even a doubling
+        that cost no efficiency and no step time (half the rest of the run
+        saved) would repay a compile for it and one for the measurement;
+        not at the run's last epoch, nor once the batch can grow no more,
+        nor while the measurements are over `MEASURE_SHARE` of the run."""
         if self.stopped or epoch + 1 >= self.params.get("epochs", 0):
             return False
-        if 2 * self.batch > self.ceiling:
+        if 2 * self.batch > self.ceiling or not self.timings.settled(self.base):
             return False
-        trained = self.timings.seconds()
-        return not self.taken or self.measure_seconds <= MEASURE_SHARE * trained
+        if not self.taken:
+            epoch_seconds = self.timings.steady()[self.base] * self.params["steps"]
+            best = self._epochs_left(epoch) * epoch_seconds / 2
+            return best > 2 * self.timings.switch_seconds()
+        return self.measure_seconds <= MEASURE_SHARE * self.timings.seconds()
+
+    def _epochs_left(self, epoch: int) -> int:
+        """The epochs after `epoch` that a change is sure to be repaid over:
+        to the run's end, or to the earliest an `EarlyStopping` could stop
+        it (its patience less the epochs it has waited)."""
+        left = self.params["epochs"] - epoch - 1
+        for stopper in self.stoppers:
+            patience = getattr(stopper, "patience", left)
+            left = min(left, max(0, patience - getattr(stopper, "wait", 0)))
+        return left
 
     def propose(self, epoch, logs):
         if self.stopped:
             return None
         steps = self.timings.steady()
-        if self.base not in steps or not self.timings.settled(self.batch, self.base):
+        if self.base not in steps or not self.timings.settled(self.batch):
             return None
-        remaining = (self.params["epochs"] - epoch - 1) * self.samples
+        remaining = self._epochs_left(epoch) * self.samples
         growth = goodput.grow(
             self.batch,
             self.base,
@@ -212,11 +234,15 @@ class BatchGrowth(Lever):
             ceiling=self.ceiling,
             remaining_samples=remaining,
             switch_seconds=self.timings.switch_seconds(),
+            compute_seconds=self.compute_seconds,
         )
         self.growths.append((epoch, growth))
         if growth.batch == self.batch:
             return None
-        return {"batch_size": growth.batch}
+        # Validation stays at the batch the run began with: its metrics are
+        # the same figures (EarlyStopping compares like with like), and its
+        # compiled step is reused.
+        return {"batch_size": growth.batch, "validation_batch_size": self.validation}
 
     def changed(self, arguments):
         new = arguments["batch_size"]
@@ -256,54 +282,43 @@ class BatchGrowth(Lever):
 
 
 class EpochTimes:
-    """The training part of each epoch, per batch: a batch's first epoch
-    compiles its step (the first call, and on JAX the epoch's last, shorter
-    batch too), so its steady step is timed from its later epochs (the
-    fastest: a busy machine only slows one), and what its first epoch cost
-    beyond them is what moving to a new batch costs."""
+    """The epochs' wall times, per batch. A batch's first epoch compiles
+    its steps (training's, the shorter last batch's, on TensorFlow and
+    JAX alike), so its steady time is its later epochs' (the fastest: a
+    busy machine only slows one), and what its first epoch took beyond
+    them is what moving to a new batch costs."""
 
     def __init__(self) -> None:
-        # batch -> [(seconds, steps, first call's seconds, its steps)]
-        self.epochs: dict[int, list[tuple[float, int, float, int]]] = {}
+        # batch -> [(seconds, steps)] of each epoch at it
+        self.epochs: dict[int, list[tuple[float, int]]] = {}
 
-    def add(
-        self, batch: int, seconds: float, steps: int, first: float, first_steps: int
-    ) -> None:
-        if steps - first_steps >= TIMED_STEPS:
-            self.epochs.setdefault(batch, []).append(
-                (seconds, steps, first, first_steps)
-            )
+    def add(self, batch: int, seconds: float, steps: int) -> None:
+        if steps >= TIMED_STEPS:
+            self.epochs.setdefault(batch, []).append((seconds, steps))
 
     def seconds(self) -> float:
-        """The training time of every epoch timed."""
-        return sum(e[0] for epochs in self.epochs.values() for e in epochs)
+        """The time of every epoch timed."""
+        return sum(s for epochs in self.epochs.values() for s, _ in epochs)
 
-    def settled(self, batch: int, base: int) -> bool:
-        """Whether `batch` is timed past its first epoch (the base's first
-        epoch is the run's own, compiled as `fit` would anyway: its steps
-        after the first call count)."""
-        return len(self.epochs.get(batch, ())) >= (1 if batch == base else 2)
+    def settled(self, batch: int) -> bool:
+        """Whether `batch` is timed past its first epoch."""
+        return len(self.epochs.get(batch, ())) >= 2
 
     def steady(self) -> dict[int, float]:
-        """The steady step's seconds, per batch timed."""
-        out = {}
-        for batch, epochs in self.epochs.items():
-            if len(epochs) > 1:
-                out[batch] = min(s / n for s, n, _, _ in epochs[1:])
-            else:
-                s, n, first, k = epochs[0]
-                out[batch] = (s - first) / (n - k)
-        return out
+        """Seconds a step, its share of the epoch's validation in, per
+        batch settled."""
+        return {
+            batch: min(s / n for s, n in epochs[1:])
+            for batch, epochs in self.epochs.items()
+            if len(epochs) > 1
+        }
 
     def switch_seconds(self) -> float:
-        """What a new batch cost the run beyond its steady steps: the most
-        any batch's first epoch did (the base's first call, compiled with
-        the run's other functions, until another is timed)."""
-        steady, costs = self.steady(), [0.0]
-        for batch, epochs in self.epochs.items():
-            s, n, first, k = epochs[0]
+        """What a new batch costs the run: the most any batch's first epoch
+        took beyond its fastest later one (the base's holds the run's own
+        start too: an estimate on the safe side)."""
+        costs = [0.0]
+        for epochs in self.epochs.values():
             if len(epochs) > 1:
-                costs.append(s - n * steady[batch])
-            else:
-                costs.append(first - k * steady[batch])
+                costs.append(epochs[0][0] - min(s for s, _ in epochs[1:]))
         return max(costs)

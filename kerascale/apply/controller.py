@@ -72,6 +72,9 @@ class Controller:
         self.begun = self.ended = 0
         # Called at each segment's start: keeps what `recover` puts back.
         self.keep: Callable[[], Any] | None = None
+        # Told the arguments of each segment after the first (a callback
+        # that counts samples follows the batch).
+        self.followers: list[Callable[[Mapping[str, Any]], None]] = []
         controller = self
 
         class Head(keras.callbacks.Callback):
@@ -156,6 +159,7 @@ class Controller:
                         recover()
                     lever, change, arguments = undo
                     warn(lever.undone(change, e))
+                    self._tell(arguments)
                     self.changes.pop()
                     self._speak("on_train_begin")
                     self._quiet("on_train_begin")
@@ -172,6 +176,7 @@ class Controller:
                 before = {**arguments, "initial_epoch": start}
                 undo = (lever, change, before)
                 arguments = {**before, **change}
+                self._tell(arguments)
                 self._quiet("on_train_begin")
         finally:
             self._speak("on_train_begin")
@@ -182,6 +187,10 @@ class Controller:
         if history is not None and history.model is not None:
             history.model.history = history
         return history
+
+    def _tell(self, arguments: Mapping[str, Any]) -> None:
+        for follower in self.followers:
+            follower(arguments)
 
     def _quiet(self, hook: str) -> None:
         for callback in self.callbacks:

@@ -8,6 +8,7 @@ Its design: docs/design/modules.md, `kerascale.apply.gradient_noise`.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 import keras
@@ -28,13 +29,16 @@ def sample(
     small: int,
     parts: int = 8,
     start: int = 0,
+    seconds: list[float] | None = None,
 ) -> NoiseSample:
     """One `NoiseSample` of a compiled `model` on arrays: the gradients of
     `parts` consecutive micro-batches of `small` samples from `start`, in
     training mode, with the model's loss (a mean over the batch, as Keras's
     losses reduce by default). It costs one training step's forward and
     backward passes at `small * parts` (no update), and leaves the model,
-    its optimizer and every random state as they were."""
+    its optimizer and every random state as they were. `seconds`, where
+    given, gets each micro-batch's time (its gradient computed and fetched;
+    the first compiles where nothing has yet)."""
     v.int_at_least("small", small, 1)
     v.int_at_least("parts", parts, 2)
     if not model.trainable_variables:
@@ -61,8 +65,13 @@ def sample(
     total: np.ndarray | None = None
     squares = []
     with contextlib.closing(gradients(model, chunks)) as each:
+        began = time.perf_counter()
         for g in each:
             g = g.astype(np.float64)
+            if seconds is not None:
+                now = time.perf_counter()
+                seconds.append(now - began)
+                began = now
             squares.append(float(g @ g))
             total = g if total is None else total + g
     mean = total / parts

@@ -251,13 +251,15 @@ def grow(
     ceiling: int,
     remaining_samples: int,
     switch_seconds: float,
+    compute_seconds: float | None = None,
     tolerance: float = TOLERANCE,
 ) -> Growth:
     """The batch that trains fastest to a loss for the rest of a run: the
     best goodput among the batches the run has timed and the next doubling
     of `current`, whose speed is predicted from the timed ones (a line
-    through the last two; `DOUBLING_PRIOR` where one is timed: the run
-    then times it, and goes back if it was wrong).
+    through the last two; where one is timed, its step plus the forward and
+    backward passes of the samples added, or `DOUBLING_PRIOR` without
+    those: the run then times it, and goes back if it was wrong).
 
     A batch not yet run pays only where the time it saves over
     `remaining_samples` outweighs `switch_seconds` (compiling the step for
@@ -271,6 +273,8 @@ def grow(
         ceiling: The largest batch allowed (memory, and `MIN_UPDATES`).
         remaining_samples: Samples the run has left to train.
         switch_seconds: What moving to a new batch costs.
+        compute_seconds: The forward and backward passes of `base` samples,
+            where measured (a noise sample's micro-batch).
         tolerance: How much better a larger batch must be.
     """
     if current not in step_seconds or base not in step_seconds:
@@ -285,7 +289,8 @@ def grow(
     predicted = None
     if 2 * current <= ceiling and 2 * current not in step_seconds:
         predicted = 2 * current
-        speeds[predicted] = predicted / _predicted_step(step_seconds, predicted)
+        step = _predicted_step(step_seconds, predicted, base, compute_seconds)
+        speeds[predicted] = predicted / step
     choice = choose(speeds, base, noise, tolerance)
     rates = choice.goodput
     gain = rates[choice.batch] / rates[current]
@@ -315,13 +320,21 @@ def grow(
 DOUBLING_PRIOR = math.sqrt(2)
 
 
-def _predicted_step(step_seconds: Mapping[int, float], batch: int) -> float:
+def _predicted_step(
+    step_seconds: Mapping[int, float],
+    batch: int,
+    base: int,
+    compute_seconds: float | None,
+) -> float:
     """A step's time at `batch` from the timed ones: on the line through
-    the two largest (never faster than the largest's), or the largest's
-    grown by `DOUBLING_PRIOR` per doubling."""
+    the two largest (never faster than the largest's); with one, its time
+    plus the passes of the samples added (`compute_seconds` a `base`), or
+    grown by `DOUBLING_PRIOR` per doubling where those are not measured."""
     timed = sorted(step_seconds)
     top = timed[-1]
     if len(timed) < 2:
+        if compute_seconds is not None:
+            return step_seconds[top] + compute_seconds * (batch - top) / base
         return step_seconds[top] * DOUBLING_PRIOR ** math.log2(batch / top)
     low = timed[-2]
     slope = max(0.0, (step_seconds[top] - step_seconds[low]) / (top - low))
