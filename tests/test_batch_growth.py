@@ -171,3 +171,19 @@ def test_the_rest_of_the_run_ends_where_early_stopping_could_stop_it():
     stopper.wait = 0
     assert lever._epochs_left(5) == 3
     assert lever._epochs_left(18) == 1  # the run's end comes first
+
+
+def test_the_first_measurement_times_the_passes_of_more_samples():
+    """The first noise measurement also samples at twice the base, whose
+    micro-batches less the base's time the passes of 32 more samples
+    (each call's fixed cost cancelled); both samples feed the noise
+    scale; later measurements sample at the base only."""
+    x, y = growth_cases.data(samples=2048)
+    lever = batch_growth.BatchGrowth(x, y, None, samples=2048, batch=32, ceiling=2048)
+    lever.set_model(growth_cases.model())
+    lever._measure()
+    assert lever.scale.samples == 2 and lever.taken == 1
+    assert lever.compute_seconds is not None and lever.compute_seconds >= 0
+    first = lever.compute_seconds
+    lever._measure()
+    assert lever.scale.samples == 3 and lever.compute_seconds == first

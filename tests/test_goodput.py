@@ -329,3 +329,13 @@ def test_epoch_times_take_a_batch_s_steady_step_from_its_later_epochs():
     times.add(128, 0.1, 3)
     times.add(128, 0.1, 3)
     assert 128 not in times.steady()
+
+
+def test_growth_predicts_a_doubling_from_the_measured_passes():
+    # 32 at 1 ms a step; 32 more samples add 0.25 ms of passes: 64 predicted
+    # at 1.25 ms, x1.6 the samples/s.
+    growth = _grow(32, 1e6, {32: 1e-3}, compute_seconds=0.25e-3)
+    assert growth.speeds[64] == pytest.approx(64 / 1.25e-3)
+    assert growth.batch == 64
+    # Passes as long as the step (all compute): no faster, the batch stays.
+    assert _grow(32, 1e6, {32: 1e-3}, compute_seconds=1e-3).batch == 32

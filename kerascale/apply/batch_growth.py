@@ -156,21 +156,8 @@ class BatchGrowth(Lever):
         self.timings.add(self.batch, time.perf_counter() - self._epoch_start, steps)
         if self._measures(epoch):
             began = time.perf_counter()
-            span = self.base * PARTS
-            start = (self.taken * span) % (self.samples - span + 1)
-            self.taken += 1
-            chunks: list[float] = []
             try:
-                sample = gradient_noise.sample(
-                    self.model,
-                    self.x,
-                    self.y,
-                    self.sample_weight,
-                    small=self.base,
-                    parts=PARTS,
-                    start=start,
-                    seconds=chunks,
-                )
+                self._measure()
             except Exception as e:  # the run trains on at its batch
                 self.stopped = True
                 warn(
@@ -179,18 +166,42 @@ class BatchGrowth(Lever):
                     f"batch stays {self.batch} for the rest of the run. To "
                     "choose the batch yourself, pass batch_size=."
                 )
-            else:
-                self.scale.add(sample)
-                # A micro-batch's forward and backward passes at the base
-                # batch (the first of a sample may compile: left out).
-                fastest = min(chunks[1:])
-                if self.compute_seconds is None or fastest < self.compute_seconds:
-                    self.compute_seconds = fastest
             self.measure_seconds += time.perf_counter() - began
         if logs is not None:
             logs["batch_size"] = self.batch
             noise = self.scale.value
             logs["noise_scale"] = math.nan if noise is None else noise
+
+    def _measure(self) -> None:
+        """One noise sample of 8 micro-batches of the base batch. The first
+        also takes one of 3 micro-batches of twice the base: from the two,
+        the passes of `base` more samples (`compute_seconds`), each
+        micro-batch's fixed cost (a call, fetching the gradient) cancelled
+        out. A sample's first micro-batch may compile: left out."""
+        sizes = [(self.base, PARTS)]
+        if self.compute_seconds is None:
+            sizes.append((2 * self.base, 3))
+        fastest = {}
+        for small, parts in sizes:
+            span = small * parts
+            start = (self.taken * span) % (self.samples - span + 1)
+            chunks: list[float] = []
+            sample = gradient_noise.sample(
+                self.model,
+                self.x,
+                self.y,
+                self.sample_weight,
+                small=small,
+                parts=parts,
+                start=start,
+                seconds=chunks,
+            )
+            self.scale.add(sample)
+            fastest[small] = min(chunks[1:])
+        self.taken += 1
+        if 2 * self.base in fastest:
+            more = fastest[2 * self.base] - fastest[self.base]
+            self.compute_seconds = max(more, 0.0)
 
     def _measures(self, epoch: int) -> bool:
         """Whether to measure the noise scale at `epoch`'s end: once the

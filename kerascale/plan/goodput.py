@@ -273,8 +273,9 @@ def grow(
         ceiling: The largest batch allowed (memory, and `MIN_UPDATES`).
         remaining_samples: Samples the run has left to train.
         switch_seconds: What moving to a new batch costs.
-        compute_seconds: The forward and backward passes of `base` samples,
-            where measured (a noise sample's micro-batch).
+        compute_seconds: What `base` more samples add to a step's forward
+            and backward passes, where measured (two noise samples'
+            micro-batches, at the base and at twice it).
         tolerance: How much better a larger batch must be.
     """
     if current not in step_seconds or base not in step_seconds:
