@@ -360,22 +360,27 @@ def _growth_reason(
 ) -> Reason | None:
     """Whether the batch grows in the run, as the plan's reason: None where
     the batch is not kerascale's to grow (yours, a batched dataset's, a
-    GPU's or TPU's search's, one split over replicas or micro-batches)."""
+    GPU's or TPU's search's); "kept", and why, where growing it is not
+    built (several replicas, accumulation, a cluster, a checkpoint) or the
+    run cannot measure it."""
     plan, data, hardware = decided.plan, decided.data, decided.hardware
     if (
         deciding.options.batch_size != "auto"
         or data.kind != "arrays"
         or hardware.gpus
         or hardware.tpu is not None
-        or plan.replicas != 1
-        or plan.accumulation_steps != 1
-        or deciding.clustered
         or is_builder(model)
     ):
         return None
-    if deciding.backup is not None:
-        why = "a checkpoint_dir resumes at the plan's batch"
-        return Reason("growth.kept", why=why)
+    not_built = (
+        (plan.replicas != 1, f"it trains on {plan.replicas} replicas"),
+        (plan.accumulation_steps != 1, "it accumulates gradients"),
+        (deciding.clustered, "it trains on a cluster"),
+        (deciding.backup is not None, "a checkpoint_dir resumes at the plan's batch"),
+    )
+    for applies, why in not_built:
+        if applies:
+            return Reason("growth.kept", why=f"{why} (growing it there is not built)")
     why = batch_growth.wanted(
         model,
         batch=plan.step_batch_size,

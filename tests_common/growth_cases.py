@@ -13,6 +13,9 @@ from kerascale.errors import KerascaleWarning
 from kerascale.plan import goodput
 
 SAMPLES = 256
+# One replica, also where JAX has several devices (the jax_2dev lane): the
+# batch grows on one replica only (several keep it, and say so).
+ONE = {"strategy": "default"}
 
 
 def data(samples=SAMPLES, features=8, seed=0):
@@ -187,6 +190,7 @@ def check_the_learning_rate_follows_the_batch(monkeypatch):
         verbose=0,
         precision="float32",
         steps_per_execution=1,
+        **ONE,
     )
     assert history.plan.reasons["batch_growth"].code == "growth.in_run"
     # A batch is asked about once timed past its first epoch: the base at
@@ -212,7 +216,7 @@ def check_a_kept_batch_trains_model_fit_s_weights(monkeypatch):
     plain.fit(x, y, batch_size=32, epochs=4, verbose=0, shuffle=False)
     grown = model()
     history = kerascale.fit(
-        grown, x, y, epochs=4, verbose=0, shuffle=False, precision="float32"
+        grown, x, y, epochs=4, verbose=0, shuffle=False, precision="float32", **ONE
     )
     assert calls == [32, 32]  # asked at epoch 1's and 2's ends
     assert history.plan.reasons["batch_growth"].code == "growth.in_run"
@@ -226,7 +230,7 @@ def check_a_real_run_grows_or_says_why():
     Keras's 32 by doublings, and your learning rate back after."""
     x, y = data(samples=4096)
     m = model()
-    history = kerascale.fit(m, x, y, epochs=4, verbose=0, validation_split=0.25)
+    history = kerascale.fit(m, x, y, epochs=4, verbose=0, validation_split=0.25, **ONE)
     batches = history.history["batch_size"]
     assert len(batches) == 4 and batches[0] == 32
     assert all(b in (32, 64, 128, 256) for b in batches)
@@ -290,7 +294,9 @@ def check_a_noise_scale_that_cannot_be_measured_drops_growth_with_one_warning(
     m = model()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        history = kerascale.fit(m, x, y, epochs=4, verbose=0, precision="float32")
+        history = kerascale.fit(
+            m, x, y, epochs=4, verbose=0, precision="float32", **ONE
+        )
     said = [str(w.message) for w in caught if w.category is KerascaleWarning]
     assert len(said) == 1 and "measuring the noise scale failed" in said[0]
     assert history.history["batch_size"] == [32, 32, 32, 32]
@@ -312,9 +318,10 @@ def check_a_run_too_short_to_repay_a_compile_measures_nothing(monkeypatch):
     )
     monkeypatch.setattr(batch_growth.EpochTimes, "switch_seconds", lambda self: 1e6)
     x, y = data(samples=2048)
-    history = kerascale.fit(model(), x, y, epochs=5, verbose=0, precision="float32")
+    fixed = {"epochs": 5, "verbose": 0, "precision": "float32", **ONE}
+    history = kerascale.fit(model(), x, y, **fixed)
     assert history.plan.reasons["batch_growth"].code == "growth.in_run"
     assert taken == [] and history.history["batch_size"] == [32] * 5
     monkeypatch.setattr(batch_growth.EpochTimes, "switch_seconds", lambda self: 0.0)
-    kerascale.fit(model(), x, y, epochs=5, verbose=0, precision="float32")
+    kerascale.fit(model(), x, y, **fixed)
     assert taken  # the same run, compiles free: measured

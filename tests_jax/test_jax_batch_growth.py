@@ -3,7 +3,9 @@ on JAX: tests/test_batch_growth.py's cases (the gates, backend-free, are
 tested there)."""
 
 import growth_cases
+import jax
 import keras
+import pytest
 
 
 def test_callbacks_see_one_run_across_two_changes():
@@ -79,7 +81,14 @@ def test_a_grown_batch_that_fails_to_compile_goes_back_with_the_weights(monkeypa
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         history = kerascale.fit(
-            m, x, y, epochs=4, verbose=0, precision="float32", steps_per_execution=1
+            m,
+            x,
+            y,
+            epochs=4,
+            verbose=0,
+            precision="float32",
+            steps_per_execution=1,
+            **growth_cases.ONE,
         )
     said = [str(w.message) for w in caught if w.category is KerascaleWarning]
     assert len(said) == 1 and "Not applied: batch 64" in said[0]
@@ -101,3 +110,17 @@ def test_a_noise_scale_that_cannot_be_measured_drops_growth_with_one_warning(
 
 def test_a_run_too_short_to_repay_a_compile_measures_nothing(monkeypatch):
     growth_cases.check_a_run_too_short_to_repay_a_compile_measures_nothing(monkeypatch)
+
+
+@pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 devices")
+def test_several_replicas_keep_the_batch_and_say_why():
+    import kerascale
+
+    x, y = growth_cases.data(samples=4096)
+    fixed = {"epochs": 5, "verbose": 0, "precision": "float32"}
+    plan = kerascale.plan(growth_cases.model(), x, y, **fixed)
+    assert plan.replicas == 2
+    assert plan.reasons["batch_growth"].code == "growth.kept"
+    assert "replicas" in plan.reasons["batch_growth"]
+    one = kerascale.plan(growth_cases.model(), x, y, **fixed, **growth_cases.ONE)
+    assert one.reasons["batch_growth"].code == "growth.in_run"
