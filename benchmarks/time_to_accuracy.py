@@ -140,11 +140,14 @@ def run(fit, build, train, test, seed, settings=None, **kwargs):
     seconds = time.perf_counter() - start
     _, accuracy = model.evaluate(*test, verbose=0)
     batch = getattr(getattr(history, "plan", None), "global_batch_size", None)
+    # A batch grown in the run: the batches it trained at, in order.
+    grown = list(dict.fromkeys(int(b) for b in history.history.get("batch_size", [])))
     return {
         "seconds": seconds,
         "accuracy": float(accuracy),
         "epochs": len(history.history["loss"]),
         "batch": batch or kwargs.get("batch_size", 32),
+        "batches": grown or [batch or kwargs.get("batch_size", 32)],
     }
 
 
@@ -200,7 +203,7 @@ def main():
                 "accuracy_spread": max(r["accuracy"] for r in runs)
                 - min(r["accuracy"] for r in runs),
                 "epochs": statistics.median(r["epochs"] for r in runs),
-                "batches": [r["batch"] for r in runs],
+                "batches": [r["batches"] for r in runs],
                 "runs": runs,
             }
             for who, runs in rows.items()
