@@ -31,12 +31,10 @@ from kerascale.callbacks import fit_callbacks
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._input_source import InputSource
 from kerascale.callbacks.backup import FaultTolerantBackup
-from kerascale.callbacks.throughput import Throughput
 from kerascale.errors import warn
 from kerascale.measure.decide import Decided, decide, validate_options
 from kerascale.measure.request import SearchOptions
-from kerascale.plan import fallback, goodput
-from kerascale.plan import reasons as reasons_lib
+from kerascale.plan import fallback
 from kerascale.plan.options import Options, pin
 from kerascale.plan.plan import Plan
 from kerascale.plan.reasons import Reason
@@ -310,7 +308,9 @@ def plan(
     decided = fallback.attempted(deciding.decide, deciding.options)
     for w in decided.plan.warnings:
         warn(w)
-    why = _growth_reason(deciding, decided, model, deciding.fit_kwargs)
+    why = batch_growth.reason(
+        _growth_facts(deciding, decided, model, deciding.fit_kwargs)
+    )
     if why is None:
         return decided.plan
     reasons = {**decided.plan.reasons, "batch_growth": why}
@@ -320,78 +320,31 @@ def plan(
 def _controller(
     deciding: _Deciding, decided: Decided, prepared: session_lib.Prepared
 ) -> tuple[Controller | None, Reason | None]:
-    """The run's controller, where a lever can change a setting in it, and
-    the plan's reason for the batch growing or not (None where the batch is
-    not kerascale's to grow: yours, a batched dataset's, a device's)."""
-    plan, data, kwargs = prepared.plan, decided.data, prepared.fit_kwargs
-    why = _growth_reason(deciding, decided, prepared.model, kwargs)
-    if why is None or reasons_lib.code(why) != "growth.in_run":
-        return None, why
-    verbose = deciding.options.verbose
-    lever = batch_growth.BatchGrowth(
+    """The run's controller and the plan's reason for its batch
+    (`batch_growth.controller_for`)."""
+    return batch_growth.controller_for(
+        _growth_facts(deciding, decided, prepared.model, prepared.fit_kwargs),
         deciding.x,
         deciding.y,
-        kwargs.get("sample_weight"),
-        samples=data.num_samples,
-        batch=plan.step_batch_size,
-        ceiling=deciding.options.max_batch_size or data.num_samples,
-        validation=kwargs.get("validation_batch_size"),
-        stoppers=tuple(
-            c
-            for c in kwargs.get("callbacks") or ()
-            if isinstance(c, keras.callbacks.EarlyStopping)
-        ),
-        say=None if verbose == 0 else print,
+        prepared.plan,
+        say=None if deciding.options.verbose == 0 else print,
     )
-    callbacks = list(kwargs.get("callbacks") or [])
-    controller = Controller([lever], callbacks)
-    for callback in callbacks:
-        if isinstance(callback, Throughput):  # counts samples at the batch
-            controller.followers.append(
-                lambda arguments, c=callback: setattr(
-                    c, "batch_size", arguments["batch_size"]
-                )
-            )
-    return controller, why
 
 
-def _growth_reason(
+def _growth_facts(
     deciding: _Deciding, decided: Decided, model: Any, fit_kwargs: dict[str, Any]
-) -> Reason | None:
-    """Whether the batch grows in the run, as the plan's reason: None where
-    the batch is not kerascale's to grow (yours, a batched dataset's, a
-    GPU's or TPU's search's); "kept", and why, where growing it is not
-    built (several replicas, accumulation, a cluster, a checkpoint) or the
-    run cannot measure it."""
-    plan, data, hardware = decided.plan, decided.data, decided.hardware
-    if (
-        deciding.options.batch_size != "auto"
-        or data.kind != "arrays"
-        or hardware.gpus
-        or hardware.tpu is not None
-        or is_builder(model)
-    ):
-        return None
-    not_built = (
-        (plan.replicas != 1, f"it trains on {plan.replicas} replicas"),
-        (plan.accumulation_steps != 1, "it accumulates gradients"),
-        (deciding.clustered, "it trains on a cluster"),
-        (deciding.backup is not None, "a checkpoint_dir resumes at the plan's batch"),
-    )
-    for applies, why in not_built:
-        if applies:
-            return Reason("growth.kept", why=f"{why} (growing it there is not built)")
-    why = batch_growth.wanted(
-        model,
-        batch=plan.step_batch_size,
-        samples=data.num_samples,
+) -> batch_growth.Facts:
+    return batch_growth.Facts(
+        model=model,
+        batch_size=deciding.options.batch_size,
+        max_batch_size=deciding.options.max_batch_size,
+        data=decided.data,
+        hardware=decided.hardware,
+        plan=decided.plan,
+        clustered=bool(deciding.clustered),
+        checkpointed=deciding.backup is not None,
         fit_kwargs=fit_kwargs,
-        callbacks=list(fit_kwargs.get("callbacks") or []),
     )
-    if why:
-        return Reason("growth.kept", why=why)
-    rule = goodput.rule_of(model.optimizer)
-    return Reason("growth.in_run", scaling=rule.scaling, family=rule.why)
 
 
 def _install_callbacks(

@@ -9,14 +9,20 @@ import pytest
 from kerascale.apply import batch_growth
 
 
+# On keras-nightly too: the segments rest on how Keras calls callbacks.
+@pytest.mark.nightly
 def test_callbacks_see_one_run_across_two_changes():
     growth_cases.check_one_run_across_changes()
 
 
+# On keras-nightly too: the segments rest on how Keras calls callbacks.
+@pytest.mark.nightly
 def test_early_stopping_keeps_its_patience_across_a_change():
     growth_cases.check_early_stopping_keeps_its_patience()
 
 
+# On keras-nightly too: the segments rest on how Keras calls callbacks.
+@pytest.mark.nightly
 def test_a_csv_logger_writes_one_file_across_changes(tmp_path):
     growth_cases.check_csv_logger_writes_one_file(tmp_path / "log.csv")
 
@@ -25,6 +31,8 @@ def test_an_error_in_a_later_segment_leaves_the_callbacks_as_they_were():
     growth_cases.check_an_error_leaves_the_callbacks_as_they_were()
 
 
+# On keras-nightly too: the segments rest on how Keras calls callbacks.
+@pytest.mark.nightly
 def test_the_learning_rate_follows_the_batch_and_is_put_back(monkeypatch):
     growth_cases.check_the_learning_rate_follows_the_batch(monkeypatch)
 
@@ -187,3 +195,9 @@ def test_the_first_measurement_times_the_passes_of_more_samples():
     first = lever.compute_seconds
     lever._measure()
     assert lever.scale.samples == 3 and lever.compute_seconds == first
+
+
+# On keras-nightly too: the segments rest on how Keras calls callbacks.
+@pytest.mark.nightly
+def test_a_lever_that_fails_is_dropped_and_the_run_goes_on():
+    growth_cases.check_a_lever_that_fails_is_dropped_and_the_run_goes_on()

@@ -95,7 +95,8 @@ def check_one_run_across_changes():
     history, controller = controlled_fit(
         model(), x, y, [seen], [lever], told=told, epochs=5
     )
-    assert told == [64, 128]  # each later segment's batch, to its followers
+    # Each later segment's batch, then the first's again at the run's end.
+    assert told == [64, 128, 32]
     assert (seen.begins, seen.ends) == (1, 1)
     assert seen.epochs == [0, 1, 2, 3, 4]
     assert seen.steps == [8, 4, 4, 2, 2]  # 256 samples at 32, 64, 128
@@ -265,7 +266,7 @@ def check_a_change_whose_first_step_fails_is_undone_with_one_warning():
         history, controller = controlled_fit(
             model(), x, y, [seen], [lever], [FailsAtBatch(4)], told, epochs=4
         )
-    assert told == [64, 32, 128]  # the undone change told too
+    assert told == [64, 32, 128, 32]  # the undone change told too
     said = [str(w.message) for w in caught if w.category is KerascaleWarning]
     assert len(said) == 1 and "MemoryError" in said[0] and "64" in said[0]
     # Epoch 1 began at 64 (4 steps), failed, and ran again at 32; the lever
@@ -325,3 +326,33 @@ def check_a_run_too_short_to_repay_a_compile_measures_nothing(monkeypatch):
     monkeypatch.setattr(batch_growth.EpochTimes, "switch_seconds", lambda self: 0.0)
     kerascale.fit(model(), x, y, **fixed)
     assert taken  # the same run, compiles free: measured
+
+
+class Breaks(Scripted):
+    """Fails when asked at `epoch`: a lever's own fault."""
+
+    def __init__(self, script, epoch):
+        super().__init__(script)
+        self.breaks_at = epoch
+
+    def propose(self, epoch, logs):
+        if epoch == self.breaks_at:
+            raise ZeroDivisionError("the seam: a lever's bug")
+        return super().propose(epoch, logs)
+
+
+def check_a_lever_that_fails_is_dropped_and_the_run_goes_on():
+    """A lever's own error ends no run: one warning, the lever is asked no
+    more but still finishes, and followers end as the run began."""
+    import warnings
+
+    x, y = data()
+    lever, told = Breaks({0: 64}, epoch=2), []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history, _ = controlled_fit(model(), x, y, [], [lever], told=told, epochs=5)
+    said = [str(w.message) for w in caught if w.category is KerascaleWarning]
+    assert len(said) == 1 and "ZeroDivisionError" in said[0]
+    assert history.epoch == [0, 1, 2, 3, 4]
+    assert lever.asked == [0, 1] and lever.finished == 1
+    assert told == [64, 32]  # the change, then the run's first batch at its end

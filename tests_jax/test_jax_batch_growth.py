@@ -124,3 +124,7 @@ def test_several_replicas_keep_the_batch_and_say_why():
     assert "replicas" in plan.reasons["batch_growth"]
     one = kerascale.plan(growth_cases.model(), x, y, **fixed, **growth_cases.ONE)
     assert one.reasons["batch_growth"].code == "growth.in_run"
+
+
+def test_a_lever_that_fails_is_dropped_and_the_run_goes_on():
+    growth_cases.check_a_lever_that_fails_is_dropped_and_the_run_goes_on()

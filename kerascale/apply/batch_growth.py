@@ -19,6 +19,8 @@ Its design: docs/design/modules.md, `kerascale.apply.batch_growth`.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import time
 from collections.abc import Mapping
@@ -28,12 +30,18 @@ import keras
 
 from kerascale import _keras_compat as keras_compat
 from kerascale.apply import gradient_noise
-from kerascale.apply.controller import Lever
+from kerascale.apply.controller import Controller, Lever
 from kerascale.apply.model import core_optimizer
+from kerascale.callbacks.throughput import Throughput
 from kerascale.errors import warn
 from kerascale.plan import goodput
+from kerascale.plan import reasons as reasons_lib
+from kerascale.plan.plan import Plan
+from kerascale.plan.reasons import Reason
 from kerascale.sense import callback_hooks
-from kerascale.sense.model_facts import borrow_problem
+from kerascale.sense.data_facts import DataFacts
+from kerascale.sense.hardware import Hardware
+from kerascale.sense.model_facts import borrow_problem, is_builder
 
 # Micro-batches of each noise measurement (of the base batch each).
 PARTS = 8
@@ -47,6 +55,109 @@ MEASURE_SHARE = 0.05
 # terms: a scaled rate would be overwritten (ReduceLROnPlateau's cuts are
 # relative, and kept).
 _SETS_THE_RATE = (keras.callbacks.LearningRateScheduler,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What decides whether a run's batch may grow, as `fit` knows it.
+
+    Attributes:
+        model: The model that trains (or the user's builder).
+        batch_size: `fit`'s `batch_size` argument ("auto" or yours).
+        max_batch_size: `fit`'s bound on the batch, or None.
+        data: The training data's facts.
+        hardware: The hardware sensed.
+        plan: The plan decided.
+        clustered: Whether the run joined a cluster.
+        checkpointed: Whether a `checkpoint_dir` backs the run up.
+        fit_kwargs: `model.fit`'s other arguments (its callbacks among them).
+    """
+
+    model: Any
+    batch_size: Any
+    max_batch_size: int | None
+    data: DataFacts
+    hardware: Hardware
+    plan: Plan
+    clustered: bool
+    checkpointed: bool
+    fit_kwargs: Mapping[str, Any]
+
+    @property
+    def callbacks(self) -> list[Any]:
+        return list(self.fit_kwargs.get("callbacks") or [])
+
+
+def reason(facts: Facts) -> Reason | None:
+    """Whether the batch grows in the run, as the plan's reason: None where
+    the batch is not kerascale's to grow (yours, a batched dataset's, a
+    GPU's or TPU's search's); "kept", and why, where growing it is not
+    built (several replicas, accumulation, a cluster, a checkpoint) or the
+    run cannot measure it."""
+    plan, data, hardware = facts.plan, facts.data, facts.hardware
+    if (
+        facts.batch_size != "auto"
+        or data.kind != "arrays"
+        or hardware.gpus
+        or hardware.tpu is not None
+        or is_builder(facts.model)
+    ):
+        return None
+    not_built = (
+        (plan.replicas != 1, f"it trains on {plan.replicas} replicas"),
+        (plan.accumulation_steps != 1, "it accumulates gradients"),
+        (facts.clustered, "it trains on a cluster"),
+        (facts.checkpointed, "a checkpoint_dir resumes at the plan's batch"),
+    )
+    for applies, why in not_built:
+        if applies:
+            return Reason("growth.kept", why=f"{why} (growing it there is not built)")
+    why = wanted(
+        facts.model,
+        batch=plan.step_batch_size,
+        samples=data.num_samples,
+        fit_kwargs=facts.fit_kwargs,
+        callbacks=facts.callbacks,
+    )
+    if why:
+        return Reason("growth.kept", why=why)
+    rule = goodput.rule_of(facts.model.optimizer)
+    return Reason("growth.in_run", scaling=rule.scaling, family=rule.why)
+
+
+def controller_for(
+    facts: Facts, x: Any, y: Any, plan: Plan, *, say: Any = None
+) -> tuple[Controller | None, Reason | None]:
+    """The run's controller with the batch lever, where `reason` lets the
+    batch grow, and that reason. `x`, `y`: the training arrays; `plan`:
+    the plan that trains (its batch is the lever's base); `say`: where a
+    change is told. A `Throughput` among the callbacks follows the batch."""
+    why = reason(facts)
+    if why is None or reasons_lib.code(why) != "growth.in_run":
+        return None, why
+    callbacks, kwargs = facts.callbacks, facts.fit_kwargs
+    lever = BatchGrowth(
+        x,
+        y,
+        kwargs.get("sample_weight"),
+        samples=facts.data.num_samples,
+        batch=plan.step_batch_size,
+        ceiling=facts.max_batch_size or facts.data.num_samples,
+        validation=kwargs.get("validation_batch_size"),
+        stoppers=tuple(
+            c for c in callbacks if isinstance(c, keras.callbacks.EarlyStopping)
+        ),
+        say=say,
+    )
+    controller = Controller([lever], callbacks)
+    for callback in callbacks:
+        if isinstance(callback, Throughput):  # counts samples at the batch
+            controller.followers.append(functools.partial(_follow, callback))
+    return controller, why
+
+
+def _follow(throughput: Throughput, arguments: Mapping[str, Any]) -> None:
+    throughput.batch_size = arguments["batch_size"]
 
 
 def wanted(

@@ -63,6 +63,9 @@ class Controller:
 
     def __init__(self, levers: list[Lever], callbacks: list[Any]):
         self.levers = list(levers)
+        # Those still asked at epochs' ends (one that failed is not; every
+        # lever still finishes).
+        self.asked = list(levers)
         # Those that see one run: the levers too keep what they measured.
         self.callbacks = [*callbacks, *levers]
         self.pending: tuple[int, Lever, Mapping[str, Any]] | None = None
@@ -120,8 +123,17 @@ class Controller:
     def _ask(self, model: Any, params: dict, epoch: int, logs: dict | None) -> None:
         if model.stop_training or epoch + 1 >= params.get("epochs", 0):
             return
-        for lever in self.levers:
-            proposal = lever.propose(epoch, logs)
+        for lever in list(self.asked):
+            try:
+                proposal = lever.propose(epoch, logs)
+            except Exception as e:  # a lever's fault never ends the run
+                self.asked.remove(lever)
+                warn(
+                    f"Not applied: {type(lever).__name__}, because it failed "
+                    f"({type(e).__name__}: {str(e)[:200]}): the run goes on as "
+                    "it is, with what the lever already set."
+                )
+                continue
             if proposal:
                 self.pending = (epoch + 1, lever, dict(proposal))
                 model.stop_training = True
@@ -146,6 +158,7 @@ class Controller:
         same epoch as it was: a change of kerascale's never ends a run
         that `fit` alone would have trained."""
         self.keep = keep
+        first = arguments
         history = None
         undo: tuple[Lever, Mapping[str, Any], dict[str, Any]] | None = None
         try:
@@ -181,6 +194,8 @@ class Controller:
         finally:
             self._speak("on_train_begin")
             self._speak("on_train_end")
+            if self.changes:
+                self._tell(first)  # a follower ends as the run began
             self.pending = None
             for lever in self.levers:
                 lever.finish()
