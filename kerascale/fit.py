@@ -31,6 +31,7 @@ from kerascale.callbacks import fit_callbacks
 from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._input_source import InputSource
 from kerascale.callbacks.backup import FaultTolerantBackup
+from kerascale.callbacks.throughput import Throughput
 from kerascale.errors import warn
 from kerascale.measure.decide import Decided, decide, validate_options
 from kerascale.measure.request import SearchOptions
@@ -328,6 +329,11 @@ def _controller(
         deciding.y,
         prepared.plan,
         say=None if deciding.options.verbose == 0 else print,
+        counters=tuple(
+            c
+            for c in prepared.fit_kwargs.get("callbacks") or ()
+            if isinstance(c, Throughput)
+        ),
     )
 
 

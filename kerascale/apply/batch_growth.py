@@ -32,7 +32,6 @@ from kerascale import _keras_compat as keras_compat
 from kerascale.apply import gradient_noise
 from kerascale.apply.controller import Controller, Lever
 from kerascale.apply.model import core_optimizer
-from kerascale.callbacks.throughput import Throughput
 from kerascale.errors import warn
 from kerascale.plan import goodput
 from kerascale.plan import reasons as reasons_lib
@@ -126,12 +125,19 @@ def reason(facts: Facts) -> Reason | None:
 
 
 def controller_for(
-    facts: Facts, x: Any, y: Any, plan: Plan, *, say: Any = None
+    facts: Facts,
+    x: Any,
+    y: Any,
+    plan: Plan,
+    *,
+    say: Any = None,
+    counters: tuple[Any, ...] = (),
 ) -> tuple[Controller | None, Reason | None]:
     """The run's controller with the batch lever, where `reason` lets the
     batch grow, and that reason. `x`, `y`: the training arrays; `plan`:
     the plan that trains (its batch is the lever's base); `say`: where a
-    change is told. A `Throughput` among the callbacks follows the batch."""
+    change is told; `counters`: callbacks that count samples by their
+    `batch_size` (a `Throughput`), which follow the batch."""
     why = reason(facts)
     if why is None or reasons_lib.code(why) != "growth.in_run":
         return None, why
@@ -150,14 +156,13 @@ def controller_for(
         say=say,
     )
     controller = Controller([lever], callbacks)
-    for callback in callbacks:
-        if isinstance(callback, Throughput):  # counts samples at the batch
-            controller.followers.append(functools.partial(_follow, callback))
+    for counter in counters:
+        controller.followers.append(functools.partial(_follow, counter))
     return controller, why
 
 
-def _follow(throughput: Throughput, arguments: Mapping[str, Any]) -> None:
-    throughput.batch_size = arguments["batch_size"]
+def _follow(counter: Any, arguments: Mapping[str, Any]) -> None:
+    counter.batch_size = arguments["batch_size"]
 
 
 def wanted(
