@@ -201,3 +201,15 @@ def test_the_first_measurement_times_the_passes_of_more_samples():
 @pytest.mark.nightly
 def test_a_lever_that_fails_is_dropped_and_the_run_goes_on():
     growth_cases.check_a_lever_that_fails_is_dropped_and_the_run_goes_on()
+
+
+# On keras-nightly too: the segments rest on how Keras calls callbacks.
+@pytest.mark.nightly
+def test_two_levers_change_one_segment_and_undo_together():
+    growth_cases.check_two_levers_change_one_segment()
+
+
+# On keras-nightly too: Keras 3.16 seeds an epoch's shuffle from its adapter.
+@pytest.mark.nightly
+def test_a_run_in_segments_trains_one_fit_s_weights():
+    growth_cases.check_segments_train_one_fit_s_weights()

@@ -356,3 +356,68 @@ def check_a_lever_that_fails_is_dropped_and_the_run_goes_on():
     assert history.epoch == [0, 1, 2, 3, 4]
     assert lever.asked == [0, 1] and lever.finished == 1
     assert told == [64, 32]  # the change, then the run's first batch at its end
+
+
+class Owns(Scripted):
+    """Proposes a setting of its own (not a `fit` argument, as a model's
+    steps per call) at the epochs of `script`, and notes what it was told."""
+
+    own = ("setting",)
+
+    def __init__(self, script):
+        super().__init__(script)
+        self.changes, self.undone_with = [], []
+
+    def propose(self, epoch, logs):
+        self.asked.append(epoch)
+        value = self.script.get(epoch)
+        return None if value is None else {"setting": value}
+
+    def changed(self, arguments):
+        self.changes.append(arguments["setting"])
+
+    def undone(self, arguments, error):
+        self.undone_with.append(arguments["setting"])
+        return f"setting {arguments['setting']} undone"
+
+
+def check_two_levers_change_one_segment():
+    """Two levers asking at one epoch's end start one new segment with both
+    changes; a lever's own setting never reaches `fit` (which would raise a
+    TypeError on it); a first step that fails undoes both, one warning
+    each."""
+    import warnings
+
+    x, y = data()
+    seen, batch, own = Recorder(), Scripted({0: 64, 2: 128}), Owns({0: 7, 2: 9})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history, controller = controlled_fit(
+            model(), x, y, [seen], [batch, own], [FailsAtBatch(2)], epochs=4
+        )
+    said = [str(w.message) for w in caught if w.category is KerascaleWarning]
+    assert said == ["setting 9 undone", said[1]] and "128" in said[1]
+    assert own.changes == [7, 9] and own.undone_with == [9]
+    # One restart at epoch 1 (both changes), one at 3 that failed and ran
+    # again as it was.
+    assert seen.epochs == [0, 1, 2, 3, 3]
+    assert seen.steps == [8, 4, 4, 2, 4]
+    assert controller.changes == [(1, {"batch_size": 64, "setting": 7})]
+    assert history.epoch == [0, 1, 2, 3]
+
+
+def check_segments_train_one_fit_s_weights():
+    """A run cut at every epoch's end trains the weights of one `fit` on
+    shuffled arrays: each segment goes on with the epochs' order (on Keras
+    3.16 its data adapter's epoch counter, which a new `fit` starts over)."""
+    x, y = data()
+    plain = model()
+    keras.utils.set_random_seed(1)
+    plain.fit(x, y, batch_size=32, epochs=4, shuffle=True, verbose=0)
+    ours = model()
+    keras.utils.set_random_seed(1)
+    lever = Owns({0: 1, 1: 2, 2: 3})
+    _, controller = controlled_fit(ours, x, y, [], [lever], epochs=4)
+    assert [start for start, _ in controller.changes] == [1, 2, 3]
+    for p, q in zip(plain.get_weights(), ours.get_weights(), strict=True):
+        np.testing.assert_array_equal(np.asarray(p), np.asarray(q))

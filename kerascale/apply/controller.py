@@ -21,6 +21,7 @@ from typing import Any
 
 import keras
 
+from kerascale._keras_compat import epoch_order
 from kerascale.errors import warn
 
 _QUIET_HOOKS = ("on_train_begin", "on_train_end")
@@ -32,6 +33,9 @@ class Lever(keras.callbacks.Callback):
 
     # Its hooks only read clocks and the epoch's logs: no step waits on them.
     async_safe = True
+    # The settings of its proposals that are not `fit` arguments: the lever
+    # applies them itself in `changed` (a model's steps per call).
+    own: tuple[str, ...] = ()
 
     def propose(self, epoch: int, logs: dict | None) -> Mapping[str, Any] | None:
         """`fit` arguments for the epochs after `epoch` (the batch, say),
@@ -68,7 +72,8 @@ class Controller:
         self.asked = list(levers)
         # Those that see one run: the levers too keep what they measured.
         self.callbacks = [*callbacks, *levers]
-        self.pending: tuple[int, Lever, Mapping[str, Any]] | None = None
+        # The next segment's first epoch, and each lever's change for it.
+        self.pending: tuple[int, list[tuple[Lever, dict[str, Any]]]] | None = None
         self.changes: list[tuple[int, Mapping[str, Any]]] = []
         # Steps begun (by the tail, right before each step) and ended (by
         # the head, right after) in the current segment.
@@ -78,6 +83,9 @@ class Controller:
         # Told the arguments of each segment after the first (a callback
         # that counts samples follows the batch).
         self.followers: list[Callable[[Mapping[str, Any]], None]] = []
+        # The data adapter's epoch counter where a segment ended (Keras
+        # 3.16 seeds an epoch's shuffle from it; a new `fit` starts it over).
+        self.counter: int | None = None
         controller = self
 
         class Head(keras.callbacks.Callback):
@@ -90,6 +98,7 @@ class Controller:
                 controller.begun = controller.ended = 0
                 if controller.keep is not None:
                     controller.keep()
+                controller._continue_order()
 
             def on_epoch_begin(self, epoch, logs=None):
                 controller._speak("on_train_begin")
@@ -100,6 +109,8 @@ class Controller:
             def on_train_end(self, logs=None):
                 if controller.pending is not None:
                     controller._quiet("on_train_end")
+                    adapter = epoch_order.adapter_of(epoch_order.fit_epoch_iterator())
+                    controller.counter = epoch_order.counter(adapter)
 
         class Tail(keras.callbacks.Callback):
             """Last in the list: its `on_epoch_end` sees every other
@@ -120,9 +131,19 @@ class Controller:
         own around them and the levers before the tail."""
         return [self.head, *callbacks, *self.levers, self.tail]
 
+    def _continue_order(self) -> None:
+        """A segment after the first goes on with the epoch counter where
+        the last one left it: the epochs are shuffled as in one `fit`
+        (Keras 3.16, keras-team/keras#23046; up to 3.15 the order is the
+        global random state's, which runs on by itself)."""
+        if self.counter is not None:
+            adapter = epoch_order.adapter_of(epoch_order.fit_epoch_iterator())
+            epoch_order.set_counter(adapter, self.counter)
+
     def _ask(self, model: Any, params: dict, epoch: int, logs: dict | None) -> None:
         if model.stop_training or epoch + 1 >= params.get("epochs", 0):
             return
+        proposals = []
         for lever in list(self.asked):
             try:
                 proposal = lever.propose(epoch, logs)
@@ -135,9 +156,10 @@ class Controller:
                 )
                 continue
             if proposal:
-                self.pending = (epoch + 1, lever, dict(proposal))
-                model.stop_training = True
-                return
+                proposals.append((lever, dict(proposal)))
+        if proposals:
+            self.pending = (epoch + 1, proposals)
+            model.stop_training = True
 
     def run(
         self,
@@ -147,31 +169,32 @@ class Controller:
         keep: Callable[[], Any] | None = None,
         recover: Callable[[], Any] | None = None,
     ) -> Any:
-        """Calls `fit(arguments)`, then again from the next epoch with each
-        change a lever asks for; returns one `History` of every epoch (also
-        the model's `history`).
+        """Calls `fit(arguments)`, then again from the next epoch with the
+        changes the levers ask for; returns one `History` of every epoch
+        (also the model's `history`).
 
         Where the first step after a change raises (a larger batch that
         does not fit, say), `recover` puts the model's state back (as
-        `keep` kept it at the segment's start), the
-        change is undone with one warning, and the run goes on from the
-        same epoch as it was: a change of kerascale's never ends a run
-        that `fit` alone would have trained."""
+        `keep` kept it at the segment's start), the epoch's changes are
+        undone with one warning each, and the run goes on from the same
+        epoch as it was: a change of kerascale's never ends a run that
+        `fit` alone would have trained."""
         self.keep = keep
         first = arguments
         history = None
-        undo: tuple[Lever, Mapping[str, Any], dict[str, Any]] | None = None
+        undo: tuple[list[tuple[Lever, dict[str, Any]]], dict[str, Any]] | None = None
         try:
             while True:
                 try:
                     segment = fit(arguments)
                 except Exception as e:
                     if undo is None or (self.begun, self.ended) != (1, 0):
-                        raise  # not the first step at the new setting
+                        raise  # not the first step at the new settings
                     if recover is not None:
                         recover()
-                    lever, change, arguments = undo
-                    warn(lever.undone(change, e))
+                    proposals, arguments = undo
+                    for lever, change in reversed(proposals):
+                        warn(lever.undone(change, e))
                     self._tell(arguments)
                     self.changes.pop()
                     self._speak("on_train_begin")
@@ -182,13 +205,19 @@ class Controller:
                 self._speak("on_train_end")
                 if self.pending is None:
                     break
-                start, lever, change = self.pending
+                start, proposals = self.pending
                 self.pending = None
-                self.changes.append((start, change))
-                lever.changed(change)
                 before = {**arguments, "initial_epoch": start}
-                undo = (lever, change, before)
-                arguments = {**before, **change}
+                arguments = dict(before)
+                merged: dict[str, Any] = {}
+                for lever, change in proposals:
+                    lever.changed(change)
+                    merged.update(change)
+                    arguments.update(
+                        {k: v for k, v in change.items() if k not in lever.own}
+                    )
+                self.changes.append((start, merged))
+                undo = (proposals, before)
                 self._tell(arguments)
                 self._quiet("on_train_begin")
         finally:
