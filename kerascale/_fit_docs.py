@@ -98,11 +98,14 @@ _ARGUMENTS = """\
             False: never. Defaults to "auto".
         steps_per_execution: Training steps per call into the compiled
             step (Keras's `compile(steps_per_execution=...)`, set on your
-            model for the run and put back after). "auto": where a step is
-            short, kerascale times the host's path between steps (fetching
-            the batch, the call, the callbacks' batch hooks) and runs
-            enough steps a call to make it a small share, keeping each call
-            under a second and a tenth of an epoch; it stays 1 where a
+            model for the run and put back after). "auto": chosen in the
+            run, with nothing timed before it: the first epoch runs at 1
+            and is timed; where a step is short enough that the host's path
+            between steps (fetching the batch, the call, the callbacks'
+            batch hooks) is worth cutting and the rest of the run repays a
+            new trace, the next epochs run at the largest value that keeps
+            a call under a second and a quarter of an epoch, kept where a
+            step there is faster (else back to 1); it stays 1 where a
             callback of yours (or one of Keras's) overrides a batch hook,
             which Keras then calls once per call, and it divides an integer
             `checkpoint_freq`. A value you gave `compile` is kept. An int:

@@ -25,7 +25,8 @@ from kerascale._fit_docs import documented as _documented
 from kerascale.apply import batch_growth
 from kerascale.apply import materialize as materialize_lib
 from kerascale.apply import session as session_lib
-from kerascale.apply.controller import Controller
+from kerascale.apply.controller import Controller, Lever
+from kerascale.apply.steps_in_run import StepsInRun
 from kerascale.apply.tensorflow import cluster
 from kerascale.callbacks import fit_callbacks
 from kerascale.callbacks._base import KerascaleCallback
@@ -193,7 +194,7 @@ def _train(
         _install_callbacks(
             session, prepared, request.monitor, deciding.backup, deciding.x
         )
-        controller, why = _controller(deciding, decided, prepared)
+        controller, steps, why = _controller(deciding, decided, prepared)
         plan = prepared.plan
         if why:
             plan = dataclasses.replace(
@@ -220,6 +221,10 @@ def _train(
         )
     if not is_builder(model):
         history.set_model(model)
+    if steps is not None:  # the value the run chose, and how
+        n, chosen = steps.outcome()
+        reasons = {**plan.reasons, "steps_per_execution": chosen}
+        plan = dataclasses.replace(plan, steps_per_execution=n, reasons=reasons)
     history.plan = plan
     return history
 
@@ -320,21 +325,34 @@ def plan(
 
 def _controller(
     deciding: _Deciding, decided: Decided, prepared: session_lib.Prepared
-) -> tuple[Controller | None, Reason | None]:
-    """The run's controller and the plan's reason for its batch
-    (`batch_growth.controller_for`)."""
-    return batch_growth.controller_for(
+) -> tuple[Controller | None, StepsInRun | None, Reason | None]:
+    """The run's controller (None where no lever acts), the steps-per-call
+    lever among its levers, and the plan's reason for the batch
+    (`batch_growth.lever_for`)."""
+    say = None if deciding.options.verbose == 0 else print
+    levers: list[Lever] = []
+    steps = None
+    if decided.steps_in_run is not None:
+        steps = StepsInRun(decided.steps_in_run, decided.plan.backend, say=say)
+        levers.append(steps)
+    growth, why = batch_growth.lever_for(
         _growth_facts(deciding, decided, prepared.model, prepared.fit_kwargs),
         deciding.x,
         deciding.y,
         prepared.plan,
-        say=None if deciding.options.verbose == 0 else print,
-        counters=tuple(
-            c
-            for c in prepared.fit_kwargs.get("callbacks") or ()
-            if isinstance(c, Throughput)
-        ),
+        say=say,
     )
+    if growth is not None:
+        levers.append(growth)
+    if not levers:
+        return None, None, why
+    callbacks = list(prepared.fit_kwargs.get("callbacks") or ())
+    controller = Controller(levers, callbacks)
+    if growth is not None:
+        batch_growth.followed(
+            controller, tuple(c for c in callbacks if isinstance(c, Throughput))
+        )
+    return controller, steps, why
 
 
 def _growth_facts(

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 import kerascale
+from kerascale.apply import steps_in_run
 from kerascale.measure import budget as budget_lib
+from kerascale.measure import host_path
 from kerascale.plan import reasons as reasons_lib
 
 __all__ = [
@@ -27,10 +29,11 @@ __all__ = [
     "test_a_value_that_does_not_divide_steps_per_epoch_is_said",
     "test_an_int_trains_like_one_step_a_call_and_is_put_back",
     "test_auto_measures_and_raises_it_where_nothing_needs_each_step",
+    "test_steps_per_epoch_times_the_host_path_before_the_run",
     "test_throughput_counts_the_steps_not_the_calls",
 ]
 
-SAMPLES, BATCH = 2048, 32  # 64 steps an epoch: up to 6 a call (a tenth)
+SAMPLES, BATCH = 2048, 32  # 64 steps an epoch: up to 16 a call (a quarter)
 
 
 def data(samples: int = SAMPLES):
@@ -99,8 +102,10 @@ def fit(m: keras.Model, x, y=None, **kwargs):
 
 
 def always_measure(monkeypatch) -> None:
-    """Every measurement repays its cost: the short runs here are timed."""
+    """Every measurement repays its cost, and so does every move in the
+    run: the short runs here are timed."""
     monkeypatch.setattr(budget_lib, "REPAY", 0.0)
+    monkeypatch.setattr(steps_in_run, "REPAY", 0.0)
 
 
 def test_an_int_trains_like_one_step_a_call_and_is_put_back(tmp_path) -> None:
@@ -198,32 +203,45 @@ def test_a_value_given_to_compile_is_kept() -> None:
 # beside a busy loop, issue 77).
 @pytest.mark.serial
 def test_auto_measures_and_raises_it_where_nothing_needs_each_step(monkeypatch) -> None:
-    """The real measurement chooses several steps a call for a step this
-    short, within a tenth of an epoch, and trains like plain `fit`."""
+    """The run's first epoch at one step a call is the measurement; the
+    second runs at the bound (a quarter of an epoch), and is kept where a
+    step there is faster; nothing is copied or traced before the run
+    (`host_path._timed` is the copy: it fails here). The weights are
+    plain `fit`'s on shuffled arrays, the value put back after."""
     always_measure(monkeypatch)
-    # 256 steps an epoch: timed at 16 a call against 1, a contrast that holds
-    # on a loaded runner (at 6 a call, JAX's 0.1 ms host path a step was lost
-    # in the noise of CI's two parallel tests).
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("a copy of the model was timed before the run")
+
+    monkeypatch.setattr(host_path, "_timed", no_copy)
+    # 256 steps an epoch: 64 a call against 1, a contrast that holds on a
+    # loaded runner.
     x, y = data(8192)
     plain = model()
-    plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    keras.utils.set_random_seed(1)
+    plain.fit(x, y, batch_size=BATCH, epochs=3, verbose=0)
     ours, watch = model(), EpochWatch()
-    history = fit(
-        ours,
-        x,
-        y,
-        epochs=2,
-        shuffle=False,
-        callbacks=[watch],
-    )
+    keras.utils.set_random_seed(1)
+    history = fit(ours, x, y, epochs=3, callbacks=[watch])
     plan = history.plan
     why = plan.reasons["steps_per_execution"]
-    assert reasons_lib.code(why) == "steps.measured", why
-    assert 1 < plan.steps_per_execution <= (8192 // BATCH) // 10, plan
-    assert watch.seen == {plan.steps_per_execution}
-    assert "steps per call" in str(plan) and "host path" in plan.explain()
+    assert reasons_lib.code(why) == "steps.run_measured", why
+    assert plan.steps_per_execution == (8192 // BATCH) // 4, plan
+    assert watch.seen == {1, plan.steps_per_execution}
+    assert "steps per call" in str(plan) and "measured in the run" in plan.explain()
     assert ours.steps_per_execution == 1
     assert largest_difference(weights(ours), weights(plain)) <= 1e-5
+
+
+def test_steps_per_epoch_times_the_host_path_before_the_run(monkeypatch) -> None:
+    """With `steps_per_epoch` one iterator runs on across epochs, which a
+    new `fit` at an epoch's end would start over: the value is timed before
+    the run, on a copy, as issue 59 built it."""
+    always_measure(monkeypatch)
+    x, y = data(8192)
+    history = fit(model(), x, y, epochs=2, steps_per_epoch=64)
+    why = history.plan.reasons["steps_per_execution"]
+    assert reasons_lib.code(why) in ("steps.measured", "steps.not_worth"), why
 
 
 def test_a_batch_hook_sees_the_calls_it_sees_in_plain_fit(monkeypatch) -> None:

@@ -124,20 +124,17 @@ def reason(facts: Facts) -> Reason | None:
     return Reason("growth.in_run", scaling=rule.scaling, family=rule.why)
 
 
-def controller_for(
+def lever_for(
     facts: Facts,
     x: Any,
     y: Any,
     plan: Plan,
     *,
     say: Any = None,
-    counters: tuple[Any, ...] = (),
-) -> tuple[Controller | None, Reason | None]:
-    """The run's controller with the batch lever, where `reason` lets the
-    batch grow, and that reason. `x`, `y`: the training arrays; `plan`:
-    the plan that trains (its batch is the lever's base); `say`: where a
-    change is told; `counters`: callbacks that count samples by their
-    `batch_size` (a `Throughput`), which follow the batch."""
+) -> tuple[BatchGrowth | None, Reason | None]:
+    """The batch lever, where `reason` lets the batch grow, and that reason.
+    `x`, `y`: the training arrays; `plan`: the plan that trains (its batch
+    is the lever's base); `say`: where a change is told."""
     why = reason(facts)
     if why is None or reasons_lib.code(why) != "growth.in_run":
         return None, why
@@ -155,14 +152,19 @@ def controller_for(
         ),
         say=say,
     )
-    controller = Controller([lever], callbacks)
+    return lever, why
+
+
+def followed(controller: Controller, counters: tuple[Any, ...]) -> None:
+    """Has `counters` (callbacks that count samples by their `batch_size`,
+    a `Throughput`) follow the batch of `controller`'s run."""
     for counter in counters:
         controller.followers.append(functools.partial(_follow, counter))
-    return controller, why
 
 
 def _follow(counter: Any, arguments: Mapping[str, Any]) -> None:
-    counter.batch_size = arguments["batch_size"]
+    if "batch_size" in arguments:
+        counter.batch_size = arguments["batch_size"]
 
 
 def wanted(
@@ -258,6 +260,7 @@ class BatchGrowth(Lever):
         self.taken = 0
         self._rule = None
         self._epoch_start = 0.0
+        self._steps_per_call = 1
 
     def on_train_begin(self, logs=None):
         self._rule = goodput.rule_of(self.model.optimizer)
@@ -269,6 +272,12 @@ class BatchGrowth(Lever):
         # The whole epoch, validation in: on JAX the steps are dispatched
         # ahead, and only the epoch's end waits for them all.
         steps = self.params.get("steps") or 0
+        n = getattr(self.model, "steps_per_execution", 1)
+        if n != self._steps_per_call:
+            # The steps per call moved (`steps_in_run`): this batch's epochs
+            # before are another step's time; this one is its first again.
+            self.timings.epochs.pop(self.batch, None)
+            self._steps_per_call = n
         self.timings.add(self.batch, time.perf_counter() - self._epoch_start, steps)
         if self._measures(epoch):
             began = time.perf_counter()

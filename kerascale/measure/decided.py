@@ -43,6 +43,8 @@ class Decided:
             reasons and warnings.
         host_path: The host's path between steps, timed
             (`measure.host_path.HostPath`), where it was.
+        steps_in_run: The bounds within which the run chooses its steps
+            per call (`apply.steps_in_run.Bounds`), where it does.
     """
 
     hardware: Hardware
@@ -58,6 +60,7 @@ class Decided:
     search_skipped: str = ""
     measured: Measured = NOTHING
     host_path: Any = None
+    steps_in_run: Any = None
 
     @property
     def planner(self) -> Planner:

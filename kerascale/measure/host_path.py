@@ -13,7 +13,7 @@ interleaved windows; the host's share per call is
 
 and, where it is at least `MIN_SHARE` of a step, the run takes the largest
 value its bounds allow (`plan.steps`): a call under `MAX_CALL_SECONDS` and a
-tenth of an epoch, landing on the steps the run's callbacks name. It runs
+quarter of an epoch, landing on the steps the run's callbacks name. It runs
 only where the run repays it (`budget`), before training.
 """
 
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from kerascale.apply import model as model_lib
 from kerascale.apply import steps as steps_lib
+from kerascale.apply import steps_in_run
 from kerascale.apply.session import Session
 from kerascale.measure import budget as budget_lib
 from kerascale.measure import trial_bench
@@ -101,8 +102,14 @@ def chosen(
         limit = limit.dividing(steps_per_epoch, f"steps_per_epoch={steps_per_epoch}")
     epoch = _epoch_steps(decided, steps_per_epoch)
     why = _why_not(decided, limit, epoch, on_cluster)
-    if why is None and budget is not None:
-        why = _unpaid(decided, budget)
+    if why is not None:
+        return _one(decided, why)
+    if not isinstance(steps_per_epoch, int) and not limit.counts_steps:
+        return _in_run(decided, limit, epoch)
+    # Where the run cannot move it at an epoch's end (an iterator that runs
+    # on across epochs; a backup whose save points count the calls), the
+    # value is timed before the run, on a copy, where the run repays it.
+    why = _unpaid(decided, budget) if budget is not None else None
     if why is not None:
         return _one(decided, why)
     try:
@@ -133,11 +140,26 @@ def _from_timing(
     if n == steps_rules.MAX_STEPS:
         bound = f"at most {steps_rules.MAX_STEPS}"
     if epoch is not None and epoch // steps_rules.EPOCH_SHARE < n:
-        n, bound = epoch // steps_rules.EPOCH_SHARE, "a tenth of an epoch"
+        n, bound = epoch // steps_rules.EPOCH_SHARE, "a quarter of an epoch"
     n, lowered = limit.largest(n, accumulation)
     if n <= 1:
         return 1, Reason("steps.not_worth", **figures)
     return n, Reason("steps.measured", n=n, limit=lowered or bound, **figures)
+
+
+def _in_run(
+    decided: Decided, limit: steps_rules.StepsLimit, epoch: int | None
+) -> Decided:
+    """One step a call to begin with, and the bounds within which the run
+    itself moves it (`apply.steps_in_run`): nothing is timed before it."""
+    n, why = steps_rules.MAX_STEPS, f"at most {steps_rules.MAX_STEPS}"
+    if epoch is not None and epoch // steps_rules.EPOCH_SHARE < n:
+        n, why = epoch // steps_rules.EPOCH_SHARE, "a quarter of an epoch"
+    accumulation = decided.plan.accumulation_steps
+    n, lowered = limit.largest(n, accumulation)
+    bounds = steps_in_run.Bounds(n, lowered or why, limit, accumulation)
+    decided = _decided(decided, 1, Reason("steps.in_run", cap=n, why=bounds.why))
+    return dataclasses.replace(decided, steps_in_run=bounds)
 
 
 def _yours(

@@ -314,6 +314,31 @@ WORDS: dict[str, str | Callable[..., str]] = {
         "the host path was {share:.0%} of a step ({t1:.2f} ms a step at 1, "
         "{tk:.2f} ms at {k}); {n} a call: {limit}"
     ),
+    "steps.in_run": (
+        "chosen in the run: one a call for its first epoch, timed, then up to "
+        "{cap} ({why}) where the rest of the run repays the move"
+    ),
+    "steps.run_measured": (
+        "measured in the run: the host path was {share:.0%} of a step "
+        "({t1:.2f} ms a step at 1, {tk:.2f} ms at {k}); {n} a call: {limit}"
+    ),
+    "steps.run_back": (
+        "measured in the run: a step took {tk:.2f} ms at {k} a call, "
+        "{t1:.2f} ms at 1; back to one a call"
+    ),
+    "steps.run_not_worth": (
+        "one a call: a step took {t1:.2f} ms in the run's first epoch, and the "
+        "host path (about {host:.2f} ms a call) is too small a share of it"
+    ),
+    "steps.run_unpaid": (
+        "one a call: {k} a call would save about {saved:.2f}s of the run left, "
+        "under twice what moving costs ({cost:.2f}s: a new trace, a new fit)"
+    ),
+    "steps.run_moved": (
+        "{n} a call after the first epoch ({t1:.2f} ms a step at 1 in the "
+        "run; {limit}); the run ended before it was checked"
+    ),
+    "steps.run_short": ("one a call: the run ended before its first epoch was weighed"),
     "steps.not_worth": (
         "the host path was {share:.0%} of a step ({t1:.2f} ms a step at 1, "
         "{tk:.2f} ms at {k}): too little to gain"

@@ -21,9 +21,9 @@ from kerascale.sense import backend as backend_lib
 # also the unit a time budget stops at and a save waits for (a step of
 # 1 ms at 128 a call is still an eighth of a second).
 MAX_STEPS = 128
-# A call stays under this, and under a tenth of an epoch.
+# A call stays under this, and under a quarter of an epoch.
 MAX_CALL_SECONDS = 1.0
-EPOCH_SHARE = 10
+EPOCH_SHARE = 4
 
 
 def held_by_replicas(backend: str, replicas: int) -> bool:

@@ -1,0 +1,117 @@
+"""The steps per call chosen inside the run (`apply.steps_in_run`, issue
+79): its decisions from epochs timed on a scripted clock (the seam), with
+no Keras run. tests_common/steps_per_call.py checks it in real runs on
+both backends."""
+
+import pytest
+
+from kerascale.apply import steps_in_run
+from kerascale.apply.steps_in_run import Bounds, StepsInRun
+from kerascale.plan import reasons as reasons_lib
+from kerascale.plan import steps as steps_rules
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def lever(cap=64, why="a quarter of an epoch", limit=None, backend="tensorflow"):
+    clock = Clock()
+    bounds = Bounds(cap, why, limit or steps_rules.StepsLimit())
+    return StepsInRun(bounds, backend, clock=clock), clock
+
+
+def epoch(lever, clock, *, steps, per_step, first=0.4, epochs=30, validation=0.0):
+    """One epoch of `steps` at the lever's value: a first call of `first`
+    seconds, then `per_step` a step; a validation whose first call takes
+    `validation` more."""
+    lever.set_params({"epochs": epochs, "steps": steps})
+    n = lever.n
+    lever.on_epoch_begin(0)
+    clock.t += first + n * per_step
+    lever.on_train_batch_end(n - 1)
+    clock.t += (steps - n) * per_step
+    if validation:
+        lever.on_test_begin()
+        clock.t += validation
+        lever.on_test_batch_end(0)
+    lever.on_epoch_end(0)
+
+
+def test_a_short_step_moves_to_the_bound_then_keeps_it_where_faster():
+    ours, clock = lever()
+    epoch(ours, clock, steps=256, per_step=0.0008)
+    assert ours.propose(0, {}) == {"steps_per_execution": 64}
+    ours.n = 64  # what `changed` sets (with the model's value)
+    epoch(ours, clock, steps=256, per_step=0.0003, validation=0.3)
+    assert ours.propose(1, {}) is None
+    n, why = ours.outcome()
+    assert n == 64 and reasons_lib.code(why) == "steps.run_measured"
+    # (0.8 - 0.3) * 64/63 of 0.8 ms: the host path's share at one a call.
+    assert "63% of a step" in why and "0.80 ms a step at 1" in why
+    assert "a quarter of an epoch" in why
+    assert ours.propose(2, {}) is None  # decided once
+
+
+def test_a_value_slower_than_one_goes_back():
+    ours, clock = lever()
+    epoch(ours, clock, steps=256, per_step=0.0008)
+    assert ours.propose(0, {}) == {"steps_per_execution": 64}
+    ours.n = 64
+    epoch(ours, clock, steps=256, per_step=0.0008 * (1 + 2 * steps_in_run.TOLERANCE))
+    assert ours.propose(1, {}) == {"steps_per_execution": 1}
+    ours.n = 1
+    n, why = ours.outcome()
+    assert n == 1 and reasons_lib.code(why) == "steps.run_back"
+
+
+def test_a_long_step_keeps_one_a_call():
+    """A CNN's step of tens of milliseconds: the host path is too small a
+    share to move for (nothing traces again; the run is plain fit's)."""
+    ours, clock = lever()
+    epoch(ours, clock, steps=32, per_step=0.03, epochs=3)
+    assert ours.propose(0, {}) is None
+    n, why = ours.outcome()
+    assert n == 1 and reasons_lib.code(why) == "steps.run_not_worth"
+    assert "30.00 ms" in why
+
+
+def test_a_run_too_short_to_repay_a_trace_keeps_one_a_call():
+    ours, clock = lever()
+    epoch(ours, clock, steps=40, per_step=0.0008, first=0.5, epochs=2)
+    assert ours.propose(0, {}) is None
+    n, why = ours.outcome()
+    assert n == 1 and reasons_lib.code(why) == "steps.run_unpaid"
+
+
+def test_a_call_stays_under_a_second():
+    ours, clock = lever(cap=128, why="at most 128")
+    epoch(ours, clock, steps=10_000, per_step=0.009)
+    k = ours.propose(0, {})["steps_per_execution"]
+    assert k == int(steps_rules.MAX_CALL_SECONDS / 0.009) == 111
+
+
+def test_the_value_lands_on_the_steps_a_callback_names():
+    limit = steps_rules.StepsLimit().dividing(100, "checkpoint_freq=100")
+    ours, clock = lever(limit=limit)
+    epoch(ours, clock, steps=256, per_step=0.0008)
+    assert ours.propose(0, {}) == {"steps_per_execution": 50}
+    assert "checkpoint_freq=100" in ours._why
+
+
+def test_an_epoch_too_short_to_time_asks_nothing():
+    ours, clock = lever()
+    epoch(ours, clock, steps=steps_in_run.TIMED_STEPS, per_step=0.0008)
+    assert ours.propose(0, {}) is None
+    n, why = ours.outcome()
+    assert n == 1 and reasons_lib.code(why) == "steps.run_short"
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_the_prior_is_the_backends(backend):
+    ours, _ = lever(backend=backend)
+    assert ours.prior == steps_in_run.HOST_PRIOR[backend]
