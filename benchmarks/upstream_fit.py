@@ -91,8 +91,16 @@ def run(
 
 
 def _run_file(
-    path: pathlib.Path, routed: bool, options: str, backend_env: dict[str, str]
+    path: pathlib.Path,
+    routed: bool,
+    options: str,
+    backend_env: dict[str, str],
+    extra: tuple[str, ...] = (),
+    timeout: float | None = None,
 ) -> dict[str, dict]:
+    """One child pytest of the file `path` (`extra`: more pytest arguments;
+    `timeout`: its seconds, after which the tests it had not reported are
+    missing)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = pathlib.Path(tmp) / "report.xml"
         log = pathlib.Path(tmp) / "called.json"
@@ -117,9 +125,20 @@ def _run_file(
             "ignore::DeprecationWarning",
             "-p",
             "upstream_route",
+            *extra,
             str(path),
         ]
-        subprocess.run(command, env=env, cwd=tmp, capture_output=True, check=False)
+        try:
+            subprocess.run(
+                command,
+                env=env,
+                cwd=tmp,
+                capture_output=True,
+                check=False,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            return {}
         if not report.exists():
             return {}
         # node ids "path::Class::test[params]" -> "Class::test[params]"

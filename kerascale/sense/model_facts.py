@@ -136,10 +136,9 @@ def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> Mode
             f"Received: model of type {type(model).__name__}"
         )
     if not model.compiled:
-        raise ModelError(
-            "model must be compiled before training: call "
-            "model.compile(optimizer=..., loss=...) first, as for model.fit."
-        )
+        # Keras's own words (`Trainer._assert_compile_called`), which code
+        # written against `model.fit` matches (keras-hub's task tests do).
+        raise ModelError("You must call `compile()` before using the model.")
     unbuilt = ""
     if not model.built:
         try:
