@@ -15,6 +15,10 @@ up to 20 epochs, Adam at Keras's learning rate, accuracy on held-out data.
 - `cnn`: the quickstart's CNN on its 32x32x3 images (examples/quickstart.py).
 - `sequence`: 40 steps of 8 features, the class the sign of a weighted sum
   over time, a Conv1D model.
+- `digits`: real data, the UCI handwritten digits that scikit-learn ships
+  (1,400 to train, 397 held out), a 64-64-10 MLP. Needs scikit-learn
+  installed (`pip install scikit-learn`); its data file is read, sklearn
+  is not imported.
 
 Contestants, in one process, alternating, per seed (median of the seeds):
 
@@ -112,7 +116,47 @@ def sequence(seed):
     return model, (x[:8_000], y[:8_000]), (x[8_000:], y[8_000:])
 
 
-TASKS = {"tabular": tabular, "cnn": cnn, "sequence": sequence}
+def digits(seed):
+    """Real data: the UCI handwritten digits (1,797 images of 8x8, 10
+    classes), as scikit-learn ships them. Read as a file from its
+    installed wheel; sklearn is never imported (a TensorFlow process that
+    imported it would carry it into kerascale's probes)."""
+    x, y = _digits()
+    order = np.random.default_rng(seed).permutation(len(y))
+    x, y = x[order], y[order]
+
+    def model(learning_rate=1e-3, steps_per_execution=1):
+        m = keras.Sequential(
+            [
+                keras.Input((64,)),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
+        _compile(m, learning_rate, steps_per_execution)
+        return m
+
+    return model, (x[:1400], y[:1400]), (x[1400:], y[1400:])
+
+
+def _digits():
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("scikit-learn")
+    except metadata.PackageNotFoundError:
+        sys.exit(
+            "the digits task reads the UCI digits from scikit-learn's wheel: "
+            "pip install scikit-learn (it is read as a file, not imported)"
+        )
+    for f in dist.files or ():
+        if str(f).endswith("datasets/data/digits.csv.gz"):
+            table = np.loadtxt(dist.locate_file(f), delimiter=",")
+            return (table[:, :-1] / 16).astype("float32"), table[:, -1].astype("int32")
+    sys.exit("scikit-learn's wheel holds no datasets/data/digits.csv.gz")
+
+
+TASKS = {"tabular": tabular, "cnn": cnn, "sequence": sequence, "digits": digits}
 
 
 def _compile(model, learning_rate, steps_per_execution):

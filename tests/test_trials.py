@@ -10,6 +10,7 @@ import tensorflow as tf
 from conftest import CPU, CPU_BF16, dense_model, gpu_box, toy_data
 
 import kerascale
+from kerascale.errors import KerascaleWarning
 from kerascale.measure import trial_bench, trials
 from kerascale.measure.request import Given
 from kerascale.plan.options import Options
@@ -246,8 +247,18 @@ def test_the_budget_skips_what_the_run_cannot_pay_for(monkeypatch):
     m = Machine(coordinate_speed).install(monkeypatch)
     r = run_all(unbudgeted=False, run_samples=2560)
     assert m.prepared == [] and r.trials == ()
+    # 80 steps: fewer than a twentieth of the steps the timing trains, so
+    # refused without a speed (nothing run, nothing estimated).
+    assert dict(r.skipped)["batch"] == (
+        "the batch trials would train at least 54 steps; they may save 5% of a "
+        "run of about 80"
+    )
+    # 1,250 steps at that speed (40 s): refused on the seconds.
+    m = Machine(coordinate_speed).install(monkeypatch)
+    r = run_all(unbudgeted=False, run_samples=40_000)
+    assert m.prepared == [] and r.trials == ()
     assert dict(r.skipped)["batch"].startswith("the batch trials would take about")
-    assert dict(r.skipped)["batch"].endswith("of a run of about 2.6s")
+    assert dict(r.skipped)["batch"].endswith("of a run of about 40s")
     assert not r.measured("precision") and not r.measured("batch")
     # A long run (an hour at that speed) affords every stage.
     m = Machine(coordinate_speed).install(monkeypatch)
@@ -303,12 +314,22 @@ def test_without_a_first_estimate_the_first_candidate_gives_one(monkeypatch):
     r = run_all(batches={}, try_pipeline=False, unbudgeted=False, run_samples=30_000)
     assert m.prepared[0] == (32, "float32", True)  # prepared first, then weighed
     assert r.measured("precision")
+    # 720 steps (230 s): the candidate prepared for a speed, then refused.
     m = Machine(lambda b, p, o: 100.0).install(monkeypatch)
     r = run_all(
-        batches={}, try_pipeline=False, unbudgeted=False, run_samples=500, fresh=True
+        batches={}, try_pipeline=False, unbudgeted=False, run_samples=23_040, fresh=True
     )
     assert m.prepared == [(32, "float32", True)] and not r.measured("precision")
     assert "the precision trials would take" in dict(r.skipped)["precision"]
+    # 16 steps: refused in steps, before anything is prepared.
+    m.prepared.clear()
+    r = run_all(
+        batches={}, try_pipeline=False, unbudgeted=False, run_samples=500, fresh=True
+    )
+    assert (
+        m.prepared == []
+        and "would train at least 36 steps" in dict(r.skipped)["precision"]
+    )
     # The speed it measured is kept: the next run is weighed without
     # preparing anything (which would draw on the dataset's shuffle state).
     m.prepared.clear()
@@ -407,8 +428,9 @@ def test_a_short_fit_skips_the_trials_and_says_so(monkeypatch):
     why = plan.reasons["precision"]
     assert why.code == "precision.cpu_bf16"
     note = why.details["note"]  # the figures move with the machine's load
-    assert note.startswith("trials skipped: the precision trials would take about")
-    assert "of a run of about" in note
+    # Eight steps: refused in steps, before any speed is estimated.
+    assert note.startswith("trials skipped: the precision trials would train at least")
+    assert "of a run of about 8" in note
 
 
 def test_a_run_too_short_to_repay_bf16_stays_float32(monkeypatch):
@@ -433,6 +455,25 @@ def test_a_run_too_short_to_repay_bf16_stays_float32(monkeypatch):
     long = kerascale.plan(dense_model(), x, y, epochs=10**7, verbose=0)
     assert long.precision == "mixed_bfloat16"
     assert first_trace.bf16_extra_seconds.cache_info().hits == measured
+
+
+def test_an_input_that_cannot_be_read_before_the_run_stays_float32(monkeypatch):
+    """Labels as a Python list (keras-hub's task tests pass them so) cannot
+    be read before the run, so nothing weighs the CPU rule's bf16 against
+    its start: the run trains in float32, as model.fit does, and says why.
+    (A one-step keras-hub MobileNet fit took 19 s in bf16 against plain
+    fit's 7 s in float32.)"""
+    monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: BF16_HOST)
+    x, y = toy_data(64)
+    with pytest.warns(KerascaleWarning, match="Python lists"):
+        plan = kerascale.plan(dense_model(), x, list(y), epochs=1, verbose=0)
+    assert plan.precision == "float32"
+    why = plan.reasons["precision"]
+    assert why.code == "precision.unweighed" and "Python lists" in why
+    asked = kerascale.plan(
+        dense_model(), x, list(y), epochs=1, precision="mixed_bfloat16", verbose=0
+    )
+    assert asked.precision == "mixed_bfloat16"
 
 
 def test_bf16_repays_weighs_the_saving_against_the_measured_start(monkeypatch):

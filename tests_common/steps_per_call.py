@@ -217,6 +217,10 @@ def test_auto_measures_and_raises_it_where_nothing_needs_each_step(monkeypatch) 
     # 256 steps an epoch: 64 a call against 1, a contrast that holds on a
     # loaded runner.
     x, y = data(8192)
+    before = kerascale.plan(model(), x, y, batch_size=BATCH, epochs=3, verbose=0)
+    why = before.reasons["steps_per_execution"]
+    assert reasons_lib.code(why) == "steps.in_run", why
+    assert before.steps_per_execution == 1 and "up to 64 (a quarter" in why
     plain = model()
     keras.utils.set_random_seed(1)
     plain.fit(x, y, batch_size=BATCH, epochs=3, verbose=0)

@@ -44,6 +44,11 @@ from kerascale.sense import hardware as hardware_lib
 from kerascale.sense.hardware import Hardware
 from kerascale.sense.model_facts import gist, model_facts
 
+# A run of at most this many steps, on an input that cannot be read before
+# it (no speed to weigh bf16's start with), stays float32 on a bf16 CPU:
+# bf16's first trace costs a keras-hub model seconds, several steps' time.
+UNWEIGHED_STEPS = 64
+
 
 def _search_anyway(hw: Hardware) -> str:
     """How to get the batch the skipped search would have picked (its mode;
@@ -163,7 +168,9 @@ def decide(
         given, options, planner, first, found, search, can_try, budget
     )
     if can_try:
-        decided = _tried(decided, given, ladder, budget)
+        decided = _tried(decided, given, ladder, budget, epochs)
+    else:  # no trial, nor the model's first speed: only an unread input
+        decided = _weighed_bf16(decided, given.model, None, epochs)
     if options.recompute == "auto":
         decided = _recomputed(decided, given, search, asked, budget)
     if epochs is not None:  # a run follows, whose steps per call it sets
@@ -204,17 +211,26 @@ def _planner(
         steps_per_epoch=steps_per_epoch,
         validation_split=validation_split,
     )
+    # Through the module, so that tests can replace the hardware seam.
+    hw = hardware or hardware_lib.detect_hardware()
+    # One CPU under the default strategy: no scope to re-create the model in
+    # (the round trip of every layer's config cost a keras-hub task 0.8 s).
+    alone = (
+        hw.accelerator == "cpu"
+        and hw.cluster is None
+        and options.strategy in ("auto", "default")
+    )
     facts = model_facts(
         given.model,
         options.strategy,
         sample=lambda: samples.sample_inputs(given.x, data),
+        scoped=not alone,
     )
     if attempt is not None and attempt.not_rebuildable:
         facts = facts.without_rebuild(attempt.not_rebuildable)
     if attempt is not None and attempt.unplaceable:
         facts = facts.without_placing(attempt.unplaceable)
-    # Through the module, so that tests can replace the hardware seam.
-    return Planner(hardware or hardware_lib.detect_hardware(), facts, data)
+    return Planner(hw, facts, data)
 
 
 @_in_planning_region
@@ -465,6 +481,7 @@ def _tried(
     given: Given,
     ladder: bool,
     budget: budget_lib.RunBudget | None = None,
+    epochs: int | None = None,
 ) -> Decided:
     """The decision after timing, on the real data, the CPU choices left to
     kerascale: the batch (the ladder's rungs), the pipeline, the precision,
@@ -486,7 +503,8 @@ def _tried(
             if p.outcome == "ok" and p.batch <= result.per_replica_batch_size
         }
     if not (try_pipeline or try_precision or len(rungs) > 1):
-        return decided if over is None else decided.replanned(found)
+        decided = decided if over is None else decided.replanned(found)
+        return _weighed_bf16(decided, given.model, budget, epochs)
     measured = trials_lib.run(
         given,
         decided.data,
@@ -508,7 +526,7 @@ def _tried(
     short = (
         None
         if measured.measured("precision")
-        else _too_short_for_bf16(decided, given.model, budget)
+        else _too_short_for_bf16(decided, given.model, budget, epochs)
     )
     settled = dataclasses.replace(
         options,
@@ -537,11 +555,33 @@ def _tried(
     )
 
 
+def _weighed_bf16(
+    decided: Decided,
+    model: Any,
+    budget: budget_lib.RunBudget | None,
+    epochs: int | None = None,
+) -> Decided:
+    """`decided`, float32 where the CPU rule's bf16 would cost the run more
+    than it saves (`_too_short_for_bf16`)."""
+    short = _too_short_for_bf16(decided, model, budget, epochs)
+    if not short:
+        return decided
+    options = dataclasses.replace(decided.options, precision="float32")
+    return decided.replanned(Measured().decided(precision=short), options=options)
+
+
 def _too_short_for_bf16(
-    decided: Decided, model: Any, budget: budget_lib.RunBudget | None
+    decided: Decided,
+    model: Any,
+    budget: budget_lib.RunBudget | None,
+    epochs: int | None = None,
 ) -> Reason | None:
     """Why bf16, which the CPU rule picks without a trial, would cost this
-    run more than it saves (`first_trace.why_float32`), or None."""
+    run more than it saves (`first_trace.why_float32`), or None. An input
+    that cannot be read before the run (a list of Python values) gives no
+    speed to weigh it with: a run of at most `UNWEIGHED_STEPS` steps then
+    stays float32, as model.fit trains (keras-hub's one-step task fits
+    took 19 s in bf16, 7 s in float32)."""
     plan, options = decided.plan, decided.options
     rule = (
         options.precision == "auto"
@@ -551,6 +591,12 @@ def _too_short_for_bf16(
         and not precision_rules.trial_candidate(decided.hardware)
     )
     cluster = decided.hardware.cluster
+    samples = decided.data.num_samples
+    if rule and budget is None and not decided.data.measurable and samples and epochs:
+        steps = epochs * -(-samples // max(1, plan.step_batch_size))
+        if steps <= UNWEIGHED_STEPS:
+            why = decided.data.why_not_measurable or "input that is read only once"
+            return Reason("precision.unweighed", steps=steps, why=why)
     if not rule or budget is None or (cluster is not None and cluster.is_multi_worker):
         # A worker of a cluster keeps the rule (the chief's choice is taken
         # by all): the reference steps it would time run under the cluster's

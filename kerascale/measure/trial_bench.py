@@ -93,6 +93,7 @@ class Bench:
         self.samples: int | None = None
         self.unbudgeted = False
         self.speed: float | None = None  # samples/s, for the run's length
+        self._first_speed = None
         self.run_seconds: float | None = None
 
     def __enter__(self) -> Bench:
@@ -112,8 +113,29 @@ class Bench:
             if made:
                 memory.collect()
 
-    def budget_for(self, samples, unbudgeted, speed) -> None:
+    def budget_for(self, samples, unbudgeted, speed, first_speed=None) -> None:
+        """The run's samples (None: unknown), whether nothing is weighed,
+        its speed where known, and what estimates one (an eager forward
+        pass, `budget.train_seconds_per_sample`) where a stage needs it."""
         self.samples, self.unbudgeted, self.speed = samples, unbudgeted, speed
+        self._first_speed = first_speed
+
+    def _too_few_steps(self, keys: list[tuple], field: str) -> str | None:
+        """Why timing `keys` cannot repay itself whatever a step takes: the
+        run trains fewer steps than the stage's timing would, scaled by the
+        share it may save (no speed needed: a short run of a model that is
+        slow to run eagerly is refused without running it)."""
+        if self.unbudgeted or self.samples is None:
+            return None
+        run = self.samples / max(1, self.plan.micro_batch_size)
+        least = ROUNDS * len(keys) * (ROUND_WARMUP_STEPS + MIN_WINDOW_STEPS)
+        share = budget.gain(field, self.plan.backend)
+        if budget.value(least, run, share) >= 0:  # in steps, not seconds
+            return None
+        return (
+            f"{budget.NAMES.get(field, field)} would train at least {least} "
+            f"steps; they may save {share:.0%} of a run of about {run:.0f}"
+        )
 
     # The budget.
     def _cost(self, new: int, timed: int) -> float:
@@ -161,6 +183,12 @@ class Bench:
     def compare(self, keys: list[tuple], field: str) -> list[Trial]:
         """Prepares the candidates `keys` and times them in interleaved
         rounds; [] when the stage is not afforded (recorded in `skipped`)."""
+        why = self._too_few_steps(keys, field)
+        if why is not None:
+            self.skipped.append((field, why))
+            return []
+        if self.speed is None and self._first_speed is not None:
+            self.speed, self._first_speed = self._first_speed(), None
         if self.speed is None and not self.unbudgeted and self.samples is not None:
             # No first estimate: the first candidate's warm-up gives one.
             self._prepare(keys[0])

@@ -222,12 +222,12 @@ def run(
         return cached
     # A first speed: the search's probes, else one a shorter run measured
     # (so that weighing a run never needs a candidate prepared again), else
-    # the first estimate (an eager forward pass).
+    # the first estimate (an eager forward pass), taken only where a stage
+    # could repay itself in steps.
     speed = _estimate(batches, plan) or (cached.speed if cached else None)
-    if not speed and first_speed is not None and not unbudgeted:
-        speed = first_speed()
+    later = first_speed if not speed and not unbudgeted else None
     bench = Bench(given, data, plan, verbose)
-    bench.budget_for(run_samples, unbudgeted, speed)
+    bench.budget_for(run_samples, unbudgeted, speed, later)
     with bench:
         result = _stages(bench, plan, try_pipeline, try_precision, batches, optimize)
     if decided and not result.trials:

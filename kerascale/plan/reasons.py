@@ -366,6 +366,11 @@ WORDS: dict[str, str | Callable[..., str]] = {
         "bf16's start may not be repaid; pass steps_per_epoch= to let kerascale "
         "weigh it, or precision='mixed_bfloat16'"
     ),
+    "precision.unweighed": (
+        "float32, as model.fit trains: a run of {steps} steps that cannot be "
+        "timed before it starts ({why}) is too short to show that bf16 repays "
+        "its start; pass precision='mixed_bfloat16' to use it"
+    ),
     "precision.too_short": (
         "float32: the run (about {run:.1f}s) is too short to repay bf16's start "
         "(about {cost:.2f}s)"

@@ -111,7 +111,9 @@ def is_functional(model: Any) -> bool:
     return isinstance(model, keras.Model) and type(model).__name__ == "Functional"
 
 
-def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> ModelFacts:
+def model_facts(
+    model: Any, strategy: Any, *, sample: Callable[[], Any], scoped: bool = True
+) -> ModelFacts:
     """What planning needs to know about `model`; builds an unbuilt model.
 
     A model that cannot be built from the data's shape (a GAN whose
@@ -122,6 +124,9 @@ def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> Mode
         model: A compiled `keras.Model` or a zero-argument builder function.
         strategy: The user's `strategy` option (a name or an instance).
         sample: Returns a one-sample input batch, to build an unbuilt model.
+        scoped: Whether the run may place the model in a strategy's scope
+            (False: one CPU, TensorFlow's default strategy; whether it
+            re-creates is then asked only where it cannot be borrowed).
 
     Raises:
         ModelError: If `model` is neither a model nor a builder, or is not
@@ -153,7 +158,7 @@ def model_facts(model: Any, strategy: Any, *, sample: Callable[[], Any]) -> Mode
     # measure a copy of a model that cannot be borrowed: elsewhere nothing
     # uses the answer, so the round trip (every layer made anew from its
     # config) is not paid for.
-    tried = backend_lib.traits().places_by_scope or bool(not_borrowable)
+    tried = (scoped and backend_lib.traits().places_by_scope) or bool(not_borrowable)
     why = unbuilt or (recreation_problem(model) if tried else "")
     if unbuilt and not_borrowable in ("", "it is not built"):
         not_borrowable = unbuilt
