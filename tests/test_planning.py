@@ -513,3 +513,25 @@ def test_a_batch_kerascale_chose_says_what_it_does_to_the_updates():
     steps = dataclasses.replace(data, steps_given=True)
     fixed = make_plan(CPU_ONLY, Options.validate(), FLOAT32, steps, search=_Answer(337))
     assert "updates_per_epoch" not in fixed.reasons
+
+
+def test_one_cpu_asks_whether_the_model_re_creates_only_where_it_must(monkeypatch):
+    """On one CPU under the default strategy nothing re-creates a model
+    that measurements can borrow: the round trip of every layer's config
+    (0.8 s for a keras-hub task, a one-step fit's planning) is not paid.
+    Where a strategy's scope may need it (TensorFlow), it is."""
+    from conftest import dense_model, toy_data
+
+    from kerascale.sense import model_facts as facts_lib
+
+    asked = []
+    real = facts_lib.recreation_problem
+    monkeypatch.setattr(
+        facts_lib, "recreation_problem", lambda m: asked.append(m) or real(m)
+    )
+    x, y = toy_data(32)
+    kerascale.plan(dense_model(), x, y, epochs=1, verbose=0)
+    assert asked == []
+    model = dense_model()
+    facts = facts_lib.model_facts(model, "auto", sample=lambda: x[:1], scoped=True)
+    assert asked == [model] and facts.rebuildable
