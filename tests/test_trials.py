@@ -444,8 +444,11 @@ def test_a_run_too_short_to_repay_bf16_stays_float32(monkeypatch):
     monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: BF16_HOST)
     monkeypatch.setattr(budget, "REPAY", float("inf"))  # no trials: the rule
     x, y = toy_data(64)
-    short = kerascale.plan(dense_model(), x, y, epochs=1, verbose=0)
-    assert short.precision == "float32"
+    few = kerascale.plan(dense_model(), x, y, epochs=1, verbose=0)
+    assert few.precision == "float32"  # two steps: not even timed
+    assert few.reasons["precision"].code == "precision.few_steps"
+    short = kerascale.plan(dense_model(), x, y, epochs=5, verbose=0)
+    assert short.precision == "float32"  # ten steps, timed
     assert short.reasons["precision"].code == "precision.too_short"
     assert first_trace.bf16_extra_seconds.cache_info().currsize == 1
     # The reference models left no trace in Keras's automatic names.

@@ -37,6 +37,11 @@ BF16_SAVING = 0.25
 # at least what setting the policy in place measured alone (benchmarks/
 # README.md's overhead table: 25 ms a call on 2 cores).
 MIN_EXTRA_SECONDS = 0.025
+# A run of at most this many steps is not timed to weigh bf16: the speed
+# estimate (eager forward passes) costs about as much as such a run (a
+# keras-hub RetinaNet: 6.5 s a fit of one step), and bf16 would need steps
+# longer than its whole start to repay it.
+FEW_STEPS = 8
 # A saving this large repays any start-up cost measured here (the
 # reference's extra was 0.07 s on TensorFlow, 0.3 s on JAX, on 2 cores).
 SURELY_REPAID_SECONDS = 5.0
@@ -114,6 +119,18 @@ def why_float32(model: Any, plan: Plan, budget: RunBudget) -> Reason | None:
     samples = budget.samples(plan)
     if samples is None:  # as model.fit trains: nothing shows bf16 repays
         return Reason("precision.length_unknown")
+    steps = -(-samples // max(1, plan.global_batch_size))
+    # An estimate of the speed would cost about as much as a run this short.
+    repays, cost = (
+        bf16_repays(model, plan.backend, 0.0) if steps <= FEW_STEPS else (True, 0.0)
+    )
+    if not repays:
+        return Reason(
+            "precision.few_steps",
+            steps=steps,
+            cost=cost,
+            need=cost / (BF16_SAVING * steps),
+        )
     if budget.per_sample is None:
         return None
     run = samples * budget.per_sample

@@ -366,6 +366,10 @@ WORDS: dict[str, str | Callable[..., str]] = {
         "bf16's start may not be repaid; pass steps_per_epoch= to let kerascale "
         "weigh it, or precision='mixed_bfloat16'"
     ),
+    "precision.few_steps": (
+        "float32: a run of {steps} steps would need steps of at least {need:.2f}s "
+        "to repay bf16's start (about {cost:.2f}s)"
+    ),
     "precision.unweighed": (
         "float32, as model.fit trains: a run of {steps} steps that cannot be "
         "timed before it starts ({why}) is too short to show that bf16 repays "
