@@ -23,10 +23,9 @@ import keras
 from kerascale import _validation
 from kerascale._fit_docs import documented as _documented
 from kerascale.apply import batch_growth
+from kerascale.apply import levers as levers_lib
 from kerascale.apply import materialize as materialize_lib
 from kerascale.apply import session as session_lib
-from kerascale.apply.controller import Controller, Lever
-from kerascale.apply.steps_in_run import StepsInRun
 from kerascale.apply.tensorflow import cluster
 from kerascale.callbacks import fit_callbacks
 from kerascale.callbacks._base import KerascaleCallback
@@ -39,7 +38,6 @@ from kerascale.measure.request import SearchOptions
 from kerascale.plan import fallback
 from kerascale.plan.options import Options, pin
 from kerascale.plan.plan import Plan
-from kerascale.plan.reasons import Reason
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts, first_batch
 from kerascale.sense import hardware as hardware_lib
@@ -194,8 +192,8 @@ def _train(
         _install_callbacks(
             session, prepared, request.monitor, deciding.backup, deciding.x
         )
-        controller, steps, why = _controller(deciding, decided, prepared)
-        plan = prepared.plan
+        levers = _levers(deciding, decided, prepared)
+        plan, why = prepared.plan, levers.batch_why
         if why:
             plan = dataclasses.replace(
                 plan, reasons={**plan.reasons, "batch_growth": why}
@@ -217,15 +215,11 @@ def _train(
             prepared,
             verbose=request.options.verbose,
             after_first_step=after_first_step,
-            controller=controller,
+            controller=levers.controller,
         )
     if not is_builder(model):
         history.set_model(model)
-    if steps is not None:  # the value the run chose, and how
-        n, chosen = steps.outcome()
-        reasons = {**plan.reasons, "steps_per_execution": chosen}
-        plan = dataclasses.replace(plan, steps_per_execution=n, reasons=reasons)
-    history.plan = plan
+    history.plan = levers.chosen(plan)  # the steps per call the run chose
     return history
 
 
@@ -323,36 +317,23 @@ def plan(
     return dataclasses.replace(decided.plan, reasons=reasons)
 
 
-def _controller(
+def _levers(
     deciding: _Deciding, decided: Decided, prepared: session_lib.Prepared
-) -> tuple[Controller | None, StepsInRun | None, Reason | None]:
-    """The run's controller (None where no lever acts), the steps-per-call
-    lever among its levers, and the plan's reason for the batch
-    (`batch_growth.lever_for`)."""
-    say = None if deciding.options.verbose == 0 else print
-    levers: list[Lever] = []
-    steps = None
-    if decided.steps_in_run is not None:
-        steps = StepsInRun(decided.steps_in_run, decided.plan.backend, say=say)
-        levers.append(steps)
-    growth, why = batch_growth.lever_for(
+) -> levers_lib.Levers:
+    """The run's levers and their controller (`apply.levers`)."""
+    return levers_lib.assembled(
         _growth_facts(deciding, decided, prepared.model, prepared.fit_kwargs),
         deciding.x,
         deciding.y,
         prepared.plan,
-        say=say,
+        decided.steps_in_run,
+        say=None if deciding.options.verbose == 0 else print,
+        counters=tuple(
+            c
+            for c in prepared.fit_kwargs.get("callbacks") or ()
+            if isinstance(c, Throughput)
+        ),
     )
-    if growth is not None:
-        levers.append(growth)
-    if not levers:
-        return None, None, why
-    callbacks = list(prepared.fit_kwargs.get("callbacks") or ())
-    controller = Controller(levers, callbacks)
-    if growth is not None:
-        batch_growth.followed(
-            controller, tuple(c for c in callbacks if isinstance(c, Throughput))
-        )
-    return controller, steps, why
 
 
 def _growth_facts(
