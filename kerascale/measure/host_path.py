@@ -152,13 +152,9 @@ def _in_run(
 ) -> Decided:
     """One step a call to begin with, and the bounds within which the run
     itself moves it (`apply.steps_in_run`): nothing is timed before it."""
-    n, why = steps_rules.MAX_STEPS, f"at most {steps_rules.MAX_STEPS}"
-    if epoch is not None and epoch // steps_rules.EPOCH_SHARE < n:
-        n, why = epoch // steps_rules.EPOCH_SHARE, "a quarter of an epoch"
-    accumulation = decided.plan.accumulation_steps
-    n, lowered = limit.largest(n, accumulation)
-    bounds = steps_in_run.Bounds(n, lowered or why, limit, accumulation)
-    decided = _decided(decided, 1, Reason("steps.in_run", cap=n, why=bounds.why))
+    n, why = _capped(epoch, limit, decided.plan)
+    bounds = steps_in_run.Bounds(n, why, limit, decided.plan.accumulation_steps)
+    decided = _decided(decided, 1, Reason("steps.in_run", cap=n, why=why))
     return dataclasses.replace(decided, steps_in_run=bounds)
 
 
@@ -256,10 +252,18 @@ def _why_not(
 
 def _cap(epoch: int | None, limit: steps_rules.StepsLimit, plan: Any) -> int:
     """The largest value the epoch and the bounds allow, before timing."""
-    n = steps_rules.MAX_STEPS
-    if epoch is not None:
-        n = min(n, epoch // steps_rules.EPOCH_SHARE)
-    return limit.largest(n, plan.accumulation_steps)[0]
+    return _capped(epoch, limit, plan)[0]
+
+
+def _capped(
+    epoch: int | None, limit: steps_rules.StepsLimit, plan: Any
+) -> tuple[int, str]:
+    """`_cap`, and the bound that set it, in words."""
+    n, why = steps_rules.MAX_STEPS, f"at most {steps_rules.MAX_STEPS}"
+    if epoch is not None and epoch // steps_rules.EPOCH_SHARE < n:
+        n, why = epoch // steps_rules.EPOCH_SHARE, "a quarter of an epoch"
+    n, lowered = limit.largest(n, plan.accumulation_steps)
+    return n, lowered or why
 
 
 def _epoch_steps(decided: Decided, steps_per_epoch: Any) -> int | None:
