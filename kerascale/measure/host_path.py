@@ -119,7 +119,7 @@ def chosen(
     except Exception as e:  # an optional figure: the run keeps Keras's 1
         return _one(decided, f"not measured: {type(e).__name__}: {gist(e)}")
     decided = dataclasses.replace(decided, host_path=found)
-    n, why = _from_timing(found, epoch, limit, plan.accumulation_steps)
+    n, why = _from_timing(found, epoch, limit, plan)
     return _decided(decided, n, why)
 
 
@@ -127,24 +127,22 @@ def _from_timing(
     found: HostPath,
     epoch: int | None,
     limit: steps_rules.StepsLimit,
-    accumulation: int,
+    plan: Any,
 ) -> tuple[int, Reason]:
     """The steps per call the timing asks for, within the bounds, and why:
-    the largest value the bounds allow where the host's share is at least
-    `MIN_SHARE`, else 1."""
+    the largest value the bounds allow (`steps_in_run.Bounds`, as the run's
+    own choice takes it) where the host's share is at least `MIN_SHARE`,
+    else 1."""
     figures = dict(share=found.share, t1=found.t1 * 1e3, tk=found.tk * 1e3, k=found.k)
     if found.share < MIN_SHARE:
         return 1, Reason("steps.not_worth", **figures)
     by_time = max(1, int(steps_rules.MAX_CALL_SECONDS / max(found.tk, 1e-9)))
-    n, bound = min(steps_rules.MAX_STEPS, by_time), "under a second a call"
-    if n == steps_rules.MAX_STEPS:
-        bound = f"at most {steps_rules.MAX_STEPS}"
-    if epoch is not None and epoch // steps_rules.EPOCH_SHARE < n:
-        n, bound = epoch // steps_rules.EPOCH_SHARE, "a quarter of an epoch"
-    n, lowered = limit.largest(n, accumulation)
+    cap, why = _capped(epoch, limit, plan)
+    bounds = steps_in_run.Bounds(cap, why, limit, plan.accumulation_steps)
+    n, bound = bounds.largest(by_time, "under a second a call")
     if n <= 1:
         return 1, Reason("steps.not_worth", **figures)
-    return n, Reason("steps.measured", n=n, limit=lowered or bound, **figures)
+    return n, Reason("steps.measured", n=n, limit=bound, **figures)
 
 
 def _in_run(
