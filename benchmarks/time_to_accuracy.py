@@ -25,6 +25,9 @@ Contestants, in one process, alternating, per seed (median of the seeds):
 - plain: `model.fit(x, y, validation_split=0.2, epochs=20, callbacks=[es])`;
 - kerascale: `kerascale.fit(model, x, y, ...)`, the same call, from a fresh
   cache (its planning in the time);
+- guide (with `--guide`): docs/batch-search.md followed to its next line,
+  `find_batch_size(model, x, y, memory_limit="6GiB")` then `kerascale.fit`
+  with its `fit_kwargs()` (the search in the time, from a fresh cache);
 - by hand: the fastest of batch 32, 128 and 512 with `steps_per_execution=32`
   and Adam's learning rate scaled by sqrt(batch / 32) (Malladi et al. 2022),
   among those within 0.01 of plain's accuracy.
@@ -188,6 +191,9 @@ def run(fit, build, train, test, seed, settings=None, **kwargs):
     grown = list(dict.fromkeys(int(b) for b in history.history.get("batch_size", [])))
     return {
         "seconds": seconds,
+        # The guide's search (cached for the next run of the same model and
+        # data): its fit alone is `seconds` less this.
+        "search_seconds": getattr(history, "search_seconds", 0.0),
         "accuracy": float(accuracy),
         "epochs": len(history.history["loss"]),
         "batch": batch or kwargs.get("batch_size", 32),
@@ -207,15 +213,50 @@ def kerascale_fit(model, *args, **kwargs):
         return kerascale.fit(model, *args, **kwargs)
 
 
+# The batch-size guide's memory limit (docs/batch-search.md's first sample).
+GUIDE_LIMIT = "6GiB"
+
+
+def guide_fit(model, x, y, *, callbacks, **kwargs):
+    """docs/batch-search.md followed to its next line: the search, then
+    `fit` with the answer's `fit_kwargs()` (fresh cache, the search timed)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["KERASCALE_CACHE_DIR"] = cache
+        began = time.perf_counter()
+        found = kerascale.find_batch_size(
+            model, x, y, memory_limit=GUIDE_LIMIT, verbose=0
+        )
+        searched = time.perf_counter() - began
+        history = kerascale.fit(
+            model, x, y, **kwargs, **found.fit_kwargs(callbacks=callbacks)
+        )
+        history.search_seconds = searched
+        print(
+            f"  guide: answer {found.batch_size}, trained at "
+            f"{history.plan.global_batch_size}, search {searched:.1f}s",
+            flush=True,
+        )
+        return history
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--guide",
+        action="store_true",
+        help="add docs/batch-search.md's search and its fit_kwargs() as a contestant",
+    )
     args = parser.parse_args()
     backend = keras.backend.backend()
     results = {}
     for name in args.tasks.split(","):
         rows = {"plain": [], "kerascale": [], "by hand": []}
+        if args.guide:
+            rows["guide"] = []
         for seed in range(args.seeds):
             build, train, test = TASKS[name](seed)
             rows["plain"].append(run(plain_fit, build, train, test, seed))
@@ -235,6 +276,8 @@ def main():
                 )
                 for b in BY_HAND
             ]
+            if args.guide:
+                rows["guide"].append(run(guide_fit, build, train, test, seed))
             good = [
                 h for h in hand if h["accuracy"] >= rows["plain"][-1]["accuracy"] - 0.01
             ]
@@ -243,6 +286,9 @@ def main():
         results[name] = {
             who: {
                 "seconds": statistics.median(r["seconds"] for r in runs),
+                "fit_seconds": statistics.median(
+                    r["seconds"] - r["search_seconds"] for r in runs
+                ),
                 "accuracy": statistics.median(r["accuracy"] for r in runs),
                 "accuracy_spread": max(r["accuracy"] for r in runs)
                 - min(r["accuracy"] for r in runs),
@@ -259,9 +305,15 @@ def main():
     print(f"\n{backend}: task, contestant, median seconds, accuracy (spread), epochs")
     for name, r in results.items():
         for who, m in r.items():
+            searched = (
+                f" (fit {m['fit_seconds']:.1f} s)"
+                if m["fit_seconds"] != m["seconds"]
+                else ""
+            )
             print(
-                f"  {name:9} {who:10} {m['seconds']:7.1f} s  {m['accuracy']:.3f} "
-                f"({m['accuracy_spread']:.3f})  {m['epochs']:>4}  batch {m['batches']}"
+                f"  {name:9} {who:10} {m['seconds']:7.1f} s{searched}  "
+                f"{m['accuracy']:.3f} ({m['accuracy_spread']:.3f})  "
+                f"{m['epochs']:>4}  batch {m['batches']}"
             )
     print(f"geometric mean of kerascale / plain time: {geomean:.2f} (goal <= 0.67)")
     write(f"time_to_accuracy_{backend}", tasks=results, geomean_ratio=geomean)

@@ -46,6 +46,14 @@ def test_tf_data_checkpoints_and_event_files_on_the_jax_backend(tmp_path):
     assert found["materialized_changes"]["materialized"]
     np.testing.assert_allclose(found["materialized"], found["theirs"], rtol=1e-6)
     assert found["warnings"] == []
+    # Steps per call chosen in the run on a shuffled tf.data input (issue
+    # 79): measured at one a call, moved (the child lets a move repay
+    # itself) and kept or gone back from, plain fit's weights, and the
+    # model's own value (1) put back.
+    moved = ("steps.run_measured", "steps.run_back")
+    assert found["in_run_why"] in moved, found["in_run_why"]
+    assert found["in_run_left_at"] == 1
+    assert found["in_run_difference"] <= 1e-5, found
     # Keras's JAX fit reads a batch to build the loss and metrics, from an
     # iterator it drops: a cache() kerascale added must not see that read.
     assert "did not fully read the dataset being cached" not in proc.stderr
