@@ -16,6 +16,7 @@ from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import MODES
 from kerascale.plan import fallback
 from kerascale.plan import reasons as reasons_lib
+from kerascale.plan.goodput import MIN_UPDATES
 from kerascale.plan.options import Options
 from kerascale.sense import backend as backend_lib
 
@@ -92,8 +93,11 @@ def find_batch_size(
             fails for a reason other than memory.
 
     >>> result = kerascale.find_batch_size(model, x, y, memory_limit="4GiB")
-    >>> kerascale.fit(model, x, y, batch_size=result.batch_size,
-    ...               precision=result.precision)
+    >>> kerascale.fit(model, x, y, epochs=10, **result.fit_kwargs())
+
+    `fit_kwargs()` trains at the answer with the learning rate scaled for
+    it, and keeps an epoch's updates where the answer is most of a small
+    dataset (see `BatchSearchResult.fit_kwargs`).
     """
     options, search = _validated(
         mode=mode,
@@ -159,9 +163,10 @@ def _with_precision(decided: Decided, mode: str) -> BatchSearchResult:
     if updates is not None and updates <= FEW_UPDATES:
         errors.warn(
             f"batch_size {found.batch_size} leaves {updates} optimizer update(s) "
-            f"an epoch of the {n} samples. Pass max_batch_size= for more "
-            "updates an epoch, or "
-            "mode='throughput' for the fastest batch."
+            f"an epoch of the {n} samples. Train with result.fit_kwargs() "
+            f"(at most the answer, {MIN_UPDATES} updates an epoch, the learning "
+            "rate scaled), or pass max_batch_size= for more updates an epoch, "
+            "or mode='throughput' for the fastest batch."
         )
     dropped = found.reasons.get("recompute", "")
     if reasons_lib.code(dropped) == "recompute.weigh_failed":
@@ -177,7 +182,9 @@ def _with_precision(decided: Decided, mode: str) -> BatchSearchResult:
             f"{decided.plan.precision} was timed at it and fits it",
         )
         found = dataclasses.replace(found, precision=decided.plan.precision)
-    return dataclasses.replace(found, reasons={**found.reasons, "precision": why})
+    return dataclasses.replace(
+        found, reasons={**found.reasons, "precision": why}, samples=n
+    )
 
 
 def _validated(

@@ -62,6 +62,7 @@ def test_callbacks_and_data_are_public():
         "PREEMPTED_EXIT_CODE",
         "Prefetch",
         "ProfileWindow",
+        "ScaledLearningRate",
         "Throughput",
         "TimeBudget",
     ]

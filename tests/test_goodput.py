@@ -295,6 +295,24 @@ def test_growth_to_an_untimed_batch_must_save_more_than_it_costs():
     )
 
 
+def test_growth_may_reach_several_doublings_at_once():
+    # A step all overhead (64 samples cost nothing more): 256 is predicted
+    # at 32's step, and at a noise scale of 10,000 it wins; one doubling
+    # only where the rule allows one.
+    seconds = {32: 1e-3}
+    growth = _grow(32, 10_000.0, seconds, doublings=3, compute_seconds=0.0)
+    assert growth.batch == 256 and growth.predicted == 256
+    assert _grow(32, 10_000.0, seconds, compute_seconds=0.0).batch == 64
+    # Capped by the ceiling.
+    assert _grow(32, 1e4, seconds, doublings=3, ceiling=128).batch == 128
+    # Noise scale 64: goodput 32,000, 48,000, 64,000, 76,800 at 32-256 on
+    # a step all overhead; where every 32 samples add a step's time, the
+    # speed is flat and the efficiency lost keeps 32.
+    assert _grow(32, 64.0, seconds, doublings=3, compute_seconds=0.0).batch == 256
+    spread = _grow(32, 64.0, seconds, doublings=3, compute_seconds=1e-3)
+    assert spread.batch == 32 and spread.predicted == 64
+
+
 def test_growth_stays_under_the_ceiling():
     assert _grow(32, 1e6, {32: 1e-3}, ceiling=63).batch == 32
 

@@ -231,6 +231,35 @@ def test_find_batch_size_on_jax_fits_the_limit_by_xla_count_and_trains():
 
 
 @pytest.mark.once
+def test_the_answer_s_fit_kwargs_train_with_updates_and_a_scaled_rate():
+    """The search's answer is the whole of 2,048 samples (issue 78's guide
+    case); `fit_kwargs()` trains at 128 (16 updates an epoch) with Adam's
+    rate x2 during the run, yours after, and the answer said once."""
+    x = np.random.default_rng(0).normal(size=(2048, 256)).astype("float32")
+    y = np.zeros(2048, "int32")
+    model = _mlp()
+    with pytest.warns(kerascale.KerascaleWarning, match="fit_kwargs"):
+        result = kerascale.find_batch_size(
+            model, x, y, memory_limit="1GiB", isolate=False, recompute=False,
+            precision="float32", verbose=0,
+        )  # fmt: skip
+    assert result.batch_size == 2048 and result.samples == 2048
+    kwargs = result.fit_kwargs()
+    assert kwargs["batch_size"] == 128 and kwargs["precision"] == "float32"
+    seen = []
+    rates = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: seen.append(
+            float(model.optimizer.learning_rate)
+        )
+    )
+    kwargs["callbacks"].append(rates)
+    history = kerascale.fit(model, x, y, epochs=2, verbose=0, **kwargs)
+    assert history.plan.global_batch_size == 128
+    np.testing.assert_allclose(seen, [2e-3, 2e-3], rtol=1e-6)
+    np.testing.assert_allclose(float(model.optimizer.learning_rate), 1e-3, rtol=1e-6)
+
+
+@pytest.mark.once
 def test_find_batch_size_that_cannot_answer_here_says_why_and_what_to_do():
     """On a CPU without memory_limit, only fit's trials time batches: asked
     for the fastest, find_batch_size says so (it raised AttributeError on

@@ -1,6 +1,7 @@
 """The gradient noise scale measured on JAX (issue 78); the pure parts and
 TensorFlow's are tests/test_goodput.py."""
 
+import learning_rate_cases
 import noise_cases
 import numpy as np
 import pytest
@@ -37,3 +38,22 @@ def test_the_callback_records_the_noise_scale_in_model_fit_and_kerascale_fit():
     import jax
 
     assert history.plan.replicas == len(jax.devices()), history.plan.explain()
+
+
+# ScaledLearningRate's checks (tests/test_scaled_learning_rate.py on TF).
+@pytest.mark.parametrize(
+    "check",
+    [
+        "check_adam_takes_the_square_root_and_gets_its_rate_back",
+        "check_sgd_scales_linearly_over_its_warmup",
+        "check_reduce_on_plateau_acts_on_the_scaled_rate_and_stays",
+        "check_no_rule_or_a_schedule_leaves_the_rate_with_a_warning",
+        "check_a_fit_that_raises_gets_its_rate_back",
+    ],
+)
+def test_scaled_learning_rate(check):
+    getattr(learning_rate_cases, check)()
+
+
+def test_scaled_learning_rate_resumes_scaled_once(tmp_path):
+    learning_rate_cases.check_a_resume_restores_the_scaled_rate_not_its_square(tmp_path)

@@ -12,10 +12,14 @@ nothing behind when `fit` raises (see `kerascale.callbacks._base`).
 - `Prefetch` (JAX): reads the next batches on a thread while the step runs.
 - `NoiseScale`: the gradient noise scale at each epoch's end: whether a
   larger batch would pay.
+- `ScaledLearningRate`: your learning rate scaled for a larger batch (SGD
+  linearly with a warmup, the Adam family by the square root), put back at
+  the end.
 """
 
 from kerascale.callbacks.backup import PREEMPTED_EXIT_CODE, FaultTolerantBackup
 from kerascale.callbacks.gpu_monitor import GPUMonitor
+from kerascale.callbacks.learning_rate import ScaledLearningRate
 from kerascale.callbacks.noise_scale import NoiseScale
 from kerascale.callbacks.prefetch import Prefetch
 from kerascale.callbacks.profile import ProfileWindow
@@ -29,6 +33,7 @@ __all__ = [
     "NoiseScale",
     "Prefetch",
     "ProfileWindow",
+    "ScaledLearningRate",
     "Throughput",
     "TimeBudget",
 ]

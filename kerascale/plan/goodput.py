@@ -229,7 +229,8 @@ class Growth:
         noise: The noise scale it was chosen at.
         speeds: Samples/s per batch: measured, and for the next doubling
             predicted (`predicted`).
-        predicted: The batch whose speed is a prediction, or None.
+        predicted: The batch predicted that was chosen, else the next
+            doubling's (its speed a prediction), or None.
         gain: The chosen batch's goodput over the current one's.
         why: Why the batch stays, where it does ("" where it changes).
     """
@@ -253,13 +254,15 @@ def grow(
     switch_seconds: float,
     compute_seconds: float | None = None,
     tolerance: float = TOLERANCE,
+    doublings: int = 1,
 ) -> Growth:
     """The batch that trains fastest to a loss for the rest of a run: the
-    best goodput among the batches the run has timed and the next doubling
-    of `current`, whose speed is predicted from the timed ones (a line
-    through the last two; where one is timed, its step plus the forward and
-    backward passes of the samples added, or `DOUBLING_PRIOR` without
-    those: the run then times it, and goes back if it was wrong).
+    best goodput among the batches the run has timed and the next
+    `doublings` doublings of `current`, whose speeds are predicted from the
+    timed ones (a line through the last two; where one is timed, its step
+    plus the forward and backward passes of the samples added, or
+    `DOUBLING_PRIOR` a doubling without those: the run then times it, and
+    goes back if it was wrong).
 
     A batch not yet run pays only where the time it saves over
     `remaining_samples` outweighs `switch_seconds` (compiling the step for
@@ -277,6 +280,9 @@ def grow(
             and backward passes, where measured (two noise samples'
             micro-batches, at the base and at twice it).
         tolerance: How much better a larger batch must be.
+        doublings: How many doublings of `current` one change may reach
+            (one compile for a larger step, where the learning-rate rule
+            allows it: the square root's rises 2.8x at three).
     """
     if current not in step_seconds or base not in step_seconds:
         raise ValueError(
@@ -287,12 +293,15 @@ def grow(
     speeds[current] = current / step_seconds[current]
     if noise is None:
         return Growth(current, math.nan, speeds, None, 1.0, "no noise scale yet")
-    predicted = None
-    if 2 * current <= ceiling and 2 * current not in step_seconds:
-        predicted = 2 * current
-        step = _predicted_step(step_seconds, predicted, base, compute_seconds)
-        speeds[predicted] = predicted / step
+    candidates = [current * 2**k for k in range(1, doublings + 1)]
+    candidates = [b for b in candidates if b <= ceiling and b not in step_seconds]
+    for batch in candidates:
+        step = _predicted_step(step_seconds, batch, base, compute_seconds)
+        speeds[batch] = batch / step
     choice = choose(speeds, base, noise, tolerance)
+    # The prediction the choice rests on, else the next doubling's.
+    predicted = choice.batch if choice.batch in candidates else None
+    predicted = predicted or (candidates[0] if candidates else None)
     rates = choice.goodput
     gain = rates[choice.batch] / rates[current]
     if choice.batch == current:

@@ -258,8 +258,8 @@ WORDS: dict[str, str | Callable[..., str]] = {
     # batch_growth (a run on arrays at a batch kerascale chose, on a CPU)
     "growth.in_run": (
         "grows in the run where goodput rises (noise scale and step time "
-        "measured at each epoch's end, at most x2 an epoch); learning rate "
-        "{scaling} ({family})"
+        "measured at each epoch's end, at most x2 an epoch for SGD, x8 for the "
+        "square root); learning rate {scaling} ({family})"
     ),
     "growth.kept": "the batch stays: {why}",
     # accumulation_steps
