@@ -182,7 +182,9 @@ def main() -> int:
     differences: dict[str, list[float]] = {k: [] for k in kinds[1:]}
     for r in range(args.rounds):
         weights = {}
-        for kind in kinds:
+        # Each round starts one contestant later: none always runs after
+        # the same other (what a process did before shows in the next run).
+        for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
             seconds, weights[kind] = run(kind, x, y, epochs)
             times[kind].append(seconds)
             print(f"round {r + 1} {kind}: {seconds:.2f} s", flush=True)

@@ -6,6 +6,7 @@ import dataclasses
 
 import learning_rate_cases as cases
 import pytest
+from test_recompute import result
 
 from kerascale.callbacks import ScaledLearningRate
 from kerascale.errors import ConfigurationError
@@ -52,21 +53,11 @@ def test_arguments_are_checked_at_the_door(kwargs, name):
 
 
 def answer(batch, samples, replicas=1):
-    return BatchSearchResult(
+    """A search's answer of `batch` (all replicas) on `samples` samples."""
+    return dataclasses.replace(
+        result(batch // replicas),
         batch_size=batch,
-        per_replica_batch_size=batch // replicas,
         replicas=replicas,
-        precision="float32",
-        strategy="default",
-        largest_fitting=batch,
-        smallest_failing=None,
-        mode="max",
-        probes=(),
-        memory_model=None,
-        limit_bytes=None,
-        granularity=1,
-        margin=0.03,
-        reasons={},
         samples=samples,
     )
 
@@ -80,6 +71,8 @@ def test_fit_kwargs_keep_an_epochs_updates_and_scale_the_rate():
     first, scale = kwargs["callbacks"]
     assert first is mine and isinstance(scale, ScaledLearningRate)
     assert (scale.batch_size, scale.base_batch_size) == (128, 32)
+    one = ScaledLearningRate(64, verbose=0)  # a callback alone, not a list
+    assert answer(32, 100).fit_kwargs(callbacks=one)["callbacks"] == [one]
     # Room for the answer: kept. Replicas: a multiple of them.
     assert answer(256, 100_000).fit_kwargs()["batch_size"] == 256
     assert answer(2048, 3000, replicas=3).fit_kwargs()["batch_size"] == 186

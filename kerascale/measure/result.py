@@ -181,6 +181,8 @@ class BatchSearchResult:
         if self.samples and self.samples // min_updates < batch:
             fewer = self.samples // min_updates // self.replicas * self.replicas
             batch = max(self.replicas, min(batch, max(fewer, base_batch_size)))
+        if hasattr(callbacks, "set_model"):  # one callback, not a list
+            callbacks = [callbacks]
         callbacks = list(callbacks or ())
         if batch > base_batch_size:
             callbacks.append(ScaledLearningRate(batch, base_batch_size))
