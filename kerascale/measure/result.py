@@ -178,9 +178,11 @@ class BatchSearchResult:
         v.positive_int("base_batch_size", base_batch_size)
         v.positive_int("min_updates", min_updates)
         batch = self.batch_size
-        if self.samples and self.samples // min_updates < batch:
-            fewer = self.samples // min_updates // self.replicas * self.replicas
-            batch = max(self.replicas, min(batch, max(fewer, base_batch_size)))
+        if self.samples:
+            # An epoch keeps `min_updates` updates, in whole replicas, and the
+            # batch never falls below your base (a small dataset's answer).
+            keeps = self.samples // min_updates // self.replicas * self.replicas
+            batch = min(batch, max(keeps, base_batch_size, self.replicas))
         if hasattr(callbacks, "set_model"):  # one callback, not a list
             callbacks = [callbacks]
         callbacks = list(callbacks or ())

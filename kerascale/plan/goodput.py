@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 
 from kerascale import _validation as v
+from kerascale.plan import accumulation
 
 # The estimates' moving average keeps this much of the past at each update
 # (McCandlish et al. average |G|^2 and tr(Sigma) apart, then divide).
@@ -167,8 +168,8 @@ class LearningRateRule:
     why: str
 
     def factor(self, batch: int, base: int) -> float:
-        ratio = batch / base
-        return ratio if self.scaling == "linear" else math.sqrt(ratio)
+        """The rate's factor at `batch` (fit's `lr_scaling` formula)."""
+        return accumulation.lr_factor(self.scaling, batch, base)
 
 
 LINEAR = LearningRateRule("linear", True, "SGD family: linear scaling, warmup")
