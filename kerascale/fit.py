@@ -193,6 +193,7 @@ def _train(
             session, prepared, request.monitor, deciding.backup, deciding.x
         )
         levers = _levers(deciding, decided, prepared)
+        levers.checkpointed(deciding.backup, prepared.fit_kwargs)
         plan, why = prepared.plan, levers.batch_why
         if why:
             plan = dataclasses.replace(
@@ -341,14 +342,15 @@ def _growth_facts(
 ) -> batch_growth.Facts:
     return batch_growth.Facts(
         model=model,
-        batch_size=deciding.options.batch_size,
+        # Yours: "auto" also where a checkpoint's plan pinned the batch.
+        batch_size=deciding.request.options.batch_size,
         max_batch_size=deciding.options.max_batch_size,
         data=decided.data,
         hardware=decided.hardware,
         plan=decided.plan,
         clustered=bool(deciding.clustered),
-        checkpointed=deciding.backup is not None,
         fit_kwargs=fit_kwargs,
+        backup=deciding.backup,
     )
 
 

@@ -1,6 +1,7 @@
 """FaultTolerantBackup: real kills of real training processes, damaged files,
 changed configurations, and argument validation."""
 
+import hashlib
 import json
 import random
 import signal
@@ -705,3 +706,35 @@ def test_a_search_under_a_memory_limit_counts_the_checkpoints_host_copy(
     sync = FaultTolerantBackup(str(tmp_path / "b"), async_save=False, verbose=0)
     kerascale.plan(model(), x, y, callbacks=[sync], **options)
     assert copies and copies[-1] == 0
+
+
+@pytest.mark.nightly
+def test_a_run_whose_rate_a_callback_moved_resumes(tmp_path):
+    import learning_rate_cases
+
+    learning_rate_cases.check_a_run_whose_rate_a_callback_moved_resumes(tmp_path)
+
+
+def test_a_checkpoint_of_an_older_kerascale_is_still_resumed():
+    """kerascale 0.1.0 before "compiled" hashed the compile config into the
+    architecture and kept the optimizer's learning rate in its config: its
+    checkpoints compare against this run's alike, without the rate."""
+    from kerascale.callbacks import _backup_meta as meta_lib
+    from kerascale.sense import model_facts
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    now = meta_lib.fingerprint(model, None, start_rate=1e-3)
+    old = {k: v for k, v in now.items() if k not in ("compiled", "learning_rate")}
+    arch = model_facts.architecture(model, with_compile_config=True)
+    old["architecture"] = hashlib.sha256(arch.encode()).hexdigest()[:16]
+    old["optimizer"] = {
+        **now["optimizer"],
+        "config": {**now["optimizer"]["config"], "learning_rate": 5e-4},
+    }
+    assert old["architecture"] != now["architecture"]
+    meta_lib.older_fingerprint(old, now, model)
+    meta_lib.check_fingerprint(old, now, "ckpt")  # raises on a difference
+    old["optimizer"]["class"] = "SGD"
+    with pytest.raises(CheckpointError, match="Adam now"):
+        meta_lib.check_fingerprint(old, now, "ckpt")

@@ -6,6 +6,7 @@ import growth_cases
 import keras
 import pytest
 
+import kerascale
 from kerascale.apply import batch_growth
 
 
@@ -101,6 +102,12 @@ class _PerBatch(keras.callbacks.Callback):
         (
             lambda: _why(callbacks=[keras.callbacks.BackupAndRestore("/tmp/unused")]),
             "BackupAndRestore",
+        ),
+        (
+            lambda: _why(
+                callbacks=[kerascale.callbacks.FaultTolerantBackup("/tmp/unused")]
+            ),
+            "checkpoint_dir= keeps a grown batch",
         ),
     ],
 )
@@ -213,3 +220,14 @@ def test_two_levers_change_one_segment_and_undo_together():
 @pytest.mark.nightly
 def test_a_run_in_segments_trains_one_fit_s_weights():
     growth_cases.check_segments_train_one_fit_s_weights()
+
+
+def test_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path):
+    growth_cases.check_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path)
+
+
+@pytest.mark.kill
+def test_a_sigkill_resumes_at_the_grown_batch(monkeypatch, tmp_path):
+    growth_cases.check_a_sigkill_resumes_at_the_grown_batch(
+        monkeypatch, tmp_path, "tensorflow"
+    )

@@ -477,6 +477,28 @@ def test_builders_are_keyed_by_their_code():
     assert fp(namespace["build"]) != before
 
 
+def test_a_model_is_keyed_by_its_layers_and_compile_not_its_rate():
+    """The learning rate moves no measurement: a notebook that reruns a cell
+    with another rate (or a model a `ReduceLROnPlateau` cut) reads its
+    search; another optimizer, loss or layer does not."""
+    fp = cache.model_fingerprint
+
+    def model(optimizer, loss="mse", units=4):
+        m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(units)])
+        m.compile(optimizer, loss)
+        return m
+
+    adam = fp(model(keras.optimizers.Adam(1e-3)))
+    assert fp(model(keras.optimizers.Adam(5e-2))) == adam
+    assert fp(model(keras.optimizers.SGD(1e-3))) != adam
+    assert fp(model(keras.optimizers.Adam(1e-3), loss="mae")) != adam
+    assert fp(model(keras.optimizers.Adam(1e-3), units=5)) != adam
+    decay = keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.5)
+    other = keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.9)
+    scheduled = fp(model(keras.optimizers.Adam(decay)))
+    assert scheduled != adam and fp(model(keras.optimizers.Adam(other))) != scheduled
+
+
 def how(plan):
     """How the plan's batch was searched ("cached search" where it was read)."""
     why = plan.reasons["global_batch_size"]

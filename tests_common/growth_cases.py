@@ -2,13 +2,20 @@
 (tests/test_batch_growth.py, tests_jax/test_jax_batch_growth.py)."""
 
 import csv
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import keras
 import numpy as np
+import pytest
 
 import kerascale
 from kerascale.apply import batch_growth
 from kerascale.apply.controller import Controller, Lever
+from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import KerascaleWarning
 from kerascale.plan import goodput
 
@@ -421,3 +428,187 @@ def check_segments_train_one_fit_s_weights():
     assert [start for start, _ in controller.changes] == [1, 2, 3]
     for p, q in zip(plain.get_weights(), ours.get_weights(), strict=True):
         np.testing.assert_array_equal(np.asarray(p), np.asarray(q))
+
+
+def by_batch(monkeypatch, script):
+    """`goodput.grow` answers by the batch the run is at (`script`: batch ->
+    the next) and "stay" at any other: the same decisions in a resumed run
+    as in an uninterrupted one."""
+
+    def grow(current, base, noise, step_seconds, **kwargs):
+        return goodput.Growth(script.get(current, current), noise or 0.0, {}, None, 1.0)
+
+    monkeypatch.setattr(goodput, "grow", grow)
+    monkeypatch.setattr(batch_growth, "TIMED_STEPS", 1)
+
+
+class StopAfter(keras.callbacks.Callback):
+    """Raises at `epoch`'s end (before the backup's save there): a run that
+    ends as an interrupted cell, with no batch hook (which keeps the batch)."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError("interrupted")
+
+
+def check_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path):
+    """A run that grew 32 -> 64 at epoch 2 is stopped at epoch 3's end, where
+    its newest checkpoint is of epoch 3's step 24 (every 8 steps; the save
+    at an epoch's last step waits for its end); its rerun resumes there at
+    64 with the rate x sqrt(2) (the checkpoint's), ends with the
+    uninterrupted run's weights and History, and gives the rate back."""
+    x, y = data(samples=2048)
+    by_batch(monkeypatch, {32: 64})
+
+    def run(directory, *callbacks):
+        m = model()
+        history = kerascale.fit(
+            m,
+            x,
+            y,
+            epochs=5,
+            verbose=0,
+            precision="float32",
+            steps_per_execution=1,
+            checkpoint_dir=str(directory),
+            checkpoint_freq=8,
+            callbacks=list(callbacks),
+            **ONE,
+        )
+        return m, history
+
+    straight, expected = run(tmp_path / "straight")
+    assert expected.history["batch_size"] == [32, 32, 64, 64, 64]
+    with pytest.raises(RuntimeError, match="interrupted"):
+        run(tmp_path / "run", StopAfter(3))
+    (saved,) = list(store.verified(store.scan(str(tmp_path / "run"))))[:1]
+    assert (saved[1]["epoch"], saved[1]["step"]) == (3, 24), saved[1]
+    assert saved[1]["levers"]["batch"]["batch"] == 64
+    m, history = run(tmp_path / "run")
+    assert history.epoch == [0, 1, 2, 3, 4]
+    assert history.history["batch_size"] == [32, 32, 64, 64, 64], history.history
+    for a, b in zip(m.get_weights(), straight.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    rate = float(keras.ops.convert_to_numpy(m.optimizer.learning_rate))
+    np.testing.assert_allclose(rate, 1e-3, rtol=1e-6)
+    # Again, with a callback that acts per batch (a no-op here), which keeps
+    # a batch from growing: the resume still goes on at the checkpoint's.
+    with pytest.raises(RuntimeError, match="interrupted"):
+        run(tmp_path / "again", StopAfter(3))
+    with pytest.warns(KerascaleWarning, match="Resuming at batch 64") as said:
+        m, history = run(tmp_path / "again", PerBatch())
+    assert "PerBatch acts per batch" in str(said[0].message)
+    assert history.history["batch_size"] == [32, 32, 64, 64, 64]
+    for a, b in zip(m.get_weights(), straight.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    rate = float(keras.ops.convert_to_numpy(m.optimizer.learning_rate))
+    np.testing.assert_allclose(rate, 1e-3, rtol=1e-6)
+
+
+class PerBatch(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+
+def grown_run(directory, samples=4096):
+    """The run of the SIGKILL check (its child's, and the uninterrupted one
+    beside it): (weights, the batch of each epoch, the rate after)."""
+    x, y = data(samples=samples)
+    m = model()
+    history = kerascale.fit(
+        m,
+        x,
+        y,
+        epochs=6,
+        verbose=0,
+        precision="float32",
+        steps_per_execution=1,
+        checkpoint_dir=str(directory),
+        checkpoint_freq=32,
+        **ONE,
+    )
+    rate = float(keras.ops.convert_to_numpy(m.optimizer.learning_rate))
+    return m.get_weights(), history.history["batch_size"], rate
+
+
+def _child(backend, directory, out):
+    child = os.path.join(os.path.dirname(__file__), "growth_child.py")
+    command = [sys.executable, child, backend, str(directory), str(out)]
+    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+
+
+def _newest_meta(directory):
+    """The newest checkpoint's metadata, or None (also while the child
+    writes or prunes one under the scan)."""
+    try:
+        found = list(store.verified(store.scan(str(directory))))
+    except (OSError, ValueError):
+        return None
+    return found[0][1] if found else None
+
+
+def check_a_sigkill_resumes_at_the_grown_batch(monkeypatch, tmp_path, backend):
+    """A real SIGKILL of a run (a child process) that grew 32 -> 64, once a
+    checkpoint of a step at 64 is published; the rerun (another) resumes
+    there and ends with the weights, batches and learning rate (yours) of
+    the uninterrupted run. Both of those run in this process: the same
+    code as the child's, two starts less."""
+    by_batch(monkeypatch, {32: 64})
+    weights, batches, rate = grown_run(tmp_path / "straight")
+    proc = _child(backend, tmp_path / "run", tmp_path / "killed.npz")
+    deadline = time.monotonic() + 300
+    try:
+        while True:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline
+            meta = _newest_meta(tmp_path / "run")
+            if meta and meta["levers"]["batch"]["batch"] == 64 and meta["step"]:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    meta = _newest_meta(tmp_path / "run")
+    assert meta["levers"]["batch"]["batch"] == 64 and meta["epoch"] >= 2
+    resumed, resumed_batches, resumed_rate = grown_run(tmp_path / "run")
+    assert resumed_batches == batches == [32, 32, 64, 64, 64, 64]
+    np.testing.assert_allclose(resumed_rate, rate, rtol=1e-6)
+    np.testing.assert_allclose(rate, 1e-3, rtol=1e-6)
+    for a, b in zip(resumed, weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def check_two_devices_grow_as_one(monkeypatch):
+    x, y = data(samples=2048)
+    by_batch(monkeypatch, {64: 128})
+    grown = model()
+    history = kerascale.fit(
+        grown,
+        x,
+        y,
+        epochs=5,
+        shuffle=False,
+        verbose=0,
+        precision="float32",
+        steps_per_execution=1,
+        strategy="data_parallel",
+    )
+    assert history.plan.replicas == 2
+    assert history.plan.reasons["batch_growth"].code == "growth.in_run"
+    assert history.history["batch_size"] == [64, 64, 128, 128, 128]
+    rate = float(keras.ops.convert_to_numpy(grown.optimizer.learning_rate))
+    np.testing.assert_allclose(rate, 1e-3, rtol=1e-6)
+    by_hand = model()
+    by_hand.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0)
+    by_hand.optimizer.learning_rate.assign(1e-3 * 2**0.5)
+    by_hand.fit(
+        x, y, batch_size=128, epochs=5, initial_epoch=2, shuffle=False, verbose=0
+    )
+    for a, b in zip(grown.get_weights(), by_hand.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -129,3 +129,57 @@ def check_a_resume_restores_the_scaled_rate_not_its_square(tmp_path):
     m, seen = trained_rates(keras.optimizers.Adam(1e-3), 4, after=[backup])
     assert seen == pytest.approx([2e-3, 2e-3])  # epochs 2 and 3
     assert float(m.optimizer.learning_rate) == pytest.approx(1e-3)
+
+
+class StopAfter(keras.callbacks.Callback):
+    """Raises at `epoch`'s end: a run that ends as an interrupted cell does."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError("interrupted")
+
+
+def halving(epoch, rate):
+    return 1e-2 * 0.5**epoch
+
+
+def _checkpointed(directory, *extra, rate=1e-2):
+    m = model(keras.optimizers.Adam(rate))
+    x, y = data()
+    kerascale.fit(
+        m,
+        x,
+        y,
+        batch_size=32,
+        epochs=4,
+        verbose=0,
+        precision="float32",
+        steps_per_execution=1,
+        checkpoint_dir=str(directory),
+        callbacks=[keras.callbacks.LearningRateScheduler(halving), *extra],
+    )
+    return m
+
+
+def check_a_run_whose_rate_a_callback_moved_resumes(tmp_path):
+    """The checkpoints of a run whose learning rate a callback moved (here a
+    schedule by the epoch; a `ReduceLROnPlateau` or kerascale's batch rule
+    alike) resume: a checkpoint records the rate its run started at, not the
+    rate at the save (which it restores). They raised "written by a
+    different configuration" before. A run whose own starting rate differs
+    is still told so."""
+    reference = _checkpointed(tmp_path / "straight")
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _checkpointed(tmp_path / "run", StopAfter(2))
+    resumed = _checkpointed(tmp_path / "run")
+    for a, b in zip(resumed.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    rate = float(resumed.optimizer.learning_rate)
+    assert rate == float(reference.optimizer.learning_rate) == pytest.approx(1.25e-3)
+    started = r"learning_rate \(the rate the run started at\)"
+    with pytest.raises(kerascale.CheckpointError, match=started):
+        _checkpointed(tmp_path / "run", rate=1e-3)

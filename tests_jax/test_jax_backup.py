@@ -378,3 +378,10 @@ def test_a_snapshot_outlives_the_values_the_next_step_donates(tmp_path, layout):
     state_lib.read(str(tmp_path / "s"), {"model": layer_values}, "arrays")
     for want, got in zip(values, layer_values, strict=True):
         np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.nightly
+def test_a_run_whose_rate_a_callback_moved_resumes(tmp_path):
+    import learning_rate_cases
+
+    learning_rate_cases.check_a_run_whose_rate_a_callback_moved_resumes(tmp_path)

@@ -140,3 +140,22 @@ def test_two_levers_change_one_segment_and_undo_together():
 @pytest.mark.nightly
 def test_a_run_in_segments_trains_one_fit_s_weights():
     growth_cases.check_segments_train_one_fit_s_weights()
+
+
+def test_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path):
+    growth_cases.check_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path)
+
+
+@pytest.mark.kill
+def test_a_sigkill_resumes_at_the_grown_batch(monkeypatch, tmp_path):
+    growth_cases.check_a_sigkill_resumes_at_the_grown_batch(
+        monkeypatch, tmp_path, "jax"
+    )
+
+
+@pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 devices (jax_2dev)")
+def test_two_devices_grow_the_global_batch_as_one_device_trains_it(monkeypatch):
+    """The devices of one process grow the batch as one: 2 replicas of 32
+    (global 64) -> 2 of 64 at epoch 2, with the rate x sqrt(2), train as one
+    device trains 64 then 128 at that rate (Keras's own fits, by hand)."""
+    growth_cases.check_two_devices_grow_as_one(monkeypatch)

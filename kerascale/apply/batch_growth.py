@@ -73,8 +73,9 @@ class Facts:
         hardware: The hardware sensed.
         plan: The plan decided.
         clustered: Whether the run joined a cluster.
-        checkpointed: Whether a `checkpoint_dir` backs the run up.
         fit_kwargs: `model.fit`'s other arguments (its callbacks among them).
+        backup: The `FaultTolerantBackup` of `fit`'s `checkpoint_dir`, which
+            keeps the lever's state (`Levers.checkpointed`), or None.
     """
 
     model: Any
@@ -84,8 +85,8 @@ class Facts:
     hardware: Hardware
     plan: Plan
     clustered: bool
-    checkpointed: bool
     fit_kwargs: Mapping[str, Any]
+    backup: Any = None
 
     @property
     def callbacks(self) -> list[Any]:
@@ -96,8 +97,12 @@ def reason(facts: Facts) -> Reason | None:
     """Whether the batch grows in the run, as the plan's reason: None where
     the batch is not kerascale's to grow (yours, a batched dataset's, a
     GPU's or TPU's search's); "kept", and why, where growing it is not
-    built (several replicas, accumulation, a cluster, a checkpoint) or the
-    run cannot measure it."""
+    built (several processes, a tf.distribute strategy's replicas, a model
+    sharded, accumulation) or the run cannot measure it. The devices of one
+    JAX process (`data_parallel`) grow it as one: the global batch doubles,
+    each replica's with it. A `checkpoint_dir` keeps the batch and its learning rate's
+    factor in each checkpoint (`BatchGrowth.state`), and a resume goes on
+    from them."""
     plan, data, hardware = facts.plan, facts.data, facts.hardware
     if (
         facts.batch_size != "auto"
@@ -107,11 +112,18 @@ def reason(facts: Facts) -> Reason | None:
         or is_builder(facts.model)
     ):
         return None
+    cluster = hardware.cluster
     not_built = (
-        (plan.replicas != 1, f"it trains on {plan.replicas} replicas"),
+        (
+            facts.clustered or (cluster is not None and cluster.is_multi_worker),
+            "it trains on several processes",
+        ),
+        (
+            plan.replicas != 1 and plan.backend != "jax",
+            f"it trains on {plan.replicas} replicas of a tf.distribute strategy",
+        ),
+        (plan.strategy == "model_parallel", "it shards the model"),
         (plan.accumulation_steps != 1, "it accumulates gradients"),
-        (facts.clustered, "it trains on a cluster"),
-        (facts.checkpointed, "a checkpoint_dir resumes at the plan's batch"),
     )
     for applies, why in not_built:
         if applies:
@@ -121,7 +133,7 @@ def reason(facts: Facts) -> Reason | None:
         batch=plan.step_batch_size,
         samples=data.num_samples,
         fit_kwargs=facts.fit_kwargs,
-        callbacks=facts.callbacks,
+        callbacks=[c for c in facts.callbacks if c is not facts.backup],
     )
     if why:
         return Reason("growth.kept", why=why)
@@ -136,12 +148,18 @@ def lever_for(
     plan: Plan,
     *,
     say: Any = None,
+    saved: Mapping[str, Any] | None = None,
 ) -> tuple[BatchGrowth | None, Reason | None]:
     """The batch lever, where `reason` lets the batch grow, and that reason.
     `x`, `y`: the training arrays; `plan`: the plan that trains (its batch
-    is the lever's base); `say`: where a change is told."""
+    is the lever's base); `say`: where a change is told; `saved`: the
+    lever's state in the checkpoint the run resumes. Where that batch grew
+    and growing is not wanted now (a callback of yours that acts per batch
+    joined, say), the lever still resumes it, and grows it no more."""
     why = reason(facts)
-    if why is None or reasons_lib.code(why) != "growth.in_run":
+    grows = why is not None and reasons_lib.code(why) == "growth.in_run"
+    grown = bool(saved) and saved.get("batch") != saved.get("base")
+    if not grows and not (grown and facts.batch_size == "auto"):
         return None, why
     callbacks, kwargs = facts.callbacks, facts.fit_kwargs
     lever = BatchGrowth(
@@ -157,6 +175,7 @@ def lever_for(
         ),
         say=say,
     )
+    lever.stopped = not grows
     return lever, why
 
 
@@ -218,6 +237,11 @@ def wanted(
             return f"{type(callback).__name__} sets the learning rate by the epoch"
         if isinstance(callback, keras.callbacks.BackupAndRestore):
             return "BackupAndRestore resumes at your batch"
+        if hasattr(callback, "saved_levers"):  # a FaultTolerantBackup of yours
+            return (
+                f"{type(callback).__name__} in callbacks resumes at your batch "
+                "(kerascale.fit's checkpoint_dir= keeps a grown batch)"
+            )
     return ""
 
 
@@ -423,6 +447,49 @@ class BatchGrowth(Lever):
             f"batch {old}, which trained, and the batch stays. To choose the "
             "batch yourself, pass batch_size=."
         )
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the lever: the batch the run is at and
+        the factor its learning rate is at (the rate itself is the
+        optimizer's state, restored with it), and what it measured, so a
+        resumed run goes on from them (`resumed`)."""
+        return {
+            "base": self.base,
+            "batch": self.batch,
+            "validation": self.validation,
+            "factor": self.factor,
+            "stopped": self.stopped,
+            "taken": self.taken,
+            "measure_seconds": self.measure_seconds,
+            "compute_seconds": self.compute_seconds,
+            "noise": self.scale.state(),
+            "epochs": {
+                str(b): [list(e) for e in es] for b, es in self.timings.epochs.items()
+            },
+        }
+
+    def resumed(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """Goes on from a checkpoint's `state()`; returns the `fit` arguments
+        the resumed run starts with (its batch), or none where `state` is of
+        another base batch (the checkpoint's plan is pinned, so it is not,
+        unless you passed another) and the run starts over from its own."""
+        if int(state.get("base", -1)) != self.base:
+            return {}
+        self.batch = self._before = int(state["batch"])
+        self.validation = int(state["validation"])
+        self.factor = float(state["factor"])
+        self.stopped = self.stopped or bool(state["stopped"])
+        self.taken = int(state["taken"])
+        self.measure_seconds = float(state["measure_seconds"])
+        self.compute_seconds = state["compute_seconds"]
+        self.scale.restore(state["noise"])
+        self.timings.epochs = {
+            int(b): [(float(s), int(n)) for s, n in es]
+            for b, es in state["epochs"].items()
+        }
+        if self.batch == self.base:
+            return {}
+        return {"batch_size": self.batch, "validation_batch_size": self.validation}
 
     def finish(self):
         if self.factor != 1.0:

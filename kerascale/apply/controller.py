@@ -128,8 +128,10 @@ class Controller:
 
     def wrapped(self, callbacks: list[Any]) -> list[Any]:
         """`callbacks` (the run's, as `fit` gets them) with the controller's
-        own around them and the levers before the tail."""
-        return [self.head, *callbacks, *self.levers, self.tail]
+        own around them, and the levers first among them: what a lever
+        adds to an epoch's logs (the batch, the noise scale) is in the logs
+        every other callback sees (a `CSVLogger`, a backup's `History`)."""
+        return [self.head, *self.levers, *callbacks, self.tail]
 
     def _continue_order(self) -> None:
         """A segment after the first goes on with the epoch counter where
@@ -168,6 +170,7 @@ class Controller:
         *,
         keep: Callable[[], Any] | None = None,
         recover: Callable[[], Any] | None = None,
+        model: Any = None,
     ) -> Any:
         """Calls `fit(arguments)`, then again from the next epoch with the
         changes the levers ask for; returns one `History` of every epoch
@@ -178,7 +181,12 @@ class Controller:
         `keep` kept it at the segment's start), the epoch's changes are
         undone with one warning each, and the run goes on from the same
         epoch as it was: a change of kerascale's never ends a run that
-        `fit` alone would have trained."""
+        `fit` alone would have trained.
+
+        `model`: the model `fit` trains. This frame is its run's for the
+        callbacks that follow their `fit` call (`callbacks._base.FitRun`,
+        which finds it by this name): one run across the segments."""
+        segments_of = model  # noqa: F841 (read from the frame)
         self.keep = keep
         first = arguments
         history = None

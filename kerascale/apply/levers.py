@@ -15,6 +15,7 @@ from typing import Any
 from kerascale.apply import batch_growth
 from kerascale.apply.controller import Controller, Lever
 from kerascale.apply.steps_in_run import Bounds, StepsInRun
+from kerascale.errors import warn
 from kerascale.plan.plan import Plan
 from kerascale.plan.reasons import Reason
 
@@ -27,6 +28,26 @@ class Levers:
     controller: Controller | None
     steps: StepsInRun | None
     batch_why: Reason | None
+    growth: batch_growth.BatchGrowth | None = None
+
+    def checkpointed(self, backup: Any, arguments: dict[str, Any]) -> None:
+        """A `backup` (a `FaultTolerantBackup`, or None) keeps the batch
+        lever's state in each checkpoint, and a resumed run goes on from
+        the one it resumes: its batch, into `arguments` (the first `fit`'s),
+        and its learning rate's factor (the rate is the optimizer's state)."""
+        if backup is None or self.growth is None:
+            return
+        state = backup.saved_levers().get("batch")
+        if state:
+            resumed = self.growth.resumed(state)
+            arguments.update(resumed)
+            if resumed and self.growth.stopped and self.batch_why is not None:
+                warn(
+                    f"Resuming at batch {resumed['batch_size']}, the checkpoint's "
+                    f"(its run grew the batch), with its learning rate; "
+                    f"{self.batch_why}."
+                )
+        backup.levers["batch"] = self.growth.state
 
     def chosen(self, plan: Plan) -> Plan:
         """`plan` with the steps per call the run ended at, and how."""
@@ -56,12 +77,13 @@ def assembled(
     if steps_bounds is not None:
         steps = StepsInRun(steps_bounds, plan.backend, say=say)
         levers.append(steps)
-    growth, why = batch_growth.lever_for(facts, x, y, plan, say=say)
+    saved = facts.backup.saved_levers().get("batch") if facts.backup else None
+    growth, why = batch_growth.lever_for(facts, x, y, plan, say=say, saved=saved)
     if growth is not None:
         levers.append(growth)
     if not levers:
-        return Levers(None, None, why)
+        return Levers(None, None, why, None)
     controller = Controller(levers, facts.callbacks)
     if growth is not None:
         batch_growth.followed(controller, counters)
-    return Levers(controller, steps, why)
+    return Levers(controller, steps, why, growth)

@@ -481,6 +481,7 @@ def train(
                     kwargs,
                     keep=guard.before_first_step if guard is not None else None,
                     recover=guard.recover if guard is not None else None,
+                    model=prepared.model,
                 )
         except Exception as e:
             recovered = guard is None or guard.recover()

@@ -23,7 +23,7 @@ from kerascale.callbacks import _backup_state as state_lib
 from kerascale.errors import CheckpointError
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
-from kerascale.sense.model_facts import architecture
+from kerascale.sense.model_facts import architecture, compiled, without_learning_rate
 
 if TYPE_CHECKING:
     from kerascale.apply.step_agreement import Agreement
@@ -46,8 +46,13 @@ def validate_directory(directory: Any) -> str:
     return directory
 
 
-def fingerprint(model: keras.Model, plan: Plan) -> dict[str, Any]:
-    """What must not change between a checkpoint and its resume."""
+def fingerprint(
+    model: keras.Model, plan: Plan, *, start_rate: float | None = None
+) -> dict[str, Any]:
+    """What must not change between a checkpoint and its resume.
+    `start_rate`: the learning rate the run started at (`start_rate`): the
+    optimizer's rate now may be another (a `ReduceLROnPlateau` cut it, the
+    batch grew) and is the checkpoint's state, restored with it."""
     optimizer = model.optimizer
     variables = [
         (tuple(x.shape), str(x.dtype)) for x in [*model.variables, *optimizer.variables]
@@ -59,8 +64,13 @@ def fingerprint(model: keras.Model, plan: Plan) -> dict[str, Any]:
     core = core_optimizer(optimizer)
     fp = {
         "architecture": hashlib.sha256(arch.encode()).hexdigest()[:16],
+        "compiled": hashlib.sha256(compiled(model).encode()).hexdigest()[:16],
         "variables": hashlib.sha256(repr(variables).encode()).hexdigest()[:16],
-        "optimizer": {"class": type(optimizer).__name__, "config": config},
+        "optimizer": {
+            "class": type(optimizer).__name__,
+            "config": without_learning_rate(config),
+        },
+        "learning_rate": start_rate,
         "accumulation_steps": int(
             getattr(core, "gradient_accumulation_steps", None) or 1
         ),
@@ -71,6 +81,17 @@ def fingerprint(model: keras.Model, plan: Plan) -> dict[str, Any]:
         fp["accumulation_steps"] = plan.accumulation_steps
         fp["precision"] = plan.precision
     return fp
+
+
+def start_rate(model: keras.Model) -> float | None:
+    """The optimizer's learning rate as a number, read at a run's start
+    (None for a schedule or a function, which its config holds)."""
+    rate = keras_compat.learning_rate_object(core_optimizer(model.optimizer))
+    if isinstance(rate, int | float):
+        return float(rate)
+    if isinstance(rate, keras.Variable):
+        return float(value_of(rate))
+    return None
 
 
 def _without_names(config: Any) -> Any:
@@ -126,6 +147,26 @@ def nondeterminism(dataset: Any) -> str | None:
     return "; ".join(reasons) or None
 
 
+_WORDS = {
+    "architecture": "the model's architecture",
+    "compiled": "how the model is compiled (its loss, metrics or optimizer)",
+    "variables": "the model's or optimizer's variables (number or shapes)",
+}
+
+
+def older_fingerprint(saved: dict[str, Any], now: dict[str, Any], model: Any) -> None:
+    """Makes `now` comparable with `saved` where kerascale 0.1.0 before its
+    "compiled" wrote it (no "compiled"): the architecture then held the compile config
+    and the optimizer's config its learning rate, which a checkpoint of a
+    run whose rate a callback moved then recorded as it was at the save."""
+    if "compiled" in saved:
+        return
+    arch = architecture(model, with_compile_config=True) or type(model).__qualname__
+    now["architecture"] = hashlib.sha256(arch.encode()).hexdigest()[:16]
+    if isinstance(saved.get("optimizer"), dict):
+        saved["optimizer"] = without_learning_rate(saved["optimizer"])
+
+
 def check_fingerprint(
     saved: dict[str, Any],
     now: dict[str, Any],
@@ -141,11 +182,12 @@ def check_fingerprint(
             continue
         if key == "optimizer":
             changed.append(_optimizer_change(saved[key], now[key]))
-        elif key in ("architecture", "variables"):
+        elif key in _WORDS:
+            changed.append(_WORDS[key])
+        elif key == "learning_rate":
             changed.append(
-                "the model's architecture"
-                if key == "architecture"
-                else "the model's or optimizer's variables (number or shapes)"
+                f"learning_rate (the rate the run started at): {saved[key]!r} "
+                f"then, {now[key]!r} now"
             )
         else:
             changed.append(f"{key}: {saved[key]!r} then, {now[key]!r} now")
@@ -245,6 +287,10 @@ def read_state(model: keras.Model, prefix: str, meta: dict[str, Any]) -> None:
         )
     steps = meta["epoch_steps"]
     expected = meta["epoch"] * steps + meta["step"] if steps else meta["step"]
+    growth = (meta.get("levers") or {}).get("batch") or {}
+    if growth.get("batch", growth.get("base")) != growth.get("base"):
+        # The batch grew: the epochs since have fewer steps.
+        steps, expected = True, meta["epoch_start_step"] + meta["step"]
     if (steps or meta["epoch"] == 0) and meta["global_step"] != expected:
         raise StateMismatch(
             f"epoch {meta['epoch']} step {meta['step']} does not agree with "
@@ -262,6 +308,7 @@ def record(
     objects: dict[str, Any],
     *,
     workers: tuple[Any, str] = (None, ""),
+    start_rate: float | None = None,
     **position: Any,
 ) -> dict[str, Any]:
     """A checkpoint's metadata: its `position` (epoch, step, global_step,
@@ -269,13 +316,14 @@ def record(
     the plan, the random state and the versions. `workers`: the run's
     agreement among several workers (None alone) and this save's name, the
     same on every worker: every worker's random state is gathered then
-    (`gather_random`)."""
+    (`gather_random`). `start_rate`: the learning rate the run started at
+    (`fingerprint`)."""
     epoch, step = position["epoch"], position["step"]
     meta = {
         **position,
         "iterations": int(value_of(model.optimizer.iterations)),
         "finished": bool(epoch >= position["epochs"] and step == 0),
-        "fingerprint": fingerprint(model, plan),
+        "fingerprint": fingerprint(model, plan, start_rate=start_rate),
         "plan": plan.to_dict() if plan is not None else None,
         "random": random_state(),
         "global_seed": bool(objects["seeds"]),

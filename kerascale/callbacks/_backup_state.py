@@ -44,11 +44,13 @@ class RunState:
     k: int = 1  # gradient accumulation: batches an optimizer update takes
     epochs: int = 0
     epoch_steps: int | None = None  # batches an epoch has (None: unknown yet)
+    start_rate: float | None = None  # the learning rate the run started at
     # Where training is.
     active: bool = True  # until released (then the handlers pass everything on)
     epoch: int = 0
     step: int = 0  # batches of this epoch done, skipped ones included
     global_step: int = 0  # batches done in the whole run, across resumes
+    epoch_start_step: int = 0  # global_step at the running epoch's start
     completed_epochs: int = 0
     history: dict[str, Any] = dataclasses.field(default_factory=_empty_history)
     # Saving.

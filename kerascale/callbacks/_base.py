@@ -108,13 +108,23 @@ class FitRun:
 
 
 def _fit_frame(model: Any) -> Any:
-    """The innermost frame of `model.fit` on the current call stack, or None."""
+    """The frame of the run on the current call stack: the innermost frame of
+    `model.fit`, or the frame of the controller that runs it in segments
+    (`apply.controller.Controller.run`, which marks the model it trains as
+    `segments_of`): its callbacks serve one run across every segment's
+    `fit`. None where neither is found."""
+    found = None
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
+        owner = frame.f_locals.get("self")
+        if frame.f_code.co_name == "fit" and owner is model:
+            found = found or frame
+        elif (
+            frame.f_code.co_name == "run" and frame.f_locals.get("segments_of") is model
+        ):
             return frame
         frame = frame.f_back
-    return None
+    return found
 
 
 class KerascaleCallback(keras.callbacks.Callback):

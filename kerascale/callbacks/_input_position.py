@@ -73,7 +73,8 @@ class _EpochPosition:
         self._epoch_carried = 0
 
     def follow(self, adapter: Any) -> None:
-        """Keras's data adapter of this `fit` (found at its start), or None."""
+        """Keras's data adapter of this `fit` (found at its start, and at the
+        start of each `fit` a run goes on in), or None."""
         self.adapter = adapter
 
     def release(self) -> None:
@@ -258,6 +259,9 @@ class InputPosition(_EpochPosition):
         self._unfollow: Callable[[], None] | None = None
 
     def follow(self, adapter: Any) -> None:
+        unfollow, self._unfollow = self._unfollow, None
+        if unfollow is not None:  # the adapter of a `fit` before
+            unfollow()
         super().follow(adapter)
         self._unfollow = adapter_reads.follow(
             adapter, self._reads.restart, self._reads.add

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kerascale import _keras_compat as keras_compat
@@ -157,6 +158,9 @@ class FaultTolerantBackup(KerascaleCallback):
         # Set by kerascale.fit, which owns it: what the input carries across
         # epochs (None inside a plain model.fit).
         self.input_source: InputSource | None = None
+        # Set by kerascale.fit: the run's levers that a checkpoint keeps, by
+        # name, each a function that returns its state (`saved_levers`).
+        self.levers: dict[str, Callable[[], dict[str, Any]]] = {}
         self._clock = time.monotonic  # a seam for tests
         self._lease_timeout = lease_lib.DEFAULT_TIMEOUT  # a seam for tests
         self.resumed_from: dict[str, Any] | None = None  # the restored meta.json
@@ -194,7 +198,8 @@ class FaultTolerantBackup(KerascaleCallback):
         self._position.super_batch = keras_compat.super_batch(self.model)
         # Keras's data adapter (its epoch counter orders the shuffle from
         # Keras 3.16): found in the Keras fit that calls this hook.
-        self._position.follow(epoch_order.adapter_of(epoch_order.fit_epoch_iterator()))
+        self._fit_iterator = epoch_order.fit_epoch_iterator()
+        self._position.follow(epoch_order.adapter_of(self._fit_iterator))
         # Across workers, time-based saves and preemption are agreed on.
         self._coord.start(
             self.model,
@@ -204,6 +209,8 @@ class FaultTolerantBackup(KerascaleCallback):
             lease_timeout=self._lease_timeout,
             in_use=self._in_use,
         )
+        # Before a resume restores the checkpoint's rate into the optimizer.
+        self._s.start_rate = meta_lib.start_rate(self.model)
         existing, self._s.next_number = store.opened(
             self.directory, chief=self._s.chief
         )
@@ -222,6 +229,9 @@ class FaultTolerantBackup(KerascaleCallback):
         keras_compat.clear_initial_epoch(self.model)  # read by Keras already
         self._s.epoch = epoch
         self._s.step = 0
+        if self._s.pending_data is None:  # not the resumed epoch (its own)
+            self._s.epoch_start_step = self._s.global_step
+        self._next_fit()
         self._position.new_epoch()
         if self._s.pending_data is not None:  # the resumed epoch: its order
             self._position.restore_order(self._s.pending_data)
@@ -230,6 +240,18 @@ class FaultTolerantBackup(KerascaleCallback):
             # at the first step: bring back the partial epoch's values.
             self._s.restored_metrics = False
             self._read_metrics()
+
+    def _next_fit(self) -> None:
+        """A run that kerascale's levers go on in a new Keras `fit` (a new
+        batch from this epoch, `apply.controller`): its epochs' steps, and
+        the data adapter whose epoch counter orders the shuffle."""
+        iterator = epoch_order.fit_epoch_iterator()
+        if iterator is None or iterator is self._fit_iterator:
+            return
+        if self._fit_iterator is not None:
+            self._s.epoch_steps = self.params.get("steps") or None
+            self._position.follow(epoch_order.adapter_of(iterator))
+        self._fit_iterator = iterator
 
     def on_train_batch_end(self, batch, logs=None):
         # The steps this call ran: steps_per_execution, or fewer at an
@@ -340,11 +362,16 @@ class FaultTolerantBackup(KerascaleCallback):
             self.plan,
             objects,
             workers=self._coord.workers(f"save{len(self.save_seconds)}"),
+            start_rate=self._s.start_rate,
             epoch=epoch,
             step=step,
             global_step=self._s.global_step,
             epoch_steps=self._s.epoch_steps,
+            epoch_start_step=self._s.global_step
+            if not step
+            else self._s.epoch_start_step,
             epochs=self._s.epochs,
+            levers={name: state() for name, state in self.levers.items()},
             data=data,
             history=self._s.history,
         )
@@ -467,6 +494,7 @@ class FaultTolerantBackup(KerascaleCallback):
 
     def _reset_run_state(self) -> None:
         self._s = state_lib.RunState()
+        self._fit_iterator: Any = None  # the EpochIterator of the Keras fit
         self._schedule = SaveSchedule(
             self._every_steps, self._every_seconds, clock=self._clock
         )
@@ -507,6 +535,16 @@ class FaultTolerantBackup(KerascaleCallback):
             except (TypeError, ValueError):
                 return None
         return None
+
+    def saved_levers(self) -> dict[str, Any]:
+        """The levers' states the newest usable checkpoint was written with
+        (`levers`), by name; empty where there are none."""
+        if self.start_over:
+            return {}
+        for _, meta in store.verified(store.scan(self.directory)):
+            levers = meta.get("levers")
+            return dict(levers) if isinstance(levers, dict) else {}
+        return {}
 
     def _resume(self, candidates: list[store.Found], *, now: bool) -> None:
         """Picks the newest usable checkpoint and restores it: `now` when the
@@ -563,6 +601,7 @@ class FaultTolerantBackup(KerascaleCallback):
         self._s.history = json.loads(json.dumps(saved))
         self._s.history_before = json.loads(json.dumps(saved))
         self._s.global_step = self._schedule.last_step = meta["global_step"]
+        self._s.epoch_start_step = meta["global_step"] - meta["step"]
         self._s.epoch_steps = self._s.epoch_steps or meta["epoch_steps"]
         self._s.completed_epochs = meta["epoch"]
         self._s.restored_finished_run = (
@@ -594,10 +633,10 @@ class FaultTolerantBackup(KerascaleCallback):
             print(f"kerascale: {message}", flush=True)
 
     def _check_fingerprint(self, meta: dict[str, Any], found: store.Found) -> None:
-        now = meta_lib.fingerprint(self.model, self.plan)
-        meta_lib.check_fingerprint(
-            meta["fingerprint"], now, found.path, self.start_over_words
-        )
+        now = meta_lib.fingerprint(self.model, self.plan, start_rate=self._s.start_rate)
+        saved = dict(meta["fingerprint"])
+        meta_lib.older_fingerprint(saved, now, self.model)
+        meta_lib.check_fingerprint(saved, now, found.path, self.start_over_words)
 
     # --- the steps of a run: skipped, counted, restored at the first -------
 

@@ -15,8 +15,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kerascale._keras_compat.serialization import tensorflow_left_unimported
-from kerascale._state import quiet_variable_reads
 from kerascale._version import __version__
 from kerascale.errors import warn
 from kerascale.measure.fingerprint import builder_fingerprint
@@ -84,23 +82,15 @@ def cache_write(kind: str, key: str, payload: dict[str, Any]) -> None:
 
 def model_fingerprint(model: Any) -> str:
     """What identifies a model for the caches: its architecture and compile
-    config with automatic names canonicalised; a builder's code, constants,
+    config with automatic names canonicalised (the learning rate left out:
+    it moves no measurement); a builder's code, constants,
     defaults and closure values (`fingerprint.builder_fingerprint`)."""
     if is_builder(model):
         return builder_fingerprint(model)
     arch = model_facts.architecture(model)
     if arch is None:  # subclassed without get_config: its shapes stand in
         arch = type(model).__qualname__ + repr([tuple(w.shape) for w in model.weights])
-    try:
-        with quiet_variable_reads(), tensorflow_left_unimported():
-            config = model.get_compile_config()
-        compiled = json.dumps(
-            model_facts.canonical_names(config),
-            sort_keys=True,
-            default=str,
-        )
-    except Exception:
-        compiled = repr(getattr(model, "optimizer", None))
+    compiled = model_facts.compiled(model)
     return hashlib.sha256((arch + compiled).encode()).hexdigest()
 
 

@@ -82,6 +82,14 @@ class NoiseScale:
         self._trace = keep * self._trace + (1 - keep) * sample.trace
         self.samples += 1
 
+    def state(self) -> list[float]:
+        """The averages, as a checkpoint keeps them (`restore`)."""
+        return [self.samples, self._gradient_sq, self._trace]
+
+    def restore(self, state: list[float]) -> None:
+        samples, self._gradient_sq, self._trace = state
+        self.samples = int(samples)
+
     @property
     def value(self) -> float | None:
         """B_simple in samples; None before a sample, or while the gradient's

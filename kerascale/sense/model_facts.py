@@ -373,15 +373,53 @@ def canonical_names(config: Any) -> Any:
     return rename(config)
 
 
-def architecture(model: keras.Model) -> str | None:
+def architecture(
+    model: keras.Model, *, with_compile_config: bool = False
+) -> str | None:
     """The model's architecture as canonical JSON (automatic names replaced,
-    see `canonical_names`), or None for a model without a usable config."""
+    see `canonical_names`), or None for a model without a usable config.
+    Its layers only: how it is compiled (`compile_config`, which holds the
+    learning rate a callback may have moved) is fingerprinted apart, by
+    `compiled` (`with_compile_config`: as checkpoints before that recorded
+    it)."""
     try:
         with quiet_variable_reads(), tensorflow_left_unimported():
             config = json.loads(model.to_json())
     except Exception:  # subclassed without get_config, unserialisable layers
         return None
+    if not with_compile_config:
+        config.pop("compile_config", None)
     return json.dumps(canonical_names(config), sort_keys=True)
+
+
+def compiled(model: Any) -> str:
+    """How `model` is compiled (its optimizer, loss and metrics) as canonical
+    JSON, without the optimizer's learning rate where it is a number: a
+    callback moves that as the run goes (`ReduceLROnPlateau`, kerascale's
+    own learning-rate rule), and it neither changes what a step holds in
+    memory nor what a checkpoint's variables are."""
+    try:
+        with quiet_variable_reads(), tensorflow_left_unimported():
+            config = model.get_compile_config()
+    except Exception:
+        return repr(getattr(model, "optimizer", None))
+    return json.dumps(
+        canonical_names(without_learning_rate(config)), sort_keys=True, default=str
+    )
+
+
+def without_learning_rate(config: Any) -> Any:
+    """`config` (an optimizer's, or a compile config) without the learning
+    rate where it is a number; a schedule's config stays, as it is fixed."""
+    if isinstance(config, dict):
+        return {
+            k: without_learning_rate(v)
+            for k, v in config.items()
+            if not (k == "learning_rate" and isinstance(v, int | float))
+        }
+    if isinstance(config, list):
+        return [without_learning_rate(v) for v in config]
+    return config
 
 
 def largest_output_elements(model: Any) -> int:
