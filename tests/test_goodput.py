@@ -343,6 +343,14 @@ def test_epoch_times_take_a_batch_s_steady_step_from_its_later_epochs():
     assert times.steady()[64] == pytest.approx(0.12 / 50)
     assert times.switch_seconds() == pytest.approx(1.5 - 0.12)
     assert times.seconds() == pytest.approx(0.9 + 0.15 + 1.5 + 0.14 + 0.12)
+    # The steps per call moved at 64: its epochs before are dropped, and its
+    # first still counts as what a new batch costs.
+    times.moved(64)
+    assert 64 not in times.epochs and times.switch_seconds() == pytest.approx(
+        1.5 - 0.15
+    )
+    times.add(64, 0.05, 50)
+    assert times.switch_seconds() == pytest.approx(1.5 - 0.05)
     # An epoch of too few steps is not timed.
     times.add(128, 0.1, 3)
     times.add(128, 0.1, 3)

@@ -307,7 +307,7 @@ class BatchGrowth(Lever):
         if n != self._steps_per_call:
             # The steps per call moved (`steps_in_run`): this batch's epochs
             # before are another step's time; this one is its first again.
-            self.timings.epochs.pop(self.batch, None)
+            self.timings.moved(self.batch)
             self._steps_per_call = n
         self.timings.add(self.batch, time.perf_counter() - self._epoch_start, steps)
         if self._measures(epoch):
@@ -463,6 +463,7 @@ class BatchGrowth(Lever):
             "measure_seconds": self.measure_seconds,
             "compute_seconds": self.compute_seconds,
             "noise": self.scale.state(),
+            "started": self.timings.started,
             "epochs": {
                 str(b): [list(e) for e in es] for b, es in self.timings.epochs.items()
             },
@@ -483,6 +484,7 @@ class BatchGrowth(Lever):
         self.measure_seconds = float(state["measure_seconds"])
         self.compute_seconds = state["compute_seconds"]
         self.scale.restore(state["noise"])
+        self.timings.started = float(state.get("started", 0.0))
         self.timings.epochs = {
             int(b): [(float(s), int(n)) for s, n in es]
             for b, es in state["epochs"].items()
@@ -510,6 +512,19 @@ class EpochTimes:
     def __init__(self) -> None:
         # batch -> [(seconds, steps)] of each epoch at it
         self.epochs: dict[int, list[tuple[float, int]]] = {}
+        # The longest first epoch of a batch whose epochs `moved` dropped.
+        self.started = 0.0
+
+    def moved(self, batch: int) -> None:
+        """The steps per call moved: `batch`'s epochs before are another
+        step's time, and are dropped; the first of them (the run's start, its
+        compile) still tells what a new batch costs (`switch_seconds`). It
+        was dropped with them, and a measurement then counted a switch as
+        free: on issue 78's notebook it ran at every run's second epoch on
+        JAX (0.1 to 0.6 s of a 1 to 3 s run) and bought nothing."""
+        epochs = self.epochs.pop(batch, [])
+        if epochs:
+            self.started = max(self.started, epochs[0][0])
 
     def add(self, batch: int, seconds: float, steps: int) -> None:
         if steps >= TIMED_STEPS:
@@ -540,4 +555,7 @@ class EpochTimes:
         for epochs in self.epochs.values():
             if len(epochs) > 1:
                 costs.append(epochs[0][0] - min(s for s, _ in epochs[1:]))
+        later = [s for epochs in self.epochs.values() for s, _ in epochs]
+        if self.started and later:
+            costs.append(self.started - min(later))
         return max(costs)

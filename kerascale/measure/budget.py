@@ -144,6 +144,9 @@ class RunBudget:
 # that calls `fit` in a loop on one model (a notebook cell run again, Keras's
 # own tests) pays for one (20-130 ms), not one a call.
 _ESTIMATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Whether this process took a compiled estimate yet (`compiled_estimate`'s
+# `first`).
+_TAKEN: list[bool] = []
 
 
 def train_seconds_per_sample(
@@ -203,9 +206,12 @@ def _estimated(model: Any, x: Any, y: Any, data: DataFacts) -> float | None:
             compiled = engines.compiled_estimate(keras.backend.backend())
             if compiled is not None:
                 try:
-                    figure = compiled(model, inputs, TRAIN_PER_FORWARD)
+                    figure = compiled(
+                        model, inputs, TRAIN_PER_FORWARD, first=not _TAKEN
+                    )
                 except Exception:  # not traceable as it is: the eager figure
                     figure = None
+                _TAKEN.append(True)
                 if figure is not None:
                     return figure
             _forward_seconds(model, inputs, FIRST_BATCH)  # eager's first-call setup
