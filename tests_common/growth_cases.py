@@ -461,26 +461,8 @@ def check_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path):
     at an epoch's last step waits for its end); its rerun resumes there at
     64 with the rate x sqrt(2) (the checkpoint's), ends with the
     uninterrupted run's weights and History, and gives the rate back."""
-    x, y = data(samples=2048)
     by_batch(monkeypatch, {32: 64})
-
-    def run(directory, *callbacks):
-        m = model()
-        history = kerascale.fit(
-            m,
-            x,
-            y,
-            epochs=5,
-            verbose=0,
-            precision="float32",
-            steps_per_execution=1,
-            checkpoint_dir=str(directory),
-            checkpoint_freq=8,
-            callbacks=list(callbacks),
-            **ONE,
-        )
-        return m, history
-
+    run = checkpointed_run
     straight, expected = run(tmp_path / "straight")
     assert expected.history["batch_size"] == [32, 32, 64, 64, 64]
     with pytest.raises(RuntimeError, match="interrupted"):
@@ -491,10 +473,7 @@ def check_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path):
     m, history = run(tmp_path / "run")
     assert history.epoch == [0, 1, 2, 3, 4]
     assert history.history["batch_size"] == [32, 32, 64, 64, 64], history.history
-    for a, b in zip(m.get_weights(), straight.get_weights(), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
-    rate = float(keras.ops.convert_to_numpy(m.optimizer.learning_rate))
-    np.testing.assert_allclose(rate, 1e-3, rtol=1e-6)
+    _same(m, straight)
     # Again, with a callback that acts per batch (a no-op here), which keeps
     # a batch from growing: the resume still goes on at the checkpoint's.
     with pytest.raises(RuntimeError, match="interrupted"):
@@ -503,6 +482,11 @@ def check_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path):
         m, history = run(tmp_path / "again", PerBatch())
     assert "PerBatch acts per batch" in str(said[0].message)
     assert history.history["batch_size"] == [32, 32, 64, 64, 64]
+    _same(m, straight)
+
+
+def _same(m, straight):
+    """`m` trained `straight`'s weights, and has your rate back."""
     for a, b in zip(m.get_weights(), straight.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     rate = float(keras.ops.convert_to_numpy(m.optimizer.learning_rate))
@@ -514,23 +498,31 @@ class PerBatch(keras.callbacks.Callback):
         pass
 
 
-def grown_run(directory, samples=4096):
-    """The run of the SIGKILL check (its child's, and the uninterrupted one
-    beside it): (weights, the batch of each epoch, the rate after)."""
+def checkpointed_run(directory, *callbacks, samples=2048, epochs=5, freq=8):
+    """`kerascale.fit` of `model()` with `checkpoint_dir=directory`, saving
+    every `freq` steps: (the model, its History)."""
     x, y = data(samples=samples)
     m = model()
     history = kerascale.fit(
         m,
         x,
         y,
-        epochs=6,
+        epochs=epochs,
         verbose=0,
         precision="float32",
         steps_per_execution=1,
         checkpoint_dir=str(directory),
-        checkpoint_freq=32,
+        checkpoint_freq=freq,
+        callbacks=list(callbacks),
         **ONE,
     )
+    return m, history
+
+
+def grown_run(directory):
+    """The run of the SIGKILL check (its child's, and the uninterrupted one
+    beside it): (weights, the batch of each epoch, the rate after)."""
+    m, history = checkpointed_run(directory, samples=4096, epochs=6, freq=32)
     rate = float(keras.ops.convert_to_numpy(m.optimizer.learning_rate))
     return m.get_weights(), history.history["batch_size"], rate
 

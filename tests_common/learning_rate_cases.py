@@ -6,6 +6,7 @@ ends."""
 import keras
 import numpy as np
 import pytest
+from growth_cases import StopAfter
 
 import kerascale
 from kerascale.callbacks import ScaledLearningRate
@@ -129,18 +130,6 @@ def check_a_resume_restores_the_scaled_rate_not_its_square(tmp_path):
     m, seen = trained_rates(keras.optimizers.Adam(1e-3), 4, after=[backup])
     assert seen == pytest.approx([2e-3, 2e-3])  # epochs 2 and 3
     assert float(m.optimizer.learning_rate) == pytest.approx(1e-3)
-
-
-class StopAfter(keras.callbacks.Callback):
-    """Raises at `epoch`'s end: a run that ends as an interrupted cell does."""
-
-    def __init__(self, epoch):
-        super().__init__()
-        self.epoch = epoch
-
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch == self.epoch:
-            raise RuntimeError("interrupted")
 
 
 def halving(epoch, rate):
