@@ -39,6 +39,7 @@ from kerascale.plan import reasons as reasons_lib
 from kerascale.plan.plan import Plan
 from kerascale.plan.reasons import Reason
 from kerascale.sense import callback_hooks
+from kerascale.sense.backend import traits
 from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
 from kerascale.sense.model_facts import borrow_problem, is_builder
@@ -119,7 +120,7 @@ def reason(facts: Facts) -> Reason | None:
             "it trains on several processes",
         ),
         (
-            plan.replicas != 1 and plan.backend != "jax",
+            plan.replicas != 1 and traits(plan.backend).engine == "tf.distribute",
             f"it trains on {plan.replicas} replicas of a tf.distribute strategy",
         ),
         (plan.strategy == "model_parallel", "it shards the model"),
