@@ -113,17 +113,39 @@ def test_a_run_too_short_to_repay_a_compile_measures_nothing(monkeypatch):
 
 
 @pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 devices")
-def test_several_replicas_keep_the_batch_and_say_why():
+def test_the_replicas_of_one_process_grow_and_a_strategy_s_keep_the_batch():
+    """2 devices of this process (data_parallel) grow the batch as one; the
+    replicas of a tf.distribute strategy (the same plan on TensorFlow) and
+    a sharded model keep it, and say why."""
+    import dataclasses
+
     import kerascale
+    from kerascale.apply import batch_growth
+    from kerascale.sense import data_facts, hardware
 
     x, y = growth_cases.data(samples=4096)
     fixed = {"epochs": 5, "verbose": 0, "precision": "float32"}
-    plan = kerascale.plan(growth_cases.model(), x, y, **fixed)
+    m = growth_cases.model()
+    plan = kerascale.plan(m, x, y, **fixed)
     assert plan.replicas == 2
-    assert plan.reasons["batch_growth"].code == "growth.kept"
-    assert "replicas" in plan.reasons["batch_growth"]
-    one = kerascale.plan(growth_cases.model(), x, y, **fixed, **growth_cases.ONE)
-    assert one.reasons["batch_growth"].code == "growth.in_run"
+    assert plan.reasons["batch_growth"].code == "growth.in_run"
+
+    def why(**changes):
+        facts = batch_growth.Facts(
+            model=m,
+            batch_size="auto",
+            max_batch_size=None,
+            data=data_facts.inspect(x, y),
+            hardware=hardware.detect_hardware(),
+            plan=dataclasses.replace(plan, **changes),
+            clustered=False,
+            fit_kwargs=fixed,
+        )
+        return batch_growth.reason(facts)
+
+    assert why().code == "growth.in_run"
+    assert "tf.distribute" in why(backend="tensorflow")
+    assert "shards the model" in why(strategy="model_parallel")
 
 
 def test_a_lever_that_fails_is_dropped_and_the_run_goes_on():
