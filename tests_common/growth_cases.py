@@ -455,7 +455,7 @@ class StopAfter(keras.callbacks.Callback):
             raise RuntimeError("interrupted")
 
 
-def check_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path):
+def check_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path, capsys):
     """A run that grew 32 -> 64 at epoch 2 is stopped at epoch 3's end, where
     its newest checkpoint is of epoch 3's step 24 (every 8 steps; the save
     at an epoch's last step waits for its end); its rerun resumes there at
@@ -470,7 +470,10 @@ def check_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path):
     (saved,) = list(store.verified(store.scan(str(tmp_path / "run"))))[:1]
     assert (saved[1]["epoch"], saved[1]["step"]) == (3, 24), saved[1]
     assert saved[1]["levers"]["batch"]["batch"] == 64
-    m, history = run(tmp_path / "run")
+    m, history = run(tmp_path / "run", say=True)
+    said = capsys.readouterr().out
+    assert "the batch resumes at 64, the checkpoint's (grown from 32" in said
+    assert "(x1.41 of yours)" in said
     assert history.epoch == [0, 1, 2, 3, 4]
     assert history.history["batch_size"] == [32, 32, 64, 64, 64], history.history
     _same(m, straight)
@@ -498,9 +501,10 @@ class PerBatch(keras.callbacks.Callback):
         pass
 
 
-def checkpointed_run(directory, *callbacks, samples=2048, epochs=5, freq=8):
+def checkpointed_run(directory, *callbacks, samples=2048, epochs=5, freq=8, say=False):
     """`kerascale.fit` of `model()` with `checkpoint_dir=directory`, saving
-    every `freq` steps: (the model, its History)."""
+    every `freq` steps (`say`: with what kerascale prints, but no progress
+    bar): (the model, its History)."""
     x, y = data(samples=samples)
     m = model()
     history = kerascale.fit(
@@ -508,7 +512,7 @@ def checkpointed_run(directory, *callbacks, samples=2048, epochs=5, freq=8):
         x,
         y,
         epochs=epochs,
-        verbose=0,
+        verbose=2 if say else 0,
         precision="float32",
         steps_per_execution=1,
         checkpoint_dir=str(directory),

@@ -164,8 +164,10 @@ def test_a_run_in_segments_trains_one_fit_s_weights():
     growth_cases.check_segments_train_one_fit_s_weights()
 
 
-def test_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path):
-    growth_cases.check_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path)
+def test_a_resume_goes_on_at_the_grown_batch(monkeypatch, tmp_path, capsys):
+    growth_cases.check_a_resume_goes_on_at_the_grown_batch(
+        monkeypatch, tmp_path, capsys
+    )
 
 
 @pytest.mark.kill

@@ -41,11 +41,18 @@ class Levers:
         if state:
             resumed = self.growth.resumed(state)
             arguments.update(resumed)
-            if resumed and self.growth.stopped and self.batch_why is not None:
+            growth = self.growth
+            if resumed and growth.stopped and self.batch_why is not None:
                 warn(
                     f"Resuming at batch {resumed['batch_size']}, the checkpoint's "
                     f"(its run grew the batch), with its learning rate; "
                     f"{self.batch_why}."
+                )
+            elif resumed and growth.say is not None:
+                growth.say(
+                    f"kerascale: the batch resumes at {growth.batch}, the "
+                    f"checkpoint's (grown from {growth.base} in the run), with "
+                    f"its learning rate (x{growth.factor:.3g} of yours)"
                 )
         backup.levers["batch"] = self.growth.state
 
