@@ -193,7 +193,6 @@ def _train(
             session, prepared, request.monitor, deciding.backup, deciding.x
         )
         levers = _levers(deciding, decided, prepared)
-        levers.checkpointed(deciding.backup, prepared.fit_kwargs)
         plan, why = prepared.plan, levers.batch_why
         if why:
             plan = dataclasses.replace(
@@ -334,6 +333,7 @@ def _levers(
             for c in prepared.fit_kwargs.get("callbacks") or ()
             if isinstance(c, Throughput)
         ),
+        arguments=prepared.fit_kwargs,
     )
 
 

@@ -159,8 +159,7 @@ def lever_for(
     joined, say), the lever still resumes it, and grows it no more."""
     why = reason(facts)
     grows = why is not None and reasons_lib.code(why) == "growth.in_run"
-    grown = bool(saved) and saved.get("batch") != saved.get("base")
-    if not grows and not (grown and facts.batch_size == "auto"):
+    if not grows and not (grown(saved) and facts.batch_size == "auto"):
         return None, why
     callbacks, kwargs = facts.callbacks, facts.fit_kwargs
     lever = BatchGrowth(
@@ -178,6 +177,12 @@ def lever_for(
     )
     lever.stopped = not grows
     return lever, why
+
+
+def grown(state: Mapping[str, Any] | None) -> bool:
+    """Whether a checkpoint's lever `state` (`BatchGrowth.state`, or None)
+    is at a batch other than the one its run began at."""
+    return bool(state) and state.get("batch") != state.get("base")
 
 
 def followed(controller: Controller, counters: tuple[Any, ...]) -> None:

@@ -28,33 +28,6 @@ class Levers:
     controller: Controller | None
     steps: StepsInRun | None
     batch_why: Reason | None
-    growth: batch_growth.BatchGrowth | None = None
-
-    def checkpointed(self, backup: Any, arguments: dict[str, Any]) -> None:
-        """A `backup` (a `FaultTolerantBackup`, or None) keeps the batch
-        lever's state in each checkpoint, and a resumed run goes on from
-        the one it resumes: its batch, into `arguments` (the first `fit`'s),
-        and its learning rate's factor (the rate is the optimizer's state)."""
-        if backup is None or self.growth is None:
-            return
-        state = backup.saved_levers().get("batch")
-        if state:
-            resumed = self.growth.resumed(state)
-            arguments.update(resumed)
-            growth = self.growth
-            if resumed and growth.stopped and self.batch_why is not None:
-                warn(
-                    f"Resuming at batch {resumed['batch_size']}, the checkpoint's "
-                    f"(its run grew the batch), with its learning rate; "
-                    f"{self.batch_why}."
-                )
-            elif resumed and growth.say is not None:
-                growth.say(
-                    f"kerascale: the batch resumes at {growth.batch}, the "
-                    f"checkpoint's (grown from {growth.base} in the run), with "
-                    f"its learning rate (x{growth.factor:.3g} of yours)"
-                )
-        backup.levers["batch"] = self.growth.state
 
     def chosen(self, plan: Plan) -> Plan:
         """`plan` with the steps per call the run ended at, and how."""
@@ -74,11 +47,13 @@ def assembled(
     *,
     say: Callable[[str], Any] | None,
     counters: tuple[Any, ...] = (),
+    arguments: dict[str, Any] | None = None,
 ) -> Levers:
     """The levers for a run under `plan` (the plan that trains), and one
     controller over them and `facts`' callbacks. `steps_bounds`: where the
     run chooses its steps per call (`Decided.steps_in_run`); `counters`:
-    callbacks that count samples by their `batch_size`, which follow it."""
+    callbacks that count samples by their `batch_size`, which follow it;
+    `arguments`: the first `fit`'s, which a resumed grown batch joins."""
     levers: list[Lever] = []
     steps = None
     if steps_bounds is not None:
@@ -88,9 +63,39 @@ def assembled(
     growth, why = batch_growth.lever_for(facts, x, y, plan, say=say, saved=saved)
     if growth is not None:
         levers.append(growth)
+        if facts.backup is not None:
+            _checkpointed(growth, why, facts.backup, saved, arguments)
     if not levers:
-        return Levers(None, None, why, None)
+        return Levers(None, None, why)
     controller = Controller(levers, facts.callbacks)
     if growth is not None:
         batch_growth.followed(controller, counters)
-    return Levers(controller, steps, why, growth)
+    return Levers(controller, steps, why)
+
+
+def _checkpointed(
+    growth: batch_growth.BatchGrowth,
+    why: Reason | None,
+    backup: Any,
+    saved: dict[str, Any] | None,
+    arguments: dict[str, Any] | None,
+) -> None:
+    """`backup` (the run's `FaultTolerantBackup`) keeps `growth`'s state in
+    each checkpoint, and a resumed run goes on from `saved` (the state in
+    the one it resumes): its batch, into `arguments` (the first `fit`'s),
+    and its learning rate's factor (the rate is the optimizer's state)."""
+    resumed = growth.resumed(saved) if saved else {}
+    if arguments is not None:
+        arguments.update(resumed)
+    if resumed and growth.stopped and why is not None:
+        warn(
+            f"Resuming at batch {resumed['batch_size']}, the checkpoint's "
+            f"(its run grew the batch), with its learning rate; {why}."
+        )
+    elif resumed and growth.say is not None:
+        growth.say(
+            f"kerascale: the batch resumes at {growth.batch}, the "
+            f"checkpoint's (grown from {growth.base} in the run), with "
+            f"its learning rate (x{growth.factor:.3g} of yours)"
+        )
+    backup.levers["batch"] = growth.state

@@ -18,6 +18,7 @@ from kerascale import _fs
 from kerascale import _keras_compat as keras_compat
 from kerascale import _validation as v
 from kerascale._state import quiet_variable_reads, value_of
+from kerascale.apply import batch_growth
 from kerascale.apply.model import core_optimizer
 from kerascale.callbacks import _backup_state as state_lib
 from kerascale.errors import CheckpointError
@@ -287,11 +288,10 @@ def read_state(model: keras.Model, prefix: str, meta: dict[str, Any]) -> None:
         )
     steps = meta["epoch_steps"]
     expected = meta["epoch"] * steps + meta["step"] if steps else meta["step"]
-    growth = (meta.get("levers") or {}).get("batch") or {}
-    if growth.get("batch", growth.get("base")) != growth.get("base"):
-        # The batch grew: the epochs since have fewer steps.
-        steps, expected = True, meta["epoch_start_step"] + meta["step"]
-    if (steps or meta["epoch"] == 0) and meta["global_step"] != expected:
+    # Where the batch grew in the run its epochs do not all have `steps`
+    # steps: the iterations above are what checks the position.
+    counted = not batch_growth.grown((meta.get("levers") or {}).get("batch"))
+    if counted and (steps or meta["epoch"] == 0) and meta["global_step"] != expected:
         raise StateMismatch(
             f"epoch {meta['epoch']} step {meta['step']} does not agree with "
             f"{meta['global_step']} steps trained"

@@ -50,7 +50,6 @@ class RunState:
     epoch: int = 0
     step: int = 0  # batches of this epoch done, skipped ones included
     global_step: int = 0  # batches done in the whole run, across resumes
-    epoch_start_step: int = 0  # global_step at the running epoch's start
     completed_epochs: int = 0
     history: dict[str, Any] = dataclasses.field(default_factory=_empty_history)
     # Saving.

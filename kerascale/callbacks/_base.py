@@ -116,12 +116,10 @@ def _fit_frame(model: Any) -> Any:
     found = None
     frame = sys._getframe(2)
     while frame is not None:
-        owner = frame.f_locals.get("self")
-        if frame.f_code.co_name == "fit" and owner is model:
-            found = found or frame
-        elif (
-            frame.f_code.co_name == "run" and frame.f_locals.get("segments_of") is model
-        ):
+        name = frame.f_code.co_name  # the locals are read of these frames only
+        if name == "fit" and found is None and frame.f_locals.get("self") is model:
+            found = frame
+        elif name == "run" and frame.f_locals.get("segments_of") is model:
             return frame
         frame = frame.f_back
     return found

@@ -229,8 +229,6 @@ class FaultTolerantBackup(KerascaleCallback):
         keras_compat.clear_initial_epoch(self.model)  # read by Keras already
         self._s.epoch = epoch
         self._s.step = 0
-        if self._s.pending_data is None:  # not the resumed epoch (its own)
-            self._s.epoch_start_step = self._s.global_step
         self._next_fit()
         self._position.new_epoch()
         if self._s.pending_data is not None:  # the resumed epoch: its order
@@ -367,9 +365,6 @@ class FaultTolerantBackup(KerascaleCallback):
             step=step,
             global_step=self._s.global_step,
             epoch_steps=self._s.epoch_steps,
-            epoch_start_step=self._s.global_step
-            if not step
-            else self._s.epoch_start_step,
             epochs=self._s.epochs,
             levers={name: state() for name, state in self.levers.items()},
             data=data,
@@ -495,6 +490,7 @@ class FaultTolerantBackup(KerascaleCallback):
     def _reset_run_state(self) -> None:
         self._s = state_lib.RunState()
         self._fit_iterator: Any = None  # the EpochIterator of the Keras fit
+        self._newest: dict[str, Any] | None = None  # `_newest_meta`'s
         self._schedule = SaveSchedule(
             self._every_steps, self._every_seconds, clock=self._clock
         )
@@ -527,24 +523,29 @@ class FaultTolerantBackup(KerascaleCallback):
         (none, `start_over`, or written by a plain `model.fit`)."""
         from kerascale.plan.plan import Plan
 
-        if self.start_over:
+        meta = self._newest_meta()
+        try:
+            return Plan.from_dict(meta["plan"]) if meta.get("plan") else None
+        except (TypeError, ValueError):
             return None
-        for _, meta in store.verified(store.scan(self.directory)):
-            try:
-                return Plan.from_dict(meta["plan"]) if meta.get("plan") else None
-            except (TypeError, ValueError):
-                return None
-        return None
 
     def saved_levers(self) -> dict[str, Any]:
         """The levers' states the newest usable checkpoint was written with
         (`levers`), by name; empty where there are none."""
-        if self.start_over:
-            return {}
-        for _, meta in store.verified(store.scan(self.directory)):
-            levers = meta.get("levers")
-            return dict(levers) if isinstance(levers, dict) else {}
-        return {}
+        levers = self._newest_meta().get("levers")
+        return dict(levers) if isinstance(levers, dict) else {}
+
+    def _newest_meta(self) -> dict[str, Any]:
+        """The newest verified checkpoint's metadata ({} for none, or with
+        `start_over`), read once before the run: the plan pinned at planning
+        and the levers' states at the run's start come from one checkpoint.
+        The run's resume (`_resume`) reads the directory itself."""
+        if self._newest is None:
+            found = []
+            if not self.start_over:
+                found = store.verified(store.scan(self.directory))
+            self._newest = next((meta for _, meta in found), {})
+        return self._newest
 
     def _resume(self, candidates: list[store.Found], *, now: bool) -> None:
         """Picks the newest usable checkpoint and restores it: `now` when the
@@ -601,7 +602,6 @@ class FaultTolerantBackup(KerascaleCallback):
         self._s.history = json.loads(json.dumps(saved))
         self._s.history_before = json.loads(json.dumps(saved))
         self._s.global_step = self._schedule.last_step = meta["global_step"]
-        self._s.epoch_start_step = meta["global_step"] - meta["step"]
         self._s.epoch_steps = self._s.epoch_steps or meta["epoch_steps"]
         self._s.completed_epochs = meta["epoch"]
         self._s.restored_finished_run = (
