@@ -4,11 +4,13 @@ and the best a competent user sets by hand.
 
     KERAS_BACKEND=tensorflow .venv/bin/python benchmarks/time_to_accuracy.py
     .venv-jax/bin/python benchmarks/time_to_accuracy.py   # JAX
-        [--tasks tabular,cnn,sequence] [--seeds 3]
+        [--tasks tabular,cnn,sequence] [--seeds 3] [--epochs 20] [--no-stop]
 
 Each task is what a notebook runs: arrays, `validation_split=0.2`,
 `EarlyStopping(monitor="val_loss", patience=3, restore_best_weights=True)`,
 up to 20 epochs, Adam at Keras's learning rate, accuracy on held-out data.
+`--no-stop` leaves `EarlyStopping` out (every epoch runs: a fixed budget of
+`--epochs`), and the results file gets `_no_stop` in its name.
 
 - `tabular`: issue 78's notebook, 20,000 x 32 features, 10 classes (a noisy
   linear teacher), a 128-128-10 MLP.
@@ -171,6 +173,10 @@ def _compile(model, learning_rate, steps_per_execution):
     )
 
 
+# Set by `main` from --epochs and --no-stop.
+STOP = True
+
+
 def run(fit, build, train, test, seed, settings=None, **kwargs):
     """(seconds from the model's build to fit's return, held-out accuracy,
     epochs run)."""
@@ -181,8 +187,8 @@ def run(fit, build, train, test, seed, settings=None, **kwargs):
         monitor="val_loss", patience=3, restore_best_weights=True
     )
     history = fit(
-        model, *train, validation_split=0.2, epochs=EPOCHS, callbacks=[stop],
-        verbose=0, **kwargs,
+        model, *train, validation_split=0.2, epochs=EPOCHS,
+        callbacks=[stop] if STOP else [], verbose=0, **kwargs,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     _, accuracy = model.evaluate(*test, verbose=0)
@@ -242,6 +248,7 @@ def guide_fit(model, x, y, *, callbacks, **kwargs):
 
 
 def main():
+    global EPOCHS, STOP
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--seeds", type=int, default=3)
@@ -250,7 +257,12 @@ def main():
         action="store_true",
         help="add docs/batch-search.md's search and its fit_kwargs() as a contestant",
     )
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
+    parser.add_argument(
+        "--no-stop", action="store_true", help="no EarlyStopping: every epoch runs"
+    )
     args = parser.parse_args()
+    EPOCHS, STOP = args.epochs, not args.no_stop
     backend = keras.backend.backend()
     results = {}
     for name in args.tasks.split(","):
@@ -316,7 +328,8 @@ def main():
                 f"{m['epochs']:>4}  batch {m['batches']}"
             )
     print(f"geometric mean of kerascale / plain time: {geomean:.2f} (goal <= 0.67)")
-    write(f"time_to_accuracy_{backend}", tasks=results, geomean_ratio=geomean)
+    name = f"time_to_accuracy_{backend}" + ("" if STOP else "_no_stop")
+    write(name, tasks=results, geomean_ratio=geomean, epochs=EPOCHS, stop=STOP)
 
 
 if __name__ == "__main__":

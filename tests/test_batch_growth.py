@@ -42,6 +42,10 @@ def test_a_kept_batch_trains_model_fit_s_weights(monkeypatch):
     growth_cases.check_a_kept_batch_trains_model_fit_s_weights(monkeypatch)
 
 
+def test_the_batch_joins_the_steps_first_move(monkeypatch):
+    growth_cases.check_the_batch_joins_the_steps_first_move(monkeypatch)
+
+
 def test_a_real_run_records_its_batch_and_noise_scale_each_epoch():
     growth_cases.check_a_real_run_grows_or_says_why()
 

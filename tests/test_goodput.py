@@ -87,8 +87,8 @@ def test_a_larger_batch_must_beat_the_smaller_by_more_than_the_timing_spread():
 
 
 def test_choose_validates_its_inputs():
-    with pytest.raises(ValueError, match="base batch 32"):
-        goodput.choose({64: 1.0}, base=32, noise=1.0)
+    with pytest.raises(ValueError, match="at least one batch"):
+        goodput.choose({}, base=32, noise=1.0)
     with pytest.raises(ValueError, match="Received: nan"):
         goodput.choose({32: 1.0}, base=32, noise=float("nan"))
 
@@ -317,9 +317,20 @@ def test_growth_stays_under_the_ceiling():
     assert _grow(32, 1e6, {32: 1e-3}, ceiling=63).batch == 32
 
 
-def test_growth_needs_the_current_and_base_batches_timed():
+def test_growth_needs_the_current_batch_timed():
     with pytest.raises(ValueError, match="must time the current batch 64"):
         _grow(64, 100.0, {32: 1e-3})
+
+
+def test_a_run_that_left_its_base_counts_goodput_at_it_from_the_batches_timed():
+    # 256 timed (the run moved there at its first epoch's end, its base's
+    # step then at another steps per call, not kept): goodput is still
+    # counted at 32, and the choice is among the batches timed and the next.
+    flat = _grow(256, 1e4, {256: 1e-3}, compute_seconds=0.0)
+    assert flat.batch == 512
+    choice = goodput.choose({256: 256e3, 512: 300e3}, base=32, noise=100.0)
+    assert choice.batch == 256 and choice.gain == 1.0
+    assert choice.goodput[256] == pytest.approx(256e3 * 132 / 356)
 
 
 def test_epoch_times_take_a_batch_s_steady_step_from_its_later_epochs():

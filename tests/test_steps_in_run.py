@@ -115,3 +115,55 @@ def test_an_epoch_too_short_to_time_asks_nothing():
 def test_the_prior_is_the_backends(backend):
     ours, _ = lever(backend=backend)
     assert ours.prior == steps_in_run.HOST_PRIOR[backend]
+
+
+def test_would_move_answers_what_the_first_epoch_s_end_will_propose():
+    """The batch lever asks before the steps lever's `propose` (to join its
+    move): the answer is that move, and asking changes nothing."""
+    ours, clock = lever()
+    epoch(ours, clock, steps=256, per_step=0.0008)
+    assert ours.would_move(0) == 64 and ours.would_move(0) == 64
+    assert ours.proposed is None and not ours.done
+    assert ours.propose(0, {}) == {"steps_per_execution": 64}
+    assert ours.proposed == 64 and ours.would_move(0) == 64  # the batch joins
+    ours.n = 64  # what `changed` sets
+    assert ours.would_move(1) is None  # it moves from one once
+    short, clock = lever()
+    epoch(short, clock, steps=40, per_step=0.0008, first=0.5, epochs=2)
+    assert short.would_move(0) is None and short.propose(0, {}) is None
+
+
+def test_a_training_step_leaves_the_validation_out():
+    ours, clock = lever()
+    epoch(ours, clock, steps=101, per_step=0.001, first=0.2)
+    ours.on_test_begin()
+    clock.t += 0.05  # a first validation call of 50 ms
+    ours.on_test_batch_end(0)
+    clock.t += 0.3  # the validation's other calls
+    ours.on_test_end()
+    ours.on_epoch_end(0)  # the epoch's end again, after its validation
+    timed = ours.epochs[-1]
+    assert timed.validation == pytest.approx(0.3)
+    assert timed.training_step == pytest.approx(0.001)
+    assert timed.per_step == pytest.approx(0.001 + 0.3 / 100)
+
+
+def test_a_batch_moved_with_the_steps_is_checked_against_a_step_at_it():
+    """The batch grew with the move to 64 a call: a step there is longer
+    than at one a call at the old batch, though the move paid. Rebased by
+    what the larger batch adds, the check keeps 64."""
+    ours, clock = lever()
+    epoch(ours, clock, steps=256, per_step=0.0008)
+    assert ours.propose(0, {}) == {"steps_per_execution": 64}
+    ours.n = 64
+    ours.rebased(0.0012)  # at one a call the new batch takes 2 ms a step
+    epoch(ours, clock, steps=640, per_step=0.0015)
+    assert ours.propose(1, {}) is None
+    n, why = ours.outcome()
+    assert n == 64 and reasons_lib.code(why) == "steps.run_measured"
+    again, clock = lever()  # not rebased: the same step reads as slower
+    epoch(again, clock, steps=256, per_step=0.0008)
+    again.propose(0, {})
+    again.n = 64
+    epoch(again, clock, steps=640, per_step=0.0015)
+    assert again.propose(1, {}) == {"steps_per_execution": 1}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import kerascale
-from kerascale.apply import batch_growth
+from kerascale.apply import batch_growth, steps_in_run
 from kerascale.apply.controller import Controller, Lever
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.errors import KerascaleWarning
@@ -226,10 +226,41 @@ def check_a_kept_batch_trains_model_fit_s_weights(monkeypatch):
     history = kerascale.fit(
         grown, x, y, epochs=4, verbose=0, shuffle=False, precision="float32", **ONE
     )
-    assert calls == [32, 32]  # asked at epoch 1's and 2's ends
+    # Asked at epoch 0's end (the steps lever timed the base's step) and
+    # at 1's and 2's (the base timed past its first epoch).
+    assert calls == [32, 32, 32]
     assert history.plan.reasons["batch_growth"].code == "growth.in_run"
     for a, b in zip(plain.get_weights(), grown.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def check_the_batch_joins_the_steps_first_move(monkeypatch):
+    """Where the steps lever moves at the run's first epoch's end, the
+    batch may move with it: one new segment and one compile for both, two
+    epochs sooner than the batch alone (which waits for its base timed
+    past a first epoch)."""
+    monkeypatch.setattr(steps_in_run, "REPAY", 0.0)  # the move repays itself
+    calls = forced(monkeypatch, {0: 64})
+    segments = []
+    real = Controller.run
+
+    def run(self, *args, **kwargs):
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            segments.append(list(self.changes))
+
+    monkeypatch.setattr(Controller, "run", run)
+    x, y = data(samples=2048)
+    m = model()
+    history = kerascale.fit(m, x, y, epochs=4, verbose=0, precision="float32", **ONE)
+    assert calls[0] == 32  # asked at the first epoch's end
+    assert history.history["batch_size"] == [32, 64, 64, 64]
+    [[(epoch, change)]] = segments
+    assert epoch == 1 and change["batch_size"] == 64
+    assert change["steps_per_execution"] > 1
+    assert history.plan.steps_per_execution == change["steps_per_execution"]
+    assert m.steps_per_execution == 1  # yours again after the run
 
 
 def check_a_real_run_grows_or_says_why():
@@ -296,8 +327,10 @@ def check_a_noise_scale_that_cannot_be_measured_drops_growth_with_one_warning(
         raise ValueError("the seam: no gradient here")
 
     monkeypatch.setattr(gradient_noise, "sample", fails)
-    # Compiles made free: a run this short measures.
+    # Compiles made free: a run this short measures (once its base batch is
+    # timed past a first epoch: the steps lever's timing left out).
     monkeypatch.setattr(batch_growth.EpochTimes, "switch_seconds", lambda self: 0.0)
+    monkeypatch.setattr(steps_in_run.StepsInRun, "timed_at_one", lambda self: None)
     x, y = data(samples=2048)
     m = model()
     with warnings.catch_warnings(record=True) as caught:

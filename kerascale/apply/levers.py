@@ -60,7 +60,9 @@ def assembled(
         steps = StepsInRun(steps_bounds, plan.backend, say=say)
         levers.append(steps)
     saved = facts.backup.saved_levers().get("batch") if facts.backup else None
-    growth, why = batch_growth.lever_for(facts, x, y, plan, say=say, saved=saved)
+    growth, why = batch_growth.lever_for(
+        facts, x, y, plan, say=say, saved=saved, pace=steps
+    )
     if growth is not None:
         levers.append(growth)
         if facts.backup is not None:

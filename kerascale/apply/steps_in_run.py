@@ -81,10 +81,16 @@ class _Epoch:
     seconds: float
     steps: int
     first_excess: float  # the first calls' seconds beyond their steps
+    validation: float = 0.0  # the validation's seconds after its first call
 
     @property
     def per_step(self) -> float:
         return self.seconds / self.steps
+
+    @property
+    def training_step(self) -> float:
+        """Seconds a training step, the validation left out."""
+        return (self.seconds - self.validation) / self.steps
 
 
 class StepsInRun(Lever):
@@ -115,12 +121,16 @@ class StepsInRun(Lever):
         self.undo: Callable[[bool], None] | None = None
         self.done = False
         self.reason: Reason | None = None  # how the value was chosen
+        self.proposed: int | None = None  # the move asked at this epoch's end
+        # A step's time at one a call, at the batch another lever moved to
+        # with this lever's move, over the one timed (`rebased`).
+        self.extra = 0.0
         self._why = ""  # what set `k`'s bound
         self._reset()
 
     def _reset(self) -> None:
         self._start = self._first_end = self._test_begin = 0.0
-        self._test_first = 0.0
+        self._test_first = self._test_end = 0.0
         self._first_steps = 0
 
     # Timing: an epoch's first call traces (at a new value, or the first
@@ -142,6 +152,10 @@ class StepsInRun(Lever):
         if self._test_begin and not self._test_first:
             self._test_first = self.clock() - self._test_begin
 
+    def on_test_end(self, logs=None):
+        if self._test_begin:
+            self._test_end = self.clock()
+
     def on_epoch_end(self, epoch, logs=None):
         end = self.clock()
         steps = (self.params or {}).get("steps") or 0
@@ -153,11 +167,32 @@ class StepsInRun(Lever):
         per_step = seconds / timed
         excess = max(0.0, first - per_step * self._first_steps)
         excess += max(0.0, self._test_first - per_step * self.n)
-        self.epochs.append(_Epoch(self.n, seconds, timed, excess))
+        validation = max(0.0, self._test_end - self._test_begin - self._test_first)
+        self.epochs.append(_Epoch(self.n, seconds, timed, excess, validation))
 
     # Deciding, at an epoch's end.
 
+    def timed_at_one(self) -> _Epoch | None:
+        """The run's first epoch timed at one step a call, or None."""
+        return next((e for e in self.epochs if e.n == 1), None)
+
+    def saved_per_step(self, k: int) -> float:
+        """The seconds a step saves at `k` a call over one, by the host's
+        path per call (the prior, at most `PRIOR_SHARE` of the step timed
+        at one)."""
+        at_one = self.timed_at_one()
+        if at_one is None or k < 2:
+            return 0.0
+        return min(self.prior, PRIOR_SHARE * at_one.per_step) * (1 - 1 / k)
+
+    def rebased(self, extra: float) -> None:
+        """Another lever moves the batch with this lever's move: a step at
+        one a call would take `extra` seconds more at the new batch, and
+        the check of `k` compares with that."""
+        self.extra = max(0.0, extra)
+
     def propose(self, epoch, logs):
+        self.proposed = None
         if self.done or not self.epochs or self.epochs[-1].n != self.n:
             return None
         last = self.epochs[-1]
@@ -165,35 +200,51 @@ class StepsInRun(Lever):
             return self._first_move(epoch, last)
         return self._checked(last)
 
+    def would_move(self, epoch: int) -> int | None:
+        """The value this epoch's end will move to from one a call, where it
+        is the run's first timed epoch and the move repays itself, else
+        None. Asked before `propose` (by the batch lever, to join it)."""
+        if self.done or self.n != 1 or not self.epochs or self.epochs[-1].n != 1:
+            return None
+        return self._first_choice(epoch, self.epochs[-1])[0]
+
     def _first_move(self, epoch: int, at_one: _Epoch) -> dict[str, int] | None:
         """`k` where the rest of the run repays the move, else None (and
         the run keeps one a call)."""
         self.done = True
+        k, self.reason = self._first_choice(epoch, at_one)
+        if k is None:
+            return None
+        self.done = False
+        self.proposed = k
+        return {"steps_per_execution": k}
+
+    def _first_choice(
+        self, epoch: int, at_one: _Epoch
+    ) -> tuple[int | None, Reason | None]:
+        """`k`, or None and why the run stays at one a call."""
         step = at_one.per_step
         by_time = max(1, int(steps_rules.MAX_CALL_SECONDS / max(step, 1e-9)))
         k, self._why = self.bounds.largest(by_time, "under a second a call")
         host = min(self.prior, PRIOR_SHARE * step)
         figures = dict(t1=step * 1e3, host=host * 1e3)
         if host / step < MIN_SHARE or k < 2:
-            self.reason = Reason("steps.run_not_worth", **figures)
-            return None
+            return None, Reason("steps.run_not_worth", **figures)
         steps_left = (self.params["epochs"] - epoch - 1) * (self.params["steps"] or 0)
         saved = steps_left * host * (1 - 1 / k)
         cost = at_one.first_excess + RESTART_SECONDS
         if saved < REPAY * cost:
-            self.reason = Reason(
+            return None, Reason(
                 "steps.run_unpaid", saved=saved, cost=cost, k=k, **figures
             )
-            return None
-        self.done = False
-        return {"steps_per_execution": k}
+        return k, None
 
     def _checked(self, at_k: _Epoch) -> dict[str, int] | None:
         """Keeps `k` where a step there is faster than at one (within
         `TOLERANCE`), else goes back to one."""
         self.done = True
         at_one = next(e for e in self.epochs if e.n == 1)
-        t1, tk, k = at_one.per_step, at_k.per_step, self.n
+        t1, tk, k = at_one.per_step + self.extra, at_k.per_step, self.n
         share = max(0.0, (t1 - tk) * k / (k - 1)) / t1
         figures = dict(share=min(share, 1.0), t1=t1 * 1e3, tk=tk * 1e3, k=k)
         if tk > t1 * (1 + TOLERANCE):

@@ -141,19 +141,19 @@ def choose(
     """The batch of `speeds` (samples/s, per batch) that trains fastest to a
     loss at noise scale `noise`: the best goodput, where a larger batch must
     beat every smaller one's by more than `tolerance` (a timing's spread).
-    `speeds` must time `base` itself: goodput is counted against it."""
-    if base not in speeds:
-        raise ValueError(
-            f"speeds must time the base batch {base}. Received batches {sorted(speeds)}"
-        )
+    Goodput is counted at `base`; where `speeds` does not time it (a run
+    that left it), the smallest batch timed stands first."""
+    if not speeds:
+        raise ValueError("speeds must time at least one batch. Received none")
     if noise < 0 or not math.isfinite(noise):
         raise ValueError(f"noise must be a finite number >= 0. Received: {noise}")
     rates = {b: goodput(s, b, base, noise) for b, s in sorted(speeds.items())}
-    best = base
+    first = base if base in rates else min(rates)
+    best = first
     for b, rate in rates.items():
         if b > best and rate > rates[best] * (1 + tolerance):
             best = b
-    return Choice(best, base, noise, rates, rates[best] / rates[base])
+    return Choice(best, base, noise, rates, rates[best] / rates[first])
 
 
 # --- The learning rate when the batch grows -----------------------------------
@@ -293,10 +293,10 @@ def grow(
             (one compile for a larger step, where the learning-rate rule
             allows it: the square root's rises 2.8x at three).
     """
-    if current not in step_seconds or base not in step_seconds:
+    if current not in step_seconds:
         raise ValueError(
-            f"step_seconds must time the current batch {current} and the base "
-            f"{base}. Received batches {sorted(step_seconds)}"
+            f"step_seconds must time the current batch {current}. Received "
+            f"batches {sorted(step_seconds)}"
         )
     speeds = {b: b / t for b, t in step_seconds.items() if b <= ceiling}
     speeds[current] = current / step_seconds[current]
@@ -305,7 +305,7 @@ def grow(
     candidates = [current * 2**k for k in range(1, doublings + 1)]
     candidates = [b for b in candidates if b <= ceiling and b not in step_seconds]
     for batch in candidates:
-        step = _predicted_step(step_seconds, batch, base, compute_seconds)
+        step = predicted_step(step_seconds, batch, base, compute_seconds)
         speeds[batch] = batch / step
     choice = choose(speeds, base, noise, tolerance)
     # The prediction the choice rests on, else the next doubling's.
@@ -339,7 +339,7 @@ def grow(
 DOUBLING_PRIOR = math.sqrt(2)
 
 
-def _predicted_step(
+def predicted_step(
     step_seconds: Mapping[int, float],
     batch: int,
     base: int,
