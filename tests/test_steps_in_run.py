@@ -133,7 +133,7 @@ def test_would_move_answers_what_the_first_epoch_s_end_will_propose():
     assert short.would_move(0) is None and short.propose(0, {}) is None
 
 
-def test_a_training_step_leaves_the_validation_out():
+def test_a_training_step_and_its_trace_leave_the_validation_out():
     ours, clock = lever()
     epoch(ours, clock, steps=101, per_step=0.001, first=0.2)
     ours.on_test_begin()
@@ -144,6 +144,10 @@ def test_a_training_step_leaves_the_validation_out():
     ours.on_epoch_end(0)  # the epoch's end again, after its validation
     timed = ours.epochs[-1]
     assert timed.validation == pytest.approx(0.3)
+    # The first calls' excess: the training's (its trace) and the
+    # validation's; a new batch's shape costs the training's alone.
+    assert timed.train_excess == pytest.approx(0.2)
+    assert timed.first_excess == pytest.approx(0.2 + 0.05 - 0.001)
     assert timed.training_step == pytest.approx(0.001)
     assert timed.per_step == pytest.approx(0.001 + 0.3 / 100)
 

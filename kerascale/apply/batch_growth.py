@@ -424,11 +424,11 @@ class BatchGrowth(Lever):
         """What the first noise measurement is counted to cost: a compile
         (its gradients' function). Where the base is timed past its first
         epoch, what a new batch costs (`first`'s); at the run's first
-        epoch, what its first call took beyond a step (a new batch joining
-        the steps lever's move may cost none)."""
+        epoch, what the training's first call took beyond a step (a new
+        batch joining the steps lever's move may cost none)."""
         if self.timings.settled(self.base) or self.pace is None:
             return first[1]
-        return self.pace.timed_at_one().first_excess
+        return self.pace.timed_at_one().train_excess
 
     def first_timing(self, epoch: int) -> tuple[float, float] | None:
         """The base batch's training step for the rest of the run, and what
@@ -451,9 +451,11 @@ class BatchGrowth(Lever):
             return step, at_one.first_excess + steps_in_run.RESTART_SECONDS
         # Joining the steps lever's move, the new batch's step compiles in
         # the compile that move pays; a last, shorter batch compiles once
-        # more.
+        # more, at most what the training's first call took beyond a step
+        # (a retrace took 0.5-0.55 of it on issue 78's tabular and
+        # sequence tasks, TensorFlow).
         largest = self.batch * 2 ** self._doublings()
-        return step, at_one.first_excess if self.samples % largest else 0.0
+        return step, at_one.train_excess if self.samples % largest else 0.0
 
     def _epochs_left(self, epoch: int) -> int:
         """The epochs after `epoch` that a change is sure to be repaid over:

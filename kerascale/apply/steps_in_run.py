@@ -82,6 +82,7 @@ class _Epoch:
     steps: int
     first_excess: float  # the first calls' seconds beyond their steps
     validation: float = 0.0  # the validation's seconds after its first call
+    train_excess: float = 0.0  # the training's first call's share of the excess
 
     @property
     def per_step(self) -> float:
@@ -164,11 +165,13 @@ class StepsInRun(Lever):
             return
         first = self._first_end - self._start
         seconds = end - self._first_end - self._test_first
-        per_step = seconds / timed
-        excess = max(0.0, first - per_step * self._first_steps)
-        excess += max(0.0, self._test_first - per_step * self.n)
         validation = max(0.0, self._test_end - self._test_begin - self._test_first)
-        self.epochs.append(_Epoch(self.n, seconds, timed, excess, validation))
+        per_step = (seconds - validation) / timed  # a training step's
+        train_excess = max(0.0, first - per_step * self._first_steps)
+        excess = train_excess + max(0.0, self._test_first - per_step * self.n)
+        self.epochs.append(
+            _Epoch(self.n, seconds, timed, excess, validation, train_excess)
+        )
 
     # Deciding, at an epoch's end.
 
