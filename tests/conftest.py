@@ -52,7 +52,7 @@ def bf16_cpu(monkeypatch):
     bf16 on any CPU, emulated where the CPU lacks the instructions)."""
     import dataclasses
 
-    from kerascale.measure import decide
+    from kerascale.plan import precision as precision_rules
     from kerascale.sense import hardware
 
     real = hardware.detect_hardware
@@ -63,8 +63,9 @@ def bf16_cpu(monkeypatch):
         return dataclasses.replace(found, cpu=cpu)
 
     monkeypatch.setattr(hardware, "detect_hardware", detect)
-    # bf16 as if the run repaid its start: these runs are a second long.
-    monkeypatch.setattr(decide, "_too_short_for_bf16", lambda *a: "")
+    # bf16 chosen as the trials would where they time it faster (the rule
+    # leaves it to them on a CPU: `precision.trial_candidate`).
+    monkeypatch.setattr(precision_rules, "trial_candidate", lambda hw: "")
 
 
 @pytest.fixture(autouse=True)

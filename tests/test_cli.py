@@ -36,8 +36,9 @@ def test_doctor_json(capsys, monkeypatch):
     assert report["error"] is None
     plan = report["default_plan"]
     assert plan["strategy"] == "default"
-    expected = "mixed_bfloat16" if report["hardware"]["cpu"]["bf16"] else "float32"
-    assert plan["precision"] == expected
+    # A CPU trains float32 by the rule, bf16 math or not (bf16 only where
+    # the trials time it faster on the model, which the doctor has not).
+    assert plan["precision"] == "float32"
     assert plan["reasons"]["precision"]
     env = report["environment"]
     assert env["versions"]["keras"] and env["cache_dir"]

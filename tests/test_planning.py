@@ -136,7 +136,7 @@ def test_tpu_requested_without_tpu_is_an_error():
         (gpu_box(1, cc=(6, 1)), "float32"),
         (gpu_box(1, cc=None), "float32"),
         (MIXED_GPUS, "mixed_float16"),  # the lowest capability decides
-        (Hardware(cpu=CPU_BF16), "mixed_bfloat16"),
+        (Hardware(cpu=CPU_BF16), "float32"),  # bf16: the trials' candidate
         (CPU_ONLY, "float32"),
     ],
 )
@@ -167,7 +167,7 @@ def test_auto_keeps_a_mixed_policy_the_user_chose():
 
 def test_rebuild_only_when_a_strategy_needs_its_scope():
     assert not plan_for(CPU_ONLY).rebuild  # float32 on the default strategy
-    bf16 = plan_for(Hardware(cpu=CPU_BF16))
+    bf16 = plan_for(Hardware(cpu=CPU_BF16), precision="mixed_bfloat16")
     assert not bf16.rebuild and bf16.precision == "mixed_bfloat16"  # in place
     assert bf16.reasons["rebuild"].code == "rebuild.policy_in_place"
     assert not plan_for(gpu_box(1, cc=(6, 0))).rebuild  # one GPU: default strategy

@@ -256,10 +256,15 @@ def check_the_batch_joins_the_steps_first_move(monkeypatch):
     history = kerascale.fit(m, x, y, epochs=4, verbose=0, precision="float32", **ONE)
     assert calls[0] == 32  # asked at the first epoch's end
     assert history.history["batch_size"] == [32, 64, 64, 64]
-    [[(epoch, change)]] = segments
+    [changes] = segments
+    (epoch, change), *later = changes
     assert epoch == 1 and change["batch_size"] == 64
     assert change["steps_per_execution"] > 1
-    assert history.plan.steps_per_execution == change["steps_per_execution"]
+    # Later, at most the steps lever's check of its value (timed: a busy
+    # machine may send it back to one a call); the batch stays.
+    assert all(set(c) == {"steps_per_execution"} for _, c in later)
+    n = later[-1][1]["steps_per_execution"] if later else change["steps_per_execution"]
+    assert history.plan.steps_per_execution == n
     assert m.steps_per_execution == 1  # yours again after the run
 
 

@@ -62,6 +62,9 @@ def cache_read(kind: str, key: str) -> dict[str, Any] | None:
 # Every kind of measurement kerascale caches, each a folder of the cache
 # directory: `clear` removes these and nothing else (the directory may be one
 # the user shares, $KERASCALE_CACHE_DIR). A kind not listed is refused.
+# "first_trace" is no longer written (bf16's start on a CPU, weighed until
+# the trials took the CPU's precision): kept, so `clear` removes what older
+# versions left.
 KINDS = ("batch_search", "trials", "first_trace", "jax-sharding-1")
 
 

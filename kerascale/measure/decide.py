@@ -15,7 +15,7 @@ from kerascale import _tf
 from kerascale.apply import strategy as strategy_lib
 from kerascale.measure import batch as batch_lib
 from kerascale.measure import budget as budget_lib
-from kerascale.measure import engines, first_trace, host_path
+from kerascale.measure import engines, host_path
 from kerascale.measure import recompute as recompute_lib
 from kerascale.measure import trials as trials_lib
 from kerascale.measure.batch_plan import (
@@ -30,7 +30,6 @@ from kerascale.measure.decided import Decided
 from kerascale.measure.request import Given, SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
-from kerascale.plan import precision as precision_rules
 from kerascale.plan.fallback import Attempt, FailedInProbe, LateCoreCount
 from kerascale.plan.measured import NOTHING, Measured
 from kerascale.plan.options import Options, pinned_reasons, user_instance
@@ -43,11 +42,6 @@ from kerascale.sense import data_facts, memory, samples
 from kerascale.sense import hardware as hardware_lib
 from kerascale.sense.hardware import Hardware
 from kerascale.sense.model_facts import gist, model_facts
-
-# A run of at most this many steps, on an input that cannot be read before
-# it (no speed to weigh bf16's start with), stays float32 on a bf16 CPU:
-# bf16's first trace costs a keras-hub model seconds, several steps' time.
-UNWEIGHED_STEPS = 64
 
 
 def _search_anyway(hw: Hardware) -> str:
@@ -168,9 +162,7 @@ def decide(
         given, options, planner, first, found, search, can_try, budget
     )
     if can_try:
-        decided = _tried(decided, given, ladder, budget, epochs)
-    else:  # no trial, nor the model's first speed: only an unread input
-        decided = _weighed_bf16(decided, given.model, None, epochs)
+        decided = _tried(decided, given, ladder, budget)
     if options.recompute == "auto":
         decided = _recomputed(decided, given, search, asked, budget)
     if epochs is not None:  # a run follows, whose steps per call it sets
@@ -481,7 +473,6 @@ def _tried(
     given: Given,
     ladder: bool,
     budget: budget_lib.RunBudget | None = None,
-    epochs: int | None = None,
 ) -> Decided:
     """The decision after timing, on the real data, the CPU choices left to
     kerascale: the batch (the ladder's rungs), the pipeline, the precision,
@@ -503,8 +494,7 @@ def _tried(
             if p.outcome == "ok" and p.batch <= result.per_replica_batch_size
         }
     if not (try_pipeline or try_precision or len(rungs) > 1):
-        decided = decided if over is None else decided.replanned(found)
-        return _weighed_bf16(decided, given.model, budget, epochs)
+        return decided if over is None else decided.replanned(found)
     measured = trials_lib.run(
         given,
         decided.data,
@@ -522,17 +512,11 @@ def _tried(
     )
     if len(rungs) > 1:
         result = _batch_chosen(result, measured, rungs, plan.replicas)
-    # The rule's bf16, where the trials did not time it, weighed by its start.
-    short = (
-        None
-        if measured.measured("precision")
-        else _too_short_for_bf16(decided, given.model, budget, epochs)
-    )
     settled = dataclasses.replace(
         options,
         precision=measured.precision
         if measured.measured("precision")
-        else ("float32" if short else options.precision),
+        else options.precision,
         optimize_data=measured.optimize_data
         if measured.measured("data_changes")
         else options.optimize_data,
@@ -540,8 +524,6 @@ def _tried(
     for field, tried in (("precision", try_precision), ("data_changes", try_pipeline)):
         if measured.measured(field):
             found = found.decided(**{field: measured.why(field)})
-        elif field == "precision" and short:
-            found = found.decided(precision=short)
         elif tried and measured.skip_reason(field):
             found = found.noted(field, f"trials skipped: {measured.skip_reason(field)}")
     return decided.replanned(
@@ -553,58 +535,6 @@ def _tried(
         else decided.optimize_data,
         trials=measured,
     )
-
-
-def _weighed_bf16(
-    decided: Decided,
-    model: Any,
-    budget: budget_lib.RunBudget | None,
-    epochs: int | None = None,
-) -> Decided:
-    """`decided`, float32 where the CPU rule's bf16 would cost the run more
-    than it saves (`_too_short_for_bf16`)."""
-    short = _too_short_for_bf16(decided, model, budget, epochs)
-    if not short:
-        return decided
-    options = dataclasses.replace(decided.options, precision="float32")
-    return decided.replanned(Measured().decided(precision=short), options=options)
-
-
-def _too_short_for_bf16(
-    decided: Decided,
-    model: Any,
-    budget: budget_lib.RunBudget | None,
-    epochs: int | None = None,
-) -> Reason | None:
-    """Why bf16, which the CPU rule picks without a trial, would cost this
-    run more than it saves (`first_trace.why_float32`), or None. An input
-    that cannot be read before the run (a list of Python values) gives no
-    speed to weigh it with: a run of at most `UNWEIGHED_STEPS` steps then
-    stays float32, as model.fit trains (keras-hub's one-step task fits
-    took 19 s in bf16, 7 s in float32)."""
-    plan, options = decided.plan, decided.options
-    rule = (
-        options.precision == "auto"
-        and decided.hardware.accelerator == "cpu"
-        and plan.precision == "mixed_bfloat16"
-        and decided.model.policy == "float32"
-        and not precision_rules.trial_candidate(decided.hardware)
-    )
-    cluster = decided.hardware.cluster
-    samples = decided.data.num_samples
-    if rule and budget is None and not decided.data.measurable and samples and epochs:
-        steps = epochs * -(-samples // max(1, plan.step_batch_size))
-        if steps <= UNWEIGHED_STEPS:
-            why = decided.data.why_not_measurable or "input that is read only once"
-            return Reason("precision.unweighed", steps=steps, why=why)
-    if not rule or budget is None or (cluster is not None and cluster.is_multi_worker):
-        # A worker of a cluster keeps the rule (the chief's choice is taken
-        # by all): the reference steps it would time run under the cluster's
-        # strategy, and a worker that read the figure from a shared cache
-        # while another measured it would be a collective short (a SIGSTOP
-        # test's survivor hung).
-        return None
-    return first_trace.why_float32(model, plan, budget)
 
 
 def _batch_chosen(

@@ -44,7 +44,8 @@ def choose(
             return "mixed_float16", Reason("precision.gpu_fp16", **gpu), ()
         return "float32", Reason("precision.gpu_old", **gpu), ()
     if trial_candidate(hw):
-        return "float32", Reason("precision.jax_cpu"), ()
+        why = backend_lib.traits(hw.backend).bf16_cpu_why
+        return "float32", Reason("precision.cpu_by_trial", why=why), ()
     if hw.cpu.bf16:
         flags = ", ".join(hw.cpu.bf16_flags)
         return "mixed_bfloat16", Reason("precision.cpu_bf16", flags=flags), ()
@@ -54,8 +55,9 @@ def choose(
 def trial_candidate(hw: Hardware) -> str:
     """The policy that CPU trials time against the rule's float32, where
     the rule keeps float32 only by a measurement on other models: bf16 on a
-    CPU with bf16 math under JAX, whose CPU compiler often gains nothing from
-    it. "" elsewhere (the rule's own choice is the candidate)."""
+    CPU with bf16 math, where it was as often slower as faster
+    (`Traits.bf16_cpu_why`). "" elsewhere (the rule's own choice is the
+    candidate)."""
     by_trial = backend_lib.traits(hw.backend).bf16_cpu_by_trial
     on_cpu = hw.accelerator == "cpu" and hw.cpu.bf16
     return "mixed_bfloat16" if by_trial and on_cpu else ""

@@ -210,10 +210,9 @@ WORDS: dict[str, str | Callable[..., str]] = {
     "precision.gpu_old": lambda spelled, lowest: _gpu_capability(
         spelled, lowest, " < 7.0: no tensor cores"
     ),
-    "precision.jax_cpu": (
-        "JAX on CPU: XLA's CPU code runs bf16 no faster than float32 (a CNN 0.96x, "
-        "an MLP 0.74x on an AVX512_BF16 CPU), unless the trials time your model "
-        "faster in mixed_bfloat16; pass precision='mixed_bfloat16' to use it anyway"
+    "precision.cpu_by_trial": (
+        "{why}: float32, unless the trials time your model faster in "
+        "mixed_bfloat16; pass precision='mixed_bfloat16' to use it anyway"
     ),
     "precision.cpu_bf16": (
         "CPU has native bf16 ({flags}): bf16 math steps faster than float32"
@@ -361,24 +360,6 @@ WORDS: dict[str, str | Callable[..., str]] = {
         "{replicas} replicas (keras-team/keras#19246)"
     ),
     # precision, measured
-    "precision.length_unknown": (
-        "float32: the run's length is unknown (a dataset of unknown size), so "
-        "bf16's start may not be repaid; pass steps_per_epoch= to let kerascale "
-        "weigh it, or precision='mixed_bfloat16'"
-    ),
-    "precision.few_steps": (
-        "float32: a run of {steps} steps would need steps of at least {need:.2f}s "
-        "to repay bf16's start (about {cost:.2f}s)"
-    ),
-    "precision.unweighed": (
-        "float32, as model.fit trains: a run of {steps} steps that cannot be "
-        "timed before it starts ({why}) is too short to show that bf16 repays "
-        "its start; pass precision='mixed_bfloat16' to use it"
-    ),
-    "precision.too_short": (
-        "float32: the run (about {run:.1f}s) is too short to repay bf16's start "
-        "(about {cost:.2f}s)"
-    ),
     "precision.failed_in_probe": (
         "{policy}: {tried} failed in the batch search's probe ({error}); pass "
         "precision='{policy}' to skip the attempt"
