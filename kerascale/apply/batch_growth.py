@@ -35,7 +35,7 @@ import functools
 import math
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 
@@ -264,6 +264,16 @@ def wanted(
     return ""
 
 
+class FirstTiming(NamedTuple):
+    """What the batch lever's first decision rests on (`first_timing`):
+    seconds of the base batch's training step for the rest of the run,
+    of moving to a new batch, and of the first noise measurement."""
+
+    step: float
+    switch: float
+    measure: float
+
+
 class BatchGrowth(Lever):
     """Grows the batch of a run on arrays where goodput rises.
 
@@ -296,7 +306,7 @@ class BatchGrowth(Lever):
         validation: int | None = None,
         stoppers: tuple[Any, ...] = (),
         say: Any = None,
-        pace: Any = None,
+        pace: steps_in_run.StepsInRun | None = None,
     ):
         super().__init__()
         self.x, self.y, self.sample_weight = x, y, sample_weight
@@ -413,49 +423,41 @@ class BatchGrowth(Lever):
             first = self.first_timing(epoch)
             if first is None:
                 return False
-            step, switch = first
-            best = self._epochs_left(epoch) * step * self.params["steps"] / 2
-            return best > switch + self._measure_cost(first)
+            best = self._epochs_left(epoch) * first.step * self.params["steps"] / 2
+            return best > first.switch + first.measure
         if not self.timings.settled(self.batch):
             return False
         return self.measure_seconds <= MEASURE_SHARE * self.timings.seconds()
 
-    def _measure_cost(self, first: tuple[float, float]) -> float:
-        """What the first noise measurement is counted to cost: a compile
-        (its gradients' function). Where the base is timed past its first
-        epoch, what a new batch costs (`first`'s); at the run's first
-        epoch, what the training's first call took beyond a step (a new
-        batch joining the steps lever's move may cost none)."""
-        if self.timings.settled(self.base) or self.pace is None:
-            return first[1]
-        return self.pace.timed_at_one().train_excess
-
-    def first_timing(self, epoch: int) -> tuple[float, float] | None:
-        """The base batch's training step for the rest of the run, and what
-        moving to a new batch costs, or None while neither is timed: from
-        the base's own epochs once past its first, else from the steps
-        lever's timing of the run's first epoch (its first call apart),
-        where `epoch` is it. Where the steps lever moves at that epoch's
-        end, the step is the one at its new value (the host's path per
-        call saved), and the new batch costs one more compile: the new
-        step is compiled once, for both."""
+    def first_timing(self, epoch: int) -> FirstTiming | None:
+        """The base batch's training step for the rest of the run and what
+        moving to a new batch and a first noise measurement cost, or None
+        while none is timed: from the base's own epochs once past its
+        first, else from the steps lever's timing of the run's first epoch
+        (its first call apart), where `epoch` is it. Where the steps lever
+        moves at that epoch's end, the step is the one at its new value (the
+        host's path per call saved), and the new batch's step compiles in
+        the compile that move pays."""
         steady = self.timings.steady()
         if self.base in steady:
-            return steady[self.base], self.timings.switch_seconds()
+            switch = self.timings.switch_seconds()
+            return FirstTiming(steady[self.base], switch, switch)
         at_one = self.pace.timed_at_one() if self.pace is not None else None
         if at_one is None or self.batch != self.base or len(self.pace.epochs) != 1:
             return None
         k = self.pace.would_move(epoch)
         step = at_one.training_step - self.pace.saved_per_step(k or 1)
+        # A compile (the new batch's, the measurement's gradients') is
+        # counted at most what the training's first call took beyond a step
+        # (a retrace took 0.5-0.55 of it on issue 78's tabular and sequence
+        # tasks, TensorFlow).
+        compile_seconds = at_one.train_excess
         if k is None:
-            return step, at_one.first_excess + steps_in_run.RESTART_SECONDS
-        # Joining the steps lever's move, the new batch's step compiles in
-        # the compile that move pays; a last, shorter batch compiles once
-        # more, at most what the training's first call took beyond a step
-        # (a retrace took 0.5-0.55 of it on issue 78's tabular and
-        # sequence tasks, TensorFlow).
-        largest = self.batch * 2 ** self._doublings()
-        return step, at_one.train_excess if self.samples % largest else 0.0
+            switch = at_one.first_excess + steps_in_run.RESTART_SECONDS
+        else:  # joined: only a last, shorter batch compiles once more
+            largest = self.batch * 2 ** self._doublings()
+            switch = compile_seconds if self.samples % largest else 0.0
+        return FirstTiming(step, switch, compile_seconds)
 
     def _epochs_left(self, epoch: int) -> int:
         """The epochs after `epoch` that a change is sure to be repaid over:
@@ -480,7 +482,7 @@ class BatchGrowth(Lever):
             first = self.first_timing(epoch) if self.batch == self.base else None
             if first is None:
                 return None
-            steps, switch = {self.base: first[0]}, first[1]
+            steps, switch = {self.base: first.step}, first.switch
         remaining = self._epochs_left(epoch) * self.samples
         growth = goodput.grow(
             self.batch,

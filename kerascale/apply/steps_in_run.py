@@ -80,9 +80,14 @@ class _Epoch:
     n: int
     seconds: float
     steps: int
-    first_excess: float  # the first calls' seconds beyond their steps
+    train_excess: float  # the training's first call's seconds beyond its steps
+    test_excess: float = 0.0  # the validation's first call's, beyond a step
     validation: float = 0.0  # the validation's seconds after its first call
-    train_excess: float = 0.0  # the training's first call's share of the excess
+
+    @property
+    def first_excess(self) -> float:
+        """The first calls' seconds beyond their steps (their traces)."""
+        return self.train_excess + self.test_excess
 
     @property
     def per_step(self) -> float:
@@ -168,9 +173,9 @@ class StepsInRun(Lever):
         validation = max(0.0, self._test_end - self._test_begin - self._test_first)
         per_step = (seconds - validation) / timed  # a training step's
         train_excess = max(0.0, first - per_step * self._first_steps)
-        excess = train_excess + max(0.0, self._test_first - per_step * self.n)
+        test_excess = max(0.0, self._test_first - per_step * self.n)
         self.epochs.append(
-            _Epoch(self.n, seconds, timed, excess, validation, train_excess)
+            _Epoch(self.n, seconds, timed, train_excess, test_excess, validation)
         )
 
     # Deciding, at an epoch's end.
