@@ -168,5 +168,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     stats = terminalreporter.stats
     counts = {k: len(stats.get(k, ())) for k in ("passed", "failed", "skipped")}
     counts["failed"] += len(stats.get("error", ()))
+    os.makedirs(os.path.dirname(tally), exist_ok=True)  # a fresh clone's first lane
     with open(tally, "a") as f:
         f.write(json.dumps({"lane": lane(), **counts}) + "\n")

@@ -20,7 +20,9 @@ processes in TF_CONFIG and calls kerascale.connect_cluster() after `import
 kerascale` joined them (or, explicit, with KERASCALE_AUTO_CONNECT=0, joins).
 WIDE=1 trains a model with a 4 MiB kernel
 (two hidden layers of 1024), DEVICE_MEMORY is fit's `device_memory`, and
-LOCAL_DEVICES makes each process that many CPU devices.
+LOCAL_DEVICES makes each process that many CPU devices. AUTO=1 passes
+fit's batch_size="auto" and steps_per_execution="auto" instead of the batch
+(arrays only): the levers a single process moves in the run.
 Writes JSON: the plan, the losses and the trained weights.
 """
 
@@ -120,11 +122,12 @@ def main():
     result["tensorflow_started"] = "tensorflow" in sys.modules and _tf_started()
     if mode == "single":
         m = model(seed=0)
-        keep = N - (N % BATCH) % int(count)
+        batch = 64 if os.environ.get("AUTO") == "1" else BATCH  # 32 a process
+        keep = N - (N % batch) % int(count)
         h = m.fit(
             x[:keep],
             y[:keep],
-            batch_size=BATCH,
+            batch_size=batch,
             epochs=EPOCHS,
             shuffle=False,
             verbose=0,
@@ -151,6 +154,9 @@ def main():
 
             source = grain.MapDataset.source([(x[i], y[i]) for i in range(N)])
             data_args, data_kwargs = (source.batch(BATCH),), {}
+        elif os.environ.get("AUTO") == "1":
+            data_args = (x, y)
+            data_kwargs = {"batch_size": "auto", "steps_per_execution": "auto"}
         else:
             data_args, data_kwargs = (x, y), {"batch_size": BATCH}
         shuffle = os.environ.get("SHUFFLE") == "1"
@@ -175,7 +181,11 @@ def main():
             "data_changes": plan.data_changes.to_dict(),
             "sharding": dict(plan.sharding),
             "sharding_reason": plan.reasons.get("sharding", ""),
+            "steps_per_execution": plan.steps_per_execution,
+            "steps_reason": str(plan.reasons.get("steps_per_execution", "")),
+            "growth_reason": str(plan.reasons.get("batch_growth", "")),
         }
+        result["batch_sizes"] = h.history.get("batch_size")
         result["distribution_after"] = repr(keras.distribution.distribution())
         # the model is the user's again: it predicts here, alone
         result["predicts"] = bool(np.isfinite(m.predict(x[:3], verbose=0)).all())

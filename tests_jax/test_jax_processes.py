@@ -399,3 +399,28 @@ def test_each_process_restores_its_own_random_state_and_no_other():
     ended = {**meta, "random_by_worker": [{}, {"now": "1 now", "epoch": None}]}
     mine = meta_lib.for_worker(ended, 1)
     assert mine["random"] == "1 now" and mine["data"]["random"] == "chief epoch"
+
+
+@several_processes
+def test_two_processes_agree_where_a_process_alone_would_move_its_levers(tmp_path):
+    """batch_size="auto" and steps_per_execution="auto": alone, a process
+    may grow the batch and move the steps per call in the run (each from its
+    own timings and its own data's noise scale). Across processes those
+    moves are not built, so each keeps both, says why, and they train alike,
+    as one process does on their global batch."""
+    first, second, alone = _run_beside_single(
+        tmp_path, env_extra={"AUTO": "1"}, single_env={"AUTO": "1"}
+    )
+    for run in (first, second):
+        plan = run["plan"]
+        assert "trains on several processes" in plan["growth_reason"]
+        assert plan["steps_per_execution"] == 1
+        assert "on a cluster" in plan["steps_reason"]
+        assert plan["global_batch_size"] == 64  # Keras's 32 a process, kept
+    np.testing.assert_allclose(second["loss"], first["loss"], rtol=0, atol=0)
+    np.testing.assert_allclose(first["loss"], alone["loss"], rtol=1e-5)
+    for a, b, c in zip(
+        first["weights"], second["weights"], alone["weights"], strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
