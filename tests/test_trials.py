@@ -315,10 +315,11 @@ def test_without_a_first_estimate_the_first_candidate_gives_one(monkeypatch):
     r = run_all(batches={}, try_pipeline=False, unbudgeted=False, run_samples=30_000)
     assert m.prepared[0] == (32, "float32", True)  # prepared first, then weighed
     assert r.measured("precision")
-    # 720 steps (230 s): the candidate prepared for a speed, then refused.
+    # 360 steps (115 s, a tenth of which is less than the stage's 12 s):
+    # the candidate prepared for a speed, then refused.
     m = Machine(lambda b, p, o: 100.0).install(monkeypatch)
     r = run_all(
-        batches={}, try_pipeline=False, unbudgeted=False, run_samples=23_040, fresh=True
+        batches={}, try_pipeline=False, unbudgeted=False, run_samples=11_520, fresh=True
     )
     assert m.prepared == [(32, "float32", True)] and not r.measured("precision")
     assert "the precision trials would take" in dict(r.skipped)["precision"]

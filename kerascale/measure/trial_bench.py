@@ -155,9 +155,15 @@ class Bench:
         cost (`budget.value`); inf with no budget, -inf with no figures."""
         if self.unbudgeted:
             return math.inf
+        self._estimate_speed()  # the stages are ordered by it
         if self.samples is None or not self.speed:
             return -math.inf
         return budget.value(*self._weighed(keys, field))
+
+    def _estimate_speed(self) -> None:
+        """The first estimate of the run's speed, where none is known yet."""
+        if self.speed is None and self._first_speed is not None:
+            self.speed, self._first_speed = self._first_speed(), None
 
     def _skip(self, keys: list[tuple], field: str) -> str | None:
         """Why the stage `field` timing `keys` cannot repay its cost, or None."""
@@ -187,8 +193,7 @@ class Bench:
         if why is not None:
             self.skipped.append((field, why))
             return []
-        if self.speed is None and self._first_speed is not None:
-            self.speed, self._first_speed = self._first_speed(), None
+        self._estimate_speed()
         if self.speed is None and not self.unbudgeted and self.samples is not None:
             # No first estimate: the first candidate's warm-up gives one.
             self._prepare(keys[0])
