@@ -26,6 +26,28 @@ def preserved_state() -> Iterator[None]:
         keras.config.set_dtype_policy(policy)
 
 
+@contextlib.contextmanager
+def random_kept() -> Iterator[None]:
+    """Restores Python's, NumPy's and Keras's global random states on exit
+    (Keras's seed generator: its state, or its absence where it did not
+    exist): reading the user's input to fingerprint it (a `PyDataset`
+    whose batches draw random augmentations) leaves no trace in training."""
+    from kerascale import _keras_compat as keras_compat
+
+    py, np_state = random.getstate(), np.random.get_state()
+    generator = keras_compat.existing_global_seed_generator()
+    seed = None if generator is None else value_of(generator.state)
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(np_state)
+        if generator is None:
+            keras_compat.forget_global_seed_generator()
+        else:
+            generator.state.assign(seed)
+
+
 def value_of(variable) -> np.ndarray:
     """A Keras variable's value (or a tensor) as NumPy. Not
     `Variable.numpy()`: on JAX its `__array__` takes no `copy`, and NumPy 2

@@ -158,7 +158,28 @@ def test_an_order_changed_behind_the_checkpoint_is_said(kind, tmp_path, monkeypa
 
 @pytest.mark.once
 @pytest.mark.parametrize("kind", CHECKED)
-def test_data_changed_between_the_runs_is_said(kind, tmp_path):
+def test_data_changed_between_the_runs_is_said_once(kind, tmp_path):
+    """The input's fingerprint says it (tests_common/input_fingerprint.py),
+    and the last batch's check, which would say it too, says nothing more."""
+    x, y = data()
+    changed = (x[::-1].copy(), y[::-1].copy())
+    _, said = interrupted_then_resumed(kind, tmp_path, rerun_data=changed)
+    about = [s for s in said if ORDER in s or "The input differs" in s]
+    assert len(about) == 1, said
+    assert "The input differs from the one checkpoint" in about[0]
+
+
+@pytest.mark.once
+@pytest.mark.parametrize("kind", CHECKED)
+def test_a_change_the_fingerprint_misses_is_said_by_the_last_batch(
+    kind, tmp_path, monkeypatch
+):
+    """A change the input's fingerprint does not read (here: it reads
+    nothing) is still said at a mid-epoch resume, by the last batch read
+    again."""
+    from kerascale.callbacks import _input_fingerprint
+
+    monkeypatch.setattr(_input_fingerprint, "of_adapter", lambda adapter: None)
     x, y = data()
     changed = (x[::-1].copy(), y[::-1].copy())
     _, said = interrupted_then_resumed(kind, tmp_path, rerun_data=changed)

@@ -239,8 +239,8 @@ PRIVATE_NAMES = (
     "keras.Layer._layers (the layers it tracks)",
     "keras.src.models.functional.Functional",
     "keras.src.random.seed_generator.global_seed_generator",
-    "keras.src.backend.common.global_state.get_global_attribute "
-    "(global_seed_generator, object_name_uids)",
+    "keras.src.backend.common.global_state.get_global_attribute, "
+    "set_global_attribute (global_seed_generator, object_name_uids)",
     "keras.Optimizer._learning_rate, _trainable_variables (after build)",
     "keras.Optimizer._iterations (a variable)",
     "keras.Optimizer._accumulated_gradients (built with accumulation)",
@@ -301,6 +301,14 @@ def existing_global_seed_generator() -> Any:
     from keras.src.backend.common import global_state
 
     return global_state.get_global_attribute("global_seed_generator")
+
+
+def forget_global_seed_generator() -> None:
+    """Takes out Keras's global seed generator, as before anything created
+    it (`_state.random_kept`, where kerascale's own read created it)."""
+    from keras.src.backend.common import global_state
+
+    global_state.set_global_attribute("global_seed_generator", None)
 
 
 @contextlib.contextmanager

@@ -58,6 +58,29 @@ def adapter_of(epoch_iterator: Any) -> Any | None:
     return getattr(epoch_iterator, "data_adapter", None)
 
 
+# The attribute each of Keras's data adapters keeps its input in (Keras
+# 3.15.1 and 3.16): what a checkpoint's input fingerprint reads
+# (`callbacks._input_fingerprint`). Keras exports no accessor.
+INPUTS = {
+    "ArrayDataAdapter": ("arrays", "_inputs"),
+    "TFDatasetAdapter": ("tf.data", "_dataset"),
+    "PyDatasetAdapter": ("pydataset", "py_dataset"),
+    "GrainDatasetAdapter": ("grain", "_dataset"),
+    "GeneratorDataAdapter": ("generator", "generator"),
+}
+
+
+def input_of(adapter: Any) -> tuple[str | None, Any]:
+    """(the kind, the input) that Keras's `adapter` reads: "arrays" (its
+    packed (x, y, sample_weight)), "tf.data", "pydataset", "grain" or
+    "generator"; (None, None) for another adapter or one that keeps its
+    input elsewhere."""
+    kind, name = INPUTS.get(type(adapter).__name__, (None, None))
+    if kind is None or not hasattr(adapter, name):
+        return None, None
+    return kind, getattr(adapter, name)
+
+
 def counter(adapter: Any) -> int | None:
     """The adapter's epoch counter, or None where this Keras has none (up to
     3.15: the order is the global random state's)."""

@@ -49,6 +49,9 @@ class _EpochPosition:
         persistent: bool | None = None,
     ):
         self._order_warned = False
+        # The resume said the input differs (`_input_fingerprint`): the
+        # last batch's check says nothing more.
+        self.input_said = False
         self._epoch_steps = epoch_steps
         self._persistent = persistent
         self.keras_iterator: Any = None
@@ -223,7 +226,8 @@ class _EpochPosition:
             last = next(iterator)
             read += steps_in_read(last, self.super_batch)
         self.consumed = consumed
-        order.check(record, last, written_with, carried=self._epoch_carried)
+        if not self.input_said:  # one warning a resume
+            order.check(record, last, written_with, carried=self._epoch_carried)
 
     def _restore_iterator(
         self, iterator: Any, record: dict[str, Any], prefix: str

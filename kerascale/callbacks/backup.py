@@ -27,6 +27,7 @@ from kerascale._tf import tf
 from kerascale.callbacks import _backup_meta as meta_lib
 from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import _backup_writer as writer_lib
+from kerascale.callbacks import _input_fingerprint as input_print
 from kerascale.callbacks import _lease as lease_lib
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.callbacks._base import KerascaleCallback, paused
@@ -199,7 +200,11 @@ class FaultTolerantBackup(KerascaleCallback):
         # Keras's data adapter (its epoch counter orders the shuffle from
         # Keras 3.16): found in the Keras fit that calls this hook.
         self._fit_iterator = epoch_order.fit_epoch_iterator()
-        self._position.follow(epoch_order.adapter_of(self._fit_iterator))
+        adapter = epoch_order.adapter_of(self._fit_iterator)
+        self._position.follow(adapter)
+        # What the input is, before anything reads it: every save records
+        # it, and a resume from any point compares it.
+        self._input = input_print.of_adapter(adapter)
         # Across workers, time-based saves and preemption are agreed on.
         self._coord.start(
             self.model,
@@ -367,6 +372,7 @@ class FaultTolerantBackup(KerascaleCallback):
             epoch_steps=self._s.epoch_steps,
             epochs=self._s.epochs,
             levers={name: state() for name, state in self.levers.items()},
+            input=self._input,
             data=data,
             history=self._s.history,
         )
@@ -490,6 +496,7 @@ class FaultTolerantBackup(KerascaleCallback):
     def _reset_run_state(self) -> None:
         self._s = state_lib.RunState()
         self._fit_iterator: Any = None  # the EpochIterator of the Keras fit
+        self._input: dict[str, Any] | None = None  # `_input_fingerprint`'s
         self._newest: dict[str, Any] | None = None  # `_newest_meta`'s
         self._schedule = SaveSchedule(
             self._every_steps, self._every_seconds, clock=self._clock
@@ -616,6 +623,7 @@ class FaultTolerantBackup(KerascaleCallback):
         self._s.skip_calls = meta["step"] // self._s.spe
         self._s.pending_data = meta["data"]
         self._s.restored_metrics = meta["step"] > 0
+        self._check_input(meta, found)
         where = f"epoch {meta['epoch'] + 1}" + (
             f", step {meta['step']}" if meta["step"] else ""
         )
@@ -631,6 +639,32 @@ class FaultTolerantBackup(KerascaleCallback):
         logger.info(message)
         if self.verbose:
             print(f"kerascale: {message}", flush=True)
+
+    def _check_input(self, meta: dict[str, Any], found: store.Found) -> None:
+        """Warns once where this run's input is not the checkpoint's, or
+        where it could not be checked (`_input_fingerprint`)."""
+        if self._s.restored_finished_run:
+            return
+        saved = meta.get("input")
+        differs = input_print.difference(saved, self._input)
+        if differs:
+            self._position.input_said = True
+            warn(
+                f"The input differs from the one checkpoint {found.path} was "
+                f"trained on ({differs}): the resumed run trains on other "
+                "data or in another order than the interrupted one. Training "
+                "goes on; the weights will not match an uninterrupted run."
+            )
+        elif differs == "" and not (meta.get("data") or {}).get("last_batch"):
+            # (Where the record holds the last batch trained, the resume
+            # reads it again and compares it: `_input_order.check`.)
+            warn(
+                "FaultTolerantBackup could not check that the input is the "
+                f"one checkpoint {found.path} was trained on "
+                f"({input_print.unchecked_why(self._input)}); "
+                + input_print.what_was_checked(self._input)
+                + ". Training goes on."
+            )
 
     def _check_fingerprint(self, meta: dict[str, Any], found: store.Found) -> None:
         now = meta_lib.fingerprint(self.model, self.plan, start_rate=self._s.start_rate)
