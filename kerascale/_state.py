@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import keras
 import numpy as np
@@ -46,6 +48,22 @@ def random_kept() -> Iterator[None]:
             keras_compat.forget_global_seed_generator()
         else:
             generator.state.assign(seed)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def leaves_no_trace(fn: _F) -> _F:
+    """`fn` run under `random_kept`: what a measurement draws (a copy of the
+    model trained on shuffled arrays, a seed generator's step) is not drawn
+    from the random states the user's training then reads (issue 80)."""
+
+    @functools.wraps(fn)
+    def kept(*args: Any, **kwargs: Any) -> Any:
+        with random_kept():
+            return fn(*args, **kwargs)
+
+    return kept  # type: ignore[return-value]
 
 
 def value_of(variable) -> np.ndarray:

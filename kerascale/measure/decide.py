@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kerascale import _tf
+from kerascale._state import leaves_no_trace
 from kerascale.apply import strategy as strategy_lib
 from kerascale.measure import batch as batch_lib
 from kerascale.measure import budget as budget_lib
@@ -90,6 +91,7 @@ def _in_planning_region(decide_fn: Callable[..., Decided]) -> Callable[..., Deci
 
 
 @_in_planning_region
+@leaves_no_trace
 def decide(
     model: Any,
     x: Any,
@@ -226,6 +228,7 @@ def _planner(
 
 
 @_in_planning_region
+@leaves_no_trace
 def decide_search(
     model: Any,
     x: Any,

@@ -1,0 +1,115 @@
+"""What kerascale measures leaves no trace in training (issue 80): one script
+run three times in fresh processes that share one cache. The first measures
+(the CPU trials and the steps per call in the run, every budget set to pay
+however short the run; and in a second case a batch check against
+`memory_limit`); the next two read
+its answers from the cache. All three end on the same weights, on a
+shuffled input (arrays, and on TensorFlow a seeded `tf.data` pipeline) with
+Dropout drawing from Keras's seed generator. The trials' copies train for
+real, but their timings are fixed (float32 the faster), so that every run
+takes the same decision: a verdict within the noise would be measured again
+by the next run, and could differ.
+tests/test_cold_and_warm.py and tests_jax/test_cold_and_warm.py run it."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+from fresh_process import last_json
+
+SCRIPT = """
+import json, os, sys
+import keras, numpy as np
+import kerascale
+from kerascale.apply import steps_in_run
+from kerascale.measure import budget
+from kerascale.measure import trial_bench
+budget.REPAY = 0.0  # every measurement pays, however short the run
+steps_in_run.REPAY = 0.0
+real_time = trial_bench.Prepared.time
+
+
+def timed(self, window):  # the copies train for real; the verdict is fixed
+    real_time(self, window)
+    return 1000.0 if self.model.dtype_policy.name == "float32" else 500.0
+
+
+trial_bench.Prepared.time = timed
+keras.utils.set_random_seed(0)
+rng = np.random.default_rng(0)
+x = rng.normal(size=(640, 8)).astype("float32")
+y = (x[:, :2].sum(axis=1) > 0).astype("int64")
+model = keras.Sequential([
+    keras.Input((8,)),
+    keras.layers.Dense(32, activation="relu"),
+    keras.layers.Dropout(0.3),
+    keras.layers.Dense(2),
+])
+model.compile(
+    keras.optimizers.Adam(1e-2),
+    keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+)
+if {kind!r} == "tf.data":
+    import tensorflow as tf
+    args = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(640, seed=1).batch(16),)
+    kwargs = {{}}
+else:
+    args, kwargs = (x, y), {{"batch_size": 16, "shuffle": True}}
+history = kerascale.fit(model, *args, epochs=4, verbose=0, **{limit}, **kwargs)
+plan = history.plan
+print(json.dumps({{
+    "weights": [w.tolist() for w in model.get_weights()],
+    "reasons": {{k: str(v) for k, v in plan.reasons.items()}},
+    "steps_per_execution": plan.steps_per_execution,
+}}))
+"""
+
+
+def kinds():
+    return (
+        ["arrays", "tf.data"] if keras.backend.backend() == "tensorflow" else ["arrays"]
+    )
+
+
+# On JAX the batch check against a memory limit compiles the training step
+# on your model to reuse it in training (`measure/jax/compiled.py`), which
+# builds its loss and metrics; Keras's JAX `fit` then skips the batch it reads
+# to build them (`Trainer._symbolic_build`), and that read had drawn the
+# first epoch's shuffle: the cold run trains the epochs in the orders of the
+# warm run's epochs 2, 3, ... Not fixed yet (issue 80).
+SEARCH_ON_JAX = pytest.mark.xfail(
+    keras.backend.backend() == "jax",
+    reason="the compiled search builds the model, and Keras's fit then skips "
+    "the read that draws the first shuffle",
+    strict=True,
+)
+
+
+@pytest.mark.parametrize(
+    "limit",
+    [
+        pytest.param("{}", id="trials_and_steps"),
+        pytest.param(
+            '{"memory_limit": "4GiB"}', id="with_a_batch_check", marks=SEARCH_ON_JAX
+        ),
+    ],
+)
+@pytest.mark.parametrize("kind", kinds())
+def test_a_cold_cache_and_a_warm_one_train_the_same_weights(
+    kind, limit, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("KERASCALE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KERAS_BACKEND", keras.backend.backend())
+    code = SCRIPT.format(kind=kind, limit=limit)
+    runs = [last_json(code, timeout=240) for _ in range(3)]
+    cold = runs[0]
+    # The first measured, and put its answers in the cache for the others.
+    assert os.listdir(tmp_path / "cache")
+    assert cold["steps_per_execution"] > 1, cold["reasons"]
+    said = json.dumps(cold["reasons"])
+    assert "measured" in said or "trials" in said, said
+    for warm in runs[1:]:
+        for a, b in zip(cold["weights"], warm["weights"], strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
