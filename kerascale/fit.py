@@ -20,6 +20,7 @@ from typing import Any
 
 import keras
 
+from kerascale import _keras_compat as keras_compat
 from kerascale import _validation
 from kerascale._fit_docs import documented as _documented
 from kerascale.apply import batch_growth
@@ -216,6 +217,7 @@ def _train(
             verbose=request.options.verbose,
             after_first_step=after_first_step,
             controller=levers.controller,
+            read_to_build=deciding.reads_to_build,
         )
     if not is_builder(model):
         history.set_model(model)
@@ -489,6 +491,11 @@ class _Deciding:
             warn(why_not)
         self.model, self.x, self.y = model, x, y
         self.request, self.fit_kwargs = request, fit_kwargs
+        # Whether Keras's fit would read a batch to build the model, before
+        # a measurement builds it (`session.train` then reads as Keras would).
+        self.reads_to_build = not is_builder(model) and keras_compat.build_pending(
+            model
+        )
         self.hardware = hardware_lib.detect_hardware()
         self.clustered = cluster.join_if_wanted(
             self.hardware, request.options.strategy, request.worker_timeout

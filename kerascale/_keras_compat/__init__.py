@@ -341,6 +341,55 @@ def fully_built(model: Any) -> bool:
     return model.built and all(layer.built for layer in model._flatten_layers())
 
 
+def build_pending(model: Any) -> bool:
+    """Whether Keras's JAX `fit` would read a batch to build `model` before
+    its first epoch (`Trainer._symbolic_build`'s test: a layer, the
+    compiled loss or the compiled metrics not yet built). That read creates
+    the epoch's iterator (for shuffled arrays, Keras 3.15 draws the first
+    epoch's order from NumPy's global state), then drops it."""
+    try:
+        layers = model._flatten_layers()
+    except AttributeError:
+        return False
+    metrics = getattr(model, "_compile_metrics", None)
+    loss = getattr(model, "_compile_loss", None)
+    return (
+        not all(layer.built for layer in layers)
+        or (metrics is not None and not metrics.built)
+        or (loss is not None and not loss.built)
+    )
+
+
+class ReadToBuild:
+    """Does at a `fit`'s start the read Keras's JAX `fit` does to build a
+    model (`Trainer._symbolic_build(iterator=...)`, then
+    `epoch_iterator.reset()`), where kerascale's measurement built the model
+    and Keras skips it: the first epoch's iterator is made and one batch read
+    from it, then dropped, so that the epochs draw their orders as in a `fit`
+    that measured nothing (issue 80). Called from a callback's
+    `on_train_begin`, on the `EpochIterator` of the `fit` below it
+    (`epoch_order.fit_epoch_iterator`)."""
+
+    def __init__(self):
+        self.done = False
+
+    def __call__(self) -> None:
+        from kerascale._keras_compat import epoch_order
+
+        if self.done:
+            return
+        self.done = True
+        iterator = epoch_order.fit_epoch_iterator()
+        if iterator is None:
+            return
+        for item in iterator:
+            data = item[-1]
+            if not isinstance(data, list | tuple):
+                next(data)
+            break
+        iterator.reset()
+
+
 def build_like_first_step(model: Any, element_spec: Any) -> None:
     """Builds what Keras builds while tracing the first training step
     (layers, compiled metrics, optimizer slots) under the model's strategy."""

@@ -433,12 +433,15 @@ def train(
     verbose: Any,
     after_first_step: Callable[[], None] | None = None,
     controller: Controller | None = None,
+    read_to_build: bool = False,
 ) -> keras.callbacks.History:
     """Keras's own `fit` on what `prepare` set up. A peer lost on a cluster
     becomes `WorkerLostError`; a failure inside the very first training step
     becomes `FirstStepFailed`; every other error is Keras's, unchanged.
     `after_first_step` runs once the first step is done. A `controller`
-    runs `fit` in segments where its levers change a setting."""
+    runs `fit` in segments where its levers change a setting.
+    `read_to_build`: Keras's `fit` would have read a batch to build the
+    model when `fit` was called (`keras_compat.build_pending`)."""
     # Keras's JAX fit empties the model's variables while it trains, and
     # leaves them empty when it raises: they are put back here.
     guard = None
@@ -463,6 +466,17 @@ def train(
         # an iterator it drops: a cache() kerascale added would warn that it
         # discarded what that read began. Built from the element's spec.
         keras_compat.build_like_first_step(prepared.model, prepared.x.element_spec)
+    elif (
+        traits.reads_to_build
+        and read_to_build
+        and not keras_compat.build_pending(prepared.model)
+    ):
+        # A measurement built the model (the JAX search compiles its step
+        # for training to reuse): Keras now skips that read, which drew the
+        # first epoch's order. Read as Keras would have (issue 80).
+        read = keras_compat.ReadToBuild()
+        begin = keras.callbacks.LambdaCallback(on_train_begin=lambda logs: read())
+        kwargs["callbacks"] = [begin, *kwargs["callbacks"]]
     with warnings.catch_warnings():
         if prepared.quiet_end_of_data:
             warnings.filterwarnings("ignore", "Your input ran out of data")
