@@ -66,6 +66,7 @@ def train(
     lr=0.01,
     units=16,
     callbacks=(),
+    fit_options=None,
 ):
     """Trains as the script does, in this process; returns what OUT.npz
     holds (weights, optimizer variables, iterations, History as JSON)."""
@@ -83,6 +84,7 @@ def train(
             checkpoint_freq=save_freq,
             callbacks=callbacks,
             verbose=0,
+            **(fit_options or {}),
         )
     else:
         backup = kerascale.callbacks.FaultTolerantBackup(
