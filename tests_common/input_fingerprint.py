@@ -14,8 +14,9 @@ An unchanged rerun is exact and says nothing; a reordered or changed one
 warns once, naming the cause (`kerascale.callbacks._input_fingerprint`).
 Where an input cannot be read again without a trace (a generator; a tf.data
 pipeline that reshuffles) the resume says once that it could not check.
-tests/test_input_fingerprint.py (TensorFlow) and
-tests_jax/test_input_fingerprint.py (JAX, without TensorFlow) run these.
+tests/test_input_fingerprint.py (TensorFlow, and JAX beside TensorFlow in a
+child) and tests_jax/test_input_fingerprint.py (JAX, without TensorFlow)
+run these.
 """
 
 import shutil
@@ -70,8 +71,12 @@ def kinds():
         out.append("grain")
     except ImportError:
         pass
-    if keras.backend.backend() == "tensorflow":
+    try:  # TensorFlow's backend, or JAX beside TensorFlow
+        import tensorflow  # noqa: F401
+
         out += ["tf.data", "tf.data_shuffled"]
+    except ImportError:
+        pass
     return out
 
 
@@ -157,9 +162,27 @@ def same_weights(a, b):
 POINTS = list(SAVES)
 
 
+# Inside a plain model.fit on JAX, FaultTolerantBackup resumes a reshuffling
+# tf.data pipeline as a fresh input: the iterators the interrupted run made
+# (each drew new shuffle seeds) are not made again first, as they are where
+# kerascale.fit hands it its input (`_input_source`). The resume says that
+# it could not check the input.
+REPLAYED_BY_FIT_ONLY = pytest.mark.xfail(
+    keras.backend.backend() == "jax",
+    reason="a plain model.fit on JAX resumes a reshuffling tf.data as fresh",
+    strict=True,
+)
+
+
+def _cells():
+    for kind in kinds():
+        for point in POINTS:
+            marks = [REPLAYED_BY_FIT_ONLY] if kind == "tf.data_shuffled" else []
+            yield pytest.param(kind, point, marks=marks, id=f"{kind}-{point}")
+
+
 @pytest.mark.once
-@pytest.mark.parametrize("point", POINTS)
-@pytest.mark.parametrize("kind", kinds())
+@pytest.mark.parametrize("kind, point", list(_cells()))
 def test_an_unchanged_rerun_resumes_exactly(kind, point, tmp_path):
     straight = run(kind, tmp_path / "straight", *toy_data(n=N), save_freq="epoch")
     resumed, said = interrupted_then_rerun(kind, point, tmp_path / "resumed")
