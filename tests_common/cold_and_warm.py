@@ -77,6 +77,7 @@ def kinds():
     )
 
 
+@pytest.mark.once
 @pytest.mark.parametrize(
     "limit",
     [
