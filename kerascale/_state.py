@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import random
 import warnings
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
 
 import keras
 import numpy as np
@@ -26,44 +24,6 @@ def preserved_state() -> Iterator[None]:
         random.setstate(py)
         np.random.set_state(np_state)
         keras.config.set_dtype_policy(policy)
-
-
-@contextlib.contextmanager
-def random_kept() -> Iterator[None]:
-    """Restores Python's, NumPy's and Keras's global random states on exit
-    (Keras's seed generator: its state, or its absence where it did not
-    exist): reading the user's input to fingerprint it (a `PyDataset`
-    whose batches draw random augmentations) leaves no trace in training."""
-    from kerascale import _keras_compat as keras_compat
-
-    py, np_state = random.getstate(), np.random.get_state()
-    generator = keras_compat.existing_global_seed_generator()
-    seed = None if generator is None else value_of(generator.state)
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(np_state)
-        if generator is None:
-            keras_compat.forget_global_seed_generator()
-        else:
-            generator.state.assign(seed)
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def leaves_no_trace(fn: _F) -> _F:
-    """`fn` run under `random_kept`: what a measurement draws (a copy of the
-    model trained on shuffled arrays, a seed generator's step) is not drawn
-    from the random states the user's training then reads (issue 80)."""
-
-    @functools.wraps(fn)
-    def kept(*args: Any, **kwargs: Any) -> Any:
-        with random_kept():
-            return fn(*args, **kwargs)
-
-    return kept  # type: ignore[return-value]
 
 
 def value_of(variable) -> np.ndarray:

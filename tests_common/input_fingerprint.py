@@ -28,6 +28,7 @@ import pytest
 from conformance import Interrupt
 from conformance import _RaiseAt as StopAt
 from conftest import dense_model, toy_data
+from resume_order import Batches  # batches of 16
 
 import kerascale
 from kerascale.callbacks import FaultTolerantBackup, _backup_writer
@@ -40,19 +41,6 @@ ORDER = "data order after this resume differs"
 BATCH, N, EPOCHS = 16, 160, 3  # 10 steps an epoch
 SAVES = {"mid_epoch": 3, "epoch_end": "epoch", "lost_in_flight": 5}
 STOPS = {"mid_epoch": 14, "epoch_end": 14, "lost_in_flight": 17}
-
-
-class Batches(keras.utils.PyDataset):
-    def __init__(self, x, y):
-        super().__init__()
-        self.x, self.y = x, y
-
-    def __len__(self):
-        return len(self.x) // BATCH
-
-    def __getitem__(self, i):
-        part = slice(i * BATCH, (i + 1) * BATCH)
-        return self.x[part], self.y[part]
 
 
 def _generator(x, y):

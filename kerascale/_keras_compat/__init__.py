@@ -116,13 +116,16 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import hashlib
 import inspect
 import logging
+import random
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import keras
+import numpy as np
 
 from kerascale._keras_compat.trainers import tf_trainer_class
 from kerascale.errors import warn
@@ -305,10 +308,47 @@ def existing_global_seed_generator() -> Any:
 
 def forget_global_seed_generator() -> None:
     """Takes out Keras's global seed generator, as before anything created
-    it (`_state.random_kept`, where kerascale's own read created it)."""
+    it (`random_kept`, where kerascale's own read created it)."""
     from keras.src.backend.common import global_state
 
     global_state.set_global_attribute("global_seed_generator", None)
+
+
+@contextlib.contextmanager
+def random_kept() -> Iterator[None]:
+    """Restores Python's, NumPy's and Keras's global random states on exit
+    (Keras's seed generator: its state, or its absence where it did not
+    exist): reading the user's input to fingerprint it (a `PyDataset`
+    whose batches draw random augmentations) leaves no trace in training."""
+    py, np_state = random.getstate(), np.random.get_state()
+    generator = existing_global_seed_generator()
+    state = None if generator is None else generator.state.value
+    seed = None if state is None else np.array(keras.ops.convert_to_numpy(state))
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(np_state)
+        if generator is None:
+            forget_global_seed_generator()
+        else:
+            generator.state.assign(seed)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def leaves_no_trace(fn: _F) -> _F:
+    """`fn` run under `random_kept`: what a measurement draws (a copy of the
+    model trained on shuffled arrays, a seed generator's step) is not drawn
+    from the random states the user's training then reads (issue 80)."""
+
+    @functools.wraps(fn)
+    def kept(*args: Any, **kwargs: Any) -> Any:
+        with random_kept():
+            return fn(*args, **kwargs)
+
+    return kept  # type: ignore[return-value]
 
 
 @contextlib.contextmanager

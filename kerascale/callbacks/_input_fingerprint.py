@@ -36,8 +36,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from kerascale._keras_compat import epoch_order
-from kerascale._state import random_kept
+from kerascale._keras_compat import epoch_order, random_kept
 
 SAMPLES = 8  # rows of each array read, at fixed positions
 SPREAD = 256  # values of a row read (strided)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kerascale import _tf
-from kerascale._state import leaves_no_trace
+from kerascale._keras_compat import leaves_no_trace
 from kerascale.apply import strategy as strategy_lib
 from kerascale.measure import batch as batch_lib
 from kerascale.measure import budget as budget_lib
