@@ -106,10 +106,28 @@ def _tf_dataset(dataset: Any) -> dict[str, Any]:
         # Its structure is still compared; its content is not read.
         out["unread"] = why
         return out
+    source = _below_caches(dataset)
+    if source is None:
+        out["unread"] = "its cache() cannot be read past"
+        return out
     with random_kept():
-        first = next(iter(dataset.take(1)), None)
+        first = next(iter(source.take(1)), None)
     out["samples"] = _digest([first])
     return out
+
+
+def _below_caches(dataset: Any) -> Any:
+    """What `dataset` reads below its last `cache()` (its own, or one
+    `kerascale.fit` added): reading one batch through a cache would leave it
+    part-written (TensorFlow warns, and a file cache keeps a lock file)."""
+    from kerascale import _tf_compat as tfc
+    from kerascale.sense import data_facts
+
+    below = dataset
+    for d in data_facts.chain(dataset):
+        if type(d).__name__ in ("CacheDataset", "_CacheDataset"):
+            below = tfc.dataset_input(d)  # None where it cannot be followed
+    return below
 
 
 def _generator(_: Any) -> dict[str, Any]:
