@@ -72,26 +72,26 @@ print(json.dumps({{
 """
 
 
-def kinds():
-    return (
-        ["arrays", "tf.data"] if keras.backend.backend() == "tensorflow" else ["arrays"]
-    )
+TRIALS, CHECK = "{}", '{"memory_limit": "4GiB"}'
+
+
+def cases():
+    """(input, what the first run measures besides the trials and the steps
+    per call). On JAX the batch check compiles the training step on your
+    model, for training to reuse, which builds its loss and metrics: Keras's
+    `fit` then skips the batch it reads to build them, whose iterator drew
+    the first epoch's order, and kerascale reads it instead
+    (`_keras_compat.ReadToBuild`). On TensorFlow the check runs beside the
+    tf.data input, whose shuffle seeds a measurement must not draw."""
+    if keras.backend.backend() == "tensorflow":
+        pairs = [("arrays", TRIALS, "arrays"), ("tf.data", CHECK, "tf.data-check")]
+    else:
+        pairs = [("arrays", TRIALS, "arrays"), ("arrays", CHECK, "arrays-check")]
+    return [pytest.param(kind, limit, id=name) for kind, limit, name in pairs]
 
 
 @pytest.mark.once
-@pytest.mark.parametrize(
-    "limit",
-    [
-        pytest.param("{}", id="trials_and_steps"),
-        # On JAX the batch check compiles the training step on your model,
-        # for training to reuse, which builds its loss and metrics: Keras's
-        # `fit` then skips the batch it reads to build them, whose iterator
-        # drew the first epoch's order, and kerascale reads it instead
-        # (`_keras_compat.ReadToBuild`).
-        pytest.param('{"memory_limit": "4GiB"}', id="with_a_batch_check"),
-    ],
-)
-@pytest.mark.parametrize("kind", kinds())
+@pytest.mark.parametrize("kind, limit", cases())
 def test_a_cold_cache_and_a_warm_one_train_the_same_weights(
     kind, limit, tmp_path, monkeypatch
 ):
