@@ -11,8 +11,6 @@ takes the same decision: a verdict within the noise would be measured again
 by the next run, and could differ.
 tests/test_cold_and_warm.py and tests_jax/test_cold_and_warm.py run it."""
 
-import os
-
 import keras
 import numpy as np
 import pytest
@@ -90,29 +88,37 @@ def cases():
     return [pytest.param(kind, limit, id=name) for kind, limit, name in pairs]
 
 
-@pytest.mark.once
-@pytest.mark.parametrize("kind, limit", cases())
-def test_a_cold_cache_and_a_warm_one_train_the_same_weights(
-    kind, limit, tmp_path, monkeypatch
-):
+def trained(kind, limit, tmp_path, monkeypatch):
+    """The script's three runs on one cache (the first from an empty one),
+    then plain `fit`'s run: ([cold, warm, warm], plain), each its JSON."""
     monkeypatch.setenv("KERASCALE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("KERAS_BACKEND", keras.backend.backend())
     code = SCRIPT.format(kind=kind, limit=limit)
     runs = [last_json(code, timeout=240) for _ in range(3)]
-    cold = runs[0]
-    # The first measured, and put its answers in the cache for the others.
-    assert os.listdir(tmp_path / "cache")
-    reasons = cold["reasons"]
-    # the steps per call were timed in the run (moved, or kept where a step
-    # timed long: a busy machine), the precision by the trials
-    assert "the run" in reasons["steps_per_execution"], reasons
-    if cold["bf16"]:  # where the CPU has bf16 math, the trials time it
-        assert "measured on your data (trials" in reasons["precision"], reasons
-    for warm in runs[1:]:
-        for a, b in zip(cold["weights"], warm["weights"], strict=True):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    # and as plain `fit` trains (float32, the batch kept, the same updates)
     monkeypatch.setenv("PLAIN", "1")
-    plain = last_json(code, timeout=240)
-    for a, b in zip(cold["weights"], plain["weights"], strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    return runs, last_json(code, timeout=240)
+
+
+def unmeasured(cold):
+    """What the first run should have measured and did not: the steps per
+    call in the run (moved, or kept where a step timed long: a busy
+    machine), the precision by the trials where the CPU has bf16 math."""
+    reasons = cold["reasons"]
+    missing = []
+    if "the run" not in reasons["steps_per_execution"]:
+        missing.append("steps_per_execution")
+    if cold["bf16"] and "measured on your data (trials" not in reasons["precision"]:
+        missing.append("precision")
+    return missing
+
+
+def same(a, b, exact=True):
+    """Whether two runs ended on the same weights (`exact`: bit for bit,
+    else within float32 round-off of the same updates)."""
+    pairs = [
+        (np.asarray(u), np.asarray(v))
+        for u, v in zip(a["weights"], b["weights"], strict=True)
+    ]
+    if exact:
+        return all(np.array_equal(u, v) for u, v in pairs)
+    return all(np.allclose(u, v, rtol=1e-5, atol=1e-6) for u, v in pairs)

@@ -9,7 +9,7 @@ compares it:
 
 - arrays (x, y, sample_weight): each array's shape and dtype, and
   `SAMPLES` rows at fixed positions (the first, the last, evenly between),
-  `SPREAD` values of each: another order, a shorter or longer input, or
+  `_input_order.SPREAD` values of each: another order, a shorter or longer input, or
   other values there, give another fingerprint. A change to rows it does not
   read is not seen (the last-batch digest sees a mid-epoch one).
 - a `PyDataset`: its length and its first batch, read with Python's,
@@ -37,9 +37,9 @@ import keras
 import numpy as np
 
 from kerascale._keras_compat import epoch_order, random_kept
+from kerascale.callbacks._input_order import SPREAD, batch_digest
 
 SAMPLES = 8  # rows of each array read, at fixed positions
-SPREAD = 256  # values of a row read (strided)
 
 
 def of_adapter(adapter: Any) -> dict[str, Any] | None:
@@ -145,8 +145,8 @@ _KINDS = {
 
 def difference(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> str | None:
     """How the input now differs from the checkpoint's (`saved`), in words;
-    "" where it could not be checked (why is in `unchecked_why`); None where
-    it is the same or either is unknown (a checkpoint before this record)."""
+    None where nothing compared differs, or either is unknown (a checkpoint
+    before this record). What could not be compared: `unchecked_why`."""
     if not saved or not now:
         return None
     if saved.get("kind") != now.get("kind"):
@@ -167,8 +167,6 @@ def difference(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> str 
             "grain": "its first and last elements",
         }.get(now["kind"], "its samples")
         return f"{what} differ: the same data in another order, or other data"
-    if unchecked_why(now):
-        return ""
     return None
 
 
@@ -216,14 +214,7 @@ def _length(dataset: Any) -> int | None:
 
 
 def _digest(items: list[Any]) -> str:
-    digest = hashlib.sha256()
-    for item in items:
-        for leaf in keras.tree.flatten(item):
-            if leaf is None or not hasattr(leaf, "shape"):
-                digest.update(repr(leaf).encode()[:64])
-                continue
-            flat = np.asarray(leaf).reshape(-1)
-            digest.update(f"{_dtype(leaf)}{tuple(leaf.shape)}".encode())
-            spread = flat[:: max(1, flat.size // SPREAD)]
-            digest.update(np.ascontiguousarray(spread).tobytes())
-    return digest.hexdigest()[:32]
+    """One digest of batches or elements, each `_input_order.batch_digest`
+    (its first and last sample, with dtypes and shapes)."""
+    each = "".join(batch_digest(item) for item in items)
+    return hashlib.sha256(each.encode()).hexdigest()[:32]

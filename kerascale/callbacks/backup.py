@@ -655,7 +655,11 @@ class FaultTolerantBackup(KerascaleCallback):
                 "data or in another order than the interrupted one. Training "
                 "goes on; the weights will not match an uninterrupted run."
             )
-        elif differs == "" and not (meta.get("data") or {}).get("last_batch"):
+        elif (
+            saved
+            and input_print.unchecked_why(self._input)
+            and not (meta.get("data") or {}).get("last_batch")
+        ):
             # (Where the record holds the last batch trained, the resume
             # reads it again and compares it: `_input_order.check`.)
             warn(
