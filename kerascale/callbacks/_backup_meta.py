@@ -1,6 +1,10 @@
-"""What `FaultTolerantBackup` records besides the state itself, and checks:
-the configuration fingerprint a resume is checked against, the random state,
-why the data order may not repeat, and the validation of its arguments."""
+"""What a checkpoint says about the run, beside its state: one `RunRecord`
+a run, which `FaultTolerantBackup` asks to write the record at each save and,
+at a resume, to read it for this worker, verify the configuration, restore
+the state and the random state, and check the input. It owns the
+configuration's fingerprint, the random state (`_run_random`), the input's
+fingerprint (`_input_fingerprint`) and every worker's record; the callback
+decides only when."""
 
 from __future__ import annotations
 
@@ -8,11 +12,9 @@ import datetime
 import hashlib
 import json
 import os
-import random
 from typing import TYPE_CHECKING, Any
 
 import keras
-import numpy as np
 
 from kerascale import _fs
 from kerascale import _keras_compat as keras_compat
@@ -21,9 +23,10 @@ from kerascale._state import quiet_variable_reads, value_of
 from kerascale.apply import batch_growth
 from kerascale.apply.model import core_optimizer
 from kerascale.callbacks import _backup_state as state_lib
-from kerascale.errors import CheckpointError
+from kerascale.callbacks import _input_fingerprint as input_print
+from kerascale.callbacks._run_random import random_state, restore_random_state
+from kerascale.errors import CheckpointError, warn
 from kerascale.sense import backend as backend_lib
-from kerascale.sense import data_facts
 from kerascale.sense.model_facts import architecture, compiled, without_learning_rate
 
 if TYPE_CHECKING:
@@ -120,34 +123,6 @@ def _optimizer_change(saved: dict[str, Any], now: dict[str, Any]) -> str:
     return "optimizer settings: " + ", ".join(diffs[:4])
 
 
-def random_state() -> dict[str, Any]:
-    version, keys, gauss = random.getstate()
-    name, np_keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "python": [version, list(keys), gauss],
-        "numpy": [name, np_keys.tolist(), int(pos), int(has_gauss), float(cached)],
-    }
-
-
-def nondeterminism(dataset: Any) -> str | None:
-    """Why a tf.data pipeline's order cannot be reproduced, or None."""
-    if dataset is None:
-        return None
-    reasons = []
-    try:
-        if dataset.options().deterministic is False:
-            reasons.append("its options allow non-deterministic order")
-    except Exception:
-        pass
-    if data_facts.unseeded_shuffle(dataset):
-        reasons.append("it shuffles without a seed (give shuffle() a seed)")
-
-    reason = data_facts.stateful_reason(dataset)
-    if reason:
-        reasons.append(reason)
-    return "; ".join(reasons) or None
-
-
 _WORDS = {
     "architecture": "the model's architecture",
     "compiled": "how the model is compiled (its loss, metrics or optimizer)",
@@ -200,20 +175,6 @@ def check_fingerprint(
             + ". Resume with the settings it was written with, or pass "
             f"{start_over} (or use a new directory) to train from scratch."
         )
-
-
-def restore_random_state(saved: dict[str, Any]) -> None:
-    """Puts back Python's and NumPy's random state from `random_state()`'s
-    record. Raises ValueError for a malformed record."""
-    try:
-        python_state = saved["python"]
-        random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
-        name, keys, pos, has_gauss, cached = saved["numpy"]
-        np.random.set_state(
-            (name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
-        )
-    except (TypeError, ValueError, IndexError, KeyError) as e:
-        raise ValueError(f"its random state is malformed ({e})") from None
 
 
 def gather_random(
@@ -348,3 +309,76 @@ def prepend_history(model: keras.Model, before: dict[str, Any]) -> None:
     history.epoch = list(before["epoch"]) + list(history.epoch)
     for key, values in before["logs"].items():
         history.history[key] = list(values) + list(history.history.get(key, []))
+
+
+class RunRecord:
+    """What checkpoints say about one run of `model` under `plan`, beside
+    its state. `begin` reads the run at its start; `write` makes a save's
+    record; a resume asks `read`, `verify`, `restore` and `check_input`.
+    `start_over`: how the door that made the backup trains from scratch (its
+    errors name it)."""
+
+    def __init__(self, model: keras.Model, plan: Plan | None, start_over: str):
+        self.model, self.plan, self.start_over = model, plan, start_over
+        self.start_rate: float | None = None  # the rate the run started at
+        self.input: dict[str, Any] | None = None  # `_input_fingerprint`'s
+
+    def begin(self, adapter: Any) -> None:
+        """At the run's start, before anything reads the input or a resume
+        restores the checkpoint's learning rate: what the input is (read from
+        Keras's data adapter), and the rate the run starts at."""
+        self.input = input_print.of_adapter(adapter)
+        self.start_rate = start_rate(self.model)
+
+    def write(
+        self, objects: dict[str, Any], *, workers: tuple[Any, str], **position: Any
+    ) -> dict[str, Any]:
+        """A save's record (`record`), with the input's fingerprint."""
+        return record(
+            self.model, self.plan, objects, workers=workers,
+            start_rate=self.start_rate, input=self.input, **position,
+        )  # fmt: skip
+
+    @staticmethod
+    def read(written: dict[str, Any], worker: int) -> dict[str, Any]:
+        """The record as worker `worker` restores it (`for_worker`)."""
+        return for_worker(written, worker)
+
+    def verify(self, meta: dict[str, Any], path: str) -> None:
+        """Raises `CheckpointError` where this run's configuration is not
+        the one checkpoint `path` was written under."""
+        now = fingerprint(self.model, self.plan, start_rate=self.start_rate)
+        saved = dict(meta["fingerprint"])
+        older_fingerprint(saved, now, self.model)
+        check_fingerprint(saved, now, path, self.start_over)
+
+    def restore(self, meta: dict[str, Any], prefix: str) -> None:
+        """Reads the state under `prefix` into the model and puts back the
+        random state (`read_state`); raises `StateMismatch`."""
+        read_state(self.model, prefix, meta)
+
+    def check_input(self, meta: dict[str, Any], path: str) -> bool:
+        """Warns once where this run's input is not the one checkpoint `path`
+        was trained on, or where it could not be checked; True where it
+        differs (the last-batch check then has nothing to add)."""
+        saved = meta.get("input")
+        differs = input_print.difference(saved, self.input)
+        if differs:
+            warn(
+                f"The input differs from the one checkpoint {path} was "
+                f"trained on ({differs}): the resumed run trains on other "
+                "data or in another order than the interrupted one. Training "
+                "goes on; the weights will not match an uninterrupted run."
+            )
+            return True
+        unchecked = input_print.unchecked_why(self.input)
+        # Where the record holds the last batch trained, the resume reads it
+        # again and compares it (`_input_order.check`).
+        if saved and unchecked and not (meta.get("data") or {}).get("last_batch"):
+            warn(
+                "FaultTolerantBackup could not check that the input is the "
+                f"one checkpoint {path} was trained on ({unchecked}); "
+                + input_print.what_was_checked(self.input)
+                + ". Training goes on."
+            )
+        return False

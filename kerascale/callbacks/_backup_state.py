@@ -44,7 +44,6 @@ class RunState:
     k: int = 1  # gradient accumulation: batches an optimizer update takes
     epochs: int = 0
     epoch_steps: int | None = None  # batches an epoch has (None: unknown yet)
-    start_rate: float | None = None  # the learning rate the run started at
     # Where training is.
     active: bool = True  # until released (then the handlers pass everything on)
     epoch: int = 0

@@ -38,6 +38,7 @@ import numpy as np
 
 from kerascale._keras_compat import epoch_order, random_kept
 from kerascale.callbacks._input_order import SPREAD, batch_digest
+from kerascale.callbacks._run_random import nondeterminism
 
 SAMPLES = 8  # rows of each array read, at fixed positions
 
@@ -94,7 +95,6 @@ def _grain(dataset: Any) -> dict[str, Any]:
 
 def _tf_dataset(dataset: Any) -> dict[str, Any]:
     from kerascale import _tf_compat as tfc
-    from kerascale.callbacks._backup_meta import nondeterminism
 
     length = int(dataset.cardinality())
     structure = [str(dataset.element_spec), f"cardinality {length}"]

@@ -14,7 +14,7 @@ from kerascale import _tf_compat as tfc
 from kerascale._keras_compat import adapter_reads, epoch_order, steps_in_read
 from kerascale._tf import tf
 from kerascale.callbacks import _input_order as order
-from kerascale.callbacks._backup_meta import (
+from kerascale.callbacks._run_random import (
     nondeterminism,
     random_state,
     restore_random_state,

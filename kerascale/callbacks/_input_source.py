@@ -13,7 +13,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from kerascale.callbacks._backup_meta import random_state, restore_random_state
+from kerascale.callbacks._run_random import random_state, restore_random_state
 
 
 class InputSource:

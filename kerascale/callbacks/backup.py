@@ -2,8 +2,10 @@
 with nothing applied twice and nothing lost.
 
 The storage (publish, verify, prune) is `checkpoint_store`; the input's position
-`_input_position`; when a save is due `_save_schedule`; the fingerprint and
-random state `_backup_meta`; SIGTERM, the other workers and the lease
+`_input_position`; when a save is due `_save_schedule`; what a checkpoint
+says about the run (the configuration's and the input's fingerprints, the
+random state), written at a save and verified and restored at a resume,
+`_backup_meta.RunRecord`; SIGTERM, the other workers and the lease
 `_coordinator`. This module is the callback, over them: when to save and
 what, and the resume (which checkpoint, restoring it, and the steps of the
 resumed run).
@@ -27,7 +29,6 @@ from kerascale._tf import tf
 from kerascale.callbacks import _backup_meta as meta_lib
 from kerascale.callbacks import _backup_state as state_lib
 from kerascale.callbacks import _backup_writer as writer_lib
-from kerascale.callbacks import _input_fingerprint as input_print
 from kerascale.callbacks import _lease as lease_lib
 from kerascale.callbacks import checkpoint_store as store
 from kerascale.callbacks._base import KerascaleCallback, paused
@@ -202,9 +203,10 @@ class FaultTolerantBackup(KerascaleCallback):
         self._fit_iterator = epoch_order.fit_epoch_iterator()
         adapter = epoch_order.adapter_of(self._fit_iterator)
         self._position.follow(adapter)
-        # What the input is, before anything reads it: every save records
-        # it, and a resume from any point compares it.
-        self._input = input_print.of_adapter(adapter)
+        # What the input is, before anything reads it, and the learning
+        # rate before a resume restores the checkpoint's: every save records
+        # them, and a resume from any point compares them.
+        self._record.begin(adapter)
         # Across workers, time-based saves and preemption are agreed on.
         self._coord.start(
             self.model,
@@ -214,8 +216,6 @@ class FaultTolerantBackup(KerascaleCallback):
             lease_timeout=self._lease_timeout,
             in_use=self._in_use,
         )
-        # Before a resume restores the checkpoint's rate into the optimizer.
-        self._s.start_rate = meta_lib.start_rate(self.model)
         existing, self._s.next_number = store.opened(
             self.directory, chief=self._s.chief
         )
@@ -360,19 +360,15 @@ class FaultTolerantBackup(KerascaleCallback):
         data = self._position.record(boundary)
         state_lib.sync(self.model)
         objects = meta_lib.trackables(self.model, global_seed=None)
-        meta = meta_lib.record(
-            self.model,
-            self.plan,
+        meta = self._record.write(
             objects,
             workers=self._coord.workers(f"save{len(self.save_seconds)}"),
-            start_rate=self._s.start_rate,
             epoch=epoch,
             step=step,
             global_step=self._s.global_step,
             epoch_steps=self._s.epoch_steps,
             epochs=self._s.epochs,
             levers={name: state() for name, state in self.levers.items()},
-            input=self._input,
             data=data,
             history=self._s.history,
         )
@@ -496,7 +492,8 @@ class FaultTolerantBackup(KerascaleCallback):
     def _reset_run_state(self) -> None:
         self._s = state_lib.RunState()
         self._fit_iterator: Any = None  # the EpochIterator of the Keras fit
-        self._input: dict[str, Any] | None = None  # `_input_fingerprint`'s
+        # What checkpoints say about this run (`_backup_meta`).
+        self._record = meta_lib.RunRecord(self.model, self.plan, self.start_over_words)
         self._newest: dict[str, Any] | None = None  # `_newest_meta`'s
         self._schedule = SaveSchedule(
             self._every_steps, self._every_seconds, clock=self._clock
@@ -571,12 +568,12 @@ class FaultTolerantBackup(KerascaleCallback):
         started = time.perf_counter()
         worker = self._coord.worker_id
         for found, written in store.verified(candidates, on_damaged=unusable):
-            meta = meta_lib.for_worker(written, worker)
+            meta = self._record.read(written, worker)
             self.restore_seconds += time.perf_counter() - started
             if not now:
                 self._s.restore_pending = True
             else:
-                self._check_fingerprint(meta, found)
+                self._record.verify(meta, found.path)
                 try:
                     self._restore_state(found, meta)
                 except restore_errors() as e:
@@ -597,7 +594,7 @@ class FaultTolerantBackup(KerascaleCallback):
     def _restore_state(self, found: store.Found, meta: dict[str, Any]) -> None:
         started = time.perf_counter()
         try:
-            meta_lib.read_state(self.model, store.state_prefix(found), meta)
+            self._record.restore(meta, store.state_prefix(found))
         except meta_lib.StateMismatch as e:
             raise store.CorruptCheckpoint(str(e)) from None
         finally:
@@ -623,7 +620,10 @@ class FaultTolerantBackup(KerascaleCallback):
         self._s.skip_calls = meta["step"] // self._s.spe
         self._s.pending_data = meta["data"]
         self._s.restored_metrics = meta["step"] > 0
-        self._check_input(meta, found)
+        if not self._s.restored_finished_run and self._record.check_input(
+            meta, found.path
+        ):
+            self._position.input_said = True  # the last-batch check adds nothing
         where = f"epoch {meta['epoch'] + 1}" + (
             f", step {meta['step']}" if meta["step"] else ""
         )
@@ -639,42 +639,6 @@ class FaultTolerantBackup(KerascaleCallback):
         logger.info(message)
         if self.verbose:
             print(f"kerascale: {message}", flush=True)
-
-    def _check_input(self, meta: dict[str, Any], found: store.Found) -> None:
-        """Warns once where this run's input is not the checkpoint's, or
-        where it could not be checked (`_input_fingerprint`)."""
-        if self._s.restored_finished_run:
-            return
-        saved = meta.get("input")
-        differs = input_print.difference(saved, self._input)
-        if differs:
-            self._position.input_said = True
-            warn(
-                f"The input differs from the one checkpoint {found.path} was "
-                f"trained on ({differs}): the resumed run trains on other "
-                "data or in another order than the interrupted one. Training "
-                "goes on; the weights will not match an uninterrupted run."
-            )
-        elif (
-            saved
-            and input_print.unchecked_why(self._input)
-            and not (meta.get("data") or {}).get("last_batch")
-        ):
-            # (Where the record holds the last batch trained, the resume
-            # reads it again and compares it: `_input_order.check`.)
-            warn(
-                "FaultTolerantBackup could not check that the input is the "
-                f"one checkpoint {found.path} was trained on "
-                f"({input_print.unchecked_why(self._input)}); "
-                + input_print.what_was_checked(self._input)
-                + ". Training goes on."
-            )
-
-    def _check_fingerprint(self, meta: dict[str, Any], found: store.Found) -> None:
-        now = meta_lib.fingerprint(self.model, self.plan, start_rate=self._s.start_rate)
-        saved = dict(meta["fingerprint"])
-        meta_lib.older_fingerprint(saved, now, self.model)
-        meta_lib.check_fingerprint(saved, now, found.path, self.start_over_words)
 
     # --- the steps of a run: skipped, counted, restored at the first -------
 
@@ -714,7 +678,7 @@ class FaultTolerantBackup(KerascaleCallback):
         if self._s.restore_pending:
             self._s.restore_pending = False
             found = self._resumed_found
-            self._check_fingerprint(self.resumed_from, found)
+            self._record.verify(self.resumed_from, found.path)
             try:
                 self._restore_state(found, self.resumed_from)
             except restore_errors() as e:
