@@ -4,6 +4,8 @@ durations (tests_common/lanes.py), and README, .ci/run and noxfile.py agree."""
 
 import ast
 import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -174,6 +176,8 @@ def test_a_child_that_hangs_is_dumped_before_it_is_killed():
     with pytest.raises(stuck.Stuck, match="did not end in 1 s") as e:
         stuck.run(sleeper, timeout=1)
     assert "Thread " in str(e.value) and "time_sleep" in str(e.value), str(e.value)
+    if shutil.which("gdb"):  # every native thread, one line each, innermost first
+        assert re.search(r'Thread 1 "python": \S*sleep', str(e.value)), str(e.value)
     done = stuck.run([sys.executable, "-c", "print('ok')"], timeout=60)
     assert (done.returncode, done.stdout) == (0, "ok\n")
 
