@@ -70,7 +70,7 @@ def condensed(backtraces: str) -> str:
         elif line.startswith("#") and threads:
             words = line.split()
             at = words.index("in") + 1 if "in" in words[:4] else 1
-            function = words[at] if at < len(words) else "?"
+            function = words[at].split("(")[0] if at < len(words) else "?"
             threads[-1] += (" < " if threads[-1][-1] != ":" else " ") + function
     return "\n".join(threads)
 

@@ -598,9 +598,17 @@ def test_the_jax_guide_s_quickstart_runs_on_two_devices(tmp_path):
     example = Path(__file__).resolve().parent.parent / "examples" / "quickstart_jax.py"
     env = {**os.environ, "XLA_FLAGS": xla_flags.forced_devices(2)}
     env["KERASCALE_CACHE_DIR"] = str(tmp_path / "cache")
-    # A child that hangs is dumped (its threads' stacks) before it is killed:
-    # the flake of issue 77 left no stack.
-    done = stuck.run([sys.executable, str(example)], timeout=300, env=env)
+    # A child that hangs is dumped (every thread's stack) before it is killed.
+    # Issue 77's hang (CONTRIBUTING.md, "The known flake") is run again once,
+    # its stacks kept as a warning in the lane's summary: a second hang fails.
+    command = [sys.executable, str(example)]
+    try:
+        done = stuck.run(command, timeout=300, env=env)
+    except stuck.Stuck as hung:
+        import warnings
+
+        warnings.warn(f"issue 77's hang, run again once: {hung}", stacklevel=1)
+        done = stuck.run(command, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert start_up.said(done.stderr) == [], done.stderr[-3000:]
     assert "data_parallel (2 replicas)" in done.stdout, done.stdout[-2000:]
