@@ -26,7 +26,9 @@ _ARGUMENTS = """\
             samples per second is not its fastest to an accuracy. An int
             larger than what fits in memory is reached with gradient
             accumulation: micro x replicas x accumulation_steps =
-            batch_size. Defaults to "auto".
+            batch_size. None or 0 is Keras's own batch, as in `model.fit`:
+            32 for arrays (or one that covers them in `steps_per_epoch`
+            steps), a dataset's own. Defaults to "auto".
         strategy: "auto", "default", "one_device", "mirrored",
             "multi_worker", "tpu", or a `tf.distribute.Strategy`. "auto"
             trains across the cluster that TF_CONFIG, Vertex AI's

@@ -648,3 +648,18 @@ def test_doctor_without_a_backend_set_names_the_fix_and_the_fix_works(tmp_path):
     )
     assert fixed.returncode == 0, fixed.stderr[-2000:]
     assert "jax" in fixed.stdout
+
+
+def test_the_door_speaks_keras_s_words_on_jax():
+    """Issue 81 on JAX's trainer: a misspelt keyword and an `epochs` Keras
+    cannot count fail first, as `model.fit` fails; batch_size=None is
+    Keras's own batch; mismatched arrays say Keras's sentence."""
+    x, y = toy_data(64)
+    with pytest.raises(TypeError, match="did you mean 'validation_split'"):
+        kerascale.fit(dense_model(), x, y, validaton_split=0.2)
+    with pytest.raises(TypeError, match="'str' object cannot be interpreted"):
+        kerascale.fit(dense_model(), x, y, epochs="3")
+    with pytest.raises(kerascale.DataError, match=r"^Data cardinality is ambiguous"):
+        kerascale.fit(dense_model(), x, y[:-1], verbose=0)
+    history = kerascale.fit(dense_model(), x, y, batch_size=None, verbose=0)
+    assert history.plan.global_batch_size == 32

@@ -269,16 +269,17 @@ def _inspect_arrays(x: Any, y: Any, *, name: str) -> DataFacts:
     lengths = {f"{name}": set(x_dims)}
     if y is not None:
         lengths["y"] = set(leading_dims(y))
-    if len(set(x_dims)) > 1:
-        raise DataError(
-            f"All arrays in {name} must have the same number of samples. "
-            f"Received lengths: {sorted(set(x_dims))}"
-        )
     n = x_dims[0]
-    if y is not None and lengths["y"] != {n}:
+    if len(set(x_dims)) > 1 or (y is not None and lengths["y"] != {n}):
+        # Keras's words (`check_data_cardinality`), the sizes as numbers.
+        sizes = ", ".join(
+            f"'{label}' sizes: {', '.join(str(d) for d in dims)}"
+            for label, dims in ((name, x_dims), ("y", leading_dims(y)))
+            if dims
+        )
         raise DataError(
-            f"{name} and y must have the same number of samples. Received: "
-            f"{name} has {n}, y has {sorted(lengths['y'])}"
+            "Data cardinality is ambiguous. Make sure all arrays contain the "
+            f"same number of samples. {sizes}"
         )
     if n == 0:
         raise DataError(f"{name} is empty (0 samples): there is nothing to train on.")

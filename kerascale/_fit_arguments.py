@@ -1,0 +1,110 @@
+"""The arguments a door hands on to Keras's `fit`, checked at the door as
+Keras would check them, before anything is measured (issue 81).
+
+A misspelt keyword, or an `epochs` Keras cannot count, would otherwise reach
+Keras only after the plan (a batch search, trials): the same error, seconds
+later and under a longer traceback. Here it is raised first, of the type
+and with the words Keras's `fit` (or Python, for a keyword) would use, and
+a hint after them.
+
+What "Keras's `fit`" is: the installed model class's own `fit`, and where
+that takes `**kwargs` (keras-hub's tasks, a user's subclass), the `fit`s
+above it in its classes, up to one that does not; a chain that takes
+`**kwargs` to its end accepts every name. A builder (a function that makes
+the model) is checked against `keras.Model.fit`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+import operator
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import keras
+
+from kerascale.sense import arrays
+from kerascale.sense import data_facts as sense_data
+
+# Keras's `fit` counts these (a `range`, a division): a value that is not an
+# integer raises TypeError there.
+_COUNTS = ("epochs", "initial_epoch", "steps_per_epoch")
+# Passed by the door itself, never by the user through **fit_kwargs.
+_DOOR_OWN = ("x", "y", "batch_size")
+
+
+def check(
+    model: Any, fit_kwargs: dict[str, Any], *, door: str, own: Iterable[str] = ()
+) -> None:
+    """Raises TypeError where Keras's `fit` of `model` would reject
+    `fit_kwargs`: an unknown keyword (with the nearest name of Keras's or of
+    the door's own options, `own`), or a count that is not an integer."""
+    names = _accepted(model)
+    if names is not None:
+        for name in fit_kwargs:
+            if name not in names:
+                raise TypeError(
+                    f"{door}() got an unexpected keyword argument '{name}'"
+                    + _nearest(name, [*sorted(names - set(_DOOR_OWN)), *own])
+                ) from None
+    for name in _COUNTS:
+        value = fit_kwargs.get(name)
+        if value is None and name == "steps_per_epoch":
+            continue
+        if name not in fit_kwargs:
+            continue
+        try:
+            operator.index(value)
+        except TypeError as e:
+            raise TypeError(
+                f"{e} ({door}'s {name}={value!r}: Keras's fit counts it; pass an int)"
+            ) from None
+
+
+def batch_size(value: Any, x: Any, steps_per_epoch: Any) -> Any:
+    """`batch_size` as kerascale reads it. Keras's `fit` takes None or 0 as
+    its own choice: for arrays, a batch that covers `x` in `steps_per_epoch`
+    steps, else 32 (that int, here); for batched data (a dataset, a
+    generator) the data's own batch (kerascale's "auto" keeps it too).
+    Every other value is checked by `Options.validate`."""
+    if not (value is None or (type(value) is int and value == 0)):
+        return value
+    if sense_data.is_dataset(x) or isinstance(x, keras.utils.PyDataset):
+        return "auto"
+    if not (isinstance(x, Mapping) or arrays.array_like(x)):
+        return "auto"
+    if steps_per_epoch and isinstance(steps_per_epoch, int):
+        leaves = [a for a in keras.tree.flatten(x) if hasattr(a, "shape")]
+        if leaves and len(leaves[0].shape):
+            return max(1, math.ceil(int(leaves[0].shape[0]) / steps_per_epoch))
+    return 32
+
+
+def _accepted(model: Any) -> set[str] | None:
+    """The keyword names `model`'s `fit` chain accepts; None for any."""
+    cls = type(model) if isinstance(model, keras.Model) else keras.Model
+    classes = cls.__mro__
+    names: set[str] = set()
+    for cls in classes:
+        fit = cls.__dict__.get("fit")
+        if fit is None:
+            continue
+        try:
+            parameters = inspect.signature(fit).parameters.values()
+        except (TypeError, ValueError):  # a C or wrapped fit: not read
+            return None
+        names |= {
+            p.name
+            for p in parameters
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+        }
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return names
+    return None
+
+
+def _nearest(name: str, candidates: list[str]) -> str:
+    near = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    return f"; did you mean '{near[0]}'?" if near else ""
