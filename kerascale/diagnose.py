@@ -15,6 +15,7 @@ import math
 from typing import TYPE_CHECKING, Any, cast
 
 from kerascale import _validation as v
+from kerascale._display import Table
 from kerascale._units import format_bytes
 from kerascale.apply import materialize
 from kerascale.apply import model as model_lib
@@ -41,7 +42,7 @@ INPUT_BOUND_MAX_RATIO = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
-class Diagnosis:
+class Diagnosis(Table):
     """What bounds training here, the numbers behind it, and what to change.
 
     Attributes:

@@ -63,7 +63,7 @@ def test_a_pipeline_kerascale_prepares_trains_with_autotuning_off():
         validation_data=augmented(),
     )
     assert history.plan.data_changes.autotune_off
-    assert AUTOTUNE_OFF in history.plan.describe(full=True)
+    assert AUTOTUNE_OFF in str(history.plan.data_changes)
     # The same batches in the same order: plain fit's weights.
     reference = model()
     reference.fit(

@@ -565,6 +565,20 @@ def test_plot(tmp_path):
     assert len(set(colours)) == len(colours) - ("memory limit" in names)
 
 
+def test_a_search_result_without_matplotlib_names_the_call(monkeypatch, tmp_path):
+    """Issue 81: `figure()` without matplotlib said "plot needs matplotlib"."""
+    import sys
+
+    probe_fn, _ = threshold(300)
+    r = search(probe_fn, cap=1024, limit_bytes=FIXED + PER * 300)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)  # not installed
+    with pytest.raises(ImportError, match=r"^BatchSearchResult\.figure\(\) needs"):
+        r.figure()
+    with pytest.raises(ImportError, match=r"^BatchSearchResult\.plot\(\) needs"):
+        r.plot(tmp_path / "batch.png")
+    assert r._repr_html_().startswith("<pre>") and str(r) in r._repr_html_()
+
+
 @pytest.mark.parametrize(
     "text, oom",
     [

@@ -27,6 +27,7 @@ SHARED |= {
     )
 }
 SHARED |= {"kerascale._pids"}  # whether a process is alive
+SHARED |= {"kerascale._display"}  # how a report shows itself in a notebook
 # Each stage may import itself and the stages listed.
 ALLOWED = {
     "shared": {"shared"},

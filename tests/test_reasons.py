@@ -209,14 +209,16 @@ def test_the_words_of_a_few_codes(code, details, words):
 GOLDEN = """\
 kerascale plan (batch = micro x replicas x accumulation = global)
   hardware   CPU (Test CPU, 8 cores, bf16)
-  backend    tensorflow                     Keras's backend (KERAS_BACKEND); distributed with tf.distribute
+  backend    tensorflow                     Keras's backend (KERAS_BACKEND); distributed with
+                                            tf.distribute
   strategy   default (1 replica)            CPU only: TensorFlow's default strategy
   precision  float32                        TensorFlow on CPU: bf16 runs faster for some models only
                                             (an MLP 0.6-0.8x float32's speed, a CNN 0.95x, a Conv1D
                                             1.1-1.4x on an AVX512_BF16 CPU): float32, unless the
                                             trials time your model faster in mixed_bfloat16; pass
                                             precision='mixed_bfloat16' to use it anyway
-  batch      32 x 1 x 1 = 32                data not batched and no batch_size given: Keras's default 32 per replica
+  batch      32 x 1 x 1 = 32                data not batched and no batch_size given: Keras's
+                                            default 32 per replica
   model      yours, as it is                already matches the plan: zero overhead
   data       unchanged                      arrays are batched and prefetched by Keras itself"""  # noqa: E501
 
@@ -224,3 +226,39 @@ kerascale plan (batch = micro x replicas x accumulation = global)
 def test_a_plan_reads_as_it_did():
     plan = make_plan(Hardware(cpu=CPU_BF16), Options.validate(), FLOAT32, ARRAYS)
     assert plan.explain() == GOLDEN
+    # Every line fits 100 columns, whatever the CPU's name (issue 81).
+    assert max(len(line) for line in GOLDEN.splitlines()) <= 100
+
+
+def test_a_plan_fits_100_columns_whatever_its_values():
+    """A CPU's long name, a long data value and long reasons wrap under
+    their row (issue 81: 143 columns on TensorFlow, 167 on JAX)."""
+    cpu = dataclasses.replace(CPU_BF16, model="Intel(R) Xeon(R) " + "Platinum " * 7)
+    plan = make_plan(Hardware(cpu=cpu), Options.validate(), FLOAT32, ARRAYS)
+    reasons_ = {**plan.reasons, "data_changes": "because " * 40}
+    plan = dataclasses.replace(plan, reasons=reasons_)
+    for text in (plan.describe(), plan.explain()):
+        assert max(len(line) for line in text.splitlines()) <= 100, text
+    lines = plan.explain().splitlines()
+    assert lines[1].startswith("  hardware   CPU (Intel(R)"), lines
+    assert lines[2].startswith("             Platinum"), lines  # under its row
+    assert " ".join(plan.explain().split()).count("because") == 40
+
+
+def test_a_plan_shows_itself_as_a_notebook_cell_s_value():
+    """As a cell's last line: the table, through IPython's pretty printer
+    and as HTML (aligned in <pre>); `repr` stays the dataclass's."""
+    plan = make_plan(Hardware(cpu=CPU_BF16), Options.validate(), FLOAT32, ARRAYS)
+    shown = []
+
+    class Printer:  # IPython's printer, as `_repr_pretty_` receives it
+        def text(self, text):
+            shown.append(text)
+
+    plan._repr_pretty_(Printer(), False)
+    assert shown == [str(plan)]
+    page = plan._repr_html_()
+    assert page.startswith("<pre>kerascale plan") and page.endswith("</pre>")
+    assert "Keras&#x27;s backend" in page  # escaped
+    assert repr(plan).startswith("Plan(strategy=")
+    assert Plan.from_dict(plan.to_dict()) == plan

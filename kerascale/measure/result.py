@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kerascale import _validation as v
+from kerascale._display import Table
 from kerascale._units import format_bytes
 from kerascale.measure.memory_model import MemoryModel
 from kerascale.plan.goodput import MIN_UPDATES
@@ -76,7 +77,7 @@ class Rates:
 
 
 @dataclasses.dataclass(frozen=True)
-class BatchSearchResult:
+class BatchSearchResult(Table):
     """What the batch-size search found, and what it was measured under.
 
     Pass it on to `fit` as it is: ``kerascale.fit(model, x,
@@ -237,7 +238,7 @@ class BatchSearchResult:
         Returns:
             The path written.
         """
-        fig = self.figure()
+        fig = self.figure(_caller="plot")
         path = Path(path)
         fig.savefig(path)
         import matplotlib.pyplot as plt
@@ -245,7 +246,7 @@ class BatchSearchResult:
         plt.close(fig)
         return path
 
-    def figure(self) -> Any:
+    def figure(self, *, _caller: str = "figure") -> Any:
         """The plot of `plot` as a matplotlib `Figure` (a notebook shows it):
         peak memory of the batches that fit, the memory limit, the memory
         model, a line at each batch that did not fit, the chosen batch, and
@@ -255,7 +256,8 @@ class BatchSearchResult:
             import matplotlib.pyplot as plt
         except ImportError as e:
             raise ImportError(
-                "BatchSearchResult.plot needs matplotlib: pip install matplotlib"
+                f"BatchSearchResult.{_caller}() needs matplotlib: "
+                "pip install matplotlib"
             ) from e
         ok = sorted((p for p in self.probes if p.outcome == OK), key=lambda p: p.batch)
         bad = sorted(

@@ -134,7 +134,7 @@ class Bench:
             return None
         return (
             f"{budget.NAMES.get(field, field)} would train at least {least} "
-            f"steps; they may save {share:.0%} of a run of about {run:.0f}"
+            f"steps; they may save {share:.0%} of a run of about {run:.0f} steps"
         )
 
     # The budget.

@@ -11,6 +11,7 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
+from kerascale._display import Table
 from kerascale.errors import ConfigurationError
 from kerascale.plan import reasons as reasons_lib
 from kerascale.plan.data_changes import DataChanges
@@ -18,7 +19,7 @@ from kerascale.sense import backend as backend_lib
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Plan(Table):
     """Every decision for one training run, and why each was made.
 
     Attributes:
@@ -234,40 +235,37 @@ class Plan:
 
 
 BRIEF = 60  # characters of a reason in the plan's default view
-# The full view (`explain()`): a row longer than LONG wraps its reason at
-# WIDTH columns (a row a little over WIDTH would leave a word on a line).
-WIDTH, LONG = 100, 120
+# The table fits WIDTH columns, in a terminal and in a notebook's output: a
+# value longer than VALUE columns, and a reason longer than the room left of
+# WIDTH, wrap under their row (values ran to 60 columns and reasons began at
+# column 100-130 on some machines).
+WIDTH, VALUE = 100, 30
 
 
 def _table(rows: list[tuple[str, str, str]], *, full: bool) -> list[str]:
-    """The rows (name, value, reason) as aligned lines; each value and
-    reason in brief unless `full`, where a row longer than `LONG` wraps its
-    reason at `WIDTH`, its lines aligned under its first (reasons ran to 450
-    columns)."""
+    """The rows (name, value, reason) as aligned lines of at most `WIDTH`
+    columns (a word longer than its column excepted); each value and reason
+    in brief unless `full`."""
     if not full:
         rows = [(name, brief(value), brief(why)) for name, value, why in rows]
     w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
+    w1 = min(VALUE, max(len(r[1]) for r in rows))
+    room = max(30, WIDTH - (2 + w0 + 2 + w1 + 2))
     lines = []
     for name, value, why in rows:
-        line = f"  {name:<{w0}}  {value:<{w1}}"
-        if not why:
-            lines.append(line.rstrip())
-            continue
-        indent = len(line) + 2
-        parts = (
-            textwrap.wrap(
-                why,
-                width=max(40, WIDTH - indent),
-                break_long_words=False,
-                break_on_hyphens=False,
-            )
-            if full and indent + len(why) > LONG
-            else [why]
-        )
-        lines.append(f"{line}  {parts[0]}")
-        lines += [" " * indent + part for part in parts[1:]]
+        values, whys = _wrapped(value, w1), _wrapped(why, room) if why else []
+        for i in range(max(len(values), len(whys))):
+            left = f"  {name if i == 0 else '':<{w0}}  "
+            left += f"{values[i] if i < len(values) else '':<{w1}}"
+            lines.append(f"{left}  {whys[i] if i < len(whys) else ''}".rstrip())
     return lines
+
+
+def _wrapped(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width` columns, words kept whole."""
+    return textwrap.wrap(
+        text, width=width, break_long_words=False, break_on_hyphens=False
+    ) or [text]
 
 
 def brief(text: str, limit: int = BRIEF) -> str:
