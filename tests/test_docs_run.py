@@ -93,7 +93,7 @@ def _names(tmp: Path) -> dict:
 
 
 # Where a page's `ds` is a dataset of samples (it batches it itself).
-UNBATCHED = ("docs/accumulation.md",)
+UNBATCHED = ("docs/accumulation.md", "docs/checkpointing.md")
 
 
 @pytest.mark.parametrize("code", list(samples()))

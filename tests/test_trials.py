@@ -252,7 +252,7 @@ def test_the_budget_skips_what_the_run_cannot_pay_for(monkeypatch):
     # refused without a speed (nothing run, nothing estimated).
     assert dict(r.skipped)["batch"] == (
         "the batch trials would train at least 54 steps; they may save 5% of a "
-        "run of about 80"
+        "run of about 80 steps"
     )
     # 1,250 steps at that speed (40 s): refused on the seconds.
     m = Machine(coordinate_speed).install(monkeypatch)
@@ -541,3 +541,13 @@ def test_float32_is_not_timed_where_its_activations_would_pass_the_limit():
     counted = dataclasses.replace(found, memory_model=None)
     assert float32_over(counted, plan(1100)).details["need"] is None
     assert float32_over(counted, plan(1000)) is None
+
+
+def test_the_trials_cost_names_the_speed_its_run_estimate_is_at():
+    """Issue 81: "7s, 2% of a run of about 310s" was said of a run of 32s;
+    the estimate is at the speed the trials timed, and says so."""
+    TrialResult = trials.TrialResult
+    r = TrialResult(32, "float32", False, (), seconds=7.0, run_seconds=303.0)
+    said = "trials took 7s, 2% of a run of about 310s at the speed they timed"
+    assert r.cost() == said
+    assert TrialResult(32, "float32", False, (), seconds=7.0).cost() == "trials took 7s"

@@ -77,11 +77,15 @@ class TrialResult:
         )
 
     def cost(self) -> str:
+        """What the trials took, beside the run they were weighed against:
+        its length at the speed they timed (steps per call, chosen later in
+        the run, can make it much shorter: issue 81 saw 310s said of a run
+        of 32s)."""
         if self.run_seconds:
             share = self.seconds / (self.seconds + self.run_seconds)
             return (
                 f"trials took {self.seconds:.0f}s, {share:.0%} of a run of about "
-                f"{self.run_seconds + self.seconds:.0f}s"
+                f"{self.run_seconds + self.seconds:.0f}s at the speed they timed"
             )
         return f"trials took {self.seconds:.0f}s"
 
