@@ -35,32 +35,32 @@ _COUNTS = ("epochs", "initial_epoch", "steps_per_epoch")
 _DOOR_OWN = ("x", "y", "batch_size")
 
 
-def check(
+def refused(
     model: Any, fit_kwargs: dict[str, Any], *, door: str, own: Iterable[str] = ()
-) -> None:
-    """Raises TypeError where Keras's `fit` of `model` would reject
-    `fit_kwargs`: an unknown keyword (with the nearest name of Keras's or of
-    the door's own options, `own`), or a count that is not an integer."""
+) -> TypeError | None:
+    """The TypeError Keras's `fit` of `model` would raise for `fit_kwargs`
+    (an unknown keyword, with the nearest name of Keras's or of the door's
+    own options, `own`; a count that is not an integer), or None. The door
+    raises it, so that the traceback ends at the user's call."""
     names = _accepted(model)
     if names is not None:
         for name in fit_kwargs:
             if name not in names:
-                raise TypeError(
+                return TypeError(
                     f"{door}() got an unexpected keyword argument '{name}'"
                     + _nearest(name, [*sorted(names - set(_DOOR_OWN)), *own])
-                ) from None
+                )
     for name in _COUNTS:
         value = fit_kwargs.get(name)
-        if value is None and name == "steps_per_epoch":
-            continue
-        if name not in fit_kwargs:
+        if name not in fit_kwargs or (value is None and name == "steps_per_epoch"):
             continue
         try:
             operator.index(value)
         except TypeError as e:
-            raise TypeError(
+            return TypeError(
                 f"{e} ({door}'s {name}={value!r}: Keras's fit counts it; pass an int)"
-            ) from None
+            )
+    return None
 
 
 def batch_size(value: Any, x: Any, steps_per_epoch: Any) -> Any:

@@ -114,7 +114,9 @@ def fit(
     >>> history = kerascale.fit(model, ds, epochs=2)
     >>> print(history.plan)
     """
-    _fit_arguments.check(model, fit_kwargs, door=_DOOR[0], own=_DOOR[1])
+    refused = _fit_arguments.refused(model, fit_kwargs, door=_DOOR[0], own=_DOOR[1])
+    if refused is not None:
+        raise refused  # here: the traceback is the user's line, then this
     batch_size = _fit_arguments.batch_size(
         batch_size, x, fit_kwargs.get("steps_per_epoch")
     )
@@ -342,7 +344,11 @@ def plan(
     >>> p = kerascale.plan(model, ds)
     >>> p.precision, p.global_batch_size
     """
-    _fit_arguments.check(model, fit_kwargs, door="kerascale.plan", own=_DOOR[1])
+    refused = _fit_arguments.refused(
+        model, fit_kwargs, door="kerascale.plan", own=_DOOR[1]
+    )
+    if refused is not None:
+        raise refused  # here: the traceback is the user's line, then this
     batch_size = _fit_arguments.batch_size(
         batch_size, x, fit_kwargs.get("steps_per_epoch")
     )

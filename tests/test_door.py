@@ -145,3 +145,42 @@ def test_a_model_with_its_own_fit_keeps_its_own_checks_and_errors():
     with pytest.raises(TypeError, match="did you mean 'validation_split'"):
         kerascale.fit(model, x, y, validaton_split=0.2)
     assert kerascale.fit(model, x, y, epochs=1, verbose=0).plan is not None
+
+
+def test_every_argument_of_keras_s_fit_is_accepted():
+    """README: "Whatever `model.fit` accepts, `kerascale.fit` accepts." Each
+    argument of the installed Keras's `fit`, walked from its signature (one
+    Keras adds is walked too, at its default), trains as with `model.fit`."""
+    import inspect
+
+    x, y = data(64)
+    chosen = {
+        "batch_size": 16,
+        "epochs": 2,
+        "verbose": 0,
+        "callbacks": [keras.callbacks.TerminateOnNaN()],
+        "validation_split": 0.25,
+        "validation_data": (x[:8], y[:8]),
+        "shuffle": False,
+        "sample_weight": np.ones(64, "float32"),
+        "initial_epoch": 1,
+        "steps_per_epoch": 2,
+        "validation_steps": 1,
+        "validation_batch_size": 4,
+        "validation_freq": 2,
+    }
+    walked = []
+    for name, p in inspect.signature(compiled_model().fit).parameters.items():
+        if name in ("x", "y") or p.kind is p.VAR_KEYWORD:
+            continue
+        value = chosen.get(name, p.default)
+        assert value is not p.empty, f"Keras's fit has a new required {name}"
+        kwargs = {"epochs": 2, "verbose": 0, name: value}
+        if name.startswith("validation_") and name != "validation_data":
+            kwargs["validation_data"] = (x[:8], y[:8])
+        plain = compiled_model().fit(x, y, **kwargs)
+        ours = kerascale.fit(compiled_model(), x, y, **kwargs)
+        assert ours.epoch == plain.epoch, name
+        assert set(ours.history) == set(plain.history), name
+        walked.append(name)
+    assert {"class_weight", "validation_freq", "shuffle"} <= set(walked)

@@ -257,8 +257,28 @@ def test_a_plan_shows_itself_as_a_notebook_cell_s_value():
 
     plan._repr_pretty_(Printer(), False)
     assert shown == [str(plan)]
+    # IPython takes the first `_repr_pretty_` or `__repr__` a class of the
+    # object defines, and a dataclass defines `__repr__`: each report's own
+    # class must define `_repr_pretty_` (a notebook showed the repr).
+    from kerascale.diagnose import Diagnosis
+    from kerascale.measure.result import BatchSearchResult
+
+    for report in (Plan, BatchSearchResult, Diagnosis):
+        assert "_repr_pretty_" in report.__dict__, report
     page = plan._repr_html_()
     assert page.startswith("<pre>kerascale plan") and page.endswith("</pre>")
     assert "Keras&#x27;s backend" in page  # escaped
     assert repr(plan).startswith("Plan(strategy=")
     assert Plan.from_dict(plan.to_dict()) == plan
+
+
+def test_what_a_run_prints_fits_100_columns():
+    """A line kerascale prints in a run (a batch growing, a resume, the
+    trials' cost) wraps at 100 columns, its later lines indented."""
+    from kerascale._display import said
+
+    text = said("kerascale: batch 32 -> 128 from the next epoch " + "(why) " * 30)
+    lines = text.splitlines()
+    assert len(lines) > 1 and max(len(line) for line in lines) <= 100
+    assert all(line.startswith("  ") for line in lines[1:])
+    assert said("kerascale: short") == "kerascale: short"

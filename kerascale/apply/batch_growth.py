@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import keras
 
 from kerascale import _keras_compat as keras_compat
+from kerascale._display import said
 from kerascale.apply import gradient_noise, steps_in_run
 from kerascale.apply.controller import Controller, Lever
 from kerascale.apply.model import core_optimizer
@@ -515,9 +516,11 @@ class BatchGrowth(Lever):
         if self.say is not None:
             growth = self.growths[-1][1]
             self.say(
-                f"kerascale: batch {self.batch} -> {new} from the next epoch "
-                f"(noise scale {growth.noise:.0f}, goodput x{growth.gain:.2f}); "
-                f"learning rate x{factor:.3g} of yours ({self._rule.why})"
+                said(
+                    f"kerascale: batch {self.batch} -> {new} from the next epoch "
+                    f"(noise scale {growth.noise:.0f}, goodput x{growth.gain:.2f}); "
+                    f"learning rate x{factor:.3g} of yours ({self._rule.why})"
+                )
             )
         at_one = self.pace.timed_at_one() if self.pace is not None else None
         if at_one is not None and self.pace.proposed:

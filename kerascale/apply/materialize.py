@@ -15,6 +15,7 @@ from typing import Any
 
 from kerascale import _tf_compat as tfc
 from kerascale import _validation
+from kerascale._display import said
 from kerascale._tf import tf
 from kerascale._units import format_bytes
 from kerascale.apply import shard_files
@@ -116,7 +117,7 @@ def materialize(
     """
     done = materialized(ds, directory, then=then)
     if verbose != 0:
-        print(f"kerascale: {done.describe()}", flush=True)
+        print(said(f"kerascale: {done.describe()}"), flush=True)
     return done.dataset
 
 

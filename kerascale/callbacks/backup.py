@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from kerascale import _keras_compat as keras_compat
 from kerascale import _tf
 from kerascale import _validation as v
+from kerascale._display import said
 from kerascale._keras_compat import epoch_order
 from kerascale._tf import tf
 from kerascale.callbacks import _backup_meta as meta_lib
@@ -638,7 +639,7 @@ class FaultTolerantBackup(KerascaleCallback):
             message = f"Resuming from {found.path} at {where} ({done} steps done)."
         logger.info(message)
         if self.verbose:
-            print(f"kerascale: {message}", flush=True)
+            print(said(f"kerascale: {message}"), flush=True)
 
     # --- the steps of a run: skipped, counted, restored at the first -------
 

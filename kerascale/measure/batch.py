@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kerascale._display import said
 from kerascale._units import format_bytes
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import (
@@ -484,7 +485,7 @@ def _probe(prober, probing: _Probing, memory: probe_memory.Memory) -> BatchSearc
 
     def progress(r: ProbeResult) -> None:
         if verbose != 0:
-            print(f"kerascale: batch search: {describe_probe(r)}", flush=True)
+            print(said(f"kerascale: batch search: {describe_probe(r)}"), flush=True)
 
     with prober:
         try:

@@ -14,6 +14,7 @@ from typing import Any
 import keras
 
 from kerascale import _tf_compat as tfc
+from kerascale._display import said
 from kerascale.apply import model as model_lib
 from kerascale.apply.model import CannotRecreate
 from kerascale.apply.session import Session, prepare
@@ -212,11 +213,13 @@ class Bench:
         for k in keys:
             out.append(dataclasses.replace(self._trial(k, repeats[k]), stage=field))
             if self.verbose != 0:
-                print(f"kerascale: trial: {out[-1].describe()}", flush=True)
+                print(said(f"kerascale: trial: {out[-1].describe()}"), flush=True)
         self.trials += out
         timed = [t.samples_per_s for t in out if t.samples_per_s > 0]
         if timed and not self.unbudgeted:  # the run's length, as measured
             self.speed = max(timed)
+            if self.samples is not None:  # what `cost()` says it against
+                self.run_seconds = self.samples / self.speed
         return out
 
     def _trial(self, key: tuple, speeds: list[float]) -> Trial:

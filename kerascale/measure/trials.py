@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kerascale._display import said
 from kerascale.measure import cache
 from kerascale.measure.request import Given
 from kerascale.measure.search import fastest_small
@@ -246,7 +247,7 @@ def run(
     if result.trials or result.speed:
         cache.cache_write("trials", key, result.to_dict())
     if verbose != 0 and result.trials:
-        print(f"kerascale: {result.cost()}", flush=True)
+        print(said(f"kerascale: {result.cost()}"), flush=True)
     return result
 
 
