@@ -6,8 +6,11 @@ test in tests/test_compat.py that fails when TensorFlow changes it.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from kerascale._tf import tf
@@ -31,6 +34,34 @@ def __getattr__(name: str) -> Any:
     if name in _KV:
         return tuple(getattr(tf.errors, e) for e in _KV[name])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@contextlib.contextmanager
+def op_seeds_kept() -> Iterator[None]:
+    """Puts TensorFlow's eager op-seed sequence back on exit (issue 80).
+
+    Under a global seed, each random op or `Dataset.shuffle` made eagerly
+    without its own seed draws its seed from the eager context's
+    `random.Random` (`Context._rng`, read by `_internal_operation_seed` in
+    tensorflow/python/eager/context.py): a measurement that makes one would
+    move the seeds of the user's next ones. No public API saves the
+    sequence's position (`tf.random.set_seed` restarts it). Nothing is done
+    where TensorFlow is not imported (JAX without it) or no global seed is
+    set (then op seeds are random anyway). A stateful random op run eagerly
+    also advances the kernel TensorFlow caches for its seeds, which this
+    does not undo; kerascale's measurements run none (Keras's own random
+    ops on TensorFlow are stateless, seeded by its seed generator)."""
+    rng, state = None, None
+    if "tensorflow" in sys.modules:
+        from tensorflow.python.eager import context
+
+        rng = getattr(context.context(), "_rng", None)
+        state = rng.getstate() if rng is not None else None
+    try:
+        yield
+    finally:
+        if rng is not None:
+            rng.setstate(state)
 
 
 def tf_started() -> bool:

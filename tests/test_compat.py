@@ -134,6 +134,23 @@ def test_the_tensorflow_internals_kerascale_uses_still_exist():
     assert "self._id_in_cluster =" in source and "self._num_workers =" in source
     tf.random.set_seed(1234)
     assert tfc.global_seed() == 1234
+    # The eager op-seed sequence (`Context._rng`): what a random op made
+    # without its own seed draws, put back by `op_seeds_kept` (issue 80).
+    assert ctx._internal_operation_seed() != ctx._internal_operation_seed()
+
+    def order():  # a pipeline the user makes after kerascale's measurement
+        return [int(i) for i in tf.data.Dataset.range(16).shuffle(16)]
+
+    tf.random.set_seed(1234)
+    first = order()
+    tf.random.set_seed(1234)
+    order()  # a measurement's pipeline, nothing kept: the next one moves
+    assert order() != first
+    for kept in (tfc.op_seeds_kept, compat.random_kept):
+        tf.random.set_seed(1234)
+        with kept():
+            order()
+        assert order() == first, kept
     assert tfc.slurm_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
     from tensorflow.python.distribute import multi_worker_util
 

@@ -127,6 +127,7 @@ from typing import Any, TypeVar
 import keras
 import numpy as np
 
+from kerascale import _tf_compat
 from kerascale._keras_compat.trainers import tf_trainer_class
 from kerascale.errors import warn
 
@@ -318,14 +319,16 @@ def forget_global_seed_generator() -> None:
 def random_kept() -> Iterator[None]:
     """Restores Python's, NumPy's and Keras's global random states on exit
     (Keras's seed generator: its state, or its absence where it did not
-    exist): reading the user's input to fingerprint it (a `PyDataset`
-    whose batches draw random augmentations) leaves no trace in training."""
+    exist), and TensorFlow's eager op-seed sequence where it is loaded:
+    reading the user's input to fingerprint it (a `PyDataset` whose batches
+    draw random augmentations) leaves no trace in training."""
     py, np_state = random.getstate(), np.random.get_state()
     generator = existing_global_seed_generator()
     state = None if generator is None else generator.state.value
     seed = None if state is None else np.array(keras.ops.convert_to_numpy(state))
     try:
-        yield
+        with _tf_compat.op_seeds_kept():  # TensorFlow's op seeds, where loaded
+            yield
     finally:
         random.setstate(py)
         np.random.set_state(np_state)
