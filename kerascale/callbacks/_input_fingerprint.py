@@ -111,7 +111,10 @@ def _tf_dataset(dataset: Any) -> dict[str, Any]:
         out["unread"] = "its cache() cannot be read past"
         return out
     with random_kept():
-        first = next(iter(source.take(1)), None)
+        # A fresh iterator of the pipeline itself: a `take(1)` on top made
+        # TensorFlow rewrite the whole graph anew (50 ms against 9 ms for
+        # 60,000 x 784 arrays in `from_tensor_slices`).
+        first = next(iter(source), None)
     out["samples"] = _digest([first])
     return out
 
