@@ -6,6 +6,7 @@ from cold_and_warm import cases, same, trained, unmeasured
 
 
 @pytest.mark.once
+@pytest.mark.nightly  # Keras 3.16 reads its build batch otherwise
 @pytest.mark.parametrize("kind, limit", cases())
 def test_a_cold_cache_and_a_warm_one_train_the_same_weights(
     kind, limit, tmp_path, monkeypatch

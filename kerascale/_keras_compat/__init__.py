@@ -386,10 +386,17 @@ def fully_built(model: Any) -> bool:
 
 def build_pending(model: Any) -> bool:
     """Whether Keras's JAX `fit` would read a batch to build `model` before
-    its first epoch (`Trainer._symbolic_build`'s test: a layer, the
-    compiled loss or the compiled metrics not yet built). That read creates
-    the epoch's iterator (for shuffled arrays, Keras 3.15 draws the first
-    epoch's order from NumPy's global state), then drops it."""
+    its first epoch. Keras 3.15 (`Trainer._symbolic_build`): a layer, the
+    compiled loss or the compiled metrics not yet built. Keras 3.16
+    (`JAXTrainer._maybe_symbolic_build`): any of `_get_unbuilt_components`,
+    the optimizer's slots included. That read creates an iterator and
+    drops it (for shuffled arrays, Keras 3.15 draws the first epoch's order
+    from NumPy's global state there)."""
+    if _reads_from_adapter(model):
+        try:
+            return any(model._get_unbuilt_components())
+        except AttributeError:
+            return False
     try:
         layers = model._flatten_layers()
     except AttributeError:
@@ -403,17 +410,26 @@ def build_pending(model: Any) -> bool:
     )
 
 
-class ReadToBuild:
-    """Does at a `fit`'s start the read Keras's JAX `fit` does to build a
-    model (`Trainer._symbolic_build(iterator=...)`, then
-    `epoch_iterator.reset()`), where kerascale's measurement built the model
-    and Keras skips it: the first epoch's iterator is made and one batch read
-    from it, then dropped, so that the epochs draw their orders as in a `fit`
-    that measured nothing (issue 80). Called from a callback's
-    `on_train_begin`, on the `EpochIterator` of the `fit` below it
-    (`epoch_order.fit_epoch_iterator`)."""
+def _reads_from_adapter(model: Any) -> bool:
+    """Whether this Keras's JAX `fit` reads its build batch straight from
+    the data adapter (`_maybe_symbolic_build`, Keras 3.16) rather than
+    through the epoch's iterator (Keras 3.15)."""
+    return callable(getattr(type(model), "_maybe_symbolic_build", None))
 
-    def __init__(self):
+
+class ReadToBuild:
+    """Does at a `fit`'s start the read Keras's JAX `fit` does to build
+    `model`, where kerascale's measurement built the model and Keras skips
+    it: Keras 3.15 reads one batch through the first epoch's iterator
+    (`_symbolic_build(iterator=...)`) and resets it, Keras 3.16 one from a
+    fresh iterator of the data adapter (`_maybe_symbolic_build`), then
+    `fit` resets the epoch's iterator whether or not it read. So the epochs
+    draw their orders as in a `fit` that measured nothing (issue 80). Called from
+    a callback's `on_train_begin`, on the `EpochIterator` of the `fit` below
+    it (`epoch_order.fit_epoch_iterator`)."""
+
+    def __init__(self, model: Any):
+        self.model = model
         self.done = False
 
     def __call__(self) -> None:
@@ -424,6 +440,12 @@ class ReadToBuild:
         self.done = True
         iterator = epoch_order.fit_epoch_iterator()
         if iterator is None:
+            return
+        if _reads_from_adapter(self.model):
+            # Its epoch's iterator is untouched: no reset, which would also
+            # move the adapter's epoch counter (`on_epoch_end`), the order of
+            # every epoch from Keras 3.16 (Keras's own reset has run).
+            next(iter(iterator.data_adapter.get_jax_iterator()), None)
             return
         for item in iterator:
             data = item[-1]

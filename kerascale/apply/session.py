@@ -474,7 +474,7 @@ def train(
         # A measurement built the model (the JAX search compiles its step
         # for training to reuse): Keras now skips that read, which drew the
         # first epoch's order. Read as Keras would have (issue 80).
-        read = keras_compat.ReadToBuild()
+        read = keras_compat.ReadToBuild(prepared.model)
         begin = keras.callbacks.LambdaCallback(on_train_begin=lambda logs: read())
         kwargs["callbacks"] = [begin, *kwargs["callbacks"]]
     with warnings.catch_warnings():
