@@ -20,8 +20,9 @@ from typing import Any
 
 import keras
 
-from kerascale import _fit_arguments, _validation
+from kerascale import _fit_arguments as door_words
 from kerascale import _keras_compat as keras_compat
+from kerascale import _validation
 from kerascale._fit_docs import documented as _documented
 from kerascale.apply import batch_growth
 from kerascale.apply import levers as levers_lib
@@ -33,13 +34,7 @@ from kerascale.callbacks._base import KerascaleCallback
 from kerascale.callbacks._input_source import InputSource
 from kerascale.callbacks.backup import FaultTolerantBackup
 from kerascale.callbacks.throughput import Throughput
-from kerascale.errors import (
-    ConfigurationError,
-    DataError,
-    ModelError,
-    first_line,
-    warn,
-)
+from kerascale.errors import DataError, first_line, warn
 from kerascale.measure.decide import Decided, decide, validate_options
 from kerascale.measure.request import SearchOptions
 from kerascale.plan import fallback
@@ -114,12 +109,12 @@ def fit(
     >>> history = kerascale.fit(model, ds, epochs=2)
     >>> print(history.plan)
     """
-    refused = _fit_arguments.refused(model, fit_kwargs, door=_DOOR[0], own=_DOOR[1])
+    refused = door_words.refused(
+        model, fit_kwargs, door="kerascale.fit", own=_FIT_OPTIONS
+    )
     if refused is not None:
         raise refused  # here: the traceback is the user's line, then this
-    batch_size = _fit_arguments.batch_size(
-        batch_size, x, fit_kwargs.get("steps_per_epoch")
-    )
+    batch_size = door_words.batch_size(batch_size, x, fit_kwargs)
     request = _Request.validate(
         batch_size=batch_size,
         strategy=strategy,
@@ -151,47 +146,19 @@ def fit(
     x = first_batch.first_read(x)
     try:
         return _attempted(_Deciding(model, x, y, request, fit_kwargs))
-    except _USERS as e:
-        if _inside_keras(e):
+    except door_words.USERS as e:
+        if door_words.raised_in_keras(e):
             raise
-        if isinstance(e, DataError) and _own_fit(model):
+        owner = door_words.own_fit(model)
+        if isinstance(e, DataError) and owner:
             # Its own fit keeps its own checks, and its own errors.
             why = (
                 f"kerascale.fit cannot plan for this data ({first_line(e)}), "
-                f"and {_own_fit(model)} has its own fit: it trains as "
-                "model.fit(...) would, without kerascale's plan."
+                f"and {owner} has its own fit: it trains as model.fit(...) "
+                "would, without kerascale's plan."
             )
             return _plain_fit(model, x, y, request, fit_kwargs, why=why)
         raise e.with_traceback(None) from None  # the user's line, then this
-
-
-# Errors about the user's call, data or model. Raised before Keras's fit
-# runs, they are raised again from the door: the traceback is the user's line
-# and the message, not kerascale's layers (issue 81).
-_USERS = (ConfigurationError, DataError, ModelError)
-_KERAS = os.path.dirname(keras.__file__) + os.sep
-
-
-def _inside_keras(error: BaseException) -> bool:
-    """Whether `error` was raised while Keras's own code ran (training)."""
-    tb = error.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename.startswith(_KERAS):
-            return True
-        tb = tb.tb_next
-    return False
-
-
-def _own_fit(model: Any) -> str:
-    """The class whose `fit` a model's class uses where it is not Keras's
-    (keras-hub's tasks, a user's subclass); "" for Keras's own or a builder."""
-    if not isinstance(model, keras.Model):
-        return ""
-    for cls in type(model).__mro__:
-        if "fit" in cls.__dict__:
-            module = cls.__module__ or ""
-            return "" if module.split(".")[0] == "keras" else cls.__name__
-    return ""
 
 
 def _attempted(deciding: _Deciding) -> keras.callbacks.History:
@@ -344,14 +311,12 @@ def plan(
     >>> p = kerascale.plan(model, ds)
     >>> p.precision, p.global_batch_size
     """
-    refused = _fit_arguments.refused(
-        model, fit_kwargs, door="kerascale.plan", own=_DOOR[1]
+    refused = door_words.refused(
+        model, fit_kwargs, door="kerascale.plan", own=_FIT_OPTIONS
     )
     if refused is not None:
         raise refused  # here: the traceback is the user's line, then this
-    batch_size = _fit_arguments.batch_size(
-        batch_size, x, fit_kwargs.get("steps_per_epoch")
-    )
+    batch_size = door_words.batch_size(batch_size, x, fit_kwargs)
     request = _Request.validate(
         batch_size=batch_size,
         strategy=strategy,
@@ -379,8 +344,8 @@ def plan(
     try:
         deciding = _Deciding(model, x, y, request, dict(fit_kwargs), write=False)
         decided = fallback.attempted(deciding.decide, deciding.options)
-    except _USERS as e:
-        if _inside_keras(e):
+    except door_words.USERS as e:
+        if door_words.raised_in_keras(e):
             raise
         raise e.with_traceback(None) from None  # the user's line, then this
     for w in decided.plan.warnings:
@@ -629,13 +594,9 @@ def _epochs(fit_kwargs: dict[str, Any]) -> int:
     return 1  # Keras will reject the value itself
 
 
-# How `fit` names itself in a misspelt keyword's error, and its own options
-# (the nearest name may be one of them).
-_DOOR = (
-    "kerascale.fit",
-    tuple(
-        p.name
-        for p in inspect.signature(fit).parameters.values()
-        if p.kind is p.KEYWORD_ONLY
-    ),
+# `fit`'s own options: a misspelt keyword's nearest name may be one of them.
+_FIT_OPTIONS = tuple(
+    p.name
+    for p in inspect.signature(fit).parameters.values()
+    if p.kind is p.KEYWORD_ONLY
 )

@@ -116,6 +116,12 @@ def test_batch_size_none_or_0_is_keras_s_own_choice(batch_size):
         compiled_model(), x, y, batch_size=batch_size, steps_per_epoch=4, verbose=0
     )
     assert history.plan.global_batch_size == 64
+    # Keras counts the samples it trains on, after validation_split.
+    kwargs = {"steps_per_epoch": 4, "validation_split": 0.25, "verbose": 0}
+    plain = compiled_model().fit(x, y, batch_size=batch_size, **kwargs)
+    history = kerascale.fit(compiled_model(), x, y, batch_size=batch_size, **kwargs)
+    assert history.plan.global_batch_size == 48  # 192 samples in 4 steps
+    assert plain.params["steps"] == 4
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
     history = kerascale.fit(compiled_model(), ds, batch_size=batch_size, verbose=0)
     assert history.plan.global_batch_size == 16

@@ -238,27 +238,20 @@ class BatchSearchResult(Table):
         Returns:
             The path written.
         """
-        fig = self.figure(_caller="plot")
+        plt = _pyplot("plot")
+        fig = self.figure()
         path = Path(path)
         fig.savefig(path)
-        import matplotlib.pyplot as plt
-
         plt.close(fig)
         return path
 
-    def figure(self, *, _caller: str = "figure") -> Any:
+    def figure(self) -> Any:
         """The plot of `plot` as a matplotlib `Figure` (a notebook shows it):
         peak memory of the batches that fit, the memory limit, the memory
         model, a line at each batch that did not fit, the chosen batch, and
         samples/s on its own axis, each in its own colour and in the legend.
         Needs matplotlib."""
-        try:
-            import matplotlib.pyplot as plt
-        except ImportError as e:
-            raise ImportError(
-                f"BatchSearchResult.{_caller}() needs matplotlib: "
-                "pip install matplotlib"
-            ) from e
+        plt = _pyplot("figure")
         ok = sorted((p for p in self.probes if p.outcome == OK), key=lambda p: p.batch)
         bad = sorted(
             (p for p in self.probes if p.outcome == OOM), key=lambda p: p.batch
@@ -311,6 +304,18 @@ class BatchSearchResult(Table):
         ax.legend(handles, labels, loc="upper left", fontsize=8)
         fig.tight_layout()
         return fig
+
+
+def _pyplot(method: str) -> Any:
+    """matplotlib's pyplot, or an ImportError naming the `BatchSearchResult`
+    method that needs it."""
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError(
+            f"BatchSearchResult.{method}() needs matplotlib: pip install matplotlib"
+        ) from e
+    return plt
 
 
 def describe_probe(p: ProbeResult) -> str:

@@ -95,7 +95,6 @@ class Bench:
         self.unbudgeted = False
         self.speed: float | None = None  # samples/s, for the run's length
         self._first_speed = None
-        self.run_seconds: float | None = None
 
     def __enter__(self) -> Bench:
         self.session.__enter__()
@@ -177,8 +176,17 @@ class Bench:
             )
         if not self.speed:
             return "no first speed to weigh them against (the first candidate failed)"
-        cost, self.run_seconds, share = self._weighed(keys, field)
-        return budget.unpaid(cost, self.run_seconds, share, field)
+        cost, run_seconds, share = self._weighed(keys, field)
+        return budget.unpaid(cost, run_seconds, share, field)
+
+    @property
+    def run_seconds(self) -> float | None:
+        """The run's seconds at the speed known now: the first estimate,
+        then the fastest the trials timed (what `TrialResult.cost` weighs the
+        trials against); None where the run is not weighed."""
+        if self.unbudgeted or self.samples is None or not self.speed:
+            return None
+        return self.samples / self.speed
 
     def _weighed(self, keys: list[tuple], field: str) -> tuple[float, float, float]:
         """(the stage's cost, the run's seconds, the share it may save)."""
@@ -218,8 +226,6 @@ class Bench:
         timed = [t.samples_per_s for t in out if t.samples_per_s > 0]
         if timed and not self.unbudgeted:  # the run's length, as measured
             self.speed = max(timed)
-            if self.samples is not None:  # what `cost()` says it against
-                self.run_seconds = self.samples / self.speed
         return out
 
     def _trial(self, key: tuple, speeds: list[float]) -> Trial:

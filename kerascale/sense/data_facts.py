@@ -266,15 +266,13 @@ def _inspect_arrays(x: Any, y: Any, *, name: str) -> DataFacts:
     x_dims = leading_dims(x)
     if not x_dims:  # only None: Keras says which input it needs
         return DataFacts(kind="arrays", why_not_measurable="it holds no arrays")
-    lengths = {f"{name}": set(x_dims)}
-    if y is not None:
-        lengths["y"] = set(leading_dims(y))
+    y_dims = leading_dims(y) if y is not None else []
     n = x_dims[0]
-    if len(set(x_dims)) > 1 or (y is not None and lengths["y"] != {n}):
+    if len(set(x_dims)) > 1 or (y is not None and set(y_dims) != {n}):
         # Keras's words (`check_data_cardinality`), the sizes as numbers.
         sizes = ", ".join(
             f"'{label}' sizes: {', '.join(str(d) for d in dims)}"
-            for label, dims in ((name, x_dims), ("y", leading_dims(y)))
+            for label, dims in ((name, x_dims), ("y", y_dims))
             if dims
         )
         raise DataError(
