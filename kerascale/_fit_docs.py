@@ -27,8 +27,9 @@ _ARGUMENTS = """\
             larger than what fits in memory is reached with gradient
             accumulation: micro x replicas x accumulation_steps =
             batch_size. None or 0 is Keras's own batch, as in `model.fit`:
-            32 for arrays (or one that covers them in `steps_per_epoch`
-            steps), a dataset's own. Defaults to "auto".
+            32 for arrays (or one that covers the samples left after
+            `validation_split` in `steps_per_epoch` steps), a dataset's
+            own. Defaults to "auto".
         strategy: "auto", "default", "one_device", "mirrored",
             "multi_worker", "tpu", or a `tf.distribute.Strategy`. "auto"
             trains across the cluster that TF_CONFIG, Vertex AI's
