@@ -11,6 +11,8 @@ far above the 5% it takes to choose more than one step a call.
 
 from __future__ import annotations
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -229,10 +231,23 @@ def test_auto_measures_and_raises_it_where_nothing_needs_each_step(monkeypatch) 
     history = fit(ours, x, y, epochs=3, callbacks=[watch])
     plan = history.plan
     why = plan.reasons["steps_per_execution"]
-    assert reasons_lib.code(why) == "steps.run_measured", why
-    assert plan.steps_per_execution == (8192 // BATCH) // 4, plan
-    assert watch.seen == {1, plan.steps_per_execution}
+    bound = (8192 // BATCH) // 4
+    # The second epoch ran at the bound, whatever the measurement then kept.
+    assert watch.seen == {1, bound}, watch.seen
     assert "steps per call" in str(plan) and "measured in the run" in plan.explain()
+    if keras.backend.backend() == "jax" and reasons_lib.code(why) == "steps.run_back":
+        # JAX's host path per call is small (34% of this step on 2 cores
+        # here; on CI's runner a step at 64 a call once took 0.60 ms against
+        # 0.56 ms at one): going back is then the measurement's answer, and
+        # it must agree with the figures it gives.
+        taken = re.search(r"took ([\d.]+) ms at (\d+) a call, ([\d.]+) ms at 1", why)
+        assert taken is not None, why
+        tk, k, t1 = float(taken[1]), int(taken[2]), float(taken[3])
+        assert k == bound and tk > t1 * (1 + steps_in_run.TOLERANCE) - 0.01, why
+        assert plan.steps_per_execution == 1, plan
+    else:
+        assert reasons_lib.code(why) == "steps.run_measured", why
+        assert plan.steps_per_execution == bound, plan
     assert ours.steps_per_execution == 1
     assert largest_difference(weights(ours), weights(plain)) <= 1e-5
 
