@@ -241,19 +241,24 @@ def draws_seeds(ds: tf.data.Dataset) -> bool:
     or `Dataset.random` anywhere among its inputs). Walks `_inputs()`, the
     private list every dataset keeps of the datasets it reads (zip and
     concatenate included); where that fails, True."""
-    seen, todo = set(), [ds]
+    return seed_drawers(ds) > 0
+
+
+def seed_drawers(ds: tf.data.Dataset) -> int:
+    """How many of `ds`'s datasets (itself and its inputs) draw seeds from a
+    generator of their own (`draws_seeds`); where the walk fails, 1."""
+    seen, todo, found = set(), [ds], 0
     try:
         while todo:
             d = todo.pop()
             if id(d) in seen:
                 continue
             seen.add(id(d))
-            if type(d).__name__ in _SEED_DRAWING:
-                return True
+            found += type(d).__name__ in _SEED_DRAWING
             todo.extend(d._inputs())
     except Exception:  # a private structure changed: assume it does
-        return True
-    return False
+        return max(found, 1)
+    return found
 
 
 # A tf.data pipeline's structure, as its Python objects hold it. No public API
@@ -447,13 +452,31 @@ def iterator_state(iterator: Any) -> FrozenState:
     )
 
 
-def write_frozen(
-    prefix: str, groups: dict[str, list[Any]], iterator: FrozenState | None
-) -> None:
-    """Writes a TensorFlow checkpoint under `prefix` of `groups`' values
-    (NumPy arrays, in each group's variables' order) and an iterator's
-    `iterator_state`, as `tf.train.Checkpoint(**objects).write(prefix)` of
-    the objects they were taken from writes it."""
+# Where a reshuffling dataset's iterator writes its seed generator's count
+# (what orders the iterators made after it), one key per such dataset
+# (tensorflow/core/kernels/data/shuffle_dataset_op.cc, random_seed_ops.cc).
+# An iterator whose input ran out writes nothing of that input: a prefetch
+# that read ahead to an epoch's end drops the shuffle's count with it.
+_SEED_COUNT_KEY = b"epoch_num_random_samples"
+
+
+def keeps_seeds(state: FrozenState, drawers: int) -> bool:
+    """Whether an iterator's `iterator_state` still holds the seed counts of
+    its pipeline's `drawers` seed-drawing datasets (`seed_drawers`): False
+    where one of them ran out under a read-ahead, and the iterators made
+    after it would take other seeds on a resume. Reads the serialized
+    state's keys (no public API lists them)."""
+    if drawers <= 0:
+        return True
+    found = 0
+    for value in state.tensors.values():
+        found += tf.io.serialize_tensor(value).numpy().count(_SEED_COUNT_KEY)
+    return found >= drawers
+
+
+def frozen(state: FrozenState) -> Any:
+    """A trackable that a checkpoint writes as the object `state` was taken
+    from (`tf.train.Checkpoint(name=frozen(state))`)."""
 
     class Frozen(tf.__internal__.tracking.Trackable):
         def __init__(self, state: FrozenState):
@@ -464,13 +487,23 @@ def write_frozen(
         def _serialize_to_tensors(self) -> dict[str, Any]:
             return self._tensors
 
+    return Frozen(state)
+
+
+def write_frozen(
+    prefix: str, groups: dict[str, list[Any]], iterator: FrozenState | None
+) -> None:
+    """Writes a TensorFlow checkpoint under `prefix` of `groups`' values
+    (NumPy arrays, in each group's variables' order) and an iterator's
+    `iterator_state`, as `tf.train.Checkpoint(**objects).write(prefix)` of
+    the objects they were taken from writes it."""
     objects: dict[str, Any] = {
         group: [
-            Frozen(FrozenState({_VARIABLE_VALUE: tf.convert_to_tensor(v)}))
+            frozen(FrozenState({_VARIABLE_VALUE: tf.convert_to_tensor(v)}))
             for v in values
         ]
         for group, values in groups.items()
     }
     if iterator is not None:
-        objects["iterator"] = Frozen(iterator)
+        objects["iterator"] = frozen(iterator)
     tf.train.Checkpoint(**objects).write(prefix)

@@ -7,6 +7,7 @@ import random
 import signal
 import subprocess
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -478,6 +479,96 @@ def test_a_non_reproducible_data_order_is_reported_once(tmp_path, kind):
         assert warned == []
     else:
         assert len(warned) == 1 and reason in warned[0]
+
+
+def read_ahead_data():
+    """6 batches an epoch, reshuffled each epoch, and a prefetch deep enough
+    to read an epoch to its end after its first batch: from then on, the
+    iterator's checkpoint holds nothing of the shuffle (TensorFlow writes
+    nothing of an input that ran out), seed counts included."""
+    x = np.random.default_rng(3).normal(size=(96, 3)).astype("float32")
+    ds = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).shuffle(96, seed=2)
+    return ds.batch(16).prefetch(8)
+
+
+class LetReadAhead(keras.callbacks.Callback):
+    """A slow step: the prefetch's thread reaches the epoch's end behind it."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.05)
+
+
+def test_a_save_where_the_read_ahead_lost_the_seeds_waits_for_the_epochs_end(
+    tmp_path,
+):
+    """Saves due every 4 steps, at the 4th batch of 6: there the state holds
+    no shuffle seeds, so each waits for its epoch's end (which keeps them),
+    and a run stopped at step 11 resumes from step 6 to plain fit's weights,
+    without a word. Saved where they came due (steps 4 and 8), the resume
+    from step 8 shuffled the third epoch otherwise (silently, before
+    `seeds_lost`)."""
+    plain = small_model()
+    plain.fit(read_ahead_data(), epochs=3, verbose=0)
+    backup = FaultTolerantBackup(tmp_path, save_freq=4, verbose=0)
+    children.interrupted(
+        lambda directory, callbacks: small_model().fit(
+            read_ahead_data(),
+            epochs=3,
+            verbose=0,
+            callbacks=[LetReadAhead(), backup, *callbacks],
+        ),
+        tmp_path,
+        11,
+    )
+    newest = store.verify(store.scan(str(tmp_path))[0])
+    assert (newest["global_step"], newest["data"]["mode"]) == (6, "next_epoch")
+    model = small_model()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model.fit(
+            read_ahead_data(),
+            epochs=3,
+            verbose=0,
+            callbacks=[LetReadAhead(), FaultTolerantBackup(tmp_path, verbose=0)],
+        )
+    assert [str(w.message) for w in said if "data order" in str(w.message)] == []
+    assert int(model.optimizer.iterations) == 18
+    for ours, theirs in zip(model.get_weights(), plain.get_weights(), strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
+
+
+def test_a_last_save_where_the_read_ahead_lost_the_seeds_warns_at_the_resume(
+    tmp_path,
+):
+    """A run stopped at step 4 of 6 saves there as it ends (it cannot wait):
+    the checkpoint says the seeds were lost, and the resume says once that
+    the later epochs' order may differ, then trains to the end."""
+
+    class StopAt4(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations) >= 4:
+                self.model.stop_training = True
+
+    small_model().fit(
+        read_ahead_data(),
+        epochs=3,
+        verbose=0,
+        callbacks=[LetReadAhead(), StopAt4(), FaultTolerantBackup(tmp_path, verbose=0)],
+    )
+    newest = store.verify(store.scan(str(tmp_path))[0])
+    assert newest["data"] == {"mode": "iterator", "consumed": 4, "seeds_lost": True}
+    model = small_model()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model.fit(
+            read_ahead_data(),
+            epochs=3,
+            verbose=0,
+            callbacks=[FaultTolerantBackup(tmp_path, verbose=0)],
+        )
+    warned = [str(w.message) for w in said if "data order" in str(w.message)]
+    assert len(warned) == 1 and "read-ahead" in warned[0], warned
+    assert int(model.optimizer.iterations) == 18
 
 
 @pytest.mark.nightly

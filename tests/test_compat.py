@@ -514,6 +514,30 @@ def test_a_jax_fit_reads_configs_without_importing_tensorflow():
     }
 
 
+def test_an_iterator_state_says_whether_it_keeps_its_seed_counts():
+    """_tf_compat.keeps_seeds reads the key a seed-drawing dataset's iterator
+    writes its seed generator's count under (`_SEED_COUNT_KEY`), one per
+    such dataset (`seed_drawers`): present while the shuffle's input has
+    elements, gone once a prefetch read it to its end. If TensorFlow renames
+    the key, the first assertion fails."""
+    from kerascale import _tf_compat as tfc
+
+    ds = tf.data.Dataset.range(96).shuffle(96, seed=5).batch(16)
+    twice = ds.shuffle(4, seed=1)
+    assert tfc.seed_drawers(ds.prefetch(8)) == 1 and tfc.seed_drawers(twice) == 2
+    assert tfc.seed_drawers(tf.data.Dataset.range(3).batch(2)) == 0
+    it = iter(twice)
+    next(it)
+    assert tfc.keeps_seeds(tfc.iterator_state(it), 2)
+    ahead = iter(ds.prefetch(8))
+    next(ahead)
+    deadline = time.monotonic() + 10
+    while tfc.keeps_seeds(tfc.iterator_state(ahead), 1):  # its thread reads on
+        assert time.monotonic() < deadline, "the prefetch never reached the end"
+        time.sleep(0.01)
+    assert len(list(ahead)) == 5  # the epoch's batches are all still there
+
+
 def test_a_snapshot_writes_the_checkpoint_the_objects_write(tmp_path):
     """_tf_compat.iterator_state and write_frozen (an asynchronous save):
     the checkpoint written from a snapshot has the keys a write of the real

@@ -234,6 +234,11 @@ class _EpochPosition:
     ) -> None:
         raise ValueError(f"unknown input position mode {record['mode']!r}")
 
+    def seeds_lost(self) -> bool:
+        """Whether a save now would lose what orders the later epochs (only
+        a `tf.data` iterator's checkpoint can)."""
+        return False
+
     def used_up(self) -> bool:
         """Whether the current iterator has no batch left (when known): it
         ran out, or gave the epoch's steps of an iterator made per epoch."""
@@ -257,6 +262,11 @@ class InputPosition(_EpochPosition):
         self.dataset: Any = None
         self.cardinality: int | None = None
         self._savable: bool | None = None
+        self._drawers = 0  # the datasets in it that draw seeds (`seed_drawers`)
+        # The live iterator's state read by `seeds_lost` (and whether it
+        # keeps its seeds), at `consumed` batches.
+        self._frozen: tuple[Any, bool] | None = None
+        self._frozen_at = -1
         # The batches a PyDataset's adapter gave (read inside the step's
         # tf.function, where only the adapter's generator sees them).
         self._reads = order.Digests()
@@ -305,6 +315,9 @@ class InputPosition(_EpochPosition):
         self.cardinality = (
             int(self.dataset.cardinality()) if self.dataset is not None else None
         )
+        self._drawers = (
+            tfc.seed_drawers(self.dataset) if self.dataset is not None else 0
+        )
         return first
 
     def used_up(self) -> bool:
@@ -329,7 +342,27 @@ class InputPosition(_EpochPosition):
                 self.next_epoch_iterator = iter(self.dataset)
                 self._copy_next()
             return {"mode": "next_epoch", "consumed": 0}
-        return {"mode": "iterator", "consumed": self.consumed}
+        record = {"mode": "iterator", "consumed": self.consumed}
+        if self.seeds_lost():
+            record["seeds_lost"] = True
+        return record
+
+    def seeds_lost(self) -> bool:
+        """Whether a save now would lose the live iterator's shuffle seeds:
+        where its read-ahead reached the epoch's end, TensorFlow writes
+        nothing of the input that ran out, seed counts included, and a
+        resume would shuffle the later epochs unlike this run. Only then
+        is the state read (at a save that is due), once a step; the save
+        writes the state read here."""
+        if not self._drawers or self.next_epoch_iterator is not None:
+            return False
+        if not self.savable():  # its batches are read again instead
+            return False
+        if self._frozen_at != self.consumed or self._frozen is None:
+            state = tfc.iterator_state(self.live)
+            self._frozen = (state, tfc.keeps_seeds(state, self._drawers))
+            self._frozen_at = self.consumed
+        return not self._frozen[1]
 
     def _copy_next(self) -> None:
         """A local copy of the next epoch's iterator as created (its seed
@@ -355,12 +388,15 @@ class InputPosition(_EpochPosition):
             rewind.cleanup()
 
     def trackable(self, record: dict[str, Any]) -> Any:
-        """The iterator a checkpoint with `record` saves, or None."""
+        """The iterator a checkpoint with `record` saves, or None: the live
+        one as `seeds_lost` read it, where it read it at this step."""
         if record["mode"] == "next_epoch":
             return self.next_epoch_iterator
-        if record["mode"] == "iterator":
-            return self.live
-        return None
+        if record["mode"] != "iterator":
+            return None
+        if self._frozen is not None and self._frozen_at == self.consumed:
+            return tfc.frozen(self._frozen[0])
+        return self.live
 
     def savable(self) -> bool:
         """Whether the live iterator can be checkpointed (tried once). Where
@@ -407,6 +443,14 @@ class InputPosition(_EpochPosition):
             super()._restore_iterator(iterator, record, prefix)
         self._read(iterator, prefix)
         self.consumed = int(record["consumed"])
+        if record.get("seeds_lost"):
+            self._warn_order(
+                "it was saved near an epoch's end, where the input's read-ahead "
+                "had reached it and TensorFlow's iterator checkpoint holds no "
+                "shuffle seeds, so the later epochs are shuffled unlike the "
+                "interrupted run's (kerascale's own saves wait for the epoch's "
+                "end there; this one was a last save, at a stop or an error)"
+            )
         if mode == "advance" and self.dataset is not None:
             # Written before "next_epoch" (kerascale 0.1 before 2026-11-25):
             # the saved run created one iterator more than Keras, and

@@ -279,10 +279,15 @@ class FaultTolerantBackup(KerascaleCallback):
             self._s.epoch, batch, time_due=schedule.time_due(), save_owed=schedule.owed
         )
         schedule.owed = schedule.owed or time_due
+        due = schedule.due(self._s.global_step, self._s.k)
+        if (preempt or due) and not at_end:
+            # Its read-ahead reached the epoch's end (a few batches away):
+            # a save now would lose the shuffle's seeds; the end's keeps them.
+            at_end = self._position.seeds_lost()
         if preempt and not at_end:
             self._preempt_exit(boundary=False)
         self._s.preempt_due = self._s.preempt_due or preempt
-        if schedule.due(self._s.global_step, self._s.k):
+        if due:
             if at_end:
                 schedule.at_epoch_end = True
             else:
