@@ -465,13 +465,19 @@ def keeps_seeds(state: FrozenState, drawers: int) -> bool:
     its pipeline's `drawers` seed-drawing datasets (`seed_drawers`): False
     where one of them ran out under a read-ahead, and the iterators made
     after it would take other seeds on a resume. Reads the serialized
-    state's keys (no public API lists them)."""
+    state's keys (no public API lists them): one part a dataset's iterator,
+    a parent's before its inputs', a shuffle's counts before its buffer, so
+    the read stops before the buffer where the counts are there."""
     if drawers <= 0:
         return True
     found = 0
     for value in state.tensors.values():
-        found += tf.io.serialize_tensor(value).numpy().count(_SEED_COUNT_KEY)
-    return found >= drawers
+        parts = [value] if value.shape.rank == 0 else value
+        for part in parts:
+            found += tf.io.serialize_tensor(part).numpy().count(_SEED_COUNT_KEY)
+            if found >= drawers:
+                return True
+    return False
 
 
 def frozen(state: FrozenState) -> Any:
