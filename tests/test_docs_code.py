@@ -13,16 +13,29 @@ from pathlib import Path
 
 import keras
 import pytest
+from sybil import Sybil
+from sybil.parsers.markdown import CodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
-SAMPLE = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def pages(evaluator=None) -> Sybil:
+    """Sybil's reader of the pages: their ```python blocks (evaluated by
+    `evaluator`), and `<!-- skip: next -->` before a block not meant to run."""
+    return Sybil(parsers=[SkipParser(), CodeBlockParser("python", evaluator)])
 
 
 def samples():
+    """Each page's Python blocks, as Sybil parses them."""
     for page in PAGES:
-        for i, m in enumerate(SAMPLE.finditer(page.read_text(encoding="utf-8"))):
-            yield pytest.param(m.group(1), id=f"{page.relative_to(ROOT)}[{i}]")
+        blocks = [e for e in pages().parse(page).examples() if _is_code(e)]
+        for i, example in enumerate(blocks):
+            yield pytest.param(example.parsed, id=f"{page.relative_to(ROOT)}[{i}]")
+
+
+def _is_code(example) -> bool:
+    return isinstance(example.parsed, str)
 
 
 def _kerascale_names(tree: ast.Module) -> dict[str, object]:

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_docs_code import samples
+from test_docs_code import PAGES, ROOT, pages
 
 import kerascale
 
@@ -94,22 +94,38 @@ def _names(tmp: Path) -> dict:
 
 # Where a page's `ds` is a dataset of samples (it batches it itself).
 UNBATCHED = ("docs/accumulation.md", "docs/checkpointing.md")
+RUN = [p for p in PAGES if any(True for _ in pages().parse(p).examples())]
 
 
-@pytest.mark.parametrize("code", list(samples()))
-def test_each_sample_runs(code, tmp_path, monkeypatch, request, capsys):
+@pytest.mark.parametrize("page", RUN, ids=[str(p.relative_to(ROOT)) for p in RUN])
+def test_each_page_runs_as_a_reader_runs_it(page, tmp_path, monkeypatch, capsys):
+    """The page's Python blocks, top to bottom in one namespace, through
+    Sybil (its parser finds them, its document evaluates them in order, and
+    `<!-- skip: next -->` before a block keeps it from running), on the
+    stand-ins above with the listed substitutions."""
     monkeypatch.setenv("KERASCALE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)  # whatever else a sample writes lands here
-    for pattern, replacement in SUBSTITUTIONS:
-        code = re.sub(pattern, replacement.format(tmp=tmp_path), code)
-    names = _names(tmp_path)
-    if request.node.callspec.id.startswith(UNBATCHED):
-        names["ds"] = names["samples_ds"]
+    ran = []
+
+    def evaluate(example):
+        code = example.parsed
+        for pattern, replacement in SUBSTITUTIONS:
+            code = re.sub(pattern, replacement.format(tmp=tmp_path), code)
+        where = f"{page.relative_to(ROOT)}, line {example.line}"
+        exec(compile(code, where, "exec"), example.namespace)
+        ran.append(code)
+
+    document = pages(evaluate).parse(page)
+    document.namespace.update(_names(tmp_path))
+    if str(page.relative_to(ROOT)) in UNBATCHED:
+        document.namespace["ds"] = document.namespace["samples_ds"]
     policy = keras.config.dtype_policy()
     try:
-        exec(compile(code, "<sample>", "exec"), names)
+        for example in document.examples():
+            example.evaluate()
     finally:  # the tour's sample sets the global policy, as a reader would
         keras.config.set_dtype_policy(policy)
-    if "print(" in code:  # what the page says it prints: a plan, a result
+    assert ran, f"{page}: no block ran"
+    if any("print(" in code for code in ran):  # what it prints: a plan, a result
         printed = capsys.readouterr().out
         assert re.search(r"kerascale plan|batch|bound", printed), printed[-2000:]
