@@ -171,3 +171,51 @@ def test_a_batch_moved_with_the_steps_is_checked_against_a_step_at_it():
     again.n = 64
     epoch(again, clock, steps=640, per_step=0.0015)
     assert again.propose(1, {}) == {"steps_per_execution": 1}
+
+
+def test_an_estimate_counts_the_move_the_run_is_expected_to_make():
+    """`expected_step`: a 0.6 ms step on TensorFlow (its host path is the
+    0.5 ms prior) is expected at 0.6 - 0.5 * (1 - 1/64) ms at up to 64 a
+    call; a step whose host path would be under 5% of it, or a bound under
+    2, stays as timed."""
+    assert steps_in_run.expected_step(6e-4, "tensorflow", 64) == pytest.approx(
+        6e-4 - 5e-4 * (1 - 1 / 64)
+    )
+    # At most PRIOR_SHARE of a short step.
+    assert steps_in_run.expected_step(2e-4, "jax", 16) == pytest.approx(
+        2e-4 - 0.9 * 2e-4 * (1 - 1 / 16)
+    )
+    assert steps_in_run.expected_step(0.1, "tensorflow", 64) == 0.1  # 0.5%
+    assert steps_in_run.expected_step(6e-4, "tensorflow", 1) == 6e-4
+
+
+def test_the_trials_run_length_counts_the_steps_the_run_will_choose():
+    """Issue 81: trials said "2% of a run of about 310s" of a run of 32s,
+    whose steps per call the run then raised. Where the run chooses them
+    (the plan's "steps.default"), `Bench.run_seconds` counts the expected
+    move to a quarter of an epoch; where they are yours, the timed speed."""
+    import types
+
+    from kerascale.measure import trial_bench
+    from kerascale.plan.reasons import Reason
+
+    def bench(why):
+        plan = types.SimpleNamespace(
+            reasons={"steps_per_execution": why},
+            global_batch_size=32,
+            backend="tensorflow",
+        )
+        return types.SimpleNamespace(
+            unbudgeted=False,
+            samples=320_000,  # 100 epochs of 100 steps
+            speed=32 / 6e-4,  # 0.6 ms a step at one a call
+            plan=plan,
+            data=types.SimpleNamespace(num_samples=3200),
+        )
+
+    run_seconds = trial_bench.Bench.run_seconds.fget
+    timed = 10_000 * 6e-4
+    expected = 10_000 * steps_in_run.expected_step(6e-4, "tensorflow", 25)
+    chosen = run_seconds(bench(Reason("steps.default", why="not measured")))
+    assert chosen == pytest.approx(expected) and chosen < timed / 4
+    assert run_seconds(bench(Reason("steps.asked", n=1))) == pytest.approx(timed)

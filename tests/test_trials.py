@@ -35,6 +35,8 @@ class FakePlan:
     replicas = 1
     strategy = "default"
     backend = "tensorflow"
+    global_batch_size = 32
+    reasons: dict = {}  # steps per call not the run's to choose: timed speed
 
 
 def test_trials_run_only_on_a_cpu_for_choices_left_open():

@@ -51,6 +51,19 @@ TOLERANCE = 0.03
 TIMED_STEPS = 4
 
 
+def expected_step(t1: float, backend: str, k: int) -> float:
+    """A step's expected seconds where the run may move to up to `k` steps a
+    call, from its seconds at one (`t1`): less the host's path per call that
+    a move is weighed with (`HOST_PRIOR`, at most `PRIOR_SHARE` of `t1`),
+    saved on all but one step in `k`; `t1` where no move would be made (the
+    path under `MIN_SHARE` of a step, or `k` under 2). What an estimate of
+    a run says before the run has timed anything."""
+    host = min(HOST_PRIOR.get(backend, HOST_PRIOR["tensorflow"]), PRIOR_SHARE * t1)
+    if k < 2 or t1 <= 0 or host / t1 < MIN_SHARE:
+        return t1
+    return t1 - host * (1 - 1 / k)
+
+
 @dataclasses.dataclass(frozen=True)
 class Bounds:
     """What bounds `k` before the run: the largest value the plan's rules

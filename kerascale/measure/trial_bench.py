@@ -16,11 +16,14 @@ import keras
 from kerascale import _tf_compat as tfc
 from kerascale._display import said
 from kerascale.apply import model as model_lib
+from kerascale.apply import steps_in_run
 from kerascale.apply.model import CannotRecreate
 from kerascale.apply.session import Session, prepare
 from kerascale.measure import budget
 from kerascale.measure.probe import StepClock
 from kerascale.measure.request import Given
+from kerascale.plan import reasons as reasons_lib
+from kerascale.plan import steps as steps_rules
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import memory
 from kerascale.sense.model_facts import gist
@@ -181,12 +184,24 @@ class Bench:
 
     @property
     def run_seconds(self) -> float | None:
-        """The run's seconds at the speed known now: the first estimate,
-        then the fastest the trials timed (what `TrialResult.cost` weighs the
-        trials against); None where the run is not weighed."""
+        """The run's seconds at the speed known now (the first estimate, then
+        the fastest the trials timed), what `TrialResult.cost` says the
+        trials took a share of; None where the run is not weighed. Where
+        the run chooses its steps per call (the plan's "steps.default"),
+        a step is counted as the run's move to up to a quarter of an epoch
+        a call is expected to make it (`steps_in_run.expected_step`): issue
+        81 saw 310s said of a run of 32s."""
         if self.unbudgeted or self.samples is None or not self.speed:
             return None
-        return self.samples / self.speed
+        seconds = self.samples / self.speed
+        why = self.plan.reasons.get("steps_per_execution")
+        if why is None or reasons_lib.code(why) != "steps.default":
+            return seconds
+        batch = self.plan.global_batch_size
+        epoch = (self.data.num_samples or 0) // max(1, batch)
+        t1 = batch / self.speed
+        k = epoch // steps_rules.EPOCH_SHARE
+        return seconds * steps_in_run.expected_step(t1, self.plan.backend, k) / t1
 
     def _weighed(self, keys: list[tuple], field: str) -> tuple[float, float, float]:
         """(the stage's cost, the run's seconds, the share it may save)."""
