@@ -498,6 +498,21 @@ class LetReadAhead(keras.callbacks.Callback):
         time.sleep(0.05)
 
 
+def resumed_read_ahead(directory):
+    """The 3 epochs of `read_ahead_data` resumed from `directory`: the model,
+    and what was said about the data order."""
+    model = small_model()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model.fit(
+            read_ahead_data(),
+            epochs=3,
+            verbose=0,
+            callbacks=[LetReadAhead(), FaultTolerantBackup(directory, verbose=0)],
+        )
+    return model, [str(w.message) for w in said if "data order" in str(w.message)]
+
+
 def test_a_save_where_the_read_ahead_lost_the_seeds_waits_for_the_epochs_end(
     tmp_path,
 ):
@@ -522,17 +537,8 @@ def test_a_save_where_the_read_ahead_lost_the_seeds_waits_for_the_epochs_end(
     )
     newest = store.verify(store.scan(str(tmp_path))[0])
     assert (newest["global_step"], newest["data"]["mode"]) == (6, "next_epoch")
-    model = small_model()
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        model.fit(
-            read_ahead_data(),
-            epochs=3,
-            verbose=0,
-            callbacks=[LetReadAhead(), FaultTolerantBackup(tmp_path, verbose=0)],
-        )
-    assert [str(w.message) for w in said if "data order" in str(w.message)] == []
-    assert int(model.optimizer.iterations) == 18
+    model, warned = resumed_read_ahead(tmp_path)
+    assert warned == [] and int(model.optimizer.iterations) == 18
     for ours, theirs in zip(model.get_weights(), plain.get_weights(), strict=True):
         np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
 
@@ -557,16 +563,7 @@ def test_a_last_save_where_the_read_ahead_lost_the_seeds_warns_at_the_resume(
     )
     newest = store.verify(store.scan(str(tmp_path))[0])
     assert newest["data"] == {"mode": "iterator", "consumed": 4, "seeds_lost": True}
-    model = small_model()
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        model.fit(
-            read_ahead_data(),
-            epochs=3,
-            verbose=0,
-            callbacks=[FaultTolerantBackup(tmp_path, verbose=0)],
-        )
-    warned = [str(w.message) for w in said if "data order" in str(w.message)]
+    model, warned = resumed_read_ahead(tmp_path)
     assert len(warned) == 1 and "read-ahead" in warned[0], warned
     assert int(model.optimizer.iterations) == 18
 
