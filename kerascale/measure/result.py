@@ -233,7 +233,7 @@ class BatchSearchResult(Table):
 
     def plot(self, path: str | os.PathLike) -> Path:
         """Draws peak memory and throughput against batch into `path` (PNG,
-        SVG or PDF by extension). Needs matplotlib (`pip install matplotlib`).
+        SVG or PDF by extension). Needs matplotlib (`pip install "kerascale[plot]"`).
 
         Returns:
             The path written.
@@ -313,7 +313,8 @@ def _pyplot(method: str) -> Any:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise ImportError(
-            f"BatchSearchResult.{method}() needs matplotlib: pip install matplotlib"
+            f"BatchSearchResult.{method}() needs matplotlib: "
+            'pip install "kerascale[plot]" (or matplotlib)'
         ) from e
     return plt
 
