@@ -109,43 +109,18 @@ def fit(
     >>> history = kerascale.fit(model, ds, epochs=2)
     >>> print(history.plan)
     """
-    refused = door_words.refused(
-        model, fit_kwargs, door="kerascale.fit", own=_FIT_OPTIONS
-    )
+    # The options are this signature's parameters, taken by name from
+    # `locals()`: `fit`'s signature is their one declaration (`_FIT_OPTIONS`).
+    refused, request = _at_door("kerascale.fit", model, x, locals())
     if refused is not None:
         raise refused  # here: the traceback is the user's line, then this
-    batch_size = door_words.batch_size(batch_size, x, fit_kwargs)
-    request = _Request.validate(
-        batch_size=batch_size,
-        strategy=strategy,
-        precision=precision,
-        max_batch_size=max_batch_size,
-        memory_limit=memory_limit,
-        device_memory=device_memory,
-        accumulation_steps=accumulation_steps,
-        lr_scaling=lr_scaling,
-        base_batch_size=base_batch_size,
-        optimize_data=optimize_data,
-        checkpoint_dir=checkpoint_dir,
-        checkpoint_freq=checkpoint_freq,
-        start_over=start_over,
-        log_dir=log_dir,
-        profile=profile,
-        time_budget=time_budget,
-        worker_timeout=worker_timeout,
-        recompute=recompute,
-        steps_per_execution=steps_per_execution,
-        materialize=materialize,
-        remeasure=remeasure,
-        verbose=verbose,
-    )
     if not backend_lib.supported():
         return _plain_fit(model, x, y, request, fit_kwargs)
     # A generator's first batch tells its size (and is given back first):
     # training reads it anyway, where `plan` must leave it unread.
     x = first_batch.first_read(x)
     try:
-        return _attempted(_Deciding(model, x, y, request, fit_kwargs))
+        return _attempted(_deciding(model, x, y, request, fit_kwargs))
     except door_words.USERS as e:
         if door_words.raised_in_keras(e):
             raise
@@ -255,35 +230,7 @@ def _train(
 
 
 @_documented
-def plan(
-    model: ModelOrBuilder,
-    x: Any = None,
-    y: Any = None,
-    *,
-    batch_size: int | str = "auto",
-    strategy: Any = "auto",
-    precision: str = "auto",
-    max_batch_size: int | None = None,
-    memory_limit: int | str | None = None,
-    device_memory: int | str | None = None,
-    accumulation_steps: int | None = None,
-    lr_scaling: str | None = None,
-    base_batch_size: int | None = None,
-    optimize_data: bool | str = "auto",
-    checkpoint_dir: str | os.PathLike | None = None,
-    checkpoint_freq: int | str = "epoch",
-    start_over: bool = False,
-    log_dir: str | os.PathLike | None = None,
-    profile: bool | tuple[int, int] = False,
-    time_budget: float | str | None = None,
-    worker_timeout: float | str | None = None,
-    recompute: bool | str = "auto",
-    steps_per_execution: int | str = "auto",
-    materialize: str | os.PathLike | None = None,
-    remeasure: bool = False,
-    verbose: int | str = "auto",
-    **fit_kwargs: Any,
-) -> Plan:
+def plan(model: ModelOrBuilder, x: Any = None, y: Any = None, **kwargs: Any) -> Plan:
     """Returns the `Plan` that `fit` would apply, without training.
 
     It decides exactly as `fit` does, on a cluster too (every worker calls
@@ -311,38 +258,15 @@ def plan(
     >>> p = kerascale.plan(model, ds)
     >>> p.precision, p.global_batch_size
     """
-    refused = door_words.refused(
-        model, fit_kwargs, door="kerascale.plan", own=_FIT_OPTIONS
+    arguments = {name: kwargs.pop(name, _DEFAULTS[name]) for name in _FIT_OPTIONS}
+    refused, request = _at_door(
+        "kerascale.plan", model, x, {**arguments, "fit_kwargs": kwargs}
     )
     if refused is not None:
         raise refused  # here: the traceback is the user's line, then this
-    batch_size = door_words.batch_size(batch_size, x, fit_kwargs)
-    request = _Request.validate(
-        batch_size=batch_size,
-        strategy=strategy,
-        precision=precision,
-        max_batch_size=max_batch_size,
-        memory_limit=memory_limit,
-        device_memory=device_memory,
-        accumulation_steps=accumulation_steps,
-        lr_scaling=lr_scaling,
-        base_batch_size=base_batch_size,
-        optimize_data=optimize_data,
-        checkpoint_dir=checkpoint_dir,
-        checkpoint_freq=checkpoint_freq,
-        start_over=start_over,
-        log_dir=log_dir,
-        profile=profile,
-        time_budget=time_budget,
-        worker_timeout=worker_timeout,
-        recompute=recompute,
-        steps_per_execution=steps_per_execution,
-        materialize=materialize,
-        remeasure=remeasure,
-        verbose=verbose,
-    )
+    fit_kwargs = kwargs
     try:
-        deciding = _Deciding(model, x, y, request, dict(fit_kwargs), write=False)
+        deciding = _deciding(model, x, y, request, dict(fit_kwargs), write=False)
         decided = fallback.attempted(deciding.decide, deciding.options)
     except door_words.USERS as e:
         if door_words.raised_in_keras(e):
@@ -468,7 +392,6 @@ class _Request:
     ) -> _Request:
         """From `fit`'s and `plan`'s arguments (but the model and data),
         each by its name."""
-        defaults = inspect.signature(fit).parameters
         named = dict(
             options,
             log_dir=log_dir,
@@ -483,7 +406,7 @@ class _Request:
         given = tuple(
             f"{name}={value!r}"
             for name, value in named.items()
-            if name not in ("batch_size", "verbose") and value != defaults[name].default
+            if name not in ("batch_size", "verbose") and value != _DEFAULTS[name]
         )
         checked, search = validate_options(**options)
         monitor = fit_callbacks.validate_fit_options(log_dir, profile, time_budget)
@@ -507,52 +430,28 @@ class _Request:
         )
 
 
+@dataclasses.dataclass
 class _Deciding:
-    """The path to `fit`'s decision, shared by `plan`: the hardware, the
-    cluster (joined before anything else runs TensorFlow), the run's backup
-    (added to `fit_kwargs["callbacks"]` when `checkpoint_dir` asks for one)
-    and the options a resumed checkpoint pins; then `decide`, and again
-    for each attempt of the ladder."""
+    """What `fit`'s decision starts from, shared by `plan` (`_deciding`
+    gathers it): the input (materialized where asked), the hardware, whether
+    a cluster was joined, the run's backup and the options a resumed
+    checkpoint pins; `decide` then decides, again for each attempt of the
+    ladder. Its fields are set by name: making one does nothing else."""
 
-    def __init__(
-        self,
-        model: Any,
-        x: Any,
-        y: Any,
-        request: _Request,
-        fit_kwargs: dict,
-        *,
-        write: bool = True,
-    ):
-        x, self.materialized, why_not = materialize_lib.materialized_input(
-            x, request.materialize, write=write
-        )
-        if why_not:
-            warn(why_not)
-        self.model, self.x, self.y = model, x, y
-        self.request, self.fit_kwargs = request, fit_kwargs
-        # Whether Keras's fit would read a batch to build the model, before
-        # a measurement builds it (`session.train` then reads as Keras would).
-        self.reads_to_build = not is_builder(model) and keras_compat.build_pending(
-            model
-        )
-        self.hardware = hardware_lib.detect_hardware()
-        self.clustered = cluster.join_if_wanted(
-            self.hardware, request.options.strategy, request.worker_timeout
-        )
-        self.backup = fit_callbacks.backup_for(
-            request.checkpoint_dir,
-            request.checkpoint_freq,
-            fit_kwargs,
-            request.options.verbose,
-            start_over=request.start_over,
-        )
-        self.options, self.pinned = request.options, []
-        if self.backup is not None:
-            steps = fit_kwargs.get("steps_per_epoch")
-            batched = data_facts.inspect(x, y, steps_per_epoch=steps).batched
-            saved = self.backup.saved_plan()
-            self.options, self.pinned = pin(self.options, saved, data_batched=batched)
+    model: Any
+    x: Any
+    y: Any
+    request: _Request
+    fit_kwargs: dict
+    materialized: Any
+    # Whether Keras's fit would read a batch to build the model, before a
+    # measurement builds it (`session.train` then reads as Keras would).
+    reads_to_build: bool
+    hardware: Any
+    clustered: bool
+    backup: FaultTolerantBackup | None
+    options: Options
+    pinned: list
 
     def decide(self, attempt: fallback.Attempt) -> Decided:
         """The decision of one attempt of the ladder."""
@@ -585,6 +484,74 @@ class _Deciding:
         )
 
 
+def _deciding(
+    model: Any,
+    x: Any,
+    y: Any,
+    request: _Request,
+    fit_kwargs: dict,
+    *,
+    write: bool = True,
+) -> _Deciding:
+    """The door's steps before a decision, in order, each named: the input
+    materialized (written where `write`), the hardware sensed, the cluster
+    joined (before anything else runs TensorFlow), the backup made (added
+    to `fit_kwargs["callbacks"]`; it reads its directory) and the data
+    inspected for the options a resumed checkpoint pins."""
+    x, materialized, why_not = materialize_lib.materialized_input(
+        x, request.materialize, write=write
+    )
+    if why_not:
+        warn(why_not)
+    reads_to_build = not is_builder(model) and keras_compat.build_pending(model)
+    hardware = hardware_lib.detect_hardware()
+    clustered = cluster.join_if_wanted(
+        hardware, request.options.strategy, request.worker_timeout
+    )
+    backup = fit_callbacks.backup_for(
+        request.checkpoint_dir,
+        request.checkpoint_freq,
+        fit_kwargs,
+        request.options.verbose,
+        start_over=request.start_over,
+    )
+    options, pinned = request.options, []
+    if backup is not None:
+        steps = fit_kwargs.get("steps_per_epoch")
+        batched = data_facts.inspect(x, y, steps_per_epoch=steps).batched
+        options, pinned = pin(options, backup.saved_plan(), data_batched=batched)
+    return _Deciding(
+        model,
+        x,
+        y,
+        request,
+        fit_kwargs,
+        materialized,
+        reads_to_build,
+        hardware,
+        clustered,
+        backup,
+        options,
+        pinned,
+    )
+
+
+def _at_door(
+    door: str, model: Any, x: Any, arguments: dict[str, Any]
+) -> tuple[TypeError | None, _Request | None]:
+    """The door's checks of its call, `arguments` being its parameters by
+    name (`fit`'s signature, with `fit_kwargs`): a keyword or count Keras's
+    `fit` would refuse (returned for the door to raise from its own frame),
+    then Keras's batch for None or 0, then each option (`_Request`)."""
+    fit_kwargs = arguments["fit_kwargs"]
+    refused = door_words.refused(model, fit_kwargs, door=door, own=_FIT_OPTIONS)
+    if refused is not None:
+        return refused, None
+    options = {name: arguments[name] for name in _FIT_OPTIONS}
+    options["batch_size"] = door_words.batch_size(options["batch_size"], x, fit_kwargs)
+    return None, _Request.validate(**options)
+
+
 def _epochs(fit_kwargs: dict[str, Any]) -> int:
     """The epochs `model.fit` will train with these arguments (Keras's
     defaults: epochs=1, initial_epoch=0), for the trials' budget."""
@@ -594,9 +561,15 @@ def _epochs(fit_kwargs: dict[str, Any]) -> int:
     return 1  # Keras will reject the value itself
 
 
-# `fit`'s own options: a misspelt keyword's nearest name may be one of them.
+# `fit`'s own options, its keyword-only parameters: their one declaration is
+# `fit`'s signature, which `plan` takes as its own, and a misspelt keyword's
+# nearest name may be one of them.
 _FIT_OPTIONS = tuple(
     p.name
     for p in inspect.signature(fit).parameters.values()
     if p.kind is p.KEYWORD_ONLY
 )
+_DEFAULTS = {
+    name: inspect.signature(fit).parameters[name].default for name in _FIT_OPTIONS
+}
+plan.__signature__ = inspect.signature(fit).replace(return_annotation="Plan")

@@ -190,3 +190,58 @@ def test_every_argument_of_keras_s_fit_is_accepted():
         assert set(ours.history) == set(plain.history), name
         walked.append(name)
     assert {"class_weight", "validation_freq", "shuffle"} <= set(walked)
+
+
+def test_the_options_are_declared_once_in_fits_signature(monkeypatch):
+    """Issue 82: `fit`'s keyword-only parameters are the options; `plan`
+    takes `fit`'s signature as its own, and the door reads each option by
+    that name (an option given to `plan` reaches the validation, one left
+    out gets `fit`'s default, and the rest goes to Keras's fit)."""
+    import inspect
+
+    fit_module = sys.modules["kerascale.fit"]
+    ours = inspect.signature(kerascale.fit).parameters
+    theirs = inspect.signature(kerascale.plan).parameters
+    assert list(theirs) == list(ours) and theirs == ours
+    seen = {}
+
+    def validate(**options):
+        seen.update(options)
+        raise kerascale.ConfigurationError("stop here")
+
+    monkeypatch.setattr(fit_module._Request, "validate", validate)
+    x, y = data()
+    with pytest.raises(kerascale.ConfigurationError, match="stop here"):
+        kerascale.plan(compiled_model(), x, y, precision="float32", epochs=3)
+    assert set(seen) == set(fit_module._FIT_OPTIONS) and len(seen) == 22
+    assert seen["precision"] == "float32" and seen["strategy"] == "auto"
+    assert "epochs" not in seen
+
+
+def test_what_a_decision_starts_from_is_gathered_by_named_steps(monkeypatch):
+    """Issue 82: `_Deciding` is a record (making one does nothing else);
+    `_deciding` takes the door's steps (materialize, sense, join, back up,
+    inspect), each once, in that order."""
+    import dataclasses
+
+    fit_module = sys.modules["kerascale.fit"]
+    assert dataclasses.is_dataclass(fit_module._Deciding)
+    order = []
+
+    def step(name, real):
+        def called(*args, **kwargs):
+            order.append(name)
+            return real(*args, **kwargs)
+
+        return called
+
+    for name, owner, attribute in (
+        ("materialize", fit_module.materialize_lib, "materialized_input"),
+        ("sense", fit_module.hardware_lib, "detect_hardware"),
+        ("join", fit_module.cluster, "join_if_wanted"),
+        ("back up", fit_module.fit_callbacks, "backup_for"),
+    ):
+        monkeypatch.setattr(owner, attribute, step(name, getattr(owner, attribute)))
+    x, y = data()
+    kerascale.plan(compiled_model(), x, y, verbose=0)
+    assert order == ["materialize", "sense", "join", "back up"]
