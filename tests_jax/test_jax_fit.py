@@ -663,3 +663,42 @@ def test_the_door_speaks_keras_s_words_on_jax():
         kerascale.fit(dense_model(), x, y[:-1], verbose=0)
     history = kerascale.fit(dense_model(), x, y, batch_size=None, verbose=0)
     assert history.plan.global_batch_size == 32
+
+
+class _Batches(keras.utils.PyDataset):
+    def __init__(self, x, y, batch):
+        super().__init__()
+        self.x, self.y, self.batch = x, y, batch
+
+    def __len__(self):
+        return len(self.x) // self.batch
+
+    def __getitem__(self, i):
+        s = slice(i * self.batch, (i + 1) * self.batch)
+        return self.x[s], self.y[s]
+
+
+class _OwnFit(keras.Sequential):
+    """A model class with its own fit (keras-hub's tasks have one)."""
+
+    def fit(self, x=None, y=None, **kwargs):
+        if y is not None and len(x) != len(y):
+            raise ValueError("_OwnFit: x and y differ in length (its own words)")
+        return super().fit(x, y, **kwargs)
+
+
+def test_the_door_keeps_a_batched_input_and_a_models_own_fit_on_jax():
+    """batch_size=0 with a `PyDataset` trains at its own batch, as Keras's
+    fit does; a model class with its own `fit` keeps its own check and
+    error, with one warning, where kerascale cannot plan for the data."""
+    x, y = toy_data(64)
+    history = kerascale.fit(dense_model(), _Batches(x, y, 16), batch_size=0, verbose=0)
+    assert history.plan.global_batch_size == 16
+    model = _OwnFit([keras.Input((x.shape[1],)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match=r"^_OwnFit: x and y differ"):
+            kerascale.fit(model, x, y[:-1], verbose=0)
+    said = [str(w.message) for w in said if "own fit" in str(w.message)]
+    assert len(said) == 1 and "_OwnFit has its own fit" in said[0], said
