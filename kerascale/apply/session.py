@@ -465,7 +465,12 @@ def train(
         # Keras's JAX fit reads one batch to build the loss and metrics, from
         # an iterator it drops: a cache() kerascale added would warn that it
         # discarded what that read began. Built from the element's spec.
-        keras_compat.build_like_first_step(prepared.model, prepared.x.element_spec)
+        # A model that builds only at a real batch's size (keras-hub's
+        # D-FINE with denoising concatenates a fixed batch of labels) is
+        # left to Keras, which builds it from the batch it reads, as in
+        # plain fit (TensorFlow may then log that the cache was not fully read).
+        with contextlib.suppress(RuntimeError, ValueError, TypeError):
+            keras_compat.build_like_first_step(prepared.model, prepared.x.element_spec)
     elif (
         traits.reads_to_build
         and read_to_build
