@@ -318,6 +318,7 @@ class InputPosition(_EpochPosition):
         self._drawers = (
             tfc.seed_drawers(self.dataset) if self.dataset is not None else 0
         )
+        self._frozen = None  # the last epoch's state, read for a deferred save
         return first
 
     def used_up(self) -> bool:
@@ -394,8 +395,9 @@ class InputPosition(_EpochPosition):
             return self.next_epoch_iterator
         if record["mode"] != "iterator":
             return None
-        if self._frozen is not None and self._frozen_at == self.consumed:
-            return tfc.frozen(self._frozen[0])
+        frozen, self._frozen = self._frozen, None  # a shuffle buffer's copy
+        if frozen is not None and self._frozen_at == self.consumed:
+            return tfc.frozen(frozen[0])
         return self.live
 
     def savable(self) -> bool:
