@@ -11,7 +11,7 @@ from conftest import dense_model, toy_data
 
 import kerascale
 from kerascale import _keras_compat as keras_compat
-from kerascale.measure import budget, child
+from kerascale.measure import budget, child, first_step
 from kerascale.measure.search import LADDER_CHUNK, ladder
 from kerascale.sense import data_facts, samples
 
@@ -93,7 +93,7 @@ def test_the_first_estimate_leaves_the_model_and_random_state_alone():
     glob_before = glob.state.numpy().copy()
     py, np_state = random.getstate(), np.random.get_state()[1].copy()
 
-    per = budget.train_seconds_per_sample(
+    per = first_step.train_seconds_per_sample(
         model, x, y, data_facts.inspect(x, y, steps_per_epoch=None)
     )
 
@@ -109,19 +109,19 @@ def test_the_first_estimate_is_taken_once_per_model_and_input_shape(monkeypatch)
     """A loop of `fit` calls on one model pays for one forward pass estimate;
     another input shape or another model measures again."""
     passes = []
-    real = budget._forward_seconds
+    real = first_step._forward_seconds
     monkeypatch.setattr(
-        budget, "_forward_seconds", lambda *a: passes.append(1) or real(*a)
+        first_step, "_forward_seconds", lambda *a: passes.append(1) or real(*a)
     )
     model = dense_model()
     x, y = toy_data(64)
     data = data_facts.inspect(x, y, steps_per_epoch=None)
-    first = budget.train_seconds_per_sample(model, x, y, data)
+    first = first_step.train_seconds_per_sample(model, x, y, data)
     taken = len(passes)
     assert taken >= 3 and first is not None
-    assert budget.train_seconds_per_sample(model, x[:32], y[:32], data) == first
+    assert first_step.train_seconds_per_sample(model, x[:32], y[:32], data) == first
     assert len(passes) == taken
-    budget.train_seconds_per_sample(dense_model(), x, y, data)
+    first_step.train_seconds_per_sample(dense_model(), x, y, data)
     assert len(passes) == 2 * taken
 
 
@@ -139,8 +139,8 @@ def test_no_estimate_where_the_model_cannot_be_called_on_its_inputs():
     model.compile("sgd", "mse")
     x, y = toy_data(32)
     data = data_facts.inspect(x, y, steps_per_epoch=None)
-    assert budget.train_seconds_per_sample(model, x, y, data) is None
-    assert budget.train_seconds_per_sample(dense_model, x, y, data) is None
+    assert first_step.train_seconds_per_sample(model, x, y, data) is None
+    assert first_step.train_seconds_per_sample(dense_model, x, y, data) is None
 
 
 @pytest.mark.serial
@@ -171,7 +171,9 @@ def test_a_cpus_auto_batch_is_not_searched_however_long_the_run(
     the fastest to an accuracy), and no child is started. The budget still
     gates the searches of GPUs and TPUs (`budget.unpaid`, above)."""
     no_children(monkeypatch)
-    monkeypatch.setattr(budget, "train_seconds_per_sample", lambda *a, **k: per_sample)
+    monkeypatch.setattr(
+        first_step, "train_seconds_per_sample", lambda *a, **k: per_sample
+    )
     x, y = toy_data(256)
     plan = kerascale.plan(
         dense_model(), x, y, epochs=50, verbose=0, precision="float32"

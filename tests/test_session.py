@@ -324,12 +324,12 @@ def test_the_plan_without_a_copy_keeps_the_trials_budget(monkeypatch):
     time one: the model is borrowed for it.)"""
     from conftest import CPU_BF16
 
-    from kerascale.measure import budget
+    from kerascale.measure import first_step
     from kerascale.sense import hardware
 
     bf16_host = hardware.Hardware(cpu=CPU_BF16)
     monkeypatch.setattr(hardware, "detect_hardware", lambda nvml=True: bf16_host)
-    monkeypatch.setattr(budget, "train_seconds_per_sample", lambda *a: None)
+    monkeypatch.setattr(first_step, "train_seconds_per_sample", lambda *a: None)
     p = kerascale.plan(uncopyable(), mapped(), batch_size=32, epochs=1, verbose=0)
     assert not p.rebuild
     why = p.reasons["data_changes"]

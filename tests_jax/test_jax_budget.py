@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import toy_data
 
-from kerascale.measure import budget
+from kerascale.measure import first_step
 from kerascale.measure.jax import estimate
 from kerascale.sense import data_facts
 
@@ -31,13 +31,13 @@ def test_the_estimate_is_compiled_and_leaves_the_model_alone(monkeypatch, policy
     def eager(*args):
         raise AssertionError("the eager forward pass ran on JAX")
 
-    monkeypatch.setattr(budget, "_forward_seconds", eager)
+    monkeypatch.setattr(first_step, "_forward_seconds", eager)
     keras.config.set_dtype_policy(policy)
     model = _model()
     x, y = toy_data(64, inputs=256)
     before = [np.array(v.value) for v in model.variables]
 
-    per = budget.train_seconds_per_sample(
+    per = first_step.train_seconds_per_sample(
         model, x, y, data_facts.inspect(x, y, steps_per_epoch=None)
     )
 
@@ -73,7 +73,7 @@ def test_a_model_it_cannot_trace_gets_the_eager_figure(monkeypatch):
     monkeypatch.setattr(estimate, "train_seconds_per_sample", untraceable)
     model = _model()
     x, y = toy_data(64, inputs=256)
-    per = budget.train_seconds_per_sample(
+    per = first_step.train_seconds_per_sample(
         model, x, y, data_facts.inspect(x, y, steps_per_epoch=None)
     )
     assert per is not None and per > 0

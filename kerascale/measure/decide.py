@@ -16,7 +16,7 @@ from kerascale._keras_compat import leaves_no_trace
 from kerascale.apply import strategy as strategy_lib
 from kerascale.measure import batch as batch_lib
 from kerascale.measure import budget as budget_lib
-from kerascale.measure import engines, host_path
+from kerascale.measure import engines, first_step, host_path
 from kerascale.measure import recompute as recompute_lib
 from kerascale.measure import trials as trials_lib
 from kerascale.measure.batch_plan import (
@@ -153,7 +153,7 @@ def decide(
             data,
             epochs,
             steps_per_epoch,
-            lambda: budget_lib.train_seconds_per_sample(model, x, y, data),
+            lambda: first_step.train_seconds_per_sample(model, x, y, data),
         )
     options, found = engines.sharding(hw.backend)(model, x, y, options, planner, search)
     first = planner(options, measured=found)

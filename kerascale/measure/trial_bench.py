@@ -119,7 +119,7 @@ class Bench:
     def budget_for(self, samples, unbudgeted, speed, first_speed=None) -> None:
         """The run's samples (None: unknown), whether nothing is weighed,
         its speed where known, and what estimates one (an eager forward
-        pass, `budget.train_seconds_per_sample`) where a stage needs it."""
+        pass, `first_step.train_seconds_per_sample`) where a stage needs it."""
         self.samples, self.unbudgeted, self.speed = samples, unbudgeted, speed
         self._first_speed = first_speed
 
