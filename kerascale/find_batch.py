@@ -11,9 +11,8 @@ from kerascale.errors import BatchSizeSearchError, ConfigurationError, Unsupport
 from kerascale.measure import answered
 from kerascale.measure.decide import decide_search
 from kerascale.measure.decided import Decided
-from kerascale.measure.request import DEFAULT_MARGIN, SearchOptions
+from kerascale.measure.request import DEFAULT_MARGIN, MODES, SearchOptions
 from kerascale.measure.result import BatchSearchResult
-from kerascale.measure.search import MODES
 from kerascale.plan import fallback
 from kerascale.plan import reasons as reasons_lib
 from kerascale.plan.goodput import MIN_UPDATES

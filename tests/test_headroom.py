@@ -123,10 +123,10 @@ def mlp(width=64):
 
 def test_the_prior_counts_weights_and_every_layer_output():
     model = mlp()
-    fixed, per_sample = headroom.prior_for(model)
-    assert fixed == headroom.PARAM_BYTES * (4 * 64 + 64 + 64 * 2 + 2)
+    fixed, per_sample = placement.prior_for(model)
+    assert fixed == placement.PARAM_BYTES * (4 * 64 + 64 + 64 * 2 + 2)
     # Input (4), Dense (64), Dense (2): every symbolic output a sample.
-    assert per_sample == headroom.OUTPUT_BYTES * (4 + 64 + 2)
+    assert per_sample == placement.OUTPUT_BYTES * (4 + 64 + 2)
 
     class Subclassed(keras.Model):
         def __init__(self):
@@ -136,7 +136,7 @@ def test_the_prior_counts_weights_and_every_layer_output():
         def call(self, x):
             return self.dense(x)
 
-    assert headroom.prior_for(Subclassed()) is None  # no shapes: children
+    assert placement.prior_for(Subclassed()) is None  # no shapes: children
 
 
 def test_a_small_model_throughput_search_starts_no_process(
@@ -236,7 +236,7 @@ def test_the_budget_counts_no_child_where_the_prior_admits_the_whole_ladder():
     plan = types.SimpleNamespace(devices=("/cpu:0",))
     auto = types.SimpleNamespace(isolate="auto", memory_limit=None)
     top = 1024
-    need = int(headroom.SAFETY / headroom.SHARE * 16 * (7170 + 1030 * top))
+    need = int(placement.SAFETY / placement.SHARE * 16 * (7170 + 1030 * top))
 
     def room(mode="ladder", options=auto, limit=need, hw=cpu):
         placed = placement.place(model, hw, plan, options, None, mode=mode, limit=limit)
@@ -259,7 +259,7 @@ def test_the_budget_counts_no_child_where_the_prior_admits_the_whole_ladder():
 def test_an_unbuilt_model_has_no_prior():
     """Without shapes nothing is predicted, so nothing trains here."""
     model = keras.Sequential([keras.layers.Dense(8), keras.layers.Dense(2)])
-    assert headroom.prior_for(model) is None
+    assert placement.prior_for(model) is None
 
 
 def test_a_sweep_here_trains_its_batches_on_one_clone(monkeypatch):

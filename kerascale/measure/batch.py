@@ -399,7 +399,7 @@ def _found_checked(
 
 def _found(probing: _Probing) -> tuple[BatchSearchResult, placement.Placement]:
     """The search, with probes where `probing.placed` says (in this process
-    first while its `headroom.Room` admits them), in this process when a
+    first while its `placement.Room` admits them), in this process when a
     child cannot load the model; and where they ran."""
     model, spec, options = probing.request.given.model, probing.spec, probing.options
     placed = probing.placed

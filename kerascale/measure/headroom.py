@@ -15,54 +15,28 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from kerascale.measure.probe import InProcessProber
+from kerascale.measure.placement import SAFETY, SHARE
 from kerascale.measure.result import OK, ProbeResult
 from kerascale.plan.reasons import Reason
 from kerascale.sense import memory
-from kerascale.sense.model_facts import is_builder, output_elements
 
 if TYPE_CHECKING:
-    from kerascale.measure.child import IsolatedProber
-
-# A batch runs here if SAFETY x its predicted growth is under SHARE x limit.
-SAFETY = 2.0
-SHARE = 0.25
-# The prior, in bytes: each parameter as the clone's weight, its gradient and
-# two optimizer slots, float32; each layer output four times (kept for the
-# backward pass, its gradient, two temporaries), float32 whatever the policy.
-PARAM_BYTES = 16
-OUTPUT_BYTES = 16
+    from kerascale.measure.probe import InProcessProber
 
 
-def prior_for(model: Any) -> tuple[int, int] | None:
-    """(fixed, per-sample) bytes a step is predicted to add, from the
-    model's shapes; None where they are unknown (a builder, a subclassed
-    model without symbolic outputs)."""
-    if is_builder(model):
-        return None
-    elements = output_elements(model)
-    try:
-        params = model.count_params()
-    except ValueError:  # not built
-        return None
-    return (PARAM_BYTES * params, OUTPUT_BYTES * elements) if elements else None
+class IsolatedProber(Protocol):
+    """What this venue asks of the children's (`child.IsolatedProber`),
+    named here rather than imported: the venues stand side by side."""
 
+    def __enter__(self) -> IsolatedProber: ...
 
-@dataclasses.dataclass(frozen=True)
-class Room:
-    """What a search may probe here: the limit it works against, and the
-    model's prior (fixed, per-sample bytes)."""
+    def __exit__(self, *exc: Any) -> None: ...
 
-    limit: int
-    prior: tuple[int, int]
+    def sweep(self, batches: list[int]) -> list[ProbeResult]: ...
 
-    def admits(self, top: int) -> bool:
-        """Whether the prior alone admits a ladder up to `top` here (none
-        of its rungs is expected to start a child)."""
-        fixed, per_sample = self.prior
-        return SAFETY * (fixed + per_sample * top) <= SHARE * self.limit
+    def baseline_bytes(self) -> int | None: ...
 
 
 class HeadroomProber:

@@ -26,14 +26,53 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from kerascale.measure import headroom, shipping
+from kerascale.measure import shipping
 from kerascale.plan.reasons import Reason
-from kerascale.sense.model_facts import is_builder
+from kerascale.sense.model_facts import is_builder, output_elements
 
 if TYPE_CHECKING:
     from kerascale.measure.request import SearchOptions
     from kerascale.plan.plan import Plan
     from kerascale.sense.hardware import Hardware
+
+# A batch runs here if SAFETY x its predicted growth is under SHARE x limit.
+SAFETY = 2.0
+SHARE = 0.25
+# The prior, in bytes: each parameter as the clone's weight, its gradient and
+# two optimizer slots, float32; each layer output four times (kept for the
+# backward pass, its gradient, two temporaries), float32 whatever the policy.
+PARAM_BYTES = 16
+OUTPUT_BYTES = 16
+
+
+def prior_for(model: Any) -> tuple[int, int] | None:
+    """(fixed, per-sample) bytes a step is predicted to add, from the
+    model's shapes; None where they are unknown (a builder, a subclassed
+    model without symbolic outputs)."""
+    if is_builder(model):
+        return None
+    elements = output_elements(model)
+    try:
+        params = model.count_params()
+    except ValueError:  # not built
+        return None
+    return (PARAM_BYTES * params, OUTPUT_BYTES * elements) if elements else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Room:
+    """What a search may probe here: the limit it works against, and the
+    model's prior (fixed, per-sample bytes)."""
+
+    limit: int
+    prior: tuple[int, int]
+
+    def admits(self, top: int) -> bool:
+        """Whether the prior alone admits a ladder up to `top` here (none
+        of its rungs is expected to start a child)."""
+        fixed, per_sample = self.prior
+        return SAFETY * (fixed + per_sample * top) <= SHARE * self.limit
+
 
 # The seam benchmarks/probe_placement.py turns off to measure fresh children.
 FORK_ON_CPU = True
@@ -53,7 +92,7 @@ class Placement:
 
     in_children: bool
     why: Reason
-    room: headroom.Room | None = None
+    room: Room | None = None
     forked: bool = False
 
     def here(self, why: Reason | None = None) -> Placement:
@@ -95,9 +134,9 @@ def place(
         and len(plan.devices) <= 1
         and hw.cpu.logical_devices <= 1
     ):
-        prior = headroom.prior_for(model)
+        prior = prior_for(model)
         if prior is not None:
-            return dataclasses.replace(children, room=headroom.Room(limit, prior))
+            return dataclasses.replace(children, room=Room(limit, prior))
     return children
 
 

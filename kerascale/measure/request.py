@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kerascale import _validation
 from kerascale._units import parse_bytes
-from kerascale.measure.search import MODES
 
 if TYPE_CHECKING:
     from kerascale.plan.plan import Plan
@@ -19,6 +18,7 @@ if TYPE_CHECKING:
     from kerascale.sense.hardware import Hardware
 
 DEFAULT_MARGIN = 0.03
+MODES = ("max", "throughput")  # what a search may find, besides "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +33,8 @@ class Given:
 
 class SearchBudget(Protocol):
     """What a search asks of the run's budget, as the searches call it:
-    `budget.RunBudget.refuse_search` (a Protocol, not an import: RunBudget
-    imports the engines that take this request)."""
+    `budget.RunBudget.refuse_search` (a Protocol, not an import: a request
+    is a value, below the cost model that weighs it)."""
 
     def refuse_search(
         self, plan: Plan, rungs: list[int], steps: int, *, in_children: bool = ...

@@ -23,7 +23,6 @@ from kerascale.measure.result import (
 )
 from kerascale.plan.reasons import Reason
 
-MODES = ("max", "throughput")
 THROUGHPUT_TOLERANCE = 0.03  # "within 3% of the best"
 THROUGHPUT_START = 32  # Keras's default batch
 # Rungs probed in one child process (`budget.search_seconds`): a child's start
