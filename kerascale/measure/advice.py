@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
-    from kerascale.measure.trials import TrialResult
+    from kerascale.measure.trial_result import TrialResult
     from kerascale.measure.weighing import Weighing
     from kerascale.plan.plan import Plan
 

@@ -21,7 +21,12 @@ from kerascale.measure import (
 )
 from kerascale.measure import probe as probe_lib
 from kerascale.measure.probe import ProbeSpec
-from kerascale.measure.request import SearchOptions, SearchRequest
+from kerascale.measure.request import (
+    Prepared,
+    SearchOptions,
+    SearchRequest,
+    SearchSkipped,
+)
 from kerascale.measure.result import BatchSearchResult, ProbeResult, describe_probe
 from kerascale.measure.search import granularity_for, ladder, search
 from kerascale.plan import strategy as strategy_rules
@@ -38,29 +43,6 @@ THROUGHPUT_TIMED_SECONDS = 1.0  # per probe; 0.3 s timings varied by 20% on 2 co
 
 # Without max_batch_size or a known dataset size, the search stops here.
 HARD_CAP = 65536
-
-
-class SearchSkipped(Exception):
-    """The search would cost more than the run it tunes can repay; says why.
-    `hint`: what the user can do instead (None: search anyway, by hand)."""
-
-    hint: str | None = None
-
-
-class SearchUnavailable(SearchSkipped):
-    """The search cannot answer here (this backend, this device); says why."""
-
-    hint = "pass batch_size= to choose"
-
-
-class SearchDeclined(SearchSkipped):
-    """The search's answer would not serve the run: Keras's batch is kept;
-    says why."""
-
-    hint = (
-        "pass batch_size= to choose one (kerascale.callbacks.NoiseScale "
-        "measures whether a larger one would pay)"
-    )
 
 
 def auto_mode(hw: Hardware) -> str:
@@ -82,27 +64,6 @@ def cap_for(data: DataFacts, plan: Plan, options: SearchOptions) -> tuple[int, R
         why = Reason("cap.dataset") if steps == 1 else Reason("cap.steps", steps=steps)
         caps.append((per_replica, why))
     return min(caps)
-
-
-@dataclasses.dataclass(frozen=True)
-class Prepared:
-    """What an engine settled for one search before its first measurement.
-
-    Attributes:
-        mode: "max", "throughput" or "ladder".
-        key: The engine's parts of the cache key, by name (`run_search`
-            adds the model, the hardware and the margin).
-        on_host: Whether the host's memory is the budget, so the input's
-            share of it counts.
-        start: The per-replica batch measured first.
-        state: The engine's own: what its measurements need.
-    """
-
-    mode: str
-    key: dict[str, Any]
-    on_host: bool
-    start: int
-    state: Any = None
 
 
 class Engine(Protocol):

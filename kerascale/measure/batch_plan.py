@@ -11,8 +11,12 @@ from typing import Any
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import answered, engines
 from kerascale.measure import budget as budget_lib
-from kerascale.measure.batch import SearchDeclined
-from kerascale.measure.request import Given, SearchOptions, SearchRequest
+from kerascale.measure.request import (
+    Given,
+    SearchDeclined,
+    SearchOptions,
+    SearchRequest,
+)
 from kerascale.measure.result import BatchSearchResult
 from kerascale.plan.options import Options, user_instance
 from kerascale.plan.plan import Plan

@@ -18,6 +18,7 @@ from kerascale.measure import batch as batch_lib
 from kerascale.measure import budget as budget_lib
 from kerascale.measure import engines, first_step, host_path
 from kerascale.measure import recompute as recompute_lib
+from kerascale.measure import request as request_lib
 from kerascale.measure import trials as trials_lib
 from kerascale.measure.batch_plan import (
     AUTO_MIN_STEPS,
@@ -261,7 +262,7 @@ def decide_search(
     skipped = ""
     try:
         result = _engine_search(request)
-    except batch_lib.SearchSkipped as e:  # no answer here: the caller says why
+    except request_lib.SearchSkipped as e:  # no answer here: the caller says why
         result, skipped = None, str(e)
     decided = Decided(
         hw,
@@ -367,7 +368,7 @@ def _batch_searched(
             can_try=can_try,
             budget=budget,
         )
-    except batch_lib.SearchSkipped as e:
+    except request_lib.SearchSkipped as e:
         result, ladder, note, skipped, hint = None, False, "", str(e), e.hint
     except ProbeFailed as e:
         if options.precision == "auto" and plan.precision != facts.policy:

@@ -16,7 +16,7 @@ from kerascale.sense.hardware import Hardware
 from kerascale.sense.model_facts import ModelFacts
 
 if TYPE_CHECKING:
-    from kerascale.measure.trials import TrialResult
+    from kerascale.measure.trial_result import TrialResult
     from kerascale.measure.weighing import Weighing
 
 

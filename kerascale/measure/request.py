@@ -148,3 +148,47 @@ class SearchRequest:
     budget: SearchBudget | None = None
     timed: bool = False
     host_share: tuple = ()
+
+
+class SearchSkipped(Exception):
+    """The search would cost more than the run it tunes can repay; says why.
+    `hint`: what the user can do instead (None: search anyway, by hand)."""
+
+    hint: str | None = None
+
+
+class SearchUnavailable(SearchSkipped):
+    """The search cannot answer here (this backend, this device); says why."""
+
+    hint = "pass batch_size= to choose"
+
+
+class SearchDeclined(SearchSkipped):
+    """The search's answer would not serve the run: Keras's batch is kept;
+    says why."""
+
+    hint = (
+        "pass batch_size= to choose one (kerascale.callbacks.NoiseScale "
+        "measures whether a larger one would pay)"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What an engine settled for one search before its first measurement.
+
+    Attributes:
+        mode: "max", "throughput" or "ladder".
+        key: The engine's parts of the cache key, by name (`run_search`
+            adds the model, the hardware and the margin).
+        on_host: Whether the host's memory is the budget, so the input's
+            share of it counts.
+        start: The per-replica batch measured first.
+        state: The engine's own: what its measurements need.
+    """
+
+    mode: str
+    key: dict[str, Any]
+    on_host: bool
+    start: int
+    state: Any = None

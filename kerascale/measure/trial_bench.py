@@ -22,6 +22,7 @@ from kerascale.apply.session import Session, prepare
 from kerascale.measure import budget
 from kerascale.measure.probe import StepClock
 from kerascale.measure.request import Given
+from kerascale.measure.trial_result import ROUNDS, Trial
 from kerascale.plan import reasons as reasons_lib
 from kerascale.plan import steps as steps_rules
 from kerascale.sense import backend as backend_lib
@@ -35,7 +36,6 @@ from kerascale.sense.model_facts import gist
 # +16%, +8%, +94% (35%), as an epoch's pipeline start-up varies 2x.
 WINDOW_SECONDS = 0.6
 MIN_WINDOW_STEPS = 4
-ROUNDS = 3  # repeats per candidate: two give one difference, three a range
 # A candidate's first fit, untimed: tracing, then tf.data's autotuning of a
 # fresh pipeline (1 s trials after 2 steps put batch 64 at half its real
 # speed on 2 cores). Later rounds start a new iterator: ROUND_WARMUP_STEPS.
@@ -44,41 +44,6 @@ WARMUP_SECONDS = 0.5
 ROUND_WARMUP_STEPS = 2
 WHOLE_EPOCH_SECONDS = 3.0  # shorter epochs are timed whole
 PREPARE_GUESS_SECONDS = 1.5  # a candidate's preparation, before one is timed
-
-
-@dataclasses.dataclass(frozen=True)
-class Trial:
-    """One candidate's measurement.
-
-    Attributes:
-        samples_per_s: The mean over its repeats.
-        spread: (max - min) / mean of the repeats; 0 with one repeat.
-        repeats: Each timed window's samples/s.
-        failed: Why the candidate could not train, if it could not.
-    """
-
-    batch: int  # per replica
-    precision: str
-    optimize_data: bool
-    samples_per_s: float
-    spread: float = 0.0
-    repeats: tuple[float, ...] = ()
-    failed: str = ""
-    stage: str = ""  # "batch", "data_changes" or "precision"
-
-    @property
-    def key(self) -> tuple[int, str, bool]:
-        return (self.batch, self.precision, self.optimize_data)
-
-    def figure(self) -> str:
-        if self.failed:
-            return f"failed ({self.failed})"
-        return f"{self.samples_per_s:.0f} ± {self.spread / 2:.0%}"
-
-    def describe(self) -> str:
-        pipe = "optimised pipeline" if self.optimize_data else "pipeline as given"
-        unit = "" if self.failed else " samples/s"
-        return f"{self.batch}, {self.precision}, {pipe}: {self.figure()}{unit}"
 
 
 class Bench:

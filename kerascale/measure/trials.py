@@ -13,7 +13,8 @@ from kerascale._display import said
 from kerascale.measure import cache
 from kerascale.measure.request import Given
 from kerascale.measure.search import fastest_small
-from kerascale.measure.trial_bench import ROUNDS, Bench, Trial
+from kerascale.measure.trial_bench import Bench
+from kerascale.measure.trial_result import MAX_ATTEMPTS, MIN_GAIN, Trial, TrialResult
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.reasons import Reason
@@ -26,84 +27,6 @@ if TYPE_CHECKING:
     from kerascale.sense.data_facts import DataFacts
     from kerascale.sense.hardware import Hardware
     from kerascale.sense.model_facts import ModelFacts
-
-MIN_GAIN = 0.03  # below this a difference is a tie, however quiet the machine
-MAX_ATTEMPTS = 3  # runs that re-measure a decision taken within noise
-
-
-@dataclasses.dataclass(frozen=True)
-class TrialResult:
-    """The choices, every trial behind them, and how far to trust them.
-
-    Attributes:
-        uncertain: The fields decided within noise (measured again later).
-        attempts: The runs that measured this decision.
-        seconds: What the trials took.
-        run_seconds: The expected run they were weighed against, if known.
-        skipped: The stages not measured, each with why.
-    """
-
-    batch: int
-    precision: str
-    optimize_data: bool
-    trials: tuple[Trial, ...]
-    cached: bool = False
-    uncertain: tuple[str, ...] = ()
-    attempts: int = 1
-    seconds: float = 0.0
-    run_seconds: float | None = None
-    skipped: tuple[tuple[str, str], ...] = ()
-    speed: float | None = None  # the first samples/s estimate, kept for later runs
-
-    def measured(self, field: str) -> bool:
-        """Whether trials decided `field` (else its rule stands)."""
-        return any(t.stage == field for t in self.trials)
-
-    def skip_reason(self, field: str) -> str:
-        return dict(self.skipped).get(field, "")
-
-    def why(self, field: str) -> Reason:
-        """The reason for `field` of the plan, with every figure behind it."""
-        return Reason(
-            "trials.measured",
-            field=field,
-            cached=self.cached,
-            rounds=ROUNDS,
-            figures="; ".join(t.describe() for t in self.trials if t.stage == field),
-            gain=MIN_GAIN,
-            attempts=self.attempts,
-            max_attempts=MAX_ATTEMPTS,
-            uncertain=field in self.uncertain,
-            optimized=bool(self.optimize_data),
-        )
-
-    def cost(self) -> str:
-        """What the trials took, beside the run they were weighed against:
-        its length at the speed they timed (steps per call, chosen later in
-        the run, can make it much shorter: issue 81 saw 310s said of a run
-        of 32s)."""
-        if self.run_seconds:
-            share = self.seconds / (self.seconds + self.run_seconds)
-            return (
-                f"trials took {self.seconds:.0f}s, {share:.0%} of a run of about "
-                f"{self.run_seconds + self.seconds:.0f}s at the speed they timed"
-            )
-        return f"trials took {self.seconds:.0f}s"
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("cached")
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrialResult:
-        d = dict(d)
-        d["trials"] = tuple(
-            Trial(**{**t, "repeats": tuple(t["repeats"])}) for t in d["trials"]
-        )
-        d["uncertain"] = tuple(d["uncertain"])
-        d["skipped"] = tuple(tuple(s) for s in d["skipped"])
-        return cls(**d, cached=True)
 
 
 def possible(options: Options, hw: Hardware, model: ModelFacts) -> bool:

@@ -15,8 +15,10 @@ from typing import Any
 import keras
 
 from kerascale._units import format_bytes
+from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import search as search_lib
 from kerascale.measure.result import OK, OOM, ProbeResult
+from kerascale.sense.model_facts import gist
 
 # At most this many compiles per search (the bracket is narrowed until then).
 MAX_COMPILES = 5
@@ -354,3 +356,23 @@ class Spec:
 
     def __init__(self, shape: tuple[int, ...], dtype: Any):
         self.shape, self.dtype = shape, dtype
+
+
+def reported(
+    step: Callable[..., Any], what: str = "Compiling the train step"
+) -> Callable[..., Any]:
+    """`step`, its failures (the model's own, found while building or tracing
+    its step) raised as `BatchSizeSearchError`, as a TensorFlow probe's are:
+    the plan then goes on without a search."""
+
+    def reported(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return step(*args, **kwargs)
+        except Exception as e:
+            at = f" at batch {args[0]}" if args and isinstance(args[0], int) else ""
+            raise BatchSizeSearchError(
+                f"{what}{at} failed, for a reason other than memory:\n"
+                f"{type(e).__name__}: {gist(e)}"
+            ) from e
+
+    return reported

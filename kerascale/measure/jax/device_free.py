@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from kerascale._units import format_bytes
 from kerascale.apply import model as model_lib
-from kerascale.measure import batch as batch_lib
+from kerascale.measure import request as request_lib
 from kerascale.measure.jax import compiled
 from kerascale.plan.reasons import Reason
 from kerascale.sense import memory
@@ -49,7 +49,7 @@ def free_bytes(hw: Hardware, options: SearchOptions) -> tuple[int, Reason]:
         except Exception:
             stats = None
         if not stats or not stats.get("bytes_limit"):
-            raise batch_lib.SearchUnavailable(
+            raise request_lib.SearchUnavailable(
                 "the device reports no memory figures (memory_stats) to search under"
             )
         limit, passed = int(stats["bytes_limit"]), False
@@ -66,7 +66,7 @@ def free_bytes(hw: Hardware, options: SearchOptions) -> tuple[int, Reason]:
     if not options.memory_limit:
         available = memory.available_bytes()
         if available is None:
-            raise batch_lib.SearchUnavailable("the memory available here is unknown")
+            raise request_lib.SearchUnavailable("the memory available here is unknown")
         limit = int(available * compiled.CPU_DEFAULT_SHARE)
         # The memory available is what this process leaves: nothing to take.
         share, spelled = compiled.CPU_DEFAULT_SHARE, format_bytes(limit)

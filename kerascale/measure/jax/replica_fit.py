@@ -319,21 +319,20 @@ def _measured(
     step's buffers on every device (on CPU devices, all in this process)."""
     import jax
 
-    from kerascale.measure import batch as batch_lib
+    from kerascale.measure import request as request_lib
     from kerascale.measure.jax import device_free
-    from kerascale.measure.jax import search as jax_search
 
     with Session() as session:
         trained, dist = session.model_for(model, plan)
-        step = jax_search.reported(compiled.StepMemory, "Building the train step")(
+        step = compiled.reported(compiled.StepMemory, "Building the train step")(
             trained, element, dist, plan.replicas
         )
-        need = step.state_bytes + jax_search.reported(step.need)(batch).need_bytes
+        need = step.state_bytes + compiled.reported(step.need)(batch).need_bytes
         if usable is None or hw is None or need > usable:
             return need, None, "not timed"
         try:
             free, _ = device_free.free_bytes(hw, search or SearchOptions())
-        except batch_lib.SearchUnavailable as e:
+        except request_lib.SearchUnavailable as e:
             return need, None, f"not timed: {e}"
         on_host = hw.accelerator not in ("gpu", "tpu")
         taken = need * (jax.local_device_count() if on_host else 1)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -23,15 +22,13 @@ from kerascale._units import format_bytes
 from kerascale.apply.jax import reader
 from kerascale.apply.session import Session
 from kerascale.errors import BatchSizeSearchError
-from kerascale.measure import batch as batch_lib
 from kerascale.measure import host_share
 from kerascale.measure.jax import compiled, confirm, device_free
-from kerascale.measure.request import SearchOptions
+from kerascale.measure.request import Prepared, SearchOptions, SearchUnavailable
 from kerascale.measure.result import OK, BatchSearchResult, ProbeResult
 from kerascale.measure.search import granularity_for, granule_at, ladder, round_down
 from kerascale.plan.reasons import Reason
 from kerascale.sense import memory
-from kerascale.sense.model_facts import gist
 
 if TYPE_CHECKING:
     from kerascale.measure.request import SearchRequest
@@ -66,7 +63,7 @@ class XlaAnalysis:
     (`_timed`). On a CPU, real steps in a child confirm the answer
     (`confirm.confirmed`)."""
 
-    def prepare(self, request: SearchRequest, cap: int) -> batch_lib.Prepared:
+    def prepare(self, request: SearchRequest, cap: int) -> Prepared:
         """Raises `SearchUnavailable` on a CPU asked for the fastest batch
         (only the trials time batches)."""
         given, plan = request.given, request.plan
@@ -100,13 +97,9 @@ class XlaAnalysis:
             "timed": request.timed,
         }
         start = request.first or min(cap, START)
-        return batch_lib.Prepared(
-            options.mode, key, host, start, _Setting(element, host, held)
-        )
+        return Prepared(options.mode, key, host, start, _Setting(element, host, held))
 
-    def refused(
-        self, prepared: batch_lib.Prepared, request: SearchRequest, cap: int
-    ) -> str:
+    def refused(self, prepared: Prepared, request: SearchRequest, cap: int) -> str:
         if prepared.mode != "ladder":
             return ""
         rungs = ladder(cap, granularity_for(request.hardware.accelerator, cap))
@@ -114,7 +107,7 @@ class XlaAnalysis:
 
     def searched(
         self,
-        prepared: batch_lib.Prepared,
+        prepared: Prepared,
         request: SearchRequest,
         capped: tuple[int, Reason],
         share: host_share.HostShare,
@@ -141,7 +134,7 @@ class XlaAnalysis:
             share=share,
         )
 
-    def finished(self, prepared: batch_lib.Prepared) -> None:
+    def finished(self, prepared: Prepared) -> None:
         # The search's compiles (and the model saved for the confirming child)
         # leave garbage and freed heap: training in this process must start
         # from what the budget above was read against.
@@ -192,7 +185,9 @@ def _compiled(
         # with it (`apply.jax.distribution.activated`): training finds there
         # the compile of the batch it trains at.
         trained, dist = session.model_for(model, plan, instance=instance)
-        step = reported(compiled.StepMemory, "Building the train step's state")(
+        step = compiled.reported(
+            compiled.StepMemory, "Building the train step's state"
+        )(
             trained,
             element,
             dist,
@@ -204,7 +199,7 @@ def _compiled(
         # Read after the step's state is built (the optimizer's slots) and a
         # first compile (the compiled program, held while training), less
         # the heap the compiler freed, which a CPU process would keep.
-        need = reported(step.need)
+        need = compiled.reported(step.need)
         first_compile = need(max(1, min(start, cap)))
         if host:
             _release_compiles()
@@ -275,26 +270,6 @@ def _answer(
     return _result(plan, options, searched, limit, why_cap, answer)
 
 
-def reported(
-    step: Callable[..., Any], what: str = "Compiling the train step"
-) -> Callable[..., Any]:
-    """`step`, its failures (the model's own, found while building or tracing
-    its step) raised as `BatchSizeSearchError`, as a TensorFlow probe's are:
-    the plan then goes on without a search."""
-
-    def reported(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return step(*args, **kwargs)
-        except Exception as e:
-            at = f" at batch {args[0]}" if args and isinstance(args[0], int) else ""
-            raise BatchSizeSearchError(
-                f"{what}{at} failed, for a reason other than memory:\n"
-                f"{type(e).__name__}: {gist(e)}"
-            ) from e
-
-    return reported
-
-
 def _confirmable(plan: Plan) -> bool:
     """Whether a child can train as `plan` does: one device, or data
     parallelism over the CPU's devices (kerascale's, or a `DataParallel` of
@@ -351,7 +326,7 @@ def _answerable(hw: Hardware, options: SearchOptions) -> None:
     if hw.accelerator != "cpu" or options.mode in ("max", "ladder"):
         return
     if not options.memory_limit:
-        raise batch_lib.SearchUnavailable(
+        raise SearchUnavailable(
             "on a CPU the largest batch that fits is not the fastest, and only "
             "the CPU trials time batches (they run where kerascale can train a "
             "copy of your model on your data)"
@@ -425,7 +400,7 @@ def _timed(
     try:
         unset = dataclasses.replace(options, device_memory=None)
         free, _ = device_free.free_bytes(hw, unset)
-    except batch_lib.SearchUnavailable:
+    except SearchUnavailable:
         return seen
     out = []
     for c in seen:
