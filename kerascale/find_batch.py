@@ -9,7 +9,7 @@ from typing import Any
 from kerascale import _validation, errors
 from kerascale.errors import BatchSizeSearchError, ConfigurationError, UnsupportedError
 from kerascale.measure import answered
-from kerascale.measure.decide import decide_search
+from kerascale.measure import decide as decide_lib
 from kerascale.measure.decided import Decided
 from kerascale.measure.request import DEFAULT_MARGIN, MODES, SearchOptions
 from kerascale.measure.result import BatchSearchResult
@@ -119,12 +119,13 @@ def find_batch_size(
     _supported_backend()
 
     def searched(attempt: fallback.Attempt) -> Decided:
-        return decide_search(
+        return decide_lib.decide(
             model,
             x,
             y,
             attempt.options,
-            search,
+            stages=decide_lib.SEARCH,
+            search=search,
             attempt=attempt,
         )
 

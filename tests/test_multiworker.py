@@ -595,7 +595,7 @@ def test_workers_agree_on_the_smallest_batch_and_the_chiefs_choices(monkeypatch)
         return [{**chief, "recompute": "activations"}, dict(value)]
 
     monkeypatch.setattr(multiworker, "exchange", exchange)
-    agreed = agree_lib.agree(mine)
+    agreed = mine.after(agree_lib.agree(mine))
     assert sent == [
         {"batch": 64, "precision": "float32", "recompute": "", "global_batch_size": 128}
     ]
@@ -616,7 +616,7 @@ def test_workers_that_agree_keep_their_plan(monkeypatch):
     options = Options.validate(batch_size=64)
     mine = decided_for(options, None)
     monkeypatch.setattr(multiworker, "exchange", lambda v: [dict(v), dict(v)])
-    assert agree_lib.agree(mine) is mine
+    assert agree_lib.agree(mine).empty  # nothing found: the plan stands
     other = {
         "batch": None,
         "precision": "float32",
@@ -635,7 +635,7 @@ def test_a_requested_batch_is_split_by_the_smallest_worker(monkeypatch):
     assert mine.plan.accumulation_steps == 1
     chief = {"batch": 32, "precision": "float32", "global_batch_size": 256}
     monkeypatch.setattr(multiworker, "exchange", lambda v: [chief, dict(v)])
-    p = agree_lib.agree(mine).plan
+    p = mine.after(agree_lib.agree(mine)).plan
     assert (p.micro_batch_size, p.accumulation_steps, p.global_batch_size) == (
         32,
         4,

@@ -2,11 +2,13 @@
 tests_jax/test_jax_ladder.py): each entry of `decide`, the functions it was
 entered from, and how many times each measurement stage ran inside it.
 
-The promise (issue 57): `decide` (or `find_batch_size`'s `decide_search`)
-is entered once per attempt, and only by the
-door's ladder (`kerascale.plan.fallback.attempted`). It is never entered from
-inside itself or from the apply floor, and each stage runs at most once in an
-entry. A failure that kerascale answers is a rung of that one ladder, not a
+The promise (issues 57 and 82): `decide`, the one entrance to a decision
+(fit's, plan's, diagnose's and find_batch_size's stage lists), is entered
+once per attempt, and only by the door's ladder
+(`kerascale.plan.fallback.attempted`). It is never entered from inside itself
+or from the apply floor; each stage is entered at most once in an entry, only
+by the loop (`kerascale.measure.stages.run`), and never from inside another
+stage. A failure that kerascale answers is a rung of that one ladder, not a
 retry inside a stage.
 """
 
@@ -17,13 +19,10 @@ import dataclasses
 import sys
 
 from kerascale.measure import decide as decide_lib
-from kerascale.measure import engines
+from kerascale.measure import stages as stages_lib
 
-# The measurement stages, by the names `decide` calls them through. The
-# sharding stage is `engines.sharding`'s answer; the others are globals of
-# `kerascale.measure.decide`.
-STAGES = ("batch_for_plan", "_tried", "_recomputed", "_recompute_bound", "agree")
 LADDER = "kerascale.plan.fallback.attempted"
+LOOP = "kerascale.measure.stages.run"
 
 
 @dataclasses.dataclass
@@ -33,6 +32,8 @@ class Entry:
 
     callers: tuple[str, ...]
     stages: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    # Where a stage was entered from other than the loop, or inside another.
+    strays: list[str] = dataclasses.field(default_factory=list)
 
 
 class Attempts:
@@ -41,6 +42,7 @@ class Attempts:
     def __init__(self) -> None:
         self.entries: list[Entry] = []
         self._open: list[Entry] = []
+        self._in_stage: list[str] = []
 
     def check(self, attempts: int) -> None:
         """Asserts `attempts` entries of `decide`, each from the ladder and
@@ -57,14 +59,28 @@ class Attempts:
             assert not inner, f"decide entered from {inner}"
             again = {k: n for k, n in entry.stages.items() if n > 1}
             assert not again, f"stages run more than once in one entry: {again}"
+            assert entry.stages, "no stage was entered"
+            assert not entry.strays, entry.strays
 
-    def _counted(self, name: str, function):
-        def counted(*args, **kwargs):
+    def _entered(self, real):
+        def entered(stage, at):
+            name = type(stage).__name__
             if self._open:
-                self._open[-1].stages[name] += 1
-            return function(*args, **kwargs)
+                entry = self._open[-1]
+                entry.stages[name] += 1
+                caller = sys._getframe(1)
+                where = f"{caller.f_globals.get('__name__')}.{caller.f_code.co_name}"
+                if where != LOOP:
+                    entry.strays.append(f"{name} entered from {where}")
+                if self._in_stage:
+                    entry.strays.append(f"{name} entered inside {self._in_stage[-1]}")
+            self._in_stage.append(name)
+            try:
+                return real(stage, at)
+            finally:
+                self._in_stage.pop()
 
-        return counted
+        return entered
 
     def _decide(self, real):
         def entered(*args, **kwargs):
@@ -87,24 +103,15 @@ class Attempts:
 
 def record(monkeypatch) -> Attempts:
     """Installs the recording for the rest of the test (`monkeypatch` undoes
-    it): every kerascale module's name for `decide`, and its stages."""
+    it): every kerascale module's name for `decide`, and the loop's seam
+    through which each stage is entered (`stages.entered`)."""
     attempts = Attempts()
-    # fit's, plan's and diagnose's decision, and find_batch_size's.
-    for real in (decide_lib.decide, decide_lib.decide_search):
-        entered = attempts._decide(real)
-        for name, module in list(sys.modules.items()):
-            if name.startswith("kerascale") and module is not None:
-                for attr, value in list(vars(module).items()):
-                    if value is real:
-                        monkeypatch.setattr(module, attr, entered)
-    for stage in STAGES:
-        monkeypatch.setattr(
-            decide_lib, stage, attempts._counted(stage, getattr(decide_lib, stage))
-        )
-    sharding = engines.sharding
-
-    def counted_sharding(backend):
-        return attempts._counted("sharding", sharding(backend))
-
-    monkeypatch.setattr(engines, "sharding", counted_sharding)
+    real = decide_lib.decide
+    entered = attempts._decide(real)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("kerascale") and module is not None:
+            for attr, value in list(vars(module).items()):
+                if value is real:
+                    monkeypatch.setattr(module, attr, entered)
+    monkeypatch.setattr(stages_lib, "entered", attempts._entered(stages_lib.entered))
     return attempts

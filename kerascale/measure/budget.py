@@ -5,6 +5,7 @@ Its design: docs/design/modules.md, `kerascale.measure.budget`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -109,6 +110,27 @@ class RunBudget:
         """The first estimate's samples/s, or None."""
         return 1 / self.per_sample if self.per_sample else None
 
+    def search_price(
+        self,
+        plan: Plan,
+        rungs: list[int],
+        steps: int,
+        what: str = "search",
+        *,
+        in_children: bool = True,
+    ) -> Price | None:
+        """What probing the ladder `rungs` would cost a run under `plan` (its
+        batch is what the run would train at without it), and may save; None
+        when the run's length or a first step time is unknown (then it is
+        probed, as a run that may be long). `what`: the measurement
+        ("search", "recompute"), for its expected gain; `in_children`:
+        whether its rungs start child processes."""
+        samples = self.samples(plan)
+        if samples is None or self.per_sample is None:
+            return None
+        cost = search_seconds(rungs, self.per_sample, steps, in_children=in_children)
+        return Price(what, cost, samples * self.per_sample, gain(what, plan.backend))
+
     def refuse_search(
         self,
         plan: Plan,
@@ -118,17 +140,27 @@ class RunBudget:
         *,
         in_children: bool = True,
     ) -> str | None:
-        """Why the ladder `rungs` is not worth probing for a run under `plan`
-        (its batch is what the run would train at without the search), or
-        None: also when the run's length or a first step time is unknown
-        (then it is probed, as a run that may be long). `what`: the
-        measurement ("search", "recompute"), for its expected gain;
-        `in_children`: whether its rungs start child processes."""
-        samples = self.samples(plan)
-        if samples is None or self.per_sample is None:
-            return None
-        cost = search_seconds(rungs, self.per_sample, steps, in_children=in_children)
-        return unpaid(cost, samples * self.per_sample, gain(what, plan.backend), what)
+        """Why the ladder `rungs` is not worth probing (`search_price`), or
+        None: the engines' question, asked once they know their rungs."""
+        price = self.search_price(plan, rungs, steps, what, in_children=in_children)
+        return refused(price) if price is not None else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Price:
+    """What a measurement would cost and may save, before it runs.
+
+    Attributes:
+        what: The measurement (a `NAMES` key), for the words.
+        cost: Its expected seconds.
+        run_seconds: The run it tunes, at the first estimate's speed.
+        share: The share of that run it is expected to save.
+    """
+
+    what: str
+    cost: float
+    run_seconds: float
+    share: float
 
 
 def search_seconds(
@@ -143,6 +175,12 @@ def search_seconds(
         for b in rungs
     )
     return children * CHILD_START_SECONDS + each
+
+
+def refused(price: Price) -> str | None:
+    """The gate: why a measurement at `price` does not pay for itself in the
+    run it tunes, or None where it does."""
+    return unpaid(price.cost, price.run_seconds, price.share, price.what)
 
 
 def gain(what: str, backend: str) -> float:

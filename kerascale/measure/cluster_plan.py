@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from kerascale.apply.tensorflow import cluster
 from kerascale.errors import ConfigurationError
+from kerascale.measure.decided import Found
 from kerascale.plan.measured import Measured
 from kerascale.plan.reasons import Reason
 
@@ -14,8 +15,8 @@ if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
 
 
-def agree(decided: Decided) -> Decided:
-    """The plan every worker of a cluster trains with.
+def agree(decided: Decided) -> Found:
+    """What makes the plan every worker of a cluster trains with.
 
     Each worker searched its own memory: all take the smallest batch any of
     them holds (so the global batch is the same everywhere and fits on every
@@ -36,7 +37,7 @@ def agree(decided: Decided) -> Decided:
     batches = [p["batch"] for p in peers if p["batch"] is not None]
     chief = peers[0]
     if all(p == chief for p in peers):
-        return decided
+        return Found()
     if not batches and len({p["global_batch_size"] for p in peers}) > 1:
         sizes = ", ".join(str(p["global_batch_size"]) for p in peers)
         raise ConfigurationError(
@@ -72,4 +73,4 @@ def agree(decided: Decided) -> Decided:
         found = found.decided(
             recompute=Reason("recompute.chief", mode=chief.get("recompute") or "none")
         )
-    return decided.replanned(found, options=settled, search=result)
+    return Found(found, {"options": settled, "search": result})

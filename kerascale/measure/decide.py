@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kerascale import _tf
@@ -19,6 +19,7 @@ from kerascale.measure import budget as budget_lib
 from kerascale.measure import engines, first_step, host_path
 from kerascale.measure import recompute as recompute_lib
 from kerascale.measure import request as request_lib
+from kerascale.measure import stages as stages_lib
 from kerascale.measure import trials as trials_lib
 from kerascale.measure.batch_plan import (
     AUTO_MIN_STEPS,
@@ -28,12 +29,12 @@ from kerascale.measure.batch_plan import (
     probeable,
 )
 from kerascale.measure.cluster_plan import agree
-from kerascale.measure.decided import Decided
+from kerascale.measure.decided import Decided, Found
 from kerascale.measure.request import Given, SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult
 from kerascale.measure.search import fastest_small
 from kerascale.plan.fallback import Attempt, FailedInProbe, LateCoreCount
-from kerascale.plan.measured import NOTHING, Measured
+from kerascale.plan.measured import Measured
 from kerascale.plan.options import Options, pinned_reasons, user_instance
 from kerascale.plan.plan import Plan
 from kerascale.plan.planner import Planner
@@ -99,6 +100,7 @@ def decide(
     y: Any,
     options: Options,
     *,
+    stages: Sequence[stages_lib.Stage] | None = None,
     steps_per_epoch: Any = None,
     validation_split: Any = None,
     epochs: int | None = None,
@@ -110,19 +112,18 @@ def decide(
     materialized: str = "",
     steps_limit: StepsLimit | None = None,
 ) -> Decided:
-    """Facts, the first plan, then each measurement stage once, in order:
-    sharding, the batch search, the trials, recomputation, the steps per
-    call (`host_path`), the cluster's agreement, then what the run brings
-    (a resumed checkpoint's pins, a materialized input, the ladder's
-    findings), and a TPU's core count.
-    Each stage measures only where the run repays it, and the plan is made
-    again from what it found. No stage retries: a failure that kerascale
-    answers is raised as a `plan.fallback.Recoverable`, for the door's ladder.
+    """The one entrance to a decision: the facts, the first plan, then each
+    of `stages` once, in order, through `measure.stages.run` (`FIT`: fit's,
+    plan's and diagnose's; `SEARCH`: find_batch_size's). Each stage measures
+    only where the run repays it, and the plan is made again from what it
+    found. No stage retries: a failure that kerascale answers is raised as a
+    `plan.fallback.Recoverable`, for the door's ladder.
 
     Args:
         model: The user's model or builder.
         x, y: The training data.
         options: Validated options.
+        stages: The stages to run (None: `FIT`).
         steps_per_epoch: For the infinite-dataset check and the trials'
             budget.
         validation_split: `fit`'s: arrays train on the samples it leaves.
@@ -142,12 +143,14 @@ def decide(
 
     Raises:
         plan.fallback.Recoverable: A failure that a rung of the ladder answers.
+        BatchSizeSearchError: Under `SEARCH`, where the data or the model
+            cannot be probed, or a probe fails.
     """
     given = Given(model, x, y)
-    planner = _planner(
+    planner = _facts(
         given, options, hardware, attempt, steps_per_epoch, validation_split
     )
-    hw, facts, data = planner.hardware, planner.model, planner.data
+    data = planner.data
     budget = None
     if epochs is not None and data.measurable:  # a run to weigh measurements against
         budget = budget_lib.RunBudget(
@@ -156,41 +159,29 @@ def decide(
             steps_per_epoch,
             lambda: first_step.train_seconds_per_sample(model, x, y, data),
         )
-    options, found = engines.sharding(hw.backend)(model, x, y, options, planner, search)
-    first = planner(options, measured=found)
-    # The batch per replica asked for (None for "auto"), before a split.
-    asked = None if searched_batch(options, data) else first.micro_batch_size
-    can_try = trials_lib.possible(options, hw, facts)
-    decided, ladder = _batch_searched(
-        given, options, planner, first, found, search, can_try, budget
+    first = Decided(
+        planner.hardware,
+        planner.model,
+        data,
+        planner(options),
+        user_instance(options),
+        options,
+        optimize_data=options.optimize_data is not False,
     )
-    if can_try:
-        decided = _tried(decided, given, ladder, budget)
-    if options.recompute == "auto":
-        decided = _recomputed(decided, given, search, asked, budget)
-    if epochs is not None:  # a run follows, whose steps per call it sets
-        cluster = hw.cluster
-        decided = host_path.chosen(
-            decided,
-            given,
-            steps_limit,
-            budget,
-            steps_per_epoch=steps_per_epoch,
-            on_cluster=clustered or (cluster is not None and cluster.is_multi_worker),
-        )
-    if clustered:
-        decided = agree(decided)
-    brought = Measured(materialized=materialized)
-    if attempt is not None:
-        brought = brought | attempt.measured
-    if pinned:
-        brought = Measured().decided(**pinned_reasons(pinned)) | brought
-    if brought != NOTHING:
-        decided = decided.replanned(brought)
-    return _settle_tpu(decided)
+    call = stages_lib.Call(
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        steps_limit=steps_limit,
+        clustered=clustered,
+        attempt=attempt,
+        pinned=pinned,
+        materialized=materialized,
+    )
+    at = stages_lib.At(first, given, search, budget, call)
+    return stages_lib.run(FIT if stages is None else stages, at).decided
 
 
-def _planner(
+def _facts(
     given: Given,
     options: Options,
     hardware: Hardware | None,
@@ -228,62 +219,6 @@ def _planner(
     return Planner(hw, facts, data)
 
 
-@_in_planning_region
-@leaves_no_trace
-def decide_search(
-    model: Any,
-    x: Any,
-    y: Any,
-    options: Options,
-    search: SearchOptions,
-    *,
-    attempt: Attempt | None = None,
-) -> Decided:
-    """`find_batch_size`'s decision: the batch search on its own, whatever
-    batch the data brings. Its stages: sharding, the search (whose failures
-    are the caller's errors, `BatchSizeSearchError`), the precision trials
-    where a CPU has the choice, the bound with recomputation beside the
-    bound without, and a TPU's core count. Nothing trains after it, so no
-    stage is weighed against a run.
-
-    Raises:
-        BatchSizeSearchError: Where the data or the model cannot be probed,
-            or a probe fails.
-        plan.fallback.Recoverable: A failure that a rung of the ladder answers.
-    """
-    given = Given(model, x, y)
-    planner = _planner(given, options, None, attempt)
-    hw, facts, data = planner.hardware, planner.model, planner.data
-    options, found = engines.sharding(hw.backend)(model, x, y, options, planner, search)
-    plan = planner(options, measured=found)
-    probeable(facts, data, hw)
-    instance = user_instance(options)
-    request = _request_for(given, data, plan, hw, search, instance, options.verbose)
-    skipped = ""
-    try:
-        result = _engine_search(request)
-    except request_lib.SearchSkipped as e:  # no answer here: the caller says why
-        result, skipped = None, str(e)
-    decided = Decided(
-        hw,
-        facts,
-        data,
-        planner(options, search=result, measured=found),
-        instance,
-        options,
-        result,
-        False,
-        search_skipped=skipped,
-        measured=found,
-    )
-    if result is not None and trials_lib.possible(options, hw, facts):
-        decided = _tried(decided, given, False, None)
-    decided = _recompute_bound(decided, given, search)
-    if attempt is not None and attempt.measured != NOTHING:
-        decided = decided.replanned(attempt.measured)
-    return _settle_tpu(decided)
-
-
 def _engine_search(request: SearchRequest) -> BatchSearchResult:
     """The engine's answer to `request`, its errors as they are."""
     return engines.batch_search(request)
@@ -311,154 +246,6 @@ def _request_for(
     )
 
 
-def _recompute_bound(decided: Decided, given: Given, search: SearchOptions) -> Decided:
-    """`find_batch_size`'s result with the bound under recomputation beside
-    the bound without, where memory stopped the search and recomputation is
-    not off. A search for it that fails is said in the result's reasons: the
-    bound found stands."""
-    result = decided.search
-    if (
-        decided.plan.recompute
-        or result is None
-        or decided.options.recompute == "off"
-        or result.smallest_failing is None
-    ):
-        return decided
-    plan = dataclasses.replace(decided.plan, recompute=recompute_lib.MODE)
-    request = _request(decided, given, plan, search, host_share=result.host_share)
-    try:
-        found = _engine_search(request)
-    except Exception as e:  # an optional figure: the bound found stands
-        why = Reason("recompute.weigh_failed", error=f"{type(e).__name__}: {gist(e)}")
-        reasons = {**result.reasons, "recompute": why}
-        return dataclasses.replace(
-            decided, search=dataclasses.replace(result, reasons=reasons)
-        )
-    return dataclasses.replace(decided, search=recompute_lib.reported(result, found))
-
-
-def _batch_searched(
-    given: Given,
-    options: Options,
-    planner: Planner,
-    plan: Plan,
-    found: Measured,
-    search: SearchOptions | None,
-    can_try: bool,
-    budget: budget_lib.RunBudget | None,
-) -> tuple[Decided, bool]:
-    """The decision with the batch search's answer in it (measured only where
-    `budget`'s run repays it; None: no budget), and whether the search ran as
-    a ladder of rungs for the trials. `plan`: the first plan, over `found`
-    (what sharding found).
-
-    A probe that fails for a reason other than memory is not fit's error to
-    raise: under a mixed precision kerascale chose, it is the ladder's
-    `FailedInProbe`; otherwise the search is dropped (the real run then
-    raises the model's error, as `model.fit` would)."""
-    hw, facts, data = planner.hardware, planner.model, planner.data
-    skipped, hint = "", None
-    try:
-        result, ladder, note = batch_for_plan(
-            given,
-            options,
-            planner,
-            plan,
-            search,
-            can_try=can_try,
-            budget=budget,
-        )
-    except request_lib.SearchSkipped as e:
-        result, ladder, note, skipped, hint = None, False, "", str(e), e.hint
-    except ProbeFailed as e:
-        if options.precision == "auto" and plan.precision != facts.policy:
-            raise FailedInProbe(
-                str(e), tried=plan.precision, policy=facts.policy
-            ) from e
-        result, ladder = None, False
-        note = (
-            f"No batch search: a probe failed for a reason other than memory "
-            f"({e}). Training at Keras's default batch; pass batch_size= to choose."
-        )
-    found = found.warned(note)
-    if skipped:
-        hint = hint or _search_anyway(hw)
-        found = found.noted(
-            "global_batch_size", f"batch search skipped: {skipped}; {hint}"
-        )
-    decided = Decided(
-        hw,
-        facts,
-        data,
-        planner(options, search=result, measured=found),
-        user_instance(options),
-        options,
-        result,
-        options.optimize_data is not False,
-        search_skipped=skipped,
-        measured=found,
-    )
-    return decided, ladder
-
-
-def _recomputed(
-    decided: Decided,
-    given: Given,
-    search: SearchOptions | None,
-    asked: int | None,
-    budget: budget_lib.RunBudget | None,
-) -> Decided:
-    """`decided` with recomputation weighed where memory binds its batch
-    (`recompute.weighed`), where `budget`'s run repays it (None: always).
-    `asked`: the requested batch per replica, None for an "auto" one. A
-    weighing that fails is dropped with a warning: the plan trains as it
-    was."""
-    result = decided.search
-    if decided.plan.recompute or result is None:
-        return decided
-    # Each of its searches counts the process where fit trains as the
-    # decision's first search did (`SearchRequest.host_share`).
-    run = dict(
-        instance=decided.instance,
-        verbose=decided.options.verbose,
-        host_share=result.host_share,
-    )
-    if not recompute_lib.binding(decided, asked):
-        return decided
-    rungs = [p.batch for p in result.probes] + [decided.plan.micro_batch_size] * 2
-    if budget is not None and (
-        why := budget.refuse_search(decided.plan, rungs, 3, "recompute")
-    ):
-        refused = Reason("recompute.not_weighed", why=why)
-        return decided.replanned(Measured().decided(recompute=refused))
-    if asked is None:
-        search = search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
-    else:
-        search = check_options(search, asked * decided.plan.replicas)
-
-    def searcher(
-        plan: Plan, options: SearchOptions, **kwargs: Any
-    ) -> BatchSearchResult:
-        return _engine_search(
-            _request(decided, given, plan, options, **{**run, **kwargs})
-        )
-
-    try:
-        weighing = recompute_lib.weighed(decided, searcher, search, asked)
-    except Exception as e:  # a model remat cannot trace: trains as planned
-        why = Reason("recompute.weigh_failed", error=f"{type(e).__name__}: {gist(e)}")
-        return decided.replanned(Measured().decided(recompute=why).warned(why))
-    plan = weighing.plan
-    return decided.replanned(
-        Measured().decided(recompute=weighing.why),
-        options=dataclasses.replace(
-            decided.options, recompute=plan.recompute or "auto"
-        ),
-        recomputed=weighing,
-        search=weighing.search if plan.recompute else result,
-    )
-
-
 def _request(
     decided: Decided,
     given: Given,
@@ -470,75 +257,6 @@ def _request(
     run.setdefault("instance", decided.instance)
     run.setdefault("verbose", decided.options.verbose)
     return _request_for(given, decided.data, plan, decided.hardware, options, **run)
-
-
-def _tried(
-    decided: Decided,
-    given: Given,
-    ladder: bool,
-    budget: budget_lib.RunBudget | None = None,
-) -> Decided:
-    """The decision after timing, on the real data, the CPU choices left to
-    kerascale: the batch (the ladder's rungs), the pipeline, the precision,
-    each where `budget`'s run is long enough to pay for it (None: no
-    budget)."""
-    options, plan, result = decided.options, decided.plan, decided.search
-    hw, data = decided.hardware, decided.data
-    try_pipeline, try_precision, over = trials_lib.wanted(
-        options, plan, data, given.x, hw, result
-    )
-    found = Measured()  # the trials' reasons, and why a stage was not run
-    if over is not None:
-        found = found.noted("precision", f"trials skipped: {over}")
-    rungs: dict[int, float] = {}
-    if ladder and result.mode == "ladder":  # not XLA's search: no rungs
-        rungs = {
-            p.batch: p.samples_per_s or 0.0
-            for p in result.probes
-            if p.outcome == "ok" and p.batch <= result.per_replica_batch_size
-        }
-    if not (try_pipeline or try_precision or len(rungs) > 1):
-        return decided if over is None else decided.replanned(found)
-    measured = trials_lib.run(
-        given,
-        decided.data,
-        plan,
-        decided.hardware,
-        try_pipeline=try_pipeline,
-        try_precision=try_precision,
-        batches=rungs,
-        optimize=decided.optimize_data,
-        verbose=options.verbose,
-        fresh=options.remeasure,
-        run_samples=budget.samples(plan) if budget is not None else None,
-        unbudgeted=budget is None,
-        first_speed=budget.speed if budget is not None else None,
-    )
-    if len(rungs) > 1:
-        result = _batch_chosen(result, measured, rungs, plan.replicas)
-    settled = dataclasses.replace(
-        options,
-        precision=measured.precision
-        if measured.measured("precision")
-        else options.precision,
-        optimize_data=measured.optimize_data
-        if measured.measured("data_changes")
-        else options.optimize_data,
-    )
-    for field, tried in (("precision", try_precision), ("data_changes", try_pipeline)):
-        if measured.measured(field):
-            found = found.decided(**{field: measured.why(field)})
-        elif tried and measured.skip_reason(field):
-            found = found.noted(field, f"trials skipped: {measured.skip_reason(field)}")
-    return decided.replanned(
-        found,
-        options=settled,
-        search=result,
-        optimize_data=measured.optimize_data
-        if measured.measured("data_changes")
-        else decided.optimize_data,
-        trials=measured,
-    )
 
 
 def _batch_chosen(
@@ -565,13 +283,364 @@ def _batch_chosen(
     )
 
 
-def _settle_tpu(decided: Decided) -> Decided:
+class Sharding(stages_lib.Priceless):
+    """Whether one replica fits a device, else the mesh to shard over (JAX's
+    `ModelParallel`; elsewhere the plan as it is): `engines.sharding`."""
+
+    name = "sharding"
+
+    def skip(self, at: stages_lib.At) -> Found | None:
+        return None
+
+    def measure(self, at: stages_lib.At) -> Found:
+        decided, given = at.decided, at.given
+        options, found = engines.sharding(decided.hardware.backend)(
+            given.model, given.x, given.y, decided.options, decided.planner, at.search
+        )
+        if options == decided.options:
+            return Found(found)
+        return Found(found, {"options": options, "instance": user_instance(options)})
+
+
+class BatchSearched(stages_lib.Priceless):
+    """fit's batch: the search's answer for an "auto" one, the memory check of
+    a requested one (`batch_plan.batch_for_plan`). The ladder's price is
+    asked of the same gate by the engine that knows its rungs, once it read
+    its cache (`request.budget`).
+
+    A probe that fails for a reason other than memory is not fit's error to
+    raise: under a mixed precision kerascale chose, it is the ladder's
+    `FailedInProbe`; otherwise the search is dropped (the real run then
+    raises the model's error, as `model.fit` would). Carries "ladder"
+    (whether it ran as rungs for the trials) and "asked" (the batch per
+    replica asked for, None for "auto")."""
+
+    name = "search"
+
+    def skip(self, at: stages_lib.At) -> Found | None:
+        return None
+
+    def measure(self, at: stages_lib.At) -> Found:
+        decided = at.decided
+        hw, facts, data = decided.hardware, decided.model, decided.data
+        options, plan = decided.options, decided.plan
+        asked = None if searched_batch(options, data) else plan.micro_batch_size
+        found, skipped, hint = Measured(), "", None
+        try:
+            result, ladder, note = batch_for_plan(
+                at.given,
+                options,
+                decided.planner,
+                plan,
+                at.search,
+                can_try=trials_lib.possible(options, hw, facts),
+                budget=at.budget,
+            )
+        except request_lib.SearchSkipped as e:
+            result, ladder, note, skipped, hint = None, False, "", str(e), e.hint
+        except ProbeFailed as e:
+            if options.precision == "auto" and plan.precision != facts.policy:
+                raise FailedInProbe(
+                    str(e), tried=plan.precision, policy=facts.policy
+                ) from e
+            result, ladder = None, False
+            note = (
+                f"No batch search: a probe failed for a reason other than memory "
+                f"({e}). Training at Keras's default batch; pass batch_size= to "
+                "choose."
+            )
+        found = found.warned(note)
+        if skipped:
+            hint = hint or _search_anyway(hw)
+            found = found.noted(
+                "global_batch_size", f"batch search skipped: {skipped}; {hint}"
+            )
+        settled = {"search": result, "search_skipped": skipped}
+        return Found(found, settled, {"ladder": ladder, "asked": asked})
+
+
+class Searched(stages_lib.Priceless):
+    """find_batch_size's search, whatever batch the data brings; its failures
+    are the caller's errors (`BatchSizeSearchError`), and the pipeline is
+    timed as given."""
+
+    name = "search"
+
+    def skip(self, at: stages_lib.At) -> Found | None:
+        return None
+
+    def measure(self, at: stages_lib.At) -> Found:
+        decided = at.decided
+        probeable(decided.model, decided.data, decided.hardware)
+        request = _request(decided, at.given, decided.plan, at.search)
+        skipped = ""
+        try:
+            result = _engine_search(request)
+        except request_lib.SearchSkipped as e:  # no answer here: the caller says why
+            result, skipped = None, str(e)
+        settled = {"search": result, "search_skipped": skipped, "optimize_data": False}
+        return Found(settled=settled)
+
+
+class Trials(stages_lib.Priceless):
+    """Timing, on the real data, the CPU choices left to kerascale: the batch
+    (the search's rungs), the pipeline, the precision. Each trial is weighed
+    by the gate inside the bench (`trial_bench.Bench.budget_for`: its price
+    is known only once a first candidate is timed)."""
+
+    name = "trials"
+
+    def __init__(self, *, after_search: bool = False):
+        self.after_search = after_search  # only where a search answered
+
+    def skip(self, at: stages_lib.At) -> Found | None:
+        decided = at.decided
+        if self.after_search and decided.search is None:
+            return Found()
+        options, hw = decided.options, decided.hardware
+        return None if trials_lib.possible(options, hw, decided.model) else Found()
+
+    def measure(self, at: stages_lib.At) -> Found:
+        decided, given, budget = at.decided, at.given, at.budget
+        ladder = at.carried.get("ladder", False)
+        options, plan, result = decided.options, decided.plan, decided.search
+        try_pipeline, try_precision, over = trials_lib.wanted(
+            options, plan, decided.data, given.x, decided.hardware, result
+        )
+        found = Measured()  # the trials' reasons, and why a stage was not run
+        if over is not None:
+            found = found.noted("precision", f"trials skipped: {over}")
+        rungs: dict[int, float] = {}
+        if ladder and result.mode == "ladder":  # not XLA's search: no rungs
+            rungs = {
+                p.batch: p.samples_per_s or 0.0
+                for p in result.probes
+                if p.outcome == "ok" and p.batch <= result.per_replica_batch_size
+            }
+        if not (try_pipeline or try_precision or len(rungs) > 1):
+            return Found(found)
+        measured = trials_lib.run(
+            given,
+            decided.data,
+            plan,
+            decided.hardware,
+            try_pipeline=try_pipeline,
+            try_precision=try_precision,
+            batches=rungs,
+            optimize=decided.optimize_data,
+            verbose=options.verbose,
+            fresh=options.remeasure,
+            run_samples=budget.samples(plan) if budget is not None else None,
+            unbudgeted=budget is None,
+            first_speed=budget.speed if budget is not None else None,
+        )
+        if len(rungs) > 1:
+            result = _batch_chosen(result, measured, rungs, plan.replicas)
+        settled = dataclasses.replace(
+            options,
+            precision=measured.precision
+            if measured.measured("precision")
+            else options.precision,
+            optimize_data=measured.optimize_data
+            if measured.measured("data_changes")
+            else options.optimize_data,
+        )
+        tried = (("precision", try_precision), ("data_changes", try_pipeline))
+        for field, wanted in tried:
+            if measured.measured(field):
+                found = found.decided(**{field: measured.why(field)})
+            elif wanted and measured.skip_reason(field):
+                skipped = measured.skip_reason(field)
+                found = found.noted(field, f"trials skipped: {skipped}")
+        optimize = (
+            measured.optimize_data
+            if measured.measured("data_changes")
+            else decided.optimize_data
+        )
+        return Found(
+            found,
+            {
+                "options": settled,
+                "search": result,
+                "optimize_data": optimize,
+                "trials": measured,
+            },
+        )
+
+
+class Recomputed:
+    """Recomputation weighed against accumulation where memory binds the
+    batch (`recompute.weighed`), where the run repays it. A weighing that
+    fails is dropped with a warning: the plan trains as it was."""
+
+    name = "recompute"
+
+    def skip(self, at: stages_lib.At) -> Found | None:
+        decided = at.decided
+        if decided.options.recompute != "auto":
+            return Found()
+        if not recompute_lib.binding(decided, at.carried.get("asked")):
+            return Found()
+        return None
+
+    def price(self, at: stages_lib.At) -> budget_lib.Price | None:
+        if at.budget is None:
+            return None
+        plan, result = at.decided.plan, at.decided.search
+        rungs = [p.batch for p in result.probes] + [plan.micro_batch_size] * 2
+        return at.budget.search_price(plan, rungs, 3, "recompute")
+
+    def refused(self, at: stages_lib.At, why: str) -> Found:
+        refused = Reason("recompute.not_weighed", why=why)
+        return Found(Measured().decided(recompute=refused))
+
+    def measure(self, at: stages_lib.At) -> Found:
+        decided, given, asked = at.decided, at.given, at.carried.get("asked")
+        result = decided.search
+        # Each of its searches counts the process where fit trains as the
+        # decision's first search did (`SearchRequest.host_share`).
+        run = dict(
+            instance=decided.instance,
+            verbose=decided.options.verbose,
+            host_share=result.host_share,
+        )
+        if asked is None:
+            search = at.search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
+        else:
+            search = check_options(at.search, asked * decided.plan.replicas)
+
+        def searcher(
+            plan: Plan, options: SearchOptions, **kwargs: Any
+        ) -> BatchSearchResult:
+            return _engine_search(
+                _request(decided, given, plan, options, **{**run, **kwargs})
+            )
+
+        try:
+            weighing = recompute_lib.weighed(decided, searcher, search, asked)
+        except Exception as e:  # a model remat cannot trace: trains as planned
+            error = f"{type(e).__name__}: {gist(e)}"
+            why = Reason("recompute.weigh_failed", error=error)
+            return Found(Measured().decided(recompute=why).warned(why))
+        plan = weighing.plan
+        options = dataclasses.replace(
+            decided.options, recompute=plan.recompute or "auto"
+        )
+        return Found(
+            Measured().decided(recompute=weighing.why),
+            {
+                "options": options,
+                "recomputed": weighing,
+                "search": weighing.search if plan.recompute else result,
+            },
+        )
+
+
+class RecomputeBound(stages_lib.Priceless):
+    """find_batch_size's result with the bound under recomputation beside
+    the bound without, where memory stopped the search and recomputation is
+    not off. A search for it that fails is said in the result's reasons: the
+    bound found stands."""
+
+    name = "recompute"
+
+    def skip(self, at: stages_lib.At) -> Found | None:
+        decided = at.decided
+        result = decided.search
+        if (
+            decided.plan.recompute
+            or result is None
+            or decided.options.recompute == "off"
+            or result.smallest_failing is None
+        ):
+            return Found()
+        return None
+
+    def measure(self, at: stages_lib.At) -> Found:
+        decided, result = at.decided, at.decided.search
+        plan = dataclasses.replace(decided.plan, recompute=recompute_lib.MODE)
+        request = _request(
+            decided, at.given, plan, at.search, host_share=result.host_share
+        )
+        try:
+            found = _engine_search(request)
+        except Exception as e:  # an optional figure: the bound found stands
+            error = f"{type(e).__name__}: {gist(e)}"
+            why = Reason("recompute.weigh_failed", error=error)
+            said = dataclasses.replace(
+                result, reasons={**result.reasons, "recompute": why}
+            )
+            return Found(settled={"search": said})
+        return Found(settled={"search": recompute_lib.reported(result, found)})
+
+
+class Agreed(stages_lib.Priceless):
+    """On a cluster, the plan every worker trains with (`cluster_plan.agree`)."""
+
+    name = "agree"
+
+    def skip(self, at: stages_lib.At) -> Found | None:
+        return None if at.call.clustered else Found()
+
+    def measure(self, at: stages_lib.At) -> Found:
+        return agree(at.decided)
+
+
+class Brought(stages_lib.Priceless):
+    """What the run brings, added last: a materialized input, what earlier
+    attempts found, a resumed checkpoint's pins."""
+
+    name = "brought"
+
+    def skip(self, at: stages_lib.At) -> Found | None:
+        return None
+
+    def measure(self, at: stages_lib.At) -> Found:
+        call = at.call
+        brought = Measured(materialized=call.materialized)
+        if call.attempt is not None:
+            brought = brought | call.attempt.measured
+        if call.pinned:
+            brought = Measured().decided(**pinned_reasons(call.pinned)) | brought
+        return Found(brought)
+
+
+class SettledTpu(stages_lib.Priceless):
     """On a TPU, the decision over the strategy that starts its system: the
     core count is known only then (8 is assumed until then). Another count
     than the plan's is the ladder's `LateCoreCount`: decided again over it."""
-    if decided.plan.strategy != "tpu":
-        return decided
-    dist = strategy_lib.build(decided.plan)
-    if dist.num_replicas_in_sync != decided.plan.replicas:
-        raise LateCoreCount(dist, dist.num_replicas_in_sync, decided.plan.replicas)
-    return dataclasses.replace(decided, instance=dist)
+
+    name = "tpu"
+
+    def skip(self, at: stages_lib.At) -> Found | None:
+        return None if at.decided.plan.strategy == "tpu" else Found()
+
+    def measure(self, at: stages_lib.At) -> Found:
+        plan = at.decided.plan
+        dist = strategy_lib.build(plan)
+        if dist.num_replicas_in_sync != plan.replicas:
+            raise LateCoreCount(dist, dist.num_replicas_in_sync, plan.replicas)
+        return Found(settled={"instance": dist})
+
+
+# fit's, plan's and diagnose's stages, in order; the steps per call and the
+# cluster's agreement only where a run follows or a cluster was joined.
+FIT: tuple[stages_lib.Stage, ...] = (
+    Sharding(),
+    BatchSearched(),
+    Trials(),
+    Recomputed(),
+    host_path.StepsPerCall(),
+    Agreed(),
+    Brought(),
+    SettledTpu(),
+)
+# find_batch_size's: the search on its own, nothing weighed against a run.
+SEARCH: tuple[stages_lib.Stage, ...] = (
+    Sharding(),
+    Searched(),
+    Trials(after_search=True),
+    RecomputeBound(),
+    Brought(),
+    SettledTpu(),
+)

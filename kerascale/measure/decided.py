@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kerascale.measure.result import BatchSearchResult
@@ -18,6 +19,27 @@ from kerascale.sense.model_facts import ModelFacts
 if TYPE_CHECKING:
     from kerascale.measure.trial_result import TrialResult
     from kerascale.measure.weighing import Weighing
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """What one stage of a decision found (`measure.stages`): findings
+    only, never a plan.
+
+    Attributes:
+        measured: Reasons, notes and warnings, for the plan to state.
+        settled: The decision's fields the stage settles, by name (`options`,
+            `search`, `trials`...): the plan is made again from them.
+        carried: What the stage leaves for a later one, by name.
+    """
+
+    measured: Measured = NOTHING
+    settled: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    carried: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return self.measured == NOTHING and not self.settled and not self.carried
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +88,16 @@ class Decided:
     def planner(self) -> Planner:
         return Planner(self.hardware, self.model, self.data)
 
-    def replanned(self, measured: Measured = NOTHING, **changes: Any) -> Decided:
-        """This decision with `changes` (its fields: options, search...) and
-        `measured` added, its plan made again from its options, its search and
-        everything measured."""
+    def after(self, found: Found) -> Decided:
+        """This decision after a stage's findings (`measure.stages.run`):
+        its fields the stage settled, what it measured added, and its plan
+        made again from its options, its search and everything measured (the
+        one place a decision's plan is remade). As it was where the stage
+        found nothing."""
+        if found.empty:
+            return self
         decided = dataclasses.replace(
-            self, measured=self.measured | measured, **changes
+            self, measured=self.measured | found.measured, **found.settled
         )
         plan = decided.planner(
             decided.options, search=decided.search, measured=decided.measured

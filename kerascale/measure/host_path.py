@@ -28,7 +28,8 @@ from kerascale.apply import steps as steps_lib
 from kerascale.apply import steps_in_run
 from kerascale.apply.session import Session
 from kerascale.measure import budget as budget_lib
-from kerascale.measure import trial_bench
+from kerascale.measure import stages, trial_bench
+from kerascale.measure.decided import Found
 from kerascale.measure.probe import StepClock
 from kerascale.measure.request import Given
 from kerascale.plan import steps as steps_rules
@@ -77,50 +78,84 @@ class HostPath:
         return min(1.0, self.per_call / self.t1) if self.t1 > 0 else 0.0
 
 
-def chosen(
-    decided: Decided,
-    given: Given,
-    limit: steps_rules.StepsLimit | None,
-    budget: budget_lib.RunBudget | None,
-    *,
-    steps_per_epoch: Any = None,
-    on_cluster: bool = False,
-) -> Decided:
-    """`decided` with its steps per call chosen where it is "auto" (and the
-    model was compiled with 1): measured where the run repays it, else 1
-    with why. A measurement that fails leaves 1, with why. A value of yours
-    is checked against what counts each call's steps (`_yours`)."""
-    options, plan = decided.options, decided.plan
-    if steps_rules.held_by_replicas(plan.backend, plan.replicas):
-        return decided  # the rule's 1
-    if options.steps_per_execution != "auto" or decided.model.steps_per_execution > 1:
-        return _yours(decided, limit, steps_per_epoch)
-    limit = limit or steps_rules.StepsLimit()
+class StepsPerCall:
+    """The stage that chooses the steps per call where they are "auto" (and
+    the model was compiled with 1): left to the run where it can move them
+    at an epoch's end (`_in_run`), else measured before it where the run
+    repays it, else 1 with why. A measurement that fails leaves 1, with why.
+    A value of yours is checked against what counts each call's steps
+    (`_yours`). Only where a run follows (`Call.epochs`)."""
+
+    name = "steps_per_call"
+
+    def skip(self, at: stages.At) -> Found | None:
+        decided, call = at.decided, at.call
+        options, plan = decided.options, decided.plan
+        if call.epochs is None or steps_rules.held_by_replicas(
+            plan.backend, plan.replicas
+        ):
+            return Found()  # nothing trains after; or the rule's 1
+        if (
+            options.steps_per_execution != "auto"
+            or decided.model.steps_per_execution > 1
+        ):
+            return _yours(decided, call.steps_limit, call.steps_per_epoch)
+        limit, epoch = _bounds(at)
+        cluster = decided.hardware.cluster
+        on_cluster = call.clustered or (cluster is not None and cluster.is_multi_worker)
+        why = _why_not(decided, limit, epoch, on_cluster)
+        if why is not None:
+            return _one(decided, why)
+        if not isinstance(call.steps_per_epoch, int) and not limit.counts_steps:
+            return _in_run(decided, limit, epoch)
+        # Where the run cannot move it at an epoch's end (an iterator that
+        # runs on across epochs; a backup whose save points count the calls),
+        # the value is timed before the run, on a copy, where the run repays it.
+        return None
+
+    def price(self, at: stages.At) -> budget_lib.Price | None:
+        """What timing the host's path would cost, against what it may save;
+        None where the run's length or speed is unknown."""
+        budget, plan = at.budget, at.decided.plan
+        if budget is None:
+            return None
+        samples = budget.samples(plan)
+        if samples is None or budget.per_sample is None:
+            return None
+        host = HOST_GUESS.get(plan.backend, HOST_GUESS["tensorflow"])
+        step = budget.per_sample * plan.step_batch_size
+        cost = PREPARE_SECONDS + TRACE_SECONDS + 2 * ROUNDS * WINDOW_SECONDS
+        run = samples * budget.per_sample
+        return budget_lib.Price("steps_per_execution", cost, run, host / (host + step))
+
+    def refused(self, at: stages.At, why: str) -> Found:
+        return _one(at.decided, f"not measured: {why}")
+
+    def measure(self, at: stages.At) -> Found:
+        decided = at.decided
+        limit, epoch = _bounds(at)
+        try:
+            found = _timed(decided, at.given, min(K, _cap(epoch, limit, decided.plan)))
+        except model_lib.CannotRecreate as e:
+            return _one(decided, f"not measured: the model cannot be copied ({e})")
+        except Exception as e:  # an optional figure: the run keeps Keras's 1
+            return _one(decided, f"not measured: {type(e).__name__}: {gist(e)}")
+        n, why = _from_timing(found, epoch, limit, decided.plan)
+        chosen = _decided(decided, n, why)
+        return dataclasses.replace(
+            chosen, settled={**chosen.settled, "host_path": found}
+        )
+
+
+def _bounds(at: stages.At) -> tuple[steps_rules.StepsLimit, int | None]:
+    """The bounds on an "auto" value (the run's callbacks', and a divisor of
+    `steps_per_epoch` where given: one iterator runs on across epochs, and
+    Keras runs a call whole past the epoch's end), and the epoch's steps."""
+    steps_per_epoch = at.call.steps_per_epoch
+    limit = at.call.steps_limit or steps_rules.StepsLimit()
     if isinstance(steps_per_epoch, int) and steps_per_epoch > 0:
-        # One iterator runs on across epochs, and Keras runs a call whole
-        # past the epoch's end: only a divisor keeps the epoch's steps.
         limit = limit.dividing(steps_per_epoch, f"steps_per_epoch={steps_per_epoch}")
-    epoch = _epoch_steps(decided, steps_per_epoch)
-    why = _why_not(decided, limit, epoch, on_cluster)
-    if why is not None:
-        return _one(decided, why)
-    if not isinstance(steps_per_epoch, int) and not limit.counts_steps:
-        return _in_run(decided, limit, epoch)
-    # Where the run cannot move it at an epoch's end (an iterator that runs
-    # on across epochs; a backup whose save points count the calls), the
-    # value is timed before the run, on a copy, where the run repays it.
-    why = _unpaid(decided, budget) if budget is not None else None
-    if why is not None:
-        return _one(decided, why)
-    try:
-        found = _timed(decided, given, min(K, _cap(epoch, limit, plan)))
-    except model_lib.CannotRecreate as e:
-        return _one(decided, f"not measured: the model cannot be copied ({e})")
-    except Exception as e:  # an optional figure: the run keeps Keras's 1
-        return _one(decided, f"not measured: {type(e).__name__}: {gist(e)}")
-    decided = dataclasses.replace(decided, host_path=found)
-    n, why = _from_timing(found, epoch, limit, plan)
-    return _decided(decided, n, why)
+    return limit, _epoch_steps(at.decided, steps_per_epoch)
 
 
 def _from_timing(
@@ -147,18 +182,18 @@ def _from_timing(
 
 def _in_run(
     decided: Decided, limit: steps_rules.StepsLimit, epoch: int | None
-) -> Decided:
+) -> Found:
     """One step a call to begin with, and the bounds within which the run
     itself moves it (`apply.steps_in_run`): nothing is timed before it."""
     n, why = _capped(epoch, limit, decided.plan)
     bounds = steps_in_run.Bounds(n, why, limit, decided.plan.accumulation_steps)
-    decided = _decided(decided, 1, Reason("steps.in_run", cap=n, why=why))
-    return dataclasses.replace(decided, steps_in_run=bounds)
+    found = _decided(decided, 1, Reason("steps.in_run", cap=n, why=why))
+    return dataclasses.replace(found, settled={**found.settled, "steps_in_run": bounds})
 
 
 def _yours(
     decided: Decided, limit: steps_rules.StepsLimit | None, steps_per_epoch: Any
-) -> Decided:
+) -> Found:
     """A value of yours (fit's or compile's), as Keras trains it; one a call
     where it would leave a backup unable to count an epoch's steps
     (`_uncounted`), and said where it does not divide `steps_per_epoch`."""
@@ -181,7 +216,7 @@ def _keras_knows_epoch(decided: Decided, steps_per_epoch: Any) -> bool:
     )
 
 
-def _uncounted(decided: Decided, who: str) -> Decided:
+def _uncounted(decided: Decided, who: str) -> Found:
     """One step a call, with a warning, where a value of yours would leave
     `who` unable to count an epoch's steps: its length is unknown, and Keras
     gives a short last call the end a whole call would have."""
@@ -195,10 +230,10 @@ def _uncounted(decided: Decided, who: str) -> Decided:
     why = Reason("steps.default", why=f"{who} in an epoch of unknown length")
     options = dataclasses.replace(decided.options, steps_per_execution=1)
     found = Measured().decided(steps_per_execution=why).warned(words)
-    return decided.replanned(found, options=options)
+    return Found(found, {"options": options})
 
 
-def _overrun_said(decided: Decided, steps_per_epoch: Any) -> Decided:
+def _overrun_said(decided: Decided, steps_per_epoch: Any) -> Found:
     """`decided`, with a warning where the steps per call you set do not
     divide `steps_per_epoch`: Keras then runs each epoch's last call whole,
     past the epoch's end, on the iterator that runs on across epochs (as
@@ -206,12 +241,12 @@ def _overrun_said(decided: Decided, steps_per_epoch: Any) -> Decided:
     plan = decided.plan
     n = plan.steps_per_execution
     if not (isinstance(steps_per_epoch, int) and steps_per_epoch > 0) or n <= 1:
-        return decided
+        return Found()
     epoch = steps_per_epoch * plan.accumulation_steps
     if epoch % n == 0:
-        return decided
+        return Found()
     ran = -(-epoch // n) * n
-    return decided.replanned(
+    return Found(
         Measured().warned(
             f"steps_per_execution={n} does not divide the {epoch} steps of an "
             f"epoch (steps_per_epoch={steps_per_epoch}): Keras runs each call "
@@ -274,31 +309,14 @@ def _epoch_steps(decided: Decided, steps_per_epoch: Any) -> int | None:
     return None
 
 
-def _unpaid(decided: Decided, budget: budget_lib.RunBudget) -> str | None:
-    """Why timing the host's path would cost this run more than it may
-    save, or None (also where the run's length or speed is unknown)."""
-    plan = decided.plan
-    samples = budget.samples(plan)
-    if samples is None or budget.per_sample is None:
-        return None
-    host = HOST_GUESS.get(plan.backend, HOST_GUESS["tensorflow"])
-    step = budget.per_sample * plan.step_batch_size
-    share = host / (host + step)
-    cost = PREPARE_SECONDS + TRACE_SECONDS + 2 * ROUNDS * WINDOW_SECONDS
-    run = samples * budget.per_sample
-    why = budget_lib.unpaid(cost, run, share, "steps_per_execution")
-    return f"not measured: {why}" if why else None
-
-
-def _one(decided: Decided, why: str | Reason) -> Decided:
+def _one(decided: Decided, why: str | Reason) -> Found:
     reason = why if isinstance(why, Reason) else Reason("steps.default", why=why)
     return _decided(decided, 1, reason)
 
 
-def _decided(decided: Decided, n: int, why: Reason) -> Decided:
+def _decided(decided: Decided, n: int, why: Reason) -> Found:
     options = dataclasses.replace(decided.options, steps_per_execution=n)
-    found = Measured().decided(steps_per_execution=why)
-    return decided.replanned(found, options=options)
+    return Found(Measured().decided(steps_per_execution=why), {"options": options})
 
 
 def _timed(decided: Decided, given: Given, k: int) -> HostPath:
