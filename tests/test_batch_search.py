@@ -21,8 +21,7 @@ from kerascale import _units
 from kerascale.measure import cache, child, probe, probe_data, shipping
 from kerascale.measure import search as search_lib
 from kerascale.measure.jax import compiled
-from kerascale.measure.memory_model import MemoryModel
-from kerascale.measure.result import ProbeResult
+from kerascale.measure.result import MemoryModel, ProbeResult
 from kerascale.measure.search import search
 from kerascale.sense import data_facts, samples
 from kerascale.sense import oom as oom_lib

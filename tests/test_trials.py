@@ -508,8 +508,7 @@ def test_float32_is_not_timed_where_its_activations_would_pass_the_limit():
     55: a CNN's float32 trial took that process over a 1 GiB limit)."""
     import types
 
-    from kerascale.measure.memory_model import MemoryModel
-    from kerascale.measure.result import BatchSearchResult
+    from kerascale.measure.result import BatchSearchResult, MemoryModel
     from kerascale.measure.trials import float32_over
 
     found = BatchSearchResult(

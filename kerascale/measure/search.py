@@ -13,11 +13,11 @@ from typing import Protocol
 
 from kerascale._units import format_bytes
 from kerascale.errors import BatchSizeSearchError
-from kerascale.measure.memory_model import MemoryModel
 from kerascale.measure.result import (
     ERROR,
     OK,
     BatchSearchResult,
+    MemoryModel,
     ProbeResult,
     describe_probe,
 )

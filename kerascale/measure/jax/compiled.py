@@ -25,7 +25,6 @@ MAX_COMPILES = 5
 # The bracket is narrow enough when its ends are within this fraction.
 TOLERANCE = 0.02
 # On a CPU without memory_limit: the share of the memory available now.
-CPU_DEFAULT_SHARE = 0.8
 # Steps timed per candidate where a step's speed decides (a sharded mesh).
 TIMED_STEPS = 3
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kerascale._keras_compat.serialization import tensorflow_left_unimported
 from kerascale._units import format_bytes
@@ -27,8 +27,17 @@ from kerascale.measure.jax import step_child
 from kerascale.sense.model_facts import gist
 
 if TYPE_CHECKING:
-    from kerascale.measure.jax.compiled import Compiled
     from kerascale.plan.plan import Plan
+
+
+class Compiled(Protocol):
+    """What a confirmation reads of one compile (`compiled.Compiled`): named
+    here, not imported, so that the confirmation stands beside the compiled
+    search rather than above it."""
+
+    batch: int
+    need_bytes: int
+
 
 TIMEOUT_SECONDS = 600
 # On a CPU, the confirming real step moves the answer up (within XLA's

@@ -5,12 +5,12 @@ with its reason (the `limit.*` codes)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kerascale._units import format_bytes
 from kerascale.apply import model as model_lib
 from kerascale.measure import request as request_lib
-from kerascale.measure.jax import compiled
+from kerascale.measure.probe_memory import CPU_DEFAULT_SHARE
 from kerascale.plan.reasons import Reason
 from kerascale.sense import memory
 
@@ -19,8 +19,18 @@ if TYPE_CHECKING:
     from kerascale.sense.hardware import Hardware
 
 
+class StepBytes(Protocol):
+    """What this module reads of a compiled step (`compiled.StepMemory`):
+    named here, not imported, so that the device's free memory stands beside
+    the compiled search rather than above it."""
+
+    state_bytes: int
+    accumulator_bytes: int
+    replicas: int
+
+
 def for_step(
-    hw: Hardware, options: SearchOptions, step: compiled.StepMemory
+    hw: Hardware, options: SearchOptions, step: StepBytes
 ) -> tuple[int, Reason]:
     """`free_bytes`, or with `device_memory` what a device has beyond the
     state laid out on it."""
@@ -67,9 +77,9 @@ def free_bytes(hw: Hardware, options: SearchOptions) -> tuple[int, Reason]:
         available = memory.available_bytes()
         if available is None:
             raise request_lib.SearchUnavailable("the memory available here is unknown")
-        limit = int(available * compiled.CPU_DEFAULT_SHARE)
+        limit = int(available * CPU_DEFAULT_SHARE)
         # The memory available is what this process leaves: nothing to take.
-        share, spelled = compiled.CPU_DEFAULT_SHARE, format_bytes(limit)
+        share, spelled = CPU_DEFAULT_SHARE, format_bytes(limit)
         return limit, Reason("limit.cpu_available", share=share, limit=spelled)
     limit, resident = options.memory_limit, memory.resident_bytes() or 0
     why = Reason(
@@ -83,7 +93,7 @@ def free_bytes(hw: Hardware, options: SearchOptions) -> tuple[int, Reason]:
 def less_accumulators(
     free: int,
     why: Reason,
-    step: compiled.StepMemory,
+    step: StepBytes,
     model: Any,
     steps: int | None,
     host: bool,
