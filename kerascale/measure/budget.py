@@ -1,4 +1,12 @@
-"""What kerascale's own measurements may cost: what they are expected to save.
+"""The one gate: whether a measurement pays for itself in the run it tunes.
+
+Each measurement declares its `Price` (what it would cost, the run it tunes,
+the share of it that it may save) and `refused` says why it does not pay, or
+None; the tuned figures it reads (`REPAY`, `GAINS`, a child's and a rung's
+cost) live here. The decision's loop asks it of every priced stage
+(`measure.stages.entered`); the searches ask it of a ladder once their
+engine knows its rungs (`RunBudget.refuse_search`), and the trials of each
+trial once a first speed is known (`trial_bench.Bench`).
 
 Its design: docs/design/modules.md, `kerascale.measure.budget`.
 """
@@ -162,6 +170,11 @@ class Price:
     run_seconds: float
     share: float
 
+    @property
+    def saving(self) -> float:
+        """Seconds it is expected to save, less its cost (`value`)."""
+        return value(self.cost, self.run_seconds, self.share)
+
 
 def search_seconds(
     rungs: list[int], per_sample: float, steps: int, *, in_children: bool = True
@@ -181,6 +194,21 @@ def refused(price: Price) -> str | None:
     """The gate: why a measurement at `price` does not pay for itself in the
     run it tunes, or None where it does."""
     return unpaid(price.cost, price.run_seconds, price.share, price.what)
+
+
+def refused_in_steps(
+    least: int, run_steps: float, share: float, what: str
+) -> str | None:
+    """The gate counted in steps rather than seconds, where no step time is
+    known yet: why a measurement that trains at least `least` steps cannot
+    repay itself in a run of `run_steps` steps whatever a step takes, or
+    None."""
+    if value(least, run_steps, share) >= 0:
+        return None
+    return (
+        f"{NAMES.get(what, what)} would train at least {least} steps; they may "
+        f"save {share:.0%} of a run of about {run_steps:.0f} steps"
+    )
 
 
 def gain(what: str, backend: str) -> float:

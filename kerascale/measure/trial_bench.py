@@ -98,12 +98,7 @@ class Bench:
         run = self.samples / max(1, self.plan.micro_batch_size)
         least = ROUNDS * len(keys) * (ROUND_WARMUP_STEPS + MIN_WINDOW_STEPS)
         share = budget.gain(field, self.plan.backend)
-        if budget.value(least, run, share) >= 0:  # in steps, not seconds
-            return None
-        return (
-            f"{budget.NAMES.get(field, field)} would train at least {least} "
-            f"steps; they may save {share:.0%} of a run of about {run:.0f} steps"
-        )
+        return budget.refused_in_steps(least, run, share, field)
 
     # The budget.
     def _cost(self, new: int, timed: int) -> float:
@@ -120,13 +115,13 @@ class Bench:
 
     def value(self, keys: list[tuple], field: str) -> float:
         """Seconds the stage timing `keys` is expected to save, less its
-        cost (`budget.value`); inf with no budget, -inf with no figures."""
+        cost (`budget.Price.saving`); inf with no budget, -inf with no figures."""
         if self.unbudgeted:
             return math.inf
         self._estimate_speed()  # the stages are ordered by it
         if self.samples is None or not self.speed:
             return -math.inf
-        return budget.value(*self._weighed(keys, field))
+        return self._price(keys, field).saving
 
     def _estimate_speed(self) -> None:
         """The first estimate of the run's speed, where none is known yet."""
@@ -144,8 +139,7 @@ class Bench:
             )
         if not self.speed:
             return "no first speed to weigh them against (the first candidate failed)"
-        cost, run_seconds, share = self._weighed(keys, field)
-        return budget.unpaid(cost, run_seconds, share, field)
+        return budget.refused(self._price(keys, field))
 
     @property
     def run_seconds(self) -> float | None:
@@ -168,11 +162,13 @@ class Bench:
         k = epoch // steps_rules.EPOCH_SHARE
         return seconds * steps_in_run.expected_step(t1, self.plan.backend, k) / t1
 
-    def _weighed(self, keys: list[tuple], field: str) -> tuple[float, float, float]:
-        """(the stage's cost, the run's seconds, the share it may save)."""
+    def _price(self, keys: list[tuple], field: str) -> budget.Price:
+        """What the stage `field` timing `keys` costs, against the run's
+        seconds and the share it may save."""
         new = sum(k not in self.prepared for k in keys)
         cost = self._cost(new, len(keys))
-        return cost, self.samples / self.speed, budget.gain(field, self.plan.backend)
+        share = budget.gain(field, self.plan.backend)
+        return budget.Price(field, cost, self.samples / self.speed, share)
 
     # Measuring.
     def compare(self, keys: list[tuple], field: str) -> list[Trial]:
