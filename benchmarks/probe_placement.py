@@ -4,9 +4,10 @@ forked from one server that imported TensorFlow once (`measure.fork_server`),
 and in children that each start a TensorFlow of their own.
 
 Two searches, each from a fresh cache, rounds alternating in one process:
-- the speed ladder a short CPU `fit` runs (`mode="throughput"`, no
-  memory_limit): in this process first (`isolate="auto"`), in forked
-  children, in fresh children (`isolate=True`);
+- the speed ladder of `find_batch_size(mode="throughput")` (no
+  memory_limit; a CPU `fit` probes nothing before the run since issue 78):
+  in this process first (`isolate="auto"`), in forked children, in fresh
+  children (`isolate=True`);
 - the largest batch under a real resident-memory limit (`memory_limit`),
   which only a child can hold to: forked against fresh children.
 

@@ -117,13 +117,8 @@ def test_fit_s_check_reads_the_answer_and_measures_nothing(setting, monkeypatch)
         model = ModelFacts(policy="float32")
 
     options = Options.validate(batch_size=1288)
-    found, ladder, warning = batch_plan.batch_for_plan(
-        Given(model, x, y),
-        options,
-        Planner(),
-        plan_at(1288),
-        LIMIT,
-        can_try=True,
+    found, warning = batch_plan.batch_for_plan(
+        Given(model, x, y), options, Planner(), plan_at(1288), LIMIT
     )
     assert not asked and found.reasons["batch_size"].code == "search.answered_here"
-    assert (ladder, warning) == (False, "")
+    assert warning == ""

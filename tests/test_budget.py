@@ -46,20 +46,23 @@ def test_the_search_cost_counts_a_child_per_chunk_and_each_rung():
 
 
 def test_a_measurement_runs_where_its_expected_saving_repays_it():
-    """A search expected to save 25% of a 100 s run repays 9 s, not 30 s;
+    """A weighing expected to save 10% of a 100 s run repays 9 s, not 30 s;
     the reason names the cost, the saving and the run."""
-    assert budget.unpaid(9.0, 100.0, 0.25, "search") is None
-    assert budget.unpaid(30.0, 100.0, 0.25, "search") == (
-        "the search would take about 30s; it may save 25% of a run of about 100s"
+    assert budget.unpaid(9.0, 100.0, 0.10, "recompute") is None
+    assert budget.unpaid(30.0, 100.0, 0.10, "recompute") == (
+        "the weighing would take about 30s; it may save 10% of a run of about 100s"
     )
+    price = budget.Price("recompute", 30.0, 100.0, 0.10)
+    assert budget.refused(price) == budget.unpaid(30.0, 100.0, 0.10, "recompute")
+    assert price.saving == pytest.approx(-20.0)
     why = budget.unpaid(8.3, 0.62, 0.03, "data_changes")
     assert why == (
         "the pipeline trials would take about 8.3s; it may save 3% of a run of "
         "about 0.6s"
     )
-    # The priors rank what pays: on TensorFlow the search first.
+    # The priors rank what pays: the precision trial over the pipeline's.
     gains = budget.GAINS["tensorflow"]
-    assert gains["search"] == max(gains.values())
+    assert gains["precision"] > gains["data_changes"]
     assert budget.value(9.0, 100.0, 0.25) == pytest.approx(16.0)
 
 
@@ -271,9 +274,10 @@ def test_peeking_at_variable_shapes_leaves_the_order_alone():
     ],
 )
 @pytest.mark.serial
-def test_the_ladder_runs_in_the_children_the_cost_counts(cap, chunks):
-    """The budget counts a child per LADDER_CHUNK rungs (search_seconds):
-    the ladder sweeps exactly those chunks, the cap in its chunk."""
+def test_the_rungs_run_in_the_children_the_cost_counts(cap, chunks):
+    """The budget counts a child per LADDER_CHUNK rungs (search_seconds): a
+    throughput search still speeding up sweeps exactly those chunks, the cap
+    in its chunk."""
     from kerascale.measure.result import ProbeResult
     from kerascale.measure.search import search
 
@@ -283,6 +287,6 @@ def test_the_ladder_runs_in_the_children_the_cost_counts(cap, chunks):
         swept.append(list(batches))
         return [ProbeResult(b, "ok", peak_bytes=b, samples_per_s=b) for b in batches]
 
-    search(lambda b: sweep([b])[0], cap=cap, mode="ladder", sweep=sweep)
+    search(lambda b: sweep([b])[0], cap=cap, mode="throughput", sweep=sweep)
     assert swept == chunks
     assert len(swept) == -(-len(ladder(cap)) // LADDER_CHUNK)

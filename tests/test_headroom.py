@@ -223,10 +223,10 @@ def test_a_memory_limit_keeps_every_probe_in_children(probe_dirs_made):  # noqa:
     assert probe_dirs_made
 
 
-def test_the_budget_counts_no_child_where_the_prior_admits_the_whole_ladder():
-    """A search's `Room` tells the budget whether a ladder's rungs start a
-    child: by the prior alone, for the top rung, and only where the guard
-    applies."""
+def test_a_throughput_search_gets_a_room_only_where_the_guard_applies():
+    """A search's `Room` (the limit and the model's prior) is what lets its
+    first batches run here: a throughput search on one CPU device, without
+    memory_limit, against a known limit; no other."""
     import types
 
     model = mlp(1024)  # the prior: 16 x 1030 bytes a sample, 16 x 7170 fixed
@@ -238,13 +238,13 @@ def test_the_budget_counts_no_child_where_the_prior_admits_the_whole_ladder():
     top = 1024
     need = int(placement.SAFETY / placement.SHARE * 16 * (7170 + 1030 * top))
 
-    def room(mode="ladder", options=auto, limit=need, hw=cpu):
+    def room(mode="throughput", options=auto, limit=need, hw=cpu):
         placed = placement.place(model, hw, plan, options, None, mode=mode, limit=limit)
         assert placed.in_children and placed.forked
         return placed.room
 
-    assert room().admits(top)
-    assert not room(limit=need - 1).admits(top)
+    assert room() == placement.Room(need, placement.prior_for(model))
+    assert room(limit=need - 1).limit == need - 1
     assert room(mode="max") is None
     assert (
         room(options=types.SimpleNamespace(isolate="auto", memory_limit=need)) is None

@@ -97,13 +97,9 @@ def coordinate_speed(batch, policy, pipe):
     return base * (1.5 if policy != "float32" else 1.0) * (0.9 if pipe else 1.0)
 
 
-SYNTHETIC = {32: 1000.0, 64: 1800.0, 128: 2000.0, 256: 2030.0}
-
-
 def run_all(**kwargs):
-    """Every stage: the batches, the pipeline, the precision."""
+    """Every stage: the pipeline, the precision."""
     kwargs.setdefault("unbudgeted", True)
-    kwargs.setdefault("batches", SYNTHETIC)
     kwargs.setdefault("try_pipeline", True)
     kwargs.setdefault("try_precision", "mixed_bfloat16")
     return trials.run(
@@ -119,43 +115,25 @@ def run_all(**kwargs):
 def test_stages_time_their_candidates_in_interleaved_rounds(monkeypatch):
     m = Machine(coordinate_speed).install(monkeypatch)
     r = run_all()
-    # Batch: the probes' choice (128: within 3% of 256's synthetic speed) and
-    # its neighbours, A B C A B C A B C; 256 beats 128 by only 1.5%: 128.
-    assert (
-        m.timed[:9]
-        == [
-            (64, "mixed_bfloat16", True),
-            (128, "mixed_bfloat16", True),
-            (256, "mixed_bfloat16", True),
-        ]
-        * 3
-    )
-    assert r.batch == 128
-    # Pipeline at 128: as given (plain) against optimised, interleaved; as
-    # given is faster here. Precision: float32 (plain) against bf16, which
-    # is 1.5x faster, beyond any spread.
-    assert (
-        m.timed[9:15]
-        == [(128, "mixed_bfloat16", False), (128, "mixed_bfloat16", True)] * 3
-    )
-    assert m.timed[15:] == [(128, "float32", False), (128, "mixed_bfloat16", False)] * 3
-    assert (r.batch, r.optimize_data, r.precision) == (128, False, "mixed_bfloat16")
+    # Pipeline at the plan's batch: as given (plain) against optimised,
+    # interleaved A B A B A B; as given is faster here. Precision: float32
+    # (plain) against bf16, which is 1.5x faster, beyond any spread.
+    pipeline = [(32, "mixed_bfloat16", False), (32, "mixed_bfloat16", True)]
+    assert m.timed[:6] == pipeline * 3
+    assert m.timed[6:] == [(32, "float32", False), (32, "mixed_bfloat16", False)] * 3
+    assert (r.batch, r.optimize_data, r.precision) == (32, False, "mixed_bfloat16")
     assert r.uncertain == ()
     # Each candidate prepared (copied, traced) once for all its rounds.
-    assert len(m.prepared) == len(set(m.prepared)) == 5
+    assert len(m.prepared) == len(set(m.prepared)) == 3
     why = r.why("precision")
     assert "3 interleaved rounds" in why
-    assert "128, float32, pipeline as given: 200 ± 0% samples/s" in why
-    assert "128, mixed_bfloat16, pipeline as given: 300 ± 0% samples/s" in why
+    assert "32, float32, pipeline as given: 100 ± 0% samples/s" in why
+    assert "32, mixed_bfloat16, pipeline as given: 150 ± 0% samples/s" in why
     # Cached, and confident: nothing is measured again.
     m.timed.clear()
     again = run_all()
     assert m.timed == [] and again.cached
-    assert (again.batch, again.optimize_data, again.precision) == (
-        128,
-        False,
-        "mixed_bfloat16",
-    )
+    assert (again.optimize_data, again.precision) == (False, "mixed_bfloat16")
 
 
 def test_a_difference_within_the_spread_keeps_the_plain_choice(monkeypatch):
@@ -170,19 +148,19 @@ def test_a_difference_within_the_spread_keeps_the_plain_choice(monkeypatch):
     # Windows alternate float32, bf16, one noise factor each.
     m = Machine(speed, noise=(1.0, 1.0, 1.0, 0.88, 0.94, 1.0)).install(monkeypatch)
     run_all = functools.partial(globals()["run_all"], try_pipeline=False)
-    first = run_all(batches={})
+    first = run_all()
     assert first.precision == "float32"
     assert first.uncertain == ("precision",)
     assert "within noise: measured again on a later run (1 of 3)" in first.why(
         "precision"
     )
     m.timed.clear()
-    second = run_all(batches={})
+    second = run_all()
     assert m.timed, "an uncertain decision is measured again"
     assert second.attempts == 2 and not second.cached
-    run_all(batches={})
+    run_all()
     m.timed.clear()
-    fourth = run_all(batches={})
+    fourth = run_all()
     assert m.timed == [] and fourth.cached and fourth.attempts == 3
     assert "within noise in 3 runs: a tie" in fourth.why("precision")
 
@@ -192,120 +170,86 @@ def test_a_clear_gain_on_a_quiet_machine_is_taken(monkeypatch):
         return 110.0 if policy == "mixed_bfloat16" else 100.0
 
     Machine(speed, noise=(1.0, 1.0, 1.01, 1.01, 0.99, 0.99)).install(monkeypatch)
-    r = run_all(batches={}, try_pipeline=False)
+    r = run_all(try_pipeline=False)
     assert r.precision == "mixed_bfloat16" and r.uncertain == ()
 
 
 def test_a_busy_moment_hits_every_candidate_alike(monkeypatch):
-    """The probes put 32 first, but on the real data 128 is 40% faster; a
-    busy spell halves whatever runs in the second round. Interleaved, both
-    lose that round alike: 128 still wins every round, and is taken. It is
-    then timed against the next rung, 256, which wins every round by only
-    0.7%: 128 stays."""
+    """bf16 is 40% faster; a busy spell halves whatever runs in the second
+    round. Interleaved, both lose that round alike: bf16 still wins every
+    round, and is taken, with no doubt."""
 
     def speed(batch, policy, pipe):
-        return {32: 100.0, 128: 140.0, 256: 141.0}[batch]
+        return 140.0 if policy == "mixed_bfloat16" else 100.0
 
     m = Machine(speed, noise=(1.0, 1.0, 0.5, 0.5, 1.0, 1.0)).install(monkeypatch)
-    r = run_all(
-        batches={32: 2.0, 128: 1.0, 256: 0.5}, try_pipeline=False, try_precision=""
-    )
-    assert [k[0] for k in m.prepared] == [32, 128, 256]
-    assert [k[0] for k in m.timed] == [32, 128] * 3 + [128, 256] * 3
-    assert r.batch == 128 and r.uncertain == ()
-
-
-def test_a_winning_neighbour_climbs_the_ladder_while_it_wins(monkeypatch):
-    """A busy core flattened the probes' speeds, so the rule is 32; on the
-    real data each doubling is faster up to 256 and 512 gains nothing: the
-    trials climb 32 -> 64 -> 128 -> 256 and stop there, within the budget."""
-
-    def speed(batch, policy, pipe):
-        return {32: 100.0, 64: 150.0, 128: 200.0, 256: 240.0, 512: 241.0}[batch]
-
-    m = Machine(speed).install(monkeypatch)
-    flat = {32: 1000.0, 64: 1000.0, 128: 1000.0, 256: 1000.0, 512: 1000.0}
-    r = run_all(batches=flat, try_pipeline=False, try_precision="")
-    assert r.batch == 256 and r.measured("batch")
-    assert [k[0] for k in m.prepared] == [32, 64, 128, 256, 512]
-    assert "while it wins" in r.why("batch")
-    # The budget bounds the climb: when the third comparison cannot be
-    # afforded, the best so far (128) is kept, as measured.
-    calls = []
-
-    def skip(self, keys, field):
-        calls.append(keys)
-        return "the budget is spent" if len(calls) == 3 else None
-
-    monkeypatch.setattr(trial_bench.Bench, "_skip", skip)
-    m = Machine(speed).install(monkeypatch)
-    short = run_all(batches=flat, try_pipeline=False, try_precision="", fresh=True)
-    assert short.batch == 128 and short.measured("batch")
-    assert [k[0] for k in m.prepared] == [32, 64, 128]
+    r = run_all(try_pipeline=False)
+    assert [k[1] for k in m.timed] == ["float32", "mixed_bfloat16"] * 3
+    assert r.precision == "mixed_bfloat16" and r.uncertain == ()
 
 
 def test_the_budget_skips_what_the_run_cannot_pay_for(monkeypatch):
-    """10 epochs of 256 samples at the probes' 1000 samples/s (batch 32) is
-    a 2.6 s run: no stage costs less than a tenth of that; the plan says so."""
+    """10 epochs of 256 samples at a first estimate of 1000 samples/s (batch
+    32) is a 2.6 s run: no stage costs less than a tenth of that; the plan
+    says so."""
+    first = {"first_speed": lambda: 1000.0, "unbudgeted": False}
     m = Machine(coordinate_speed).install(monkeypatch)
-    r = run_all(unbudgeted=False, run_samples=2560)
+    r = run_all(run_samples=2560, **first)
     assert m.prepared == [] and r.trials == ()
-    # 80 steps: fewer than a twentieth of the steps the timing trains, so
+    # 80 steps: fewer than a thirtieth of the steps the timing trains, so
     # refused without a speed (nothing run, nothing estimated).
-    assert dict(r.skipped)["batch"] == (
-        "the batch trials would train at least 54 steps; they may save 5% of a "
-        "run of about 80 steps"
+    assert dict(r.skipped)["data_changes"] == (
+        "the pipeline trials would train at least 36 steps; they may save 3% of "
+        "a run of about 80 steps"
     )
     # 1,250 steps at that speed (40 s): refused on the seconds.
     m = Machine(coordinate_speed).install(monkeypatch)
-    r = run_all(unbudgeted=False, run_samples=40_000)
+    r = run_all(run_samples=40_000, **first)
     assert m.prepared == [] and r.trials == ()
-    assert dict(r.skipped)["batch"].startswith("the batch trials would take about")
-    assert dict(r.skipped)["batch"].endswith("of a run of about 40s")
-    assert not r.measured("precision") and not r.measured("batch")
-    # A long run (an hour at that speed) affords every stage.
+    skipped = dict(r.skipped)["precision"]
+    assert skipped.startswith("the precision trials would take about")
+    assert skipped.endswith("of a run of about 40s")
+    assert not r.measured("precision") and not r.measured("data_changes")
+    # A long run (two hours at that speed) affords every stage.
     m = Machine(coordinate_speed).install(monkeypatch)
-    r = run_all(unbudgeted=False, run_samples=2000 * 3600)
-    assert r.skipped == () and r.measured("precision") and r.measured("batch")
+    r = run_all(run_samples=1000 * 7200, **first)
+    assert r.skipped == () and r.measured("precision") and r.measured("data_changes")
     # Unknown length: nothing is measured.
     r = run_all(unbudgeted=False, run_samples=None, fresh=True)
-    assert "the run's length is unknown" in dict(r.skipped)["batch"]
+    assert "the run's length is unknown" in dict(r.skipped)["precision"]
 
 
 def test_stages_run_in_the_order_of_their_expected_value(monkeypatch):
-    """A 100,000-sample run at the probes' 2000 samples/s (50 s): the
-    precision trial (5% of the run expected, two candidates) is worth its
-    cost; the batch trial (5%, three candidates) and the pipeline trial
-    (3%) are not. The precision stage runs first and alone; the others are
-    skipped with their reasons. Each stage's cost: 1.5 s a candidate
-    prepared, 0.6 s a candidate timed."""
+    """A 100,000-sample run at a first estimate of 2000 samples/s (50 s): the
+    precision trial (10% of the run expected) is worth its cost; the
+    pipeline trial (3%) is not. The precision stage runs first and alone;
+    the other is skipped with its reason. Each stage's cost: 1.5 s a
+    candidate prepared, 0.6 s a candidate timed."""
     monkeypatch.setattr(
         trial_bench.Bench, "_cost", lambda self, new, timed: 1.5 * new + 0.6 * timed
     )
 
     def speed(batch, policy, pipe):
-        return SYNTHETIC[batch] * (1.1 if policy != "float32" else 1.0)
+        return 2000.0 * (1.1 if policy != "float32" else 1.0)
 
+    first = {"first_speed": lambda: 2000.0, "unbudgeted": False}
     m = Machine(speed).install(monkeypatch)
-    r = run_all(unbudgeted=False, run_samples=100_000)
-    assert m.timed[:2] == [(128, "float32", True), (128, "mixed_bfloat16", True)]
+    r = run_all(run_samples=100_000, **first)
+    assert m.timed[:2] == [(32, "float32", True), (32, "mixed_bfloat16", True)]
     assert r.measured("precision") and r.precision == "mixed_bfloat16"
-    skipped = dict(r.skipped)
-    assert skipped["batch"].startswith("the batch trials would take about 4.8s")
-    assert skipped["data_changes"].startswith("the pipeline trials would take")
-    assert not r.measured("batch") and not r.measured("data_changes")
-    # A long run repays all three: the precision first (the same gain as
-    # the batch's for a cheaper stage), then the batch, then the pipeline.
+    skipped = dict(r.skipped)["data_changes"]
+    assert skipped.startswith("the pipeline trials would take")
+    assert not r.measured("data_changes")
+    # A long run repays both: the precision first (the larger gain), then
+    # the pipeline.
     m = Machine(speed).install(monkeypatch)
-    run_all(unbudgeted=False, run_samples=10**8, fresh=True)
-    stages = [{"float32": "precision"}.get(k[1], "") for k in m.timed]
-    assert stages[0] == "precision"
-    assert [k[0] for k in m.timed[6:9]] == [64, 128, 256]  # then the batch
+    run_all(run_samples=10**8, fresh=True, **first)
+    assert [k[1] for k in m.timed[:2]] == ["float32", "mixed_bfloat16"]
     assert [k[2] for k in m.timed[-2:]] == [False, True]  # the pipeline last
-    # Unbudgeted, the coordinates' order: batch, pipeline, precision.
+    # Unbudgeted, the coordinates' order: the pipeline, then the precision.
     m = Machine(speed).install(monkeypatch)
     run_all(fresh=True)
-    assert [k[0] for k in m.timed[:3]] == [64, 128, 256]
+    assert [k[2] for k in m.timed[:2]] == [False, True]
 
 
 def test_without_a_first_estimate_the_first_candidate_gives_one(monkeypatch):
@@ -314,22 +258,18 @@ def test_without_a_first_estimate_the_first_candidate_gives_one(monkeypatch):
     precision stage (about 12 s of 0.32 s steps: 3 rounds of 2 candidates,
     each 4 steps and 2 to warm up a new iterator)."""
     m = Machine(lambda b, p, o: 100.0).install(monkeypatch)
-    r = run_all(batches={}, try_pipeline=False, unbudgeted=False, run_samples=30_000)
+    r = run_all(try_pipeline=False, unbudgeted=False, run_samples=30_000)
     assert m.prepared[0] == (32, "float32", True)  # prepared first, then weighed
     assert r.measured("precision")
     # 360 steps (115 s, a tenth of which is less than the stage's 12 s):
     # the candidate prepared for a speed, then refused.
     m = Machine(lambda b, p, o: 100.0).install(monkeypatch)
-    r = run_all(
-        batches={}, try_pipeline=False, unbudgeted=False, run_samples=11_520, fresh=True
-    )
+    r = run_all(try_pipeline=False, unbudgeted=False, run_samples=11_520, fresh=True)
     assert m.prepared == [(32, "float32", True)] and not r.measured("precision")
     assert "the precision trials would take" in dict(r.skipped)["precision"]
     # 16 steps: refused in steps, before anything is prepared.
     m.prepared.clear()
-    r = run_all(
-        batches={}, try_pipeline=False, unbudgeted=False, run_samples=500, fresh=True
-    )
+    r = run_all(try_pipeline=False, unbudgeted=False, run_samples=500, fresh=True)
     assert (
         m.prepared == []
         and "would train at least 36 steps" in dict(r.skipped)["precision"]
@@ -337,7 +277,7 @@ def test_without_a_first_estimate_the_first_candidate_gives_one(monkeypatch):
     # The speed it measured is kept: the next run is weighed without
     # preparing anything (which would draw on the dataset's shuffle state).
     m.prepared.clear()
-    again = run_all(batches={}, try_pipeline=False, unbudgeted=False, run_samples=600)
+    again = run_all(try_pipeline=False, unbudgeted=False, run_samples=600)
     assert m.prepared == [] and not again.measured("precision")
 
 

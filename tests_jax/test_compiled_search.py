@@ -261,11 +261,11 @@ def test_the_answer_s_fit_kwargs_train_with_updates_and_a_scaled_rate():
 
 @pytest.mark.once
 def test_find_batch_size_that_cannot_answer_here_says_why_and_what_to_do():
-    """On a CPU without memory_limit, only fit's trials time batches: asked
-    for the fastest, find_batch_size says so (it raised AttributeError on
-    the search's absent result before)."""
+    """On a CPU without memory_limit, XLA's count times no batch: asked for
+    the fastest, find_batch_size says so (it raised AttributeError on the
+    search's absent result before)."""
     x, y = np.zeros((256, 256), "float32"), np.zeros(256, "int32")
-    with pytest.raises(kerascale.BatchSizeSearchError, match="CPU trials") as e:
+    with pytest.raises(kerascale.BatchSizeSearchError, match="times no batch") as e:
         kerascale.find_batch_size(_mlp(), x, y, mode="throughput", verbose=0)
     assert "mode='max'" in str(e.value)
 

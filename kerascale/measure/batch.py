@@ -25,10 +25,9 @@ from kerascale.measure.request import (
     Prepared,
     SearchOptions,
     SearchRequest,
-    SearchSkipped,
 )
 from kerascale.measure.result import BatchSearchResult, ProbeResult, describe_probe
-from kerascale.measure.search import granularity_for, ladder, search
+from kerascale.measure.search import granularity_for, search
 from kerascale.plan import strategy as strategy_rules
 from kerascale.plan.reasons import Reason
 from kerascale.sense import samples
@@ -68,7 +67,7 @@ def cap_for(data: DataFacts, plan: Plan, options: SearchOptions) -> tuple[int, R
 
 class Engine(Protocol):
     """How one backend measures a batch for `run_search`, which owns the
-    rest (the cap, the cache, the budget, the host's share): TensorFlow's
+    rest (the cap, the cache, the host's share): TensorFlow's
     real steps (`Probes`), or JAX's compiled step's memory count
     (`measure.jax.search.Compiled`). Both answer with one bracket
     (`search.Bracket.largest`)."""
@@ -76,10 +75,6 @@ class Engine(Protocol):
     def prepare(self, request: SearchRequest, cap: int) -> Prepared:
         """What the search measures, before the cache is read. Raises
         `SearchUnavailable` where the engine cannot answer."""
-
-    def refused(self, prepared: Prepared, request: SearchRequest, cap: int) -> str:
-        """Why the search costs more than `request.budget` allows, or "" (only
-        a "ladder" is priced)."""
 
     def searched(
         self,
@@ -100,11 +95,10 @@ def run_search(request: SearchRequest, engine: Engine) -> BatchSearchResult:
     `accumulation_steps`, recomputation), measured by the backend's
     `engine` (`engines.batch_search` picks it), `request.first` first.
     The one door of both engines' searches: the cap, the cache (read, and
-    written with the answer), the budget a "ladder" must fit, and the
-    host's share of memory the answer must leave room for.
+    written with the answer), and the host's share of memory the answer
+    must leave room for.
 
     Raises:
-        SearchSkipped: A "ladder" would cost more than `request.budget` allows.
         SearchUnavailable: The engine cannot answer here.
         BatchSizeSearchError: Even the smallest batch does not fit, or the
             model fails for another reason.
@@ -122,12 +116,6 @@ def run_search(request: SearchRequest, engine: Engine) -> BatchSearchResult:
         }
     )
     cached = _cached(key, options, request.verbose)
-    # A ladder is priced against the run's budget; a cached answer is used
-    # whatever the run (it costs nothing).
-    priced = cached is None and request.budget is not None
-    why = engine.refused(prepared, request, cap) if priced else ""
-    if why:
-        raise SearchSkipped(why)
     # Measured only for an answer to give: it reads the input (seconds).
     share = host_share.for_search(
         given.x,
@@ -163,7 +151,7 @@ class _Probing:
         request: The search asked for.
         options: Its options (the check of a requested batch narrows them).
         spec: What each probe trains.
-        mode: "max", "throughput" or "ladder".
+        mode: "max" or "throughput".
         cap: The largest per-replica batch searched.
         first: The per-replica batch probed first, or None.
         placed: Where probes run, and why.
@@ -237,19 +225,6 @@ class Probes:
         )
         on_host = hw.accelerator == "cpu"
         return Prepared(mode, key, on_host, request.first or 32, probing)
-
-    def refused(self, prepared: Prepared, request: SearchRequest, cap: int) -> str:
-        if prepared.mode != "ladder":
-            return ""
-        probing = prepared.state
-        rungs = ladder(cap, granularity_for(request.hardware.accelerator, cap))
-        room = probing.placed.room
-        local = not probing.placed.in_children or (
-            room is not None and room.admits(rungs[-1])
-        )
-        return request.budget.refuse_search(
-            request.plan, rungs, probing.spec.steps, in_children=not local
-        )
 
     def searched(
         self,

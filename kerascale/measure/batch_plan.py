@@ -10,7 +10,6 @@ from typing import Any
 
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import answered, engines
-from kerascale.measure import budget as budget_lib
 from kerascale.measure.request import (
     Given,
     SearchDeclined,
@@ -68,16 +67,15 @@ def batch_for_plan(
     planner: Planner,
     plan: Plan,
     search: SearchOptions | None,
-    *,
-    can_try: bool,
-    budget: budget_lib.RunBudget | None = None,
-) -> tuple[BatchSearchResult | None, bool, str]:
-    """(the batch search's result or None, whether it ran as a ladder for the
-    trials, a warning: why a search, a check or a memory_limit was not used),
-    for `plan`, made by `planner` (whose facts it reads), over `given`.
+) -> tuple[BatchSearchResult | None, str]:
+    """(the batch search's result or None, a warning: why a search, a check
+    or a memory_limit was not used), for `plan`, made by `planner` (whose
+    facts it reads), over `given`. On a CPU an "auto" batch is Keras's: the
+    run's own measurements move it where they pay (`apply.batch_growth`),
+    so nothing is probed before it unless a bound you gave asks for a check.
 
     Raises:
-        SearchSkipped: The ladder would cost more than `budget` allows.
+        SearchDeclined: An "auto" batch on a CPU with no bound to check.
     """
     hw, facts, data = planner.hardware, planner.model, planner.data
     run: dict[str, Any] = dict(instance=user_instance(options), verbose=options.verbose)
@@ -92,28 +90,18 @@ def batch_for_plan(
         wanted, check = False, data.measurable
     cannot = unmeasurable(facts, data, wanted, check)
     if cannot is not None:
-        return None, False, cannot
+        return None, cannot
     if wanted:
         search = search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
-        ladder = search.mode == "auto" and can_try
-        if ladder:
-            # On a CPU the fastest batch depends on your input pipeline, which
-            # synthetic probes do not run: the children find what fits, on a
-            # ladder of batches, and trials time the rungs on the real data.
-            search = dataclasses.replace(search, mode="ladder")
-            # A bound you gave (memory_limit, max_batch_size) is always
-            # searched under: Keras's default batch might break it.
-            bounded = search.memory_limit or search.max_batch_size
-            run["budget"] = None if bounded else budget
         request = SearchRequest(given, data, plan, hw, search, **run)
-        return searched(request), ladder, ""
+        return searched(request), ""
     if check:
         # Does the requested batch fit in one forward pass? One probe if it
         # does; otherwise the largest micro-batch, for the accumulation split.
         # Probes carry accumulators (k=2): the split will need them.
         recalled = answered.recall(given.model, given.x, given.y, plan, search)
         if recalled is not None:
-            return recalled, False, ""
+            return recalled, ""
         checked = check_options(search, plan.micro_batch_size * plan.replicas)
         request = SearchRequest(
             given,
@@ -125,7 +113,7 @@ def batch_for_plan(
             first=plan.micro_batch_size,
             accumulation_steps=2,
         )
-        return searched(request), False, ""
+        return searched(request), ""
     if search is not None and search.memory_limit:
         why = (
             "your PyDataset makes its own batches"
@@ -134,8 +122,8 @@ def batch_for_plan(
             if options.accumulation_steps or options.max_batch_size
             else f"your dataset brings its own batch of {data.batch_size}"
         )
-        return None, False, f"memory_limit was not used (nothing was probed): {why}."
-    return None, False, ""
+        return None, f"memory_limit was not used (nothing was probed): {why}."
+    return None, ""
 
 
 def check_options(search: SearchOptions | None, batch_size: int) -> SearchOptions:

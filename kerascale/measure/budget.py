@@ -4,9 +4,8 @@ Each measurement declares its `Price` (what it would cost, the run it tunes,
 the share of it that it may save) and `refused` says why it does not pay, or
 None; the tuned figures it reads (`REPAY`, `GAINS`, a child's and a rung's
 cost) live here. The decision's loop asks it of every priced stage
-(`measure.stages.entered`); the searches ask it of a ladder once their
-engine knows its rungs (`RunBudget.refuse_search`), and the trials of each
-trial once a first speed is known (`trial_bench.Bench`).
+(`measure.stages.entered`), and the trials of each trial once a first
+speed is known (`trial_bench.Bench`).
 
 Its design: docs/design/modules.md, `kerascale.measure.budget`.
 """
@@ -32,14 +31,6 @@ REPAY = 1.0
 # What a measurement is expected to save, as a share of the run it tunes,
 # before it runs (2 cores, AMD EPYC with AVX512-BF16; benchmarks/end_to_end.py
 # and jax_end_to_end.py):
-# - "search": the ladder replaces Keras's default 32 on a CPU. TensorFlow's
-#   oneDNN steps run faster per sample at larger batches: the reference CNN
-#   1.3x at 256 (issue 39), 1.8-2.4x naive with bf16 at 512; taken as 0.25.
-#   XLA's CPU code ran it fastest at 32 (32 against 64: 782 and 767
-#   samples/s), and its search only lays out rungs for the trials: 0.05.
-# - "batch": the trials' choice among the rungs, on the real data, against
-#   the probes' synthetic pick (TensorFlow) or Keras's 32 (JAX): the best
-#   moved a rung, 1-8% (end_to_end's rounds).
 # - "data_changes": the optimised pipeline is kept without the trial; the
 #   trial saves only where it is slower than the pipeline as given: 3%
 #   (2812 against 2717 samples/s, issue 39), under 5% on bn.
@@ -56,31 +47,26 @@ REPAY = 1.0
 #   against accumulation moved the step time 10-30% (benchmarks/remat.py).
 GAINS = {
     "tensorflow": {
-        "search": 0.25,
-        "batch": 0.05,
         "data_changes": 0.03,
         "precision": 0.10,
         "recompute": 0.10,
     },
     "jax": {
-        "search": 0.05,
-        "batch": 0.05,
         "data_changes": 0.03,
         "precision": 0.02,
         "recompute": 0.10,
     },
 }
 NAMES = {
-    "search": "the search",
-    "batch": "the batch trials",
     "data_changes": "the pipeline trials",
     "precision": "the precision trials",
     "recompute": "the weighing",
     "steps_per_execution": "timing the host's path",
 }
-# The batch search's ladder in child processes (2 cores, the quickstart: a
-# child's start, TensorFlow's import and the first trace 2.5-3 s; each further
-# rung of the same child 0.5 s beyond its timed steps).
+# A search's rungs in child processes (2 cores, the quickstart: a child's
+# start, TensorFlow's import and the first trace 2.5-3 s; each further rung of
+# the same child 0.5 s beyond its timed steps): what weighing recomputation
+# costs.
 CHILD_START_SECONDS = 2.5
 RUNG_SECONDS = 0.5
 
@@ -123,35 +109,21 @@ class RunBudget:
         plan: Plan,
         rungs: list[int],
         steps: int,
-        what: str = "search",
+        what: str,
         *,
         in_children: bool = True,
     ) -> Price | None:
-        """What probing the ladder `rungs` would cost a run under `plan` (its
-        batch is what the run would train at without it), and may save; None
-        when the run's length or a first step time is unknown (then it is
-        probed, as a run that may be long). `what`: the measurement
-        ("search", "recompute"), for its expected gain; `in_children`:
+        """What probing the batches `rungs` would cost a run under `plan`
+        (its batch is what the run would train at without them), and may
+        save; None when the run's length or a first step time is unknown
+        (then they are probed, as a run that may be long). `what`: the
+        measurement (a `GAINS` key), for its expected gain; `in_children`:
         whether its rungs start child processes."""
         samples = self.samples(plan)
         if samples is None or self.per_sample is None:
             return None
         cost = search_seconds(rungs, self.per_sample, steps, in_children=in_children)
         return Price(what, cost, samples * self.per_sample, gain(what, plan.backend))
-
-    def refuse_search(
-        self,
-        plan: Plan,
-        rungs: list[int],
-        steps: int,
-        what: str = "search",
-        *,
-        in_children: bool = True,
-    ) -> str | None:
-        """Why the ladder `rungs` is not worth probing (`search_price`), or
-        None: the engines' question, asked once they know their rungs."""
-        price = self.search_price(plan, rungs, steps, what, in_children=in_children)
-        return refused(price) if price is not None else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +151,7 @@ class Price:
 def search_seconds(
     rungs: list[int], per_sample: float, steps: int, *, in_children: bool = True
 ) -> float:
-    """The ladder's expected cost: a child per LADDER_CHUNK rungs (none
+    """What probing `rungs` is expected to cost: a child per LADDER_CHUNK rungs (none
     when not `in_children`), each rung tracing, timing `steps` steps (at
     least MIN_TIMED_SECONDS) and validating."""
     children = math.ceil(len(rungs) / LADDER_CHUNK) if in_children else 0

@@ -32,7 +32,6 @@ from kerascale.measure.cluster_plan import agree
 from kerascale.measure.decided import Decided, Found
 from kerascale.measure.request import Given, SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult
-from kerascale.measure.search import fastest_small
 from kerascale.plan.fallback import Attempt, FailedInProbe, LateCoreCount
 from kerascale.plan.measured import Measured
 from kerascale.plan.options import Options, pinned_reasons, user_instance
@@ -259,30 +258,6 @@ def _request(
     return _request_for(given, decided.data, plan, decided.hardware, options, **run)
 
 
-def _batch_chosen(
-    result: BatchSearchResult,
-    measured: trials_lib.TrialResult,
-    rungs: dict[int, float],
-    replicas: int,
-) -> BatchSearchResult:
-    """The search's result with the batch the trials chose, or, where they
-    did not time the rungs, the fastest by the probes' own (synthetic)
-    speeds: the smallest within 3% of the best."""
-    if measured.measured("batch"):
-        batch, why = measured.batch, measured.why("batch")
-    else:
-        batch, why = fastest_small(rungs)
-        skipped = measured.skip_reason("batch")
-        if skipped:
-            why = why.noted(f"trials skipped: {skipped}")
-    return dataclasses.replace(
-        result,
-        per_replica_batch_size=batch,
-        batch_size=batch * replicas,
-        reasons={**result.reasons, "batch_size": why},
-    )
-
-
 class Sharding(stages_lib.Priceless):
     """Whether one replica fits a device, else the mesh to shard over (JAX's
     `ModelParallel`; elsewhere the plan as it is): `engines.sharding`."""
@@ -304,16 +279,14 @@ class Sharding(stages_lib.Priceless):
 
 class BatchSearched(stages_lib.Priceless):
     """fit's batch: the search's answer for an "auto" one, the memory check of
-    a requested one (`batch_plan.batch_for_plan`). The ladder's price is
-    asked of the same gate by the engine that knows its rungs, once it read
-    its cache (`request.budget`).
+    a requested one (`batch_plan.batch_for_plan`). On a CPU an "auto" batch
+    is Keras's, and nothing is probed before the run (issue 78).
 
     A probe that fails for a reason other than memory is not fit's error to
     raise: under a mixed precision kerascale chose, it is the ladder's
     `FailedInProbe`; otherwise the search is dropped (the real run then
-    raises the model's error, as `model.fit` would). Carries "ladder"
-    (whether it ran as rungs for the trials) and "asked" (the batch per
-    replica asked for, None for "auto")."""
+    raises the model's error, as `model.fit` would). Carries "asked" (the
+    batch per replica asked for, None for "auto")."""
 
     name = "search"
 
@@ -327,23 +300,17 @@ class BatchSearched(stages_lib.Priceless):
         asked = None if searched_batch(options, data) else plan.micro_batch_size
         found, skipped, hint = Measured(), "", None
         try:
-            result, ladder, note = batch_for_plan(
-                at.given,
-                options,
-                decided.planner,
-                plan,
-                at.search,
-                can_try=trials_lib.possible(options, hw, facts),
-                budget=at.budget,
+            result, note = batch_for_plan(
+                at.given, options, decided.planner, plan, at.search
             )
         except request_lib.SearchSkipped as e:
-            result, ladder, note, skipped, hint = None, False, "", str(e), e.hint
+            result, note, skipped, hint = None, "", str(e), e.hint
         except ProbeFailed as e:
             if options.precision == "auto" and plan.precision != facts.policy:
                 raise FailedInProbe(
                     str(e), tried=plan.precision, policy=facts.policy
                 ) from e
-            result, ladder = None, False
+            result = None
             note = (
                 f"No batch search: a probe failed for a reason other than memory "
                 f"({e}). Training at Keras's default batch; pass batch_size= to "
@@ -356,7 +323,7 @@ class BatchSearched(stages_lib.Priceless):
                 "global_batch_size", f"batch search skipped: {skipped}; {hint}"
             )
         settled = {"search": result, "search_skipped": skipped}
-        return Found(found, settled, {"ladder": ladder, "asked": asked})
+        return Found(found, settled, {"asked": asked})
 
 
 class Searched(stages_lib.Priceless):
@@ -383,10 +350,10 @@ class Searched(stages_lib.Priceless):
 
 
 class Trials(stages_lib.Priceless):
-    """Timing, on the real data, the CPU choices left to kerascale: the batch
-    (the search's rungs), the pipeline, the precision. Each trial is weighed
-    by the gate inside the bench (`trial_bench.Bench.budget_for`: its price
-    is known only once a first candidate is timed)."""
+    """Timing, on the real data, the CPU choices left to kerascale before the
+    run: the pipeline and the precision. Each trial is weighed by the gate
+    inside the bench (`trial_bench.Bench.budget_for`: its price is known only
+    once a first candidate is timed)."""
 
     name = "trials"
 
@@ -402,22 +369,14 @@ class Trials(stages_lib.Priceless):
 
     def measure(self, at: stages_lib.At) -> Found:
         decided, given, budget = at.decided, at.given, at.budget
-        ladder = at.carried.get("ladder", False)
-        options, plan, result = decided.options, decided.plan, decided.search
+        options, plan = decided.options, decided.plan
         try_pipeline, try_precision, over = trials_lib.wanted(
-            options, plan, decided.data, given.x, decided.hardware, result
+            options, plan, decided.data, given.x, decided.hardware, decided.search
         )
         found = Measured()  # the trials' reasons, and why a stage was not run
         if over is not None:
             found = found.noted("precision", f"trials skipped: {over}")
-        rungs: dict[int, float] = {}
-        if ladder and result.mode == "ladder":  # not XLA's search: no rungs
-            rungs = {
-                p.batch: p.samples_per_s or 0.0
-                for p in result.probes
-                if p.outcome == "ok" and p.batch <= result.per_replica_batch_size
-            }
-        if not (try_pipeline or try_precision or len(rungs) > 1):
+        if not (try_pipeline or try_precision):
             return Found(found)
         measured = trials_lib.run(
             given,
@@ -426,7 +385,6 @@ class Trials(stages_lib.Priceless):
             decided.hardware,
             try_pipeline=try_pipeline,
             try_precision=try_precision,
-            batches=rungs,
             optimize=decided.optimize_data,
             verbose=options.verbose,
             fresh=options.remeasure,
@@ -434,8 +392,6 @@ class Trials(stages_lib.Priceless):
             unbudgeted=budget is None,
             first_speed=budget.speed if budget is not None else None,
         )
-        if len(rungs) > 1:
-            result = _batch_chosen(result, measured, rungs, plan.replicas)
         settled = dataclasses.replace(
             options,
             precision=measured.precision
@@ -459,12 +415,7 @@ class Trials(stages_lib.Priceless):
         )
         return Found(
             found,
-            {
-                "options": settled,
-                "search": result,
-                "optimize_data": optimize,
-                "trials": measured,
-            },
+            {"options": settled, "optimize_data": optimize, "trials": measured},
         )
 
 

@@ -14,7 +14,7 @@ never harm the user's process; one in this process costs no start. So:
    imported TensorFlow once (`fork_server`): a fresh TensorFlow per probe
    cost 3-4 s each on 2 cores. GPU children start fresh (a GPU's driver must
    not be initialised before a fork).
-5. And on a CPU's speed ladder with no `memory_limit`, on one device, the
+5. And on a CPU's throughput search with no `memory_limit`, on one device, the
    batches whose steps are far below the memory free run here first
    (`headroom`): a short run's search then starts no TensorFlow at all.
 
@@ -66,12 +66,6 @@ class Room:
 
     limit: int
     prior: tuple[int, int]
-
-    def admits(self, top: int) -> bool:
-        """Whether the prior alone admits a ladder up to `top` here (none
-        of its rungs is expected to start a child)."""
-        fixed, per_sample = self.prior
-        return SAFETY * (fixed + per_sample * top) <= SHARE * self.limit
 
 
 # The seam benchmarks/probe_placement.py turns off to measure fresh children.
@@ -128,7 +122,7 @@ def place(
             return Placement(False, Reason("isolate.cannot_ship", problem=problem))
     children = _children(hw, Reason("isolate.children"))
     if (
-        mode in ("ladder", "throughput")
+        mode == "throughput"
         and not options.memory_limit
         and limit is not None
         and len(plan.devices) <= 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from kerascale import _validation
 from kerascale._units import parse_bytes
@@ -29,16 +29,6 @@ class Given:
     model: Any
     x: Any
     y: Any = None
-
-
-class SearchBudget(Protocol):
-    """What a search asks of the run's budget, as the searches call it:
-    `budget.RunBudget.refuse_search` (a Protocol, not an import: a request
-    is a value, below the cost model that weighs it)."""
-
-    def refuse_search(
-        self, plan: Plan, rungs: list[int], steps: int, *, in_children: bool = ...
-    ) -> str | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +113,6 @@ class SearchRequest:
         first: The per-replica batch tried first (a requested one), or None.
         accumulation_steps: Accumulators held beside the micro-batch (the
             split a requested batch will need), or None for the plan's.
-        budget: The run a "ladder" must repay (`budget.RunBudget`), or None.
         timed: The largest batch that fits also runs real steps (where its
             speed decides).
         host_share: On a CPU, what the process where `fit` trains holds
@@ -145,7 +134,6 @@ class SearchRequest:
     verbose: Any = "auto"
     first: int | None = None
     accumulation_steps: int | None = None
-    budget: SearchBudget | None = None
     timed: bool = False
     host_share: tuple = ()
 
@@ -178,7 +166,7 @@ class Prepared:
     """What an engine settled for one search before its first measurement.
 
     Attributes:
-        mode: "max", "throughput" or "ladder".
+        mode: "max" or "throughput".
         key: The engine's parts of the cache key, by name (`run_search`
             adds the model, the hardware and the margin).
         on_host: Whether the host's memory is the budget, so the input's

@@ -91,9 +91,7 @@ def search(
             default): finer would change nothing the margin does not hide.
             With margin 0, to the granule.
         mode: "max", or "throughput": the smallest batch within 3% of the best
-            measured speed, under the memory bound; or "ladder" (internal):
-            batches doubling from 32 to the memory bound or the cap, the
-            largest that fits chosen.
+            measured speed, under the memory bound.
         max_trials: The most probes to run.
         sweep: Runs several increasing batches at once, stopping at the first
             that does not fit (one child process for all). Defaults to calling
@@ -113,8 +111,8 @@ def search(
         probe, sweep, cap, limit_bytes, max(1, granularity), max_trials, on_probe
     )
     try:
-        if mode in ("throughput", "ladder"):
-            s.throughput(plateau=mode == "throughput")
+        if mode == "throughput":
+            s.throughput()
         else:
             if first is not None:
                 s.run(min(first, cap))
@@ -266,24 +264,20 @@ class Bracket:
         nxt = self.down((lo + hi) / 2)
         return nxt if lo < nxt < hi else lo + self.step(lo)
 
-    def throughput(self, *, plateau: bool = True) -> None:
+    def throughput(self) -> None:
         """Doubles the batch from 32, timing each, until the speed stops
         growing (two doublings in a row gaining less than 3% over the fastest
         before them: one slower timing alone does not stop it), memory runs
-        out, or the
-        cap; then finds the memory bound if the speed was still growing
-        there. Without `plateau`, the ladder runs on to the memory bound or
-        the cap whatever the speeds (`fit` then times the rungs on the real
-        data)."""
-        flat = self._plateaued if plateau else lambda: False
+        out, or the cap; then finds the memory bound if the speed was still
+        growing there."""
         rungs = ladder(self.cap, self.g)
         for i in range(0, len(rungs), LADDER_CHUNK):
             self.run_many(rungs[i : i + LADDER_CHUNK])
-            if self.hi is not None or flat():
+            if self.hi is not None or self._plateaued():
                 break
-        if self.lo < self.cap and self.hi is None and not flat():
+        if self.lo < self.cap and self.hi is None and not self._plateaued():
             self.run(self.cap)
-        if plateau and self.hi is not None and self._best_batch() == self.lo:
+        if self.hi is not None and self._best_batch() == self.lo:
             # Still speeding up when memory ran out: the bound matters, to
             # within 10% (speed barely changes closer in).
             self.close_in(Bisection(0.1))

@@ -69,7 +69,8 @@ class At:
             every measurement that is wanted runs).
         call: What the door's call brings.
         carried: What a stage left for a later one, by name (the search's
-            "ladder": whether it ran as rungs for the trials).
+            "asked": the batch per replica asked for, which recomputation is
+            weighed against).
     """
 
     decided: Decided

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from kerascale._display import said
 from kerascale.measure import cache
 from kerascale.measure.request import Given
-from kerascale.measure.search import fastest_small
 from kerascale.measure.trial_bench import Bench
 from kerascale.measure.trial_result import MAX_ATTEMPTS, MIN_GAIN, Trial, TrialResult
 from kerascale.plan import precision as precision_rules
@@ -108,7 +107,6 @@ def run(
     *,
     try_pipeline: bool,
     try_precision: str,
-    batches: dict[int, float] | None = None,
     optimize: bool = True,
     verbose: Any = "auto",
     fresh: bool = False,
@@ -121,9 +119,6 @@ def run(
     Args:
         given: The user's model and data (the candidates train copies).
         data: What the data is (`sense.data_facts`).
-        batches: Per-replica batches known to fit (the batch search's rungs)
-            with their synthetic samples/s, to time on the real data; empty
-            to keep the plan's batch.
         optimize: The pipeline setting when it is not tried.
         fresh: Measure again even when the cache has an answer.
         run_samples: The samples the run will train (epochs x samples per
@@ -133,14 +128,15 @@ def run(
         first_speed: Returns a first estimate of samples/s, for the budget
             when neither the search's probes nor an earlier run measured one.
     """
-    batches = dict(batches or {})
     key = cache.cache_key(
         {
             "trials": 3,
             "model": cache.model_fingerprint(given.model),
             "data": data_signature.signature(given.x),
             "plan": [plan.precision, plan.step_batch_size, plan.strategy],
-            "candidates": [try_pipeline, try_precision, sorted(batches), optimize],
+            # [] where batches were listed: no batch is timed before the run
+            # (issue 78), and the key of a cached answer stays as it was.
+            "candidates": [try_pipeline, try_precision, [], optimize],
             "hardware": hw.to_dict(),
         }
     )
@@ -148,16 +144,15 @@ def run(
     decided = cached is not None and bool(cached.trials)
     if decided and not (cached.uncertain and cached.attempts < MAX_ATTEMPTS):
         return cached
-    # A first speed: the search's probes, else one a shorter run measured
-    # (so that weighing a run never needs a candidate prepared again), else
-    # the first estimate (an eager forward pass), taken only where a stage
-    # could repay itself in steps.
-    speed = _estimate(batches, plan) or (cached.speed if cached else None)
+    # A first speed: one a shorter run measured (so that weighing a run never
+    # needs a candidate prepared again), else the first estimate (an eager
+    # forward pass), taken only where a stage could repay itself in steps.
+    speed = cached.speed if cached else None
     later = first_speed if not speed and not unbudgeted else None
     bench = Bench(given, data, plan, verbose)
     bench.budget_for(run_samples, unbudgeted, speed, later)
     with bench:
-        result = _stages(bench, plan, try_pipeline, try_precision, batches, optimize)
+        result = _stages(bench, plan, try_pipeline, try_precision, optimize)
     if decided and not result.trials:
         return cached  # a later run too short to measure again: keep it
     result = dataclasses.replace(
@@ -182,28 +177,15 @@ def _read(key: str) -> TrialResult | None:
         return None  # an entry from another version: measure again
 
 
-def _estimate(batches: dict[int, float], plan: Plan) -> float | None:
-    """samples/s before anything is timed: the search's synthetic speed at
-    the plan's batch (or the fastest rung), if it ran."""
-    speeds = {b: s for b, s in batches.items() if s}
-    if not speeds:
-        return None
-    return speeds.get(plan.micro_batch_size) or max(speeds.values())
-
-
-def _stages(bench, plan, try_pipeline, try_precision, batches, optimize):
-    """The batch, the pipeline and the precision, each where its expected
-    saving repays its cost (`Bench.value`), the most valuable first, each
-    timed at the choices made so far."""
+def _stages(bench, plan, try_pipeline, try_precision, optimize):
+    """The pipeline and the precision, each where its expected saving repays
+    its cost (`Bench.value`), the more valuable first, each timed at the
+    choices made so far."""
     batch, policy = plan.micro_batch_size, plan.precision
     pipe = True if try_pipeline else optimize
     uncertain: list[str] = []
-    rule, rungs = _candidates(batches) if len(batches) > 1 else (batch, [])
-    batch = rule
 
     def keys(field: str) -> list[tuple]:
-        if field == "batch":
-            return [(b, policy, pipe) for b in rungs]
         if field == "data_changes":
             return [(batch, policy, False), (batch, policy, True)]
         return [(batch, "float32", pipe), (batch, try_precision, pipe)]
@@ -211,7 +193,6 @@ def _stages(bench, plan, try_pipeline, try_precision, batches, optimize):
     stages = [
         field
         for field, wanted in (
-            ("batch", bool(rungs)),
             ("data_changes", try_pipeline),
             ("precision", bool(try_precision)),
         )
@@ -223,15 +204,10 @@ def _stages(bench, plan, try_pipeline, try_precision, batches, optimize):
         trials = bench.compare(keys(field), field)
         if not trials:
             continue
-        if field == "batch":
-            batch, doubt = _batch_choice(trials, rule)
-            if batch != rule:
-                batch, doubt = _climb(bench, sorted(batches), rule, batch, policy, pipe)
-        elif field == "data_changes":
-            chosen, doubt = _better(*trials)
+        chosen, doubt = _better(*trials)
+        if field == "data_changes":
             pipe = chosen[2]
         else:
-            chosen, doubt = _better(*trials)
             policy = chosen[1]
         uncertain += [field] if doubt else []
     return TrialResult(
@@ -242,40 +218,6 @@ def _stages(bench, plan, try_pipeline, try_precision, batches, optimize):
         uncertain=tuple(uncertain),
         skipped=tuple(bench.skipped),
     )
-
-
-def _candidates(batches: dict[int, float]) -> tuple[int, list[int]]:
-    """(the rule's batch, the rungs to time): the rule's is what kerascale
-    takes without trials (the smallest within 3% of the fastest synthetic
-    speed); its neighbours on the ladder are timed against it, since the
-    real pipeline and each epoch's start-up can move the best a rung
-    either way."""
-    order = sorted(batches)
-    rule, _ = fastest_small(batches)
-    i = order.index(rule)
-    return rule, order[max(0, i - 1) : i + 2]
-
-
-def _climb(
-    bench: Bench, order: list[int], rule: int, batch: int, policy: str, pipe: bool
-) -> tuple[int, bool]:
-    """Where a neighbour beat the rule's batch, the next rung the same way
-    is timed against it, and so on while each wins beyond noise (and the
-    budget lasts): the probes' synthetic speeds can put the rule rungs away
-    from the real best (on a busy core they flattened, putting the rule at 32
-    where the best was 256 or 512). (the batch, whether the last comparison
-    fell within noise)."""
-    step = 1 if batch > rule else -1
-    while 0 <= order.index(batch) + step < len(order):
-        nxt = order[order.index(batch) + step]
-        trials = bench.compare([(batch, policy, pipe), (nxt, policy, pipe)], "batch")
-        if not trials:
-            return batch, False  # the budget is spent: the best so far
-        chosen, doubt = _batch_choice(trials, batch)
-        if chosen == batch:
-            return batch, doubt
-        batch = chosen
-    return batch, False
 
 
 def _paired(slow: Trial, fast: Trial) -> tuple[float, float, bool]:
@@ -307,17 +249,3 @@ def _better(plain: Trial, other: Trial) -> tuple[tuple, bool]:
         return (plain if not plain.failed else other).key, False
     clear, doubt = _faster(plain, other)
     return (other if clear else plain).key, doubt
-
-
-def _batch_choice(trials: list[Trial], rule: int) -> tuple[int, bool]:
-    """The rule's batch unless another rung beats it beyond noise (then the
-    fastest of those), and whether a comparison fell within noise."""
-    ok = [t for t in trials if not t.failed and t.samples_per_s > 0]
-    base = next((t for t in ok if t.batch == rule), None)
-    if base is None:  # the rule's batch failed: the fastest that trained
-        return (max(ok, key=lambda t: t.samples_per_s).batch if ok else rule), False
-    verdicts = {t.batch: _faster(base, t) for t in ok if t is not base}
-    clear = [t for t in ok if t is not base and verdicts[t.batch][0]]
-    if clear:
-        return max(clear, key=lambda t: t.samples_per_s).batch, False
-    return rule, any(doubt for _, doubt in verdicts.values())

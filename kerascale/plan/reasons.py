@@ -441,10 +441,6 @@ WORDS: dict[str, str | Callable[..., str]] = {
         + (f", less the {margin:.0%} margin" if margin else "")
         + f" ({counted}){confirmed}"
     ),
-    "search.ladder": (
-        "rungs {rungs} per replica, for the trials to time on your data, up to "
-        "{bound} ({cap} or the largest whose compiled train step fits: {counted})"
-    ),
     # where the probes ran
     "isolate.asked": "isolate={isolate}",
     "isolate.your_instance": "your strategy instance lives in this process",

@@ -25,8 +25,8 @@ from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import host_share
 from kerascale.measure.jax import compiled, confirm, device_free
 from kerascale.measure.request import Prepared, SearchOptions, SearchUnavailable
-from kerascale.measure.result import OK, BatchSearchResult, ProbeResult
-from kerascale.measure.search import granularity_for, granule_at, ladder, round_down
+from kerascale.measure.result import BatchSearchResult
+from kerascale.measure.search import granule_at, round_down
 from kerascale.plan.reasons import Reason
 from kerascale.sense import memory
 
@@ -57,15 +57,13 @@ class XlaAnalysis:
     distribution), by XLA's memory analysis. The step compiled is the
     micro-batch's, with the memory of `accumulation_steps`' accumulators held
     beside it, and of the batches `Prefetch` reads ahead where the plan has
-    it. With `options.mode == "ladder"` (a CPU's trials will time the
-    batches), the answer is the rungs up to the largest that fits, none run.
-    `request.timed`: the largest batch that fits also runs a few real steps
+    it. `request.timed`: the largest batch that fits also runs a few real steps
     (`_timed`). On a CPU, real steps in a child confirm the answer
     (`confirm.confirmed`)."""
 
     def prepare(self, request: SearchRequest, cap: int) -> Prepared:
         """Raises `SearchUnavailable` on a CPU asked for the fastest batch
-        (only the trials time batches)."""
+        without a memory limit (XLA's count times nothing)."""
         given, plan = request.given, request.plan
         hw, options = request.hardware, request.options
         _answerable(hw, options)
@@ -98,12 +96,6 @@ class XlaAnalysis:
         }
         start = request.first or min(cap, START)
         return Prepared(options.mode, key, host, start, _Setting(element, host, held))
-
-    def refused(self, prepared: Prepared, request: SearchRequest, cap: int) -> str:
-        if prepared.mode != "ladder":
-            return ""
-        rungs = ladder(cap, granularity_for(request.hardware.accelerator, cap))
-        return request.budget.refuse_search(request.plan, rungs, 1)
 
     def searched(
         self,
@@ -212,7 +204,7 @@ def _compiled(
         found = compiled.search(
             need, free, start=start, cap=cap, measured=(first_compile,)
         )
-        if timed and options.mode != "ladder":
+        if timed:
             seen = _timed(
                 step, trained, found.fits, found.seen, hw=hw, options=options, host=host
             )
@@ -232,8 +224,8 @@ def _answer(
     *,
     share: host_share.HostShare,
 ) -> BatchSearchResult:
-    """The search's answer from its compiles: the ladder for the trials, or
-    the batch (on a CPU confirmed by a real step in a child). `capped`: the
+    """The search's answer from its compiles: the batch (on a CPU confirmed
+    by a real step in a child). `capped`: the
     largest batch the search may answer, and why."""
     fits, fails, seen = searched.fits, searched.fails, searched.seen
     free, why_free = limit
@@ -246,8 +238,6 @@ def _answer(
             out_of_memory=True,
         )
     chosen, granularity = _with_margin(fits, fails, options.margin)
-    if options.mode == "ladder":  # the trials time rungs up to the bound
-        return _ladder(plan, chosen, seen, limit, why_cap)
     confirmed = ""
     if host and _confirmable(plan) and options.isolate is not False:
         # As far as real steps show room: XLA's count is not the truth on a
@@ -322,55 +312,14 @@ def _result(
 
 def _answerable(hw: Hardware, options: SearchOptions) -> None:
     """Raises `SearchUnavailable` on a CPU asked for the fastest batch
-    without a ladder for the trials to time (`mode="ladder"`)."""
-    if hw.accelerator != "cpu" or options.mode in ("max", "ladder"):
+    without a memory limit: XLA's count finds what fits, and times nothing."""
+    if hw.accelerator != "cpu" or options.mode == "max":
         return
     if not options.memory_limit:
         raise SearchUnavailable(
-            "on a CPU the largest batch that fits is not the fastest, and only "
-            "the CPU trials time batches (they run where kerascale can train a "
-            "copy of your model on your data)"
+            "on a CPU the largest batch that fits is not the fastest, and this "
+            "search times no batch: it counts what a compiled step needs"
         )
-
-
-def _ladder(
-    plan: Plan,
-    bound: int,
-    seen: list[compiled.Compiled],
-    free: tuple[int, Reason],
-    why_cap: Reason,
-) -> BatchSearchResult:
-    """The rungs for the CPU trials to time: doublings from Keras's default
-    batch up to `bound` (the largest whose compiled step fits, less the
-    margin, or the cap), then `bound` itself; none of them run yet."""
-    rungs = ladder(bound)
-    why = Reason(
-        "search.ladder",
-        rungs=", ".join(map(str, rungs)),
-        bound=bound,
-        cap=why_cap,
-        counted=compiled.describe(seen, free[0]),
-    )
-    return BatchSearchResult(
-        batch_size=bound * plan.replicas,
-        per_replica_batch_size=bound,
-        replicas=plan.replicas,
-        precision=plan.precision,
-        strategy=plan.strategy,
-        largest_fitting=bound,
-        smallest_failing=None,
-        mode="ladder",
-        probes=tuple(ProbeResult(batch=b, outcome=OK) for b in rungs),
-        memory_model=None,
-        limit_bytes=free[0],
-        granularity=1,
-        margin=0.0,
-        reasons={
-            "batch_size": why,
-            "search": Reason("search.xla", compiles=len(seen)),
-            "limit": free[1],
-        },
-    )
 
 
 def _with_margin(fits: int, fails: int | None, margin: float) -> tuple[int, int]:
