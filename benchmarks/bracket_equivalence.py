@@ -148,6 +148,8 @@ def main() -> None:
         "old_search",
         lambda s: s.replace(
             "kerascale.measure.probe import", "kerascale.measure.result import"
+        ).replace(
+            "kerascale.measure.memory_model import", "kerascale.measure.result import"
         ),
     )
     old_compiled = old_module("kerascale/measure/jax/compiled.py", "old_compiled")
