@@ -24,6 +24,7 @@ from kerascale.errors import UnsupportedError
 from kerascale.measure import advice, engines
 from kerascale.measure.advice import Decode, Recommendation
 from kerascale.measure.decide import decide, validate_options
+from kerascale.measure.stages import Call
 from kerascale.plan import fallback
 from kerascale.sense import backend as backend_lib
 from kerascale.sense import data_facts
@@ -217,15 +218,8 @@ def diagnose(
     def measured(attempt: fallback.Attempt) -> tuple[Prepared, Any]:
         """One attempt of the ladder: its decision, applied to a copy, and
         the rates timed on it."""
-        decided = decide(
-            model,
-            x,
-            y,
-            attempt.options,
-            search=search,
-            attempt=attempt,
-            steps_per_epoch=read,
-        )
+        call = Call(steps_per_epoch=read, attempt=attempt)
+        decided = decide(model, x, y, attempt.options, call=call, search=search)
         with Session() as session:
             session.enter(model_lib.preserved_state())
             prepared = prepare(

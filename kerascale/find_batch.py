@@ -13,6 +13,7 @@ from kerascale.measure import decide as decide_lib
 from kerascale.measure.decided import Decided
 from kerascale.measure.request import DEFAULT_MARGIN, MODES, SearchOptions
 from kerascale.measure.result import BatchSearchResult
+from kerascale.measure.stages import Call
 from kerascale.plan import fallback
 from kerascale.plan import reasons as reasons_lib
 from kerascale.plan.goodput import MIN_UPDATES
@@ -125,8 +126,8 @@ def find_batch_size(
             y,
             attempt.options,
             stages=decide_lib.SEARCH,
+            call=Call(attempt=attempt),
             search=search,
-            attempt=attempt,
         )
 
     decided = fallback.attempted(searched, options)

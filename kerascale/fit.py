@@ -37,6 +37,7 @@ from kerascale.callbacks.throughput import Throughput
 from kerascale.errors import DataError, first_line, warn
 from kerascale.measure.decide import Decided, decide, validate_options
 from kerascale.measure.request import SearchOptions
+from kerascale.measure.stages import Call
 from kerascale.plan import fallback
 from kerascale.plan.options import Options, pin
 from kerascale.plan.plan import Plan
@@ -464,23 +465,26 @@ class _Deciding:
             search = dataclasses.replace(
                 search, max_batch_size=attempt.options.max_batch_size
             )
+        call = Call(
+            epochs=_epochs(self.fit_kwargs),
+            steps_per_epoch=self.fit_kwargs.get("steps_per_epoch"),
+            validation_split=self.fit_kwargs.get("validation_split"),
+            steps_limit=fit_callbacks.steps_limit(
+                self.fit_kwargs.get("callbacks"), self.request.monitor, self.x
+            ),
+            clustered=self.clustered,
+            attempt=attempt,
+            pinned=tuple(self.pinned),
+            materialized=self.materialized,
+        )
         return decide(
             self.model,
             self.x,
             self.y,
             attempt.options,
-            steps_per_epoch=self.fit_kwargs.get("steps_per_epoch"),
-            validation_split=self.fit_kwargs.get("validation_split"),
-            epochs=_epochs(self.fit_kwargs),
+            call=call,
             search=search,
             hardware=self.hardware,
-            attempt=attempt,
-            clustered=self.clustered,
-            pinned=tuple(self.pinned),
-            materialized=self.materialized,
-            steps_limit=fit_callbacks.steps_limit(
-                self.fit_kwargs.get("callbacks"), self.request.monitor, self.x
-            ),
         )
 
 

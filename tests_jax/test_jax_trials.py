@@ -11,6 +11,7 @@ from conftest import toy_data
 import kerascale
 from kerascale.measure import budget, trial_bench
 from kerascale.measure.decide import decide
+from kerascale.measure.stages import Call
 from kerascale.plan import precision as precision_rules
 from kerascale.plan.options import Options
 from kerascale.sense import hardware as hardware_lib
@@ -63,7 +64,7 @@ def test_trials_time_both_precisions_and_leave_the_model_as_it_was(bf16_cpu):
     ours = model()
     before = [w.copy() for w in ours.get_weights()]
     options = Options.validate(batch_size=64)
-    decided = decide(ours, x, y, options, epochs=5, hardware=bf16_cpu)
+    decided = decide(ours, x, y, options, call=Call(epochs=5), hardware=bf16_cpu)
     trials = {t.precision: t for t in decided.trials.trials}
     assert set(trials) == {"float32", "mixed_bfloat16"}
     assert all(t.samples_per_s > 0 and len(t.repeats) == 3 for t in trials.values())
@@ -115,7 +116,8 @@ def test_a_cpu_auto_batch_is_keras_s_and_compiles_nothing(bf16_cpu, monkeypatch)
     monkeypatch.setattr(jax_search.XlaAnalysis, "searched", searched)
     monkeypatch.setattr(budget, "REPAY", 0.0)
     x, y = toy_data(n=2048, inputs=16)
-    decided = decide(model(), x, y, Options.validate(), epochs=50, hardware=bf16_cpu)
+    call = Call(epochs=50)
+    decided = decide(model(), x, y, Options.validate(), call=call, hardware=bf16_cpu)
     assert decided.search is None
     assert not [t for t in decided.trials.trials if t.stage == "batch"]
     assert decided.plan.micro_batch_size == 32

@@ -32,14 +32,13 @@ from kerascale.measure.cluster_plan import agree
 from kerascale.measure.decided import Decided, Found
 from kerascale.measure.request import Given, SearchOptions, SearchRequest
 from kerascale.measure.result import BatchSearchResult
-from kerascale.plan.fallback import Attempt, FailedInProbe, LateCoreCount
+from kerascale.plan.fallback import FailedInProbe, LateCoreCount
 from kerascale.plan.measured import Measured
 from kerascale.plan.options import Options, pinned_reasons, user_instance
 from kerascale.plan.plan import Plan
 from kerascale.plan.planner import Planner
 from kerascale.plan.reasons import Reason
 from kerascale.plan.rules import searched_batch
-from kerascale.plan.steps import StepsLimit
 from kerascale.sense import data_facts, memory, samples
 from kerascale.sense import hardware as hardware_lib
 from kerascale.sense.hardware import Hardware
@@ -100,16 +99,9 @@ def decide(
     options: Options,
     *,
     stages: Sequence[stages_lib.Stage] | None = None,
-    steps_per_epoch: Any = None,
-    validation_split: Any = None,
-    epochs: int | None = None,
+    call: stages_lib.Call | None = None,
     search: SearchOptions | None = None,
     hardware: Hardware | None = None,
-    attempt: Attempt | None = None,
-    clustered: bool = False,
-    pinned: tuple[str, ...] = (),
-    materialized: str = "",
-    steps_limit: StepsLimit | None = None,
 ) -> Decided:
     """The one entrance to a decision: the facts, the first plan, then each
     of `stages` once, in order, through `measure.stages.run` (`FIT`: fit's,
@@ -123,39 +115,27 @@ def decide(
         x, y: The training data.
         options: Validated options.
         stages: The stages to run (None: `FIT`).
-        steps_per_epoch: For the infinite-dataset check and the trials'
-            budget.
-        validation_split: `fit`'s: arrays train on the samples it leaves.
-        epochs: The epochs the run will train, for the trials' budget; None
-            for no budget (nothing trains after: `diagnose`).
+        call: What the door's call brings (`stages.Call`: the run's epochs,
+            the ladder's attempt, a cluster, a resumed checkpoint's pins...);
+            None: a call that brings nothing, and no run follows.
         search: Batch-search options; defaults apply when None.
         hardware: Reuse a detection instead of detecting again.
-        attempt: The ladder's attempt this decides (None: the first): what
-            earlier attempts found of the model (it cannot be re-created, or
-            laid out over the devices) and the rungs' reasons, added last.
-        clustered: This process joined a cluster: all workers agree.
-        pinned: Options set from a resumed checkpoint's plan (their reasons
-            say so).
-        materialized: Where the input was materialized to, or "".
-        steps_limit: The bounds the run's callbacks put on an "auto" steps
-            per call (None: none).
 
     Raises:
         plan.fallback.Recoverable: A failure that a rung of the ladder answers.
         BatchSizeSearchError: Under `SEARCH`, where the data or the model
             cannot be probed, or a probe fails.
     """
+    call = call or stages_lib.Call()
     given = Given(model, x, y)
-    planner = _facts(
-        given, options, hardware, attempt, steps_per_epoch, validation_split
-    )
+    planner = _facts(given, options, hardware, call)
     data = planner.data
     budget = None
-    if epochs is not None and data.measurable:  # a run to weigh measurements against
+    if call.epochs is not None and data.measurable:  # a run to weigh against
         budget = budget_lib.RunBudget(
             data,
-            epochs,
-            steps_per_epoch,
+            call.epochs,
+            call.steps_per_epoch,
             lambda: first_step.train_seconds_per_sample(model, x, y, data),
         )
     first = Decided(
@@ -167,34 +147,20 @@ def decide(
         options,
         optimize_data=options.optimize_data is not False,
     )
-    call = stages_lib.Call(
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
-        steps_limit=steps_limit,
-        clustered=clustered,
-        attempt=attempt,
-        pinned=pinned,
-        materialized=materialized,
-    )
     at = stages_lib.At(first, given, search, budget, call)
     return stages_lib.run(FIT if stages is None else stages, at).decided
 
 
 def _facts(
-    given: Given,
-    options: Options,
-    hardware: Hardware | None,
-    attempt: Attempt | None,
-    steps_per_epoch: Any = None,
-    validation_split: Any = None,
+    given: Given, options: Options, hardware: Hardware | None, call: stages_lib.Call
 ) -> Planner:
     """The facts (hardware, model, data) that every plan of a decision is
     made over, with what an earlier attempt found of the model."""
     data = data_facts.inspect(
         given.x,
         given.y,
-        steps_per_epoch=steps_per_epoch,
-        validation_split=validation_split,
+        steps_per_epoch=call.steps_per_epoch,
+        validation_split=call.validation_split,
     )
     # Through the module, so that tests can replace the hardware seam.
     hw = hardware or hardware_lib.detect_hardware()
@@ -211,6 +177,7 @@ def _facts(
         sample=lambda: samples.sample_inputs(given.x, data),
         scoped=not alone,
     )
+    attempt = call.attempt
     if attempt is not None and attempt.not_rebuildable:
         facts = facts.without_rebuild(attempt.not_rebuildable)
     if attempt is not None and attempt.unplaceable:

@@ -36,12 +36,12 @@ class Call:
     Attributes:
         epochs: The epochs the run trains (None: nothing trains after the
             decision, `diagnose` and `find_batch_size`).
-        steps_per_epoch: `fit`'s.
+        steps_per_epoch: `fit`'s: for the infinite-dataset check and the
+            run's length.
+        validation_split: `fit`'s: arrays train on the samples it leaves.
         steps_limit: The bounds the run's callbacks put on an "auto" steps
             per call (`plan.steps.StepsLimit`), or None.
         clustered: This process joined a cluster: all workers agree.
-        asked: The batch per replica asked for (None for "auto"), before a
-            split.
         attempt: The ladder's attempt (`plan.fallback.Attempt`), or None.
         pinned: Options set from a resumed checkpoint's plan.
         materialized: Where the input was materialized to, or "".
@@ -49,9 +49,9 @@ class Call:
 
     epochs: int | None = None
     steps_per_epoch: Any = None
+    validation_split: Any = None
     steps_limit: Any = None
     clustered: bool = False
-    asked: int | None = None
     attempt: Any = None
     pinned: tuple[str, ...] = ()
     materialized: str = ""
