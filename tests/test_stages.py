@@ -139,3 +139,16 @@ def test_the_recording_fails_where_a_stage_enters_another(monkeypatch):
         AssertionError, match=r"Recorded entered from test_stages\.measure"
     ):
         attempts.check(1)
+
+
+def test_the_gate_refuses_timing_the_host_path_for_a_short_run():
+    """Steps per call timed before the run (a `steps_per_epoch` the run
+    cannot move at an epoch's end) is a priced stage: for a run of 8 steps
+    the gate refuses it, and the plan keeps one a call with the gate's
+    words."""
+    x, y = toy_data(512)
+    p = kerascale.plan(dense_model(), x, y, steps_per_epoch=8, epochs=1, verbose=0)
+    assert p.steps_per_execution == 1
+    why = p.reasons["steps_per_execution"]
+    assert "not measured: timing the host's path would take about" in why
+    assert "of a run of about" in why
