@@ -786,12 +786,12 @@ def test_an_answer_that_leaves_few_updates_an_epoch_says_so(monkeypatch, bound, 
     leaves and how to choose otherwise (issue 55)."""
     from test_recompute import HW, result
 
-    from kerascale.measure import decide
+    from kerascale.measure import engines
     from kerascale.sense import hardware as hardware_lib
 
     monkeypatch.setattr(hardware_lib, "detect_hardware", lambda: HW)
     found = dataclasses.replace(result(bound), smallest_failing=None)
-    monkeypatch.setattr(decide, "_engine_search", lambda request: found)
+    monkeypatch.setattr(engines, "batch_search", lambda request: found)
     x, y = np.zeros((2000, 4), "float32"), np.zeros((2000, 1), "float32")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -817,7 +817,7 @@ def test_the_precision_the_trials_timed_faster_is_the_answer_s(monkeypatch):
     from conftest import CPU_BF16
     from test_recompute import result
 
-    from kerascale.measure import decide
+    from kerascale.measure import engines
     from kerascale.measure import trials as trials_lib
     from kerascale.measure.trial_bench import Trial
     from kerascale.sense import hardware as hardware_lib
@@ -827,7 +827,7 @@ def test_the_precision_the_trials_timed_faster_is_the_answer_s(monkeypatch):
     found = dataclasses.replace(
         result(256), precision="mixed_bfloat16", smallest_failing=None
     )
-    monkeypatch.setattr(decide, "_engine_search", lambda request: found)
+    monkeypatch.setattr(engines, "batch_search", lambda request: found)
     timed = (
         Trial(256, "float32", False, 85758.0, 0.06, stage="precision"),
         Trial(256, "mixed_bfloat16", False, 77356.0, 0.38, stage="precision"),

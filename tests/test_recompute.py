@@ -186,7 +186,7 @@ def test_find_batch_size_keeps_its_bound_when_the_search_with_recomputation_fail
     where its search fails, `find_batch_size` returns the bound it found,
     with the failure in its reasons and one warning (issue 55: it raised)."""
     from kerascale.errors import BatchSizeSearchError
-    from kerascale.measure import decide
+    from kerascale.measure import engines
     from kerascale.sense import hardware as hardware_lib
 
     found = result(640)
@@ -198,7 +198,7 @@ def test_find_batch_size_keeps_its_bound_when_the_search_with_recomputation_fail
         assert request.host_share == found.host_share  # counted as the first
         raise BatchSizeSearchError("Even a batch of 1 runs out of memory")
 
-    monkeypatch.setattr(decide, "_engine_search", searched)
+    monkeypatch.setattr(engines, "batch_search", searched)
     model = gelu_mlp()
     x = np.random.default_rng(0).normal(size=(2000, 16)).astype("float32")
     y = np.zeros(2000, "int32")

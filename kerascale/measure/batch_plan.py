@@ -5,18 +5,26 @@ between its first plan and the final one."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from kerascale.errors import BatchSizeSearchError
 from kerascale.measure import answered, engines
+from kerascale.measure import batch as batch_lib
+from kerascale.measure import request as request_lib
+from kerascale.measure.decided import Found
 from kerascale.measure.request import (
+    AUTO_MIN_STEPS,
     Given,
     SearchDeclined,
     SearchOptions,
     SearchRequest,
+    check_options,
+    request_for,
 )
 from kerascale.measure.result import BatchSearchResult
+from kerascale.measure.stages import At, Priceless
+from kerascale.plan.fallback import FailedInProbe
+from kerascale.plan.measured import Measured
 from kerascale.plan.options import Options, user_instance
 from kerascale.plan.plan import Plan
 from kerascale.plan.planner import Planner
@@ -26,8 +34,6 @@ from kerascale.sense.data_facts import DataFacts
 from kerascale.sense.hardware import Hardware
 from kerascale.sense.model_facts import ModelFacts, gist
 
-# An "auto" batch leaves an epoch at least this many optimizer updates.
-AUTO_MIN_STEPS = 8
 # Why an "auto" batch on a CPU is Keras's (benchmarks/time_to_accuracy.py: the
 # fastest batch by samples per second, 800 with the learning rate unchanged,
 # cost a sequence model 0.04 of held-out accuracy, one seed of 3 at chance).
@@ -126,17 +132,6 @@ def batch_for_plan(
     return None, ""
 
 
-def check_options(search: SearchOptions | None, batch_size: int) -> SearchOptions:
-    """The search that checks a requested (global) `batch_size`: the largest
-    micro-batch up to it."""
-    return dataclasses.replace(
-        search or SearchOptions(),
-        mode="max",
-        max_batch_size=batch_size,
-        min_steps_per_epoch=1,
-    )
-
-
 def probeable(facts: ModelFacts, data: DataFacts, hw: Any) -> None:
     """For `find_batch_size`, whose search is its answer: nothing where the
     data and the model can be probed.
@@ -189,3 +184,86 @@ def searched(request: SearchRequest) -> BatchSearchResult:
         if e.out_of_memory:
             raise
         raise ProbeFailed(gist(RuntimeError(e.probe_message or str(e)))) from e
+
+
+def _search_anyway(hw: Hardware) -> str:
+    """How to get the batch the skipped search would have picked (its mode;
+    "max" is find_batch_size's default)."""
+    mode = batch_lib.auto_mode(hw)
+    mode = "" if mode == "max" else f", mode={mode!r}"
+    return (
+        "to search anyway, pass batch_size=kerascale.find_batch_size(model, "
+        f"data{mode}).batch_size"
+    )
+
+
+class BatchSearched(Priceless):
+    """fit's batch: the search's answer for an "auto" one, the memory check of
+    a requested one (`batch_plan.batch_for_plan`). On a CPU an "auto" batch
+    is Keras's, and nothing is probed before the run (issue 78).
+
+    A probe that fails for a reason other than memory is not fit's error to
+    raise: under a mixed precision kerascale chose, it is the ladder's
+    `FailedInProbe`; otherwise the search is dropped (the real run then
+    raises the model's error, as `model.fit` would). Carries "asked" (the
+    batch per replica asked for, None for "auto")."""
+
+    name = "search"
+
+    def skip(self, at: At) -> Found | None:
+        return None
+
+    def measure(self, at: At) -> Found:
+        decided = at.decided
+        hw, facts, data = decided.hardware, decided.model, decided.data
+        options, plan = decided.options, decided.plan
+        asked = None if searched_batch(options, data) else plan.micro_batch_size
+        found, skipped, hint = Measured(), "", None
+        try:
+            result, note = batch_for_plan(
+                at.given, options, decided.planner, plan, at.search
+            )
+        except request_lib.SearchSkipped as e:
+            result, note, skipped, hint = None, "", str(e), e.hint
+        except ProbeFailed as e:
+            if options.precision == "auto" and plan.precision != facts.policy:
+                raise FailedInProbe(
+                    str(e), tried=plan.precision, policy=facts.policy
+                ) from e
+            result = None
+            note = (
+                f"No batch search: a probe failed for a reason other than memory "
+                f"({e}). Training at Keras's default batch; pass batch_size= to "
+                "choose."
+            )
+        found = found.warned(note)
+        if skipped:
+            hint = hint or _search_anyway(hw)
+            found = found.noted(
+                "global_batch_size", f"batch search skipped: {skipped}; {hint}"
+            )
+        settled = {"search": result, "search_skipped": skipped}
+        return Found(found, settled, {"asked": asked})
+
+
+class Searched(Priceless):
+    """find_batch_size's search, whatever batch the data brings; its failures
+    are the caller's errors (`BatchSizeSearchError`), and the pipeline is
+    timed as given."""
+
+    name = "search"
+
+    def skip(self, at: At) -> Found | None:
+        return None
+
+    def measure(self, at: At) -> Found:
+        decided = at.decided
+        probeable(decided.model, decided.data, decided.hardware)
+        request = request_for(decided, at.given, decided.plan, at.search)
+        skipped = ""
+        try:
+            result = engines.batch_search(request)
+        except request_lib.SearchSkipped as e:  # no answer here: the caller says why
+            result, skipped = None, str(e)
+        settled = {"search": result, "search_skipped": skipped, "optimize_data": False}
+        return Found(settled=settled)

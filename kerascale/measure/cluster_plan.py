@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from kerascale.apply.tensorflow import cluster
 from kerascale.errors import ConfigurationError
 from kerascale.measure.decided import Found
+from kerascale.measure.stages import At, Priceless
 from kerascale.plan.measured import Measured
 from kerascale.plan.reasons import Reason
 
@@ -74,3 +75,15 @@ def agree(decided: Decided) -> Found:
             recompute=Reason("recompute.chief", mode=chief.get("recompute") or "none")
         )
     return Found(found, {"options": settled, "search": result})
+
+
+class Agreed(Priceless):
+    """On a cluster, the plan every worker trains with (`cluster_plan.agree`)."""
+
+    name = "agree"
+
+    def skip(self, at: At) -> Found | None:
+        return None if at.call.clustered else Found()
+
+    def measure(self, at: At) -> Found:
+        return agree(at.decided)

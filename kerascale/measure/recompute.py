@@ -7,11 +7,23 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from kerascale.measure import engines
+from kerascale.measure.budget import Price
+from kerascale.measure.decided import Found
+from kerascale.measure.request import (
+    AUTO_MIN_STEPS,
+    SearchOptions,
+    check_options,
+    request_for,
+)
 from kerascale.measure.result import BatchSearchResult
+from kerascale.measure.stages import At, Priceless
 from kerascale.measure.weighing import Candidate, Weighing
+from kerascale.plan.measured import Measured
 from kerascale.plan.reasons import Reason
+from kerascale.sense.model_facts import gist
 
 if TYPE_CHECKING:
     from kerascale.measure.decided import Decided
@@ -137,3 +149,109 @@ def _speed(search: Searcher, plan: Plan, options: SearchOptions) -> float | None
         if p.batch == micro and p.outcome == "ok" and p.samples_per_s
     ]
     return speeds[-1] if speeds else None
+
+
+class Recomputed:
+    """Recomputation weighed against accumulation where memory binds the
+    batch (`recompute.weighed`), where the run repays it. A weighing that
+    fails is dropped with a warning: the plan trains as it was."""
+
+    name = "recompute"
+
+    def skip(self, at: At) -> Found | None:
+        decided = at.decided
+        if decided.options.recompute != "auto":
+            return Found()
+        if not binding(decided, at.carried.get("asked")):
+            return Found()
+        return None
+
+    def price(self, at: At) -> Price | None:
+        if at.budget is None:
+            return None
+        plan, result = at.decided.plan, at.decided.search
+        rungs = [p.batch for p in result.probes] + [plan.micro_batch_size] * 2
+        return at.budget.search_price(plan, rungs, 3, "recompute")
+
+    def refused(self, at: At, why: str) -> Found:
+        refused = Reason("recompute.not_weighed", why=why)
+        return Found(Measured().decided(recompute=refused))
+
+    def measure(self, at: At) -> Found:
+        decided, given, asked = at.decided, at.given, at.carried.get("asked")
+        result = decided.search
+        # Each of its searches counts the process where fit trains as the
+        # decision's first search did (`SearchRequest.host_share`).
+        run = dict(
+            instance=decided.instance,
+            verbose=decided.options.verbose,
+            host_share=result.host_share,
+        )
+        if asked is None:
+            search = at.search or SearchOptions(min_steps_per_epoch=AUTO_MIN_STEPS)
+        else:
+            search = check_options(at.search, asked * decided.plan.replicas)
+
+        def searcher(
+            plan: Plan, options: SearchOptions, **kwargs: Any
+        ) -> BatchSearchResult:
+            return engines.batch_search(
+                request_for(decided, given, plan, options, **{**run, **kwargs})
+            )
+
+        try:
+            weighing = weighed(decided, searcher, search, asked)
+        except Exception as e:  # a model remat cannot trace: trains as planned
+            error = f"{type(e).__name__}: {gist(e)}"
+            why = Reason("recompute.weigh_failed", error=error)
+            return Found(Measured().decided(recompute=why).warned(why))
+        plan = weighing.plan
+        options = dataclasses.replace(
+            decided.options, recompute=plan.recompute or "auto"
+        )
+        return Found(
+            Measured().decided(recompute=weighing.why),
+            {
+                "options": options,
+                "recomputed": weighing,
+                "search": weighing.search if plan.recompute else result,
+            },
+        )
+
+
+class RecomputeBound(Priceless):
+    """find_batch_size's result with the bound under recomputation beside
+    the bound without, where memory stopped the search and recomputation is
+    not off. A search for it that fails is said in the result's reasons: the
+    bound found stands."""
+
+    name = "recompute"
+
+    def skip(self, at: At) -> Found | None:
+        decided = at.decided
+        result = decided.search
+        if (
+            decided.plan.recompute
+            or result is None
+            or decided.options.recompute == "off"
+            or result.smallest_failing is None
+        ):
+            return Found()
+        return None
+
+    def measure(self, at: At) -> Found:
+        decided, result = at.decided, at.decided.search
+        plan = dataclasses.replace(decided.plan, recompute=MODE)
+        request = request_for(
+            decided, at.given, plan, at.search, host_share=result.host_share
+        )
+        try:
+            found = engines.batch_search(request)
+        except Exception as e:  # an optional figure: the bound found stands
+            error = f"{type(e).__name__}: {gist(e)}"
+            why = Reason("recompute.weigh_failed", error=error)
+            said = dataclasses.replace(
+                result, reasons={**result.reasons, "recompute": why}
+            )
+            return Found(settled={"search": said})
+        return Found(settled={"search": reported(result, found)})

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from kerascale.sense.hardware import Hardware
 
 DEFAULT_MARGIN = 0.03
+# An "auto" batch leaves an epoch at least this many optimizer updates.
+AUTO_MIN_STEPS = 8
 MODES = ("max", "throughput")  # what a search may find, besides "auto"
 
 
@@ -180,3 +182,25 @@ class Prepared:
     on_host: bool
     start: int
     state: Any = None
+
+
+def check_options(search: SearchOptions | None, batch_size: int) -> SearchOptions:
+    """The search that checks a requested (global) `batch_size`: the largest
+    micro-batch up to it."""
+    return dataclasses.replace(
+        search or SearchOptions(),
+        mode="max",
+        max_batch_size=batch_size,
+        min_steps_per_epoch=1,
+    )
+
+
+def request_for(
+    decided: Any, given: Given, plan: Plan, options: SearchOptions | None, **run: Any
+) -> SearchRequest:
+    """The search for `plan` over the facts of `decided` (a
+    `decided.Decided`, named not imported: a request is a value below it),
+    with its strategy instance and verbosity unless `run` says otherwise."""
+    run.setdefault("instance", decided.instance)
+    run.setdefault("verbose", decided.options.verbose)
+    return SearchRequest(given, decided.data, plan, decided.hardware, options, **run)

@@ -11,11 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from kerascale._display import said
 from kerascale.measure import cache
+from kerascale.measure.decided import Found
 from kerascale.measure.request import Given
+from kerascale.measure.stages import At, Priceless
 from kerascale.measure.trial_bench import Bench
 from kerascale.measure.trial_result import MAX_ATTEMPTS, MIN_GAIN, Trial, TrialResult
 from kerascale.plan import precision as precision_rules
 from kerascale.plan import strategy as strategy_rules
+from kerascale.plan.measured import Measured
 from kerascale.plan.reasons import Reason
 from kerascale.sense import data_facts, data_signature
 
@@ -249,3 +252,73 @@ def _better(plain: Trial, other: Trial) -> tuple[tuple, bool]:
         return (plain if not plain.failed else other).key, False
     clear, doubt = _faster(plain, other)
     return (other if clear else plain).key, doubt
+
+
+class Trials(Priceless):
+    """Timing, on the real data, the CPU choices left to kerascale before the
+    run: the pipeline and the precision. Each trial is weighed by the gate
+    inside the bench (`trial_bench.Bench.budget_for`: its price is known only
+    once a first candidate is timed)."""
+
+    name = "trials"
+
+    def __init__(self, *, after_search: bool = False):
+        self.after_search = after_search  # only where a search answered
+
+    def skip(self, at: At) -> Found | None:
+        decided = at.decided
+        if self.after_search and decided.search is None:
+            return Found()
+        options, hw = decided.options, decided.hardware
+        return None if possible(options, hw, decided.model) else Found()
+
+    def measure(self, at: At) -> Found:
+        decided, given, budget = at.decided, at.given, at.budget
+        options, plan = decided.options, decided.plan
+        try_pipeline, try_precision, over = wanted(
+            options, plan, decided.data, given.x, decided.hardware, decided.search
+        )
+        found = Measured()  # the trials' reasons, and why a stage was not run
+        if over is not None:
+            found = found.noted("precision", f"trials skipped: {over}")
+        if not (try_pipeline or try_precision):
+            return Found(found)
+        measured = run(
+            given,
+            decided.data,
+            plan,
+            decided.hardware,
+            try_pipeline=try_pipeline,
+            try_precision=try_precision,
+            optimize=decided.optimize_data,
+            verbose=options.verbose,
+            fresh=options.remeasure,
+            run_samples=budget.samples(plan) if budget is not None else None,
+            unbudgeted=budget is None,
+            first_speed=budget.speed if budget is not None else None,
+        )
+        settled = dataclasses.replace(
+            options,
+            precision=measured.precision
+            if measured.measured("precision")
+            else options.precision,
+            optimize_data=measured.optimize_data
+            if measured.measured("data_changes")
+            else options.optimize_data,
+        )
+        tried = (("precision", try_precision), ("data_changes", try_pipeline))
+        for field, asked in tried:
+            if measured.measured(field):
+                found = found.decided(**{field: measured.why(field)})
+            elif asked and measured.skip_reason(field):
+                skipped = measured.skip_reason(field)
+                found = found.noted(field, f"trials skipped: {skipped}")
+        optimize = (
+            measured.optimize_data
+            if measured.measured("data_changes")
+            else decided.optimize_data
+        )
+        return Found(
+            found,
+            {"options": settled, "optimize_data": optimize, "trials": measured},
+        )
