@@ -152,3 +152,11 @@ def test_the_gate_refuses_timing_the_host_path_for_a_short_run():
     why = p.reasons["steps_per_execution"]
     assert "not measured: timing the host's path would take about" in why
     assert "of a run of about" in why
+
+
+def test_what_a_stage_only_carries_makes_no_plan_again():
+    """A stage that leaves something for a later one and finds nothing for
+    the plan keeps the decision as it was: its plan is not made again."""
+    start = at()
+    done = stages.run([Recorded("carrier", [], found=Found(carried={"k": 1}))], start)
+    assert done.decided is start.decided and done.carried == {"k": 1}

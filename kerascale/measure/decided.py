@@ -38,8 +38,13 @@ class Found:
     carried: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
+    def moves_plan(self) -> bool:
+        """Whether it measured or settled anything: the plan is made again."""
+        return self.measured != NOTHING or bool(self.settled)
+
+    @property
     def empty(self) -> bool:
-        return self.measured == NOTHING and not self.settled and not self.carried
+        return not self.moves_plan and not self.carried
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +98,8 @@ class Decided:
         its fields the stage settled, what it measured added, and its plan
         made again from its options, its search and everything measured (the
         one place a decision's plan is remade). As it was where the stage
-        found nothing."""
-        if found.empty:
+        found nothing for the plan (what it carries is the loop's)."""
+        if not found.moves_plan:
             return self
         decided = dataclasses.replace(
             self, measured=self.measured | found.measured, **found.settled
